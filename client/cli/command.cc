@@ -1,0 +1,94 @@
+#include "client/cli/command.h"
+
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace tessera::cli {
+
+void CommandContext::SetAction(std::string command,
+                               std::function<int()> action) {
+  command_ = std::move(command);
+  action_ = std::move(action);
+}
+
+int CommandContext::RunAction() {
+  if (!action_) {
+    PrintError("", "no command given; run 'tessera --help' for the commands");
+    return kExitUsage;
+  }
+  return action_();
+}
+
+void CommandContext::PrintError(absl::string_view command,
+                                absl::string_view message) const {
+  const std::string one_line =
+      absl::StrReplaceAll(message, {{"\r\n", " "}, {"\n", " "}, {"\r", " "}});
+  err_ << "tessera" << (command.empty() ? "" : " ") << command
+       << ": error: " << one_line << std::endl;
+}
+
+int CommandContext::ReportUserError(absl::string_view command,
+                                    const absl::Status& status) const {
+  PrintError(command, status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitUsage;
+    default:
+      return kExitFailure;
+  }
+}
+
+int RunCommandLine(absl::Span<const AddCommandFn> commands, int argc,
+                   const char* const* argv, std::ostream& out,
+                   std::ostream& err) {
+  CommandContext context(out, err);
+  try {
+    CLI::App app(
+        "Tessera: sharded tensors served per rank.\n"
+        "Run 'tessera <command> --help' for a command's flags and examples.",
+        "tessera");
+    app.require_subcommand(1);
+    for (AddCommandFn add_command : commands) add_command(app, context);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::Success& e) {  // --help
+      return app.exit(e, out, err) == 0 ? kExitOk : kExitUsage;
+    } catch (const CLI::ParseError& e) {
+      // The subcommand being parsed, if any, names the error.
+      std::string command;
+      std::vector<CLI::App*> parsed = app.get_subcommands();
+      if (!parsed.empty()) command = parsed.front()->get_name();
+      std::string message = e.what();
+      // A misspelt command reaches CLI11 as a stray positional argument and
+      // is reported as "A subcommand is required"; name it instead.
+      const std::vector<std::string> remaining = app.remaining();
+      if (parsed.empty() && !remaining.empty()) {
+        const std::string& first = remaining.front();
+        message =
+            absl::StrCat(first.empty() || first[0] != '-' ? "unknown command '"
+                                                          : "unknown option '",
+                         first, "'");
+      }
+      context.PrintError(command, absl::StrCat(message, "; run 'tessera",
+                                               command.empty() ? "" : " ",
+                                               command, " --help' for usage"));
+      return kExitUsage;
+    }
+    return context.RunAction();
+  } catch (const std::exception& e) {
+    // A bug (a CLI11 construction error, bad_alloc): still one line, no
+    // abort.
+    context.PrintError("", absl::StrCat("internal error: ", e.what()));
+    return kExitFailure;
+  }
+}
+
+}  // namespace tessera::cli

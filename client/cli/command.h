@@ -1,0 +1,85 @@
+// What the `tessera` subcommands share: exit codes, the per-invocation
+// context, and the driver that builds the CLI11 app from a list of
+// registration functions, parses the command line and runs the chosen
+// subcommand.
+//
+// Adding a subcommand: write foo_command.h/.cc exposing
+//   void AddFooCommand(CLI::App& app, CommandContext& context);
+// which adds the subcommand, binds its flags and, in its CLI11 callback,
+// hands the work to context.SetAction(). Then list AddFooCommand in
+// tessera_main.cc. Parsing and running are kept apart so that no command
+// starts work (or prints) before the whole command line has been checked.
+//
+// Errors go to `err` as one line, "tessera <command>: error: <message>";
+// results go to `out`. Not thread-safe: one context per invocation.
+#ifndef TESSERA_CLIENT_CLI_COMMAND_H_
+#define TESSERA_CLIENT_CLI_COMMAND_H_
+
+#include <functional>
+#include <ostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace tessera::cli {
+
+// Exit codes of every subcommand.
+inline constexpr int kExitOk = 0;
+// The environment failed: an unreadable file, an unreachable server.
+inline constexpr int kExitFailure = 1;
+// The user's input is wrong: unknown or missing flags, a bad size, spec or
+// dtype. --help is not an error (kExitOk).
+inline constexpr int kExitUsage = 2;
+
+class CommandContext {
+ public:
+  CommandContext(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
+  CommandContext(const CommandContext&) = delete;
+  CommandContext& operator=(const CommandContext&) = delete;
+
+  std::ostream& out() const { return out_; }
+  std::ostream& err() const { return err_; }
+
+  // Called from a subcommand's CLI11 callback: `action` runs once the whole
+  // command line parsed, and its result is the exit code. `command` names
+  // the subcommand in error messages ("plan").
+  void SetAction(std::string command, std::function<int()> action);
+
+  // Runs the action set by the parsed subcommand; kExitUsage when none was.
+  int RunAction();
+
+  // Prints "tessera <command>: error: <message>" (or "tessera: error: ..."
+  // for an empty command) on one line: newlines in `message` become spaces.
+  void PrintError(absl::string_view command, absl::string_view message) const;
+
+  // PrintError(command, status.message()), then the exit code for a status
+  // that reports the user's mistake: kExitUsage for INVALID_ARGUMENT,
+  // UNIMPLEMENTED, OUT_OF_RANGE and FAILED_PRECONDITION, kExitFailure
+  // otherwise.
+  int ReportUserError(absl::string_view command,
+                      const absl::Status& status) const;
+
+ private:
+  std::ostream& out_;
+  std::ostream& err_;
+  std::string command_;
+  std::function<int()> action_;
+};
+
+// Registers one subcommand on the `tessera` app.
+using AddCommandFn = void (*)(CLI::App& app, CommandContext& context);
+
+// Builds the `tessera` app with `commands`, parses argv, runs the chosen
+// subcommand and returns the process exit code: the subcommand's own, 0
+// after --help, kExitUsage with a one-line error for a command line CLI11
+// rejects. Never throws.
+int RunCommandLine(absl::Span<const AddCommandFn> commands, int argc,
+                   const char* const* argv, std::ostream& out,
+                   std::ostream& err);
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLIENT_CLI_COMMAND_H_
