@@ -1,0 +1,57 @@
+// GoogleTest matchers for absl::Status and absl::StatusOr (Abseil 20220623
+// ships none):
+//   EXPECT_THAT(status, IsOk());
+//   EXPECT_THAT(status_or, StatusIs(absl::StatusCode::kInvalidArgument,
+//                                   HasSubstr("overlap")));
+//   ASSERT_OK_AND_ASSIGN(auto value, MakeValue());
+#ifndef TESSERA_TESTS_TESTING_STATUS_MATCHERS_H_
+#define TESSERA_TESTS_TESTING_STATUS_MATCHERS_H_
+
+#include <ostream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::testing {
+
+inline const absl::Status& ToStatus(const absl::Status& status) {
+  return status;
+}
+template <typename T>
+const absl::Status& ToStatus(const absl::StatusOr<T>& status_or) {
+  return status_or.status();
+}
+
+MATCHER(IsOk, "is OK") {
+  const absl::Status& status = ToStatus(arg);
+  if (!status.ok()) *result_listener << "status is " << status;
+  return status.ok();
+}
+
+MATCHER_P2(StatusIs, code, message_matcher,
+           "has code " + absl::StatusCodeToString(code) + " and a message " +
+               ::testing::DescribeMatcher<std::string>(message_matcher)) {
+  const absl::Status& status = ToStatus(arg);
+  *result_listener << "status is " << status;
+  return status.code() == code &&
+         ::testing::Matches(message_matcher)(std::string(status.message()));
+}
+
+}  // namespace tessera::testing
+
+#define TESSERA_TEST_CONCAT_INNER_(a, b) a##b
+#define TESSERA_TEST_CONCAT_(a, b) TESSERA_TEST_CONCAT_INNER_(a, b)
+#define TESSERA_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                                       \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();                   \
+  lhs = std::move(tmp).value()
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  TESSERA_ASSERT_OK_AND_ASSIGN_IMPL_(   \
+      TESSERA_TEST_CONCAT_(tessera_test_statusor_, __LINE__), lhs, expr)
+#define ASSERT_OK(expr) ASSERT_THAT(expr, ::tessera::testing::IsOk())
+#define EXPECT_OK(expr) EXPECT_THAT(expr, ::tessera::testing::IsOk())
+
+#endif  // TESSERA_TESTS_TESTING_STATUS_MATCHERS_H_
