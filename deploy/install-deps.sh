@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages Tessera needs to build and test,
+# and only those that are missing: running it twice installs nothing.
+# Works as root or through sudo. CUDA/NCCL are optional and never installed
+# here (TESSERA_WITH_CUDA=AUTO uses them when present).
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  protobuf-compiler libprotobuf-dev
+  protobuf-compiler-grpc libgrpc++-dev
+  libabsl-dev
+  libgtest-dev libgmock-dev
+  libgloo-dev
+  libcli11-dev nlohmann-json3-dev
+  clang-format
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+as_root=()
+if ((EUID != 0)); then
+  command -v sudo >/dev/null || {
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+  }
+  as_root=(sudo)
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
