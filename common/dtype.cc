@@ -1,8 +1,8 @@
 #include "common/dtype.h"
 
 #include <cmath>
-#include <cstring>
 
+#include "absl/base/casts.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -40,18 +40,6 @@ constexpr Alias kAliases[] = {
 
 const DTypeInfo& Info(DType dtype) { return kInfo[static_cast<size_t>(dtype)]; }
 
-uint32_t FloatBits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-float BitsToFloat(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
 }  // namespace
 
 size_t ElementSize(DType dtype) { return Info(dtype).size; }
@@ -83,7 +71,7 @@ bool IsComplex(DType dtype) {
 }
 
 Half FloatToHalf(float value) {
-  const uint32_t bits = FloatBits(value);
+  const uint32_t bits = absl::bit_cast<uint32_t>(value);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // Inf or NaN; keep NaNs quiet and non-zero.
@@ -96,7 +84,7 @@ Half FloatToHalf(float value) {
   if (abs < 0x38800000u) {  // Below the smallest normal half (2^-14).
     // Scale so the subnormal's integer significand is the float's integer
     // part; the FPU's own round-to-nearest-even does the rounding.
-    const float scaled = BitsToFloat(abs) * 16777216.0f;  // * 2^24
+    const float scaled = absl::bit_cast<float>(abs) * 16777216.0f;  // * 2^24
     const uint16_t mantissa = static_cast<uint16_t>(std::nearbyint(scaled));
     return Half{static_cast<uint16_t>(sign | mantissa)};
   }
@@ -116,13 +104,14 @@ float HalfToFloat(Half value) {
     return sign ? -magnitude : magnitude;
   }
   if (exponent == 0x1f) {  // Inf or NaN.
-    return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+    return absl::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
   }
-  return BitsToFloat(sign | ((exponent + 127u - 15u) << 23) | (mantissa << 13));
+  return absl::bit_cast<float>(sign | ((exponent + 127u - 15u) << 23) |
+                               (mantissa << 13));
 }
 
 BFloat16 FloatToBFloat16(float value) {
-  const uint32_t bits = FloatBits(value);
+  const uint32_t bits = absl::bit_cast<uint32_t>(value);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN.
     return BFloat16{static_cast<uint16_t>((bits >> 16) | 0x0040u)};
   }
@@ -131,7 +120,7 @@ BFloat16 FloatToBFloat16(float value) {
 }
 
 float BFloat16ToFloat(BFloat16 value) {
-  return BitsToFloat(static_cast<uint32_t>(value.bits) << 16);
+  return absl::bit_cast<float>(static_cast<uint32_t>(value.bits) << 16);
 }
 
 }  // namespace tessera

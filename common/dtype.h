@@ -65,57 +65,27 @@ float HalfToFloat(Half value);
 BFloat16 FloatToBFloat16(float value);
 float BFloat16ToFloat(BFloat16 value);
 
-// Maps a C++ element type to its DType.
+// Maps a C++ element type to its DType: DTypeOf<float>::value.
 template <typename T>
 struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kFloat32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kFloat64;
-};
-template <>
-struct DTypeOf<std::complex<float>> {
-  static constexpr DType value = DType::kComplex64;
-};
-template <>
-struct DTypeOf<std::complex<double>> {
-  static constexpr DType value = DType::kComplex128;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::kFloat16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::kBFloat16;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::kUInt8;
-};
-template <>
-struct DTypeOf<int8_t> {
-  static constexpr DType value = DType::kInt8;
-};
-template <>
-struct DTypeOf<int16_t> {
-  static constexpr DType value = DType::kInt16;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::kInt32;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::kInt64;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::kBool;
-};
+#define TESSERA_DTYPE_OF_(type, dtype)           \
+  template <>                                    \
+  struct DTypeOf<type> {                         \
+    static constexpr DType value = DType::dtype; \
+  }
+TESSERA_DTYPE_OF_(float, kFloat32);
+TESSERA_DTYPE_OF_(double, kFloat64);
+TESSERA_DTYPE_OF_(std::complex<float>, kComplex64);
+TESSERA_DTYPE_OF_(std::complex<double>, kComplex128);
+TESSERA_DTYPE_OF_(Half, kFloat16);
+TESSERA_DTYPE_OF_(BFloat16, kBFloat16);
+TESSERA_DTYPE_OF_(uint8_t, kUInt8);
+TESSERA_DTYPE_OF_(int8_t, kInt8);
+TESSERA_DTYPE_OF_(int16_t, kInt16);
+TESSERA_DTYPE_OF_(int32_t, kInt32);
+TESSERA_DTYPE_OF_(int64_t, kInt64);
+TESSERA_DTYPE_OF_(bool, kBool);
+#undef TESSERA_DTYPE_OF_
 
 template <typename T>
 struct TypeTag {

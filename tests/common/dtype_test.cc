@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/base/casts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -18,18 +19,6 @@ using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-float Bits32ToFloat(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint32_t FloatToBits32(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
 
 uint16_t HalfBits(float value) { return FloatToHalf(value).bits; }
 uint16_t BF16Bits(float value) { return FloatToBFloat16(value).bits; }
@@ -202,8 +191,10 @@ TEST(HalfTest, NaNStaysNaN) {
   EXPECT_NE(h.bits & 0x03FF, 0);
   EXPECT_TRUE(std::isnan(HalfToFloat(h)));
   // A NaN whose payload lives only in the low float bits stays a NaN too.
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(Bits32ToFloat(0x7F800001)))));
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(Bits32ToFloat(0xFF800001)))));
+  EXPECT_TRUE(
+      std::isnan(HalfToFloat(FloatToHalf(absl::bit_cast<float>(0x7F800001)))));
+  EXPECT_TRUE(
+      std::isnan(HalfToFloat(FloatToHalf(absl::bit_cast<float>(0xFF800001)))));
   EXPECT_TRUE(std::isnan(HalfToFloat(Half{0x7E00})));
   EXPECT_TRUE(std::isnan(HalfToFloat(Half{0xFC01})));
 }
@@ -239,9 +230,9 @@ TEST(HalfTest, RoundTripsEveryBitPattern) {
 TEST(HalfTest, MatchesDoubleRoundingOnAGridOfFloats) {
   // Every float in [2^-26, 2^17) that is a multiple of its own 2^-16 ulp
   // grid: compare against rounding computed in double with nearbyint.
-  for (uint32_t bits = FloatToBits32(0x1p-26f); bits < FloatToBits32(0x1p17f);
-       bits += 0x1F3) {
-    const float f = Bits32ToFloat(bits);
+  for (uint32_t bits = absl::bit_cast<uint32_t>(0x1p-26f);
+       bits < absl::bit_cast<uint32_t>(0x1p17f); bits += 0x1F3) {
+    const float f = absl::bit_cast<float>(bits);
     const double x = f;
     double expected;
     const int exponent = std::ilogb(x);
@@ -285,10 +276,10 @@ TEST(BFloat16Test, NaNStaysNaN) {
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(
       FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
   // Payload only in the low 16 bits: truncation alone would give infinity.
-  EXPECT_TRUE(
-      std::isnan(BFloat16ToFloat(FloatToBFloat16(Bits32ToFloat(0x7F800001)))));
-  EXPECT_TRUE(
-      std::isnan(BFloat16ToFloat(FloatToBFloat16(Bits32ToFloat(0xFFFFFFFF)))));
+  EXPECT_TRUE(std::isnan(
+      BFloat16ToFloat(FloatToBFloat16(absl::bit_cast<float>(0x7F800001)))));
+  EXPECT_TRUE(std::isnan(
+      BFloat16ToFloat(FloatToBFloat16(absl::bit_cast<float>(0xFFFFFFFF)))));
 }
 
 TEST(BFloat16Test, RoundTripsEveryBitPattern) {
@@ -296,7 +287,7 @@ TEST(BFloat16Test, RoundTripsEveryBitPattern) {
   for (uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
     const BFloat16 b{static_cast<uint16_t>(bits)};
     const float f = BFloat16ToFloat(b);
-    EXPECT_EQ(FloatToBits32(f), bits << 16);
+    EXPECT_EQ(absl::bit_cast<uint32_t>(f), bits << 16);
     if (std::isnan(f)) {
       ++nans;
       EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(f))));

@@ -12,21 +12,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera::testing {
 
-inline const absl::Status& ToStatus(const absl::Status& status) {
-  return status;
-}
-template <typename T>
-const absl::Status& ToStatus(const absl::StatusOr<T>& status_or) {
-  return status_or.status();
-}
+using ::tessera::internal_status::GetStatus;
 
 MATCHER(IsOk, "is OK") {
-  const absl::Status& status = ToStatus(arg);
+  const absl::Status& status = GetStatus(arg);
   if (!status.ok()) *result_listener << "status is " << status;
   return status.ok();
 }
@@ -34,7 +29,7 @@ MATCHER(IsOk, "is OK") {
 MATCHER_P2(StatusIs, code, message_matcher,
            "has code " + absl::StatusCodeToString(code) + " and a message " +
                ::testing::DescribeMatcher<std::string>(message_matcher)) {
-  const absl::Status& status = ToStatus(arg);
+  const absl::Status& status = GetStatus(arg);
   *result_listener << "status is " << status;
   return status.code() == code &&
          ::testing::Matches(message_matcher)(std::string(status.message()));
