@@ -330,23 +330,9 @@ std::optional<std::string> FindUncovered(const std::vector<Box>& boxes,
   return std::nullopt;
 }
 
-// Product of `values`, or nullopt on int64 overflow.
-std::optional<int64_t> CheckedVolume(absl::Span<const int64_t> values) {
-  int64_t volume = 1;
-  for (int64_t v : values) {
-    if (v == 0) return 0;
-  }
-  for (int64_t v : values) {
-    if (volume > std::numeric_limits<int64_t>::max() / v) return std::nullopt;
-    volume *= v;
-  }
-  return volume;
-}
-
-}  // namespace
-
-absl::Status ValidateNonOverlappingShards(
-    absl::Span<const ShardMetadata> shards) {
+// ValidateNonOverlappingShards on the non-empty `boxes` of `shards`.
+absl::Status CheckOverlaps(absl::Span<const ShardMetadata> shards,
+                           const std::vector<Box>& boxes) {
   if (shards.empty()) return absl::OkStatus();
   const int64_t rank = shards[0].dim();
   for (const ShardMetadata& shard : shards) {
@@ -355,7 +341,6 @@ absl::Status ValidateNonOverlappingShards(
           "Found inconsistent ranks for shards: ", rank, " and ", shard.dim()));
     }
   }
-  const std::vector<Box> boxes = NonEmptyBoxes(shards);
   if (boxes.size() < 2) return absl::OkStatus();
   const std::vector<size_t> dims = VaryingDims(boxes, rank);
   switch (dims.size()) {
@@ -370,7 +355,9 @@ absl::Status ValidateNonOverlappingShards(
   }
 }
 
-absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,
+// CheckTensor on the non-empty `boxes` of `shards`.
+absl::Status CheckBounds(absl::Span<const ShardMetadata> shards,
+                         const std::vector<Box>& boxes,
                          absl::Span<const int64_t> tensor_sizes) {
   const int64_t tensor_rank = static_cast<int64_t>(tensor_sizes.size());
   for (const ShardMetadata& shard : shards) {
@@ -387,7 +374,6 @@ absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,
                        absl::StrJoin(tensor_sizes, ", "), "]"));
     }
   }
-  const std::vector<Box> boxes = NonEmptyBoxes(shards);
   // Sum volumes in 128 bits: each shard's volume fits in int64 once it is
   // known to lie inside a tensor whose volume does.
   __int128 total = 0;
@@ -404,7 +390,7 @@ absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,
     }
     total += box.shard->numel();
   }
-  const std::optional<int64_t> volume = CheckedVolume(tensor_sizes);
+  const std::optional<int64_t> volume = CheckedProduct(tensor_sizes);
   if (!volume.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Tensor volume overflows int64: [",
@@ -425,14 +411,28 @@ absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,
   return absl::InvalidArgumentError(message);
 }
 
+}  // namespace
+
+absl::Status ValidateNonOverlappingShards(
+    absl::Span<const ShardMetadata> shards) {
+  return CheckOverlaps(shards, NonEmptyBoxes(shards));
+}
+
+absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,
+                         absl::Span<const int64_t> tensor_sizes) {
+  return CheckBounds(shards, NonEmptyBoxes(shards), tensor_sizes);
+}
+
 absl::Status ValidateShardLayout(absl::Span<const ShardMetadata> shards,
                                  absl::Span<const int64_t> tensor_sizes) {
-  if (absl::Status status = CheckTensor(shards, tensor_sizes); !status.ok()) {
+  const std::vector<Box> boxes = NonEmptyBoxes(shards);
+  if (absl::Status status = CheckBounds(shards, boxes, tensor_sizes);
+      !status.ok()) {
     // Overlaps explain a volume mismatch better than the totals do.
-    absl::Status overlap = ValidateNonOverlappingShards(shards);
+    absl::Status overlap = CheckOverlaps(shards, boxes);
     return overlap.ok() ? status : overlap;
   }
-  return ValidateNonOverlappingShards(shards);
+  return CheckOverlaps(shards, boxes);
 }
 
 }  // namespace tessera

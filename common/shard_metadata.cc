@@ -43,17 +43,7 @@ absl::StatusOr<ShardMetadata> ShardMetadata::Create(
 }
 
 int64_t ShardMetadata::numel() const {
-  int64_t n = 1;
-  for (int64_t s : sizes_) {
-    if (s == 0) return 0;
-  }
-  for (int64_t s : sizes_) {
-    if (n > std::numeric_limits<int64_t>::max() / s) {
-      return std::numeric_limits<int64_t>::max();
-    }
-    n *= s;
-  }
-  return n;
+  return CheckedProduct(sizes_).value_or(std::numeric_limits<int64_t>::max());
 }
 
 std::string ShardMetadata::ToString() const {

@@ -1154,4 +1154,15 @@ bool Equal(const Tensor& a, const Tensor& b) {
   });
 }
 
+std::optional<int64_t> CheckedProduct(absl::Span<const int64_t> sizes) {
+  for (int64_t size : sizes) {
+    if (size == 0) return 0;
+  }
+  int64_t product = 1;
+  for (int64_t size : sizes) {
+    if (__builtin_mul_overflow(product, size, &product)) return std::nullopt;
+  }
+  return product;
+}
+
 }  // namespace tessera

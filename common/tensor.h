@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,11 @@ absl::Status CopyInto(const Tensor& src, const Tensor& dst);
 // host copy; meta tensors compare by dtype and sizes (a meta and a non-meta
 // tensor are never equal). Two undefined tensors are equal.
 bool Equal(const Tensor& a, const Tensor& b);
+
+// Product of `sizes` (the element count of a box or tensor): 0 when any
+// size is 0, even if the others would overflow; nullopt on int64 overflow.
+// Sizes must be non-negative.
+std::optional<int64_t> CheckedProduct(absl::Span<const int64_t> sizes);
 
 // Whether a CUDA device is usable by this process (built with CUDA and a
 // device visible). Never fails: no driver or no device means false. The
