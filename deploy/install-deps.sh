@@ -12,7 +12,7 @@ packages=(
   libabsl-dev
   libgtest-dev libgmock-dev
   libgloo-dev
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev
   clang-format
 )
 
