@@ -1,0 +1,38 @@
+#include "client/remote_shard.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tessera {
+
+RemoteShard::RemoteShard(WorkerInfo owner, std::string tensor_id,
+                         int64_t shard_index, ShardMetadata metadata,
+                         std::shared_ptr<ShardClient> client)
+    : owner_(std::move(owner)),
+      tensor_id_(std::move(tensor_id)),
+      shard_index_(shard_index),
+      metadata_(std::move(metadata)),
+      client_(std::move(client)) {}
+
+absl::StatusOr<Shard> RemoteShard::to_here(const FetchOptions& options) const {
+  if (client_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote shard ", shard_index_, " of tensor ", tensor_id_,
+                     " has no client for its owner ", owner_.name));
+  }
+  ASSIGN_OR_RETURN(Shard shard,
+                   client_->FetchShard(tensor_id_, shard_index_, options));
+  // The owner serving different metadata under this id means the ranks
+  // disagree about the tensor: a bug, not something a retry would fix.
+  if (shard.metadata != metadata_) {
+    return absl::InternalError(absl::StrCat(
+        "shard ", shard_index_, " of tensor ", tensor_id_, " from ",
+        owner_.name, " has metadata ", shard.metadata.ToString(), ", expected ",
+        metadata_.ToString()));
+  }
+  return shard;
+}
+
+}  // namespace tessera

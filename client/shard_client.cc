@@ -1,0 +1,511 @@
+#include "client/shard_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/grpc_status.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
+#include "xxhash.h"
+
+namespace tessera {
+namespace {
+
+// Well above ShardServiceOptions::max_chunk_bytes plus the header, so any
+// server configuration the service accepts can be read.
+constexpr int kMaxReceiveMessageBytes = 64 << 20;
+
+// A peer's malformed message is lost data as far as this client is
+// concerned, not a bad argument of the caller's.
+absl::Status Malformed(absl::string_view what, const absl::Status& status) {
+  return absl::DataLossError(
+      absl::StrCat(what, ": malformed: ", status.message()));
+}
+
+// Prefixes a call's error with what was being done, keeping its code.
+absl::Status Annotate(absl::string_view what, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(what, ": ", status.message()));
+}
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+// A FetchShard call read as raw messages, driven by the calling thread on
+// a private completion queue (as gRPC's sync API does), so each read costs
+// no thread hand-off. Ops never outlive the context's deadline, so no wait
+// here can hang past it.
+class RawFetchCall {
+ public:
+  using Stub =
+      grpc::TemplatedGenericStub<v1::FetchShardRequest, grpc::ByteBuffer>;
+
+  // Starts the call; the request is sent while the first Read waits.
+  RawFetchCall(Stub* stub, grpc::ClientContext* context,
+               const v1::FetchShardRequest& request) {
+    // Initial metadata, the request and the half-close leave in one batch.
+    context->set_initial_metadata_corked(true);
+    call_ = stub->PrepareCall(context, FetchShardMethod(), &cq_);
+    if (call_ == nullptr) return;
+    call_->StartCall(nullptr);
+    call_->Write(request, grpc::WriteOptions().set_last_message(), &write_);
+  }
+
+  ~RawFetchCall() {
+    call_.reset();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // False once the stream has ended (normally or not).
+  bool Read(grpc::ByteBuffer* message) {
+    if (call_ == nullptr) return false;
+    call_->Read(message, &read_);
+    return Await(&read_);
+  }
+
+  grpc::Status Finish() {
+    if (call_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the channel could not start the call");
+    }
+    grpc::Status status;
+    call_->Finish(&status, &finish_);
+    Await(&finish_);
+    return status;
+  }
+
+ private:
+  static const std::string& FetchShardMethod() {
+    static const auto* method = new std::string(absl::StrCat(
+        "/", v1::ShardService::service_full_name(), "/FetchShard"));
+    return *method;
+  }
+
+  // Waits for the op tagged `tag`. Other completions are the request's
+  // write, whose failure Finish() reports.
+  bool Await(const void* tag) {
+    void* got;
+    bool ok = false;
+    while (cq_.Next(&got, &ok)) {
+      if (got == tag) return ok;
+    }
+    return false;
+  }
+
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<
+      grpc::ClientAsyncReaderWriter<v1::FetchShardRequest, grpc::ByteBuffer>>
+      call_;
+  // Distinct addresses that tag the three kinds of op.
+  char write_ = 0, read_ = 0, finish_ = 0;
+};
+
+// ---- Wire parsing ----------------------------------------------------------
+
+// Reads protobuf wire primitives across the slices of a message, handing
+// out length-delimited fields as views into the slices (no copy).
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices)
+      : slices_(slices) {
+    SkipEmptySlices();
+  }
+
+  bool done() const { return slice_ == slices_.size(); }
+
+  bool ReadVarint(uint64_t* value) {
+    *value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t byte;
+      if (!ReadByte(&byte)) return false;
+      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+  bool ReadFixed64(uint64_t* value) {
+    *value = 0;
+    for (int i = 0; i < 8; ++i) {
+      uint8_t byte;
+      if (!ReadByte(&byte)) return false;
+      *value |= static_cast<uint64_t>(byte) << (8 * i);
+    }
+    return true;
+  }
+
+  // The next `size` bytes as views into the slices; null `views` skips.
+  bool Read(uint64_t size, std::vector<absl::string_view>* views) {
+    while (size > 0) {
+      if (done()) return false;
+      const grpc::Slice& slice = slices_[slice_];
+      const size_t take = std::min<uint64_t>(size, slice.size() - pos_);
+      if (views != nullptr) {
+        views->emplace_back(reinterpret_cast<const char*>(slice.begin()) + pos_,
+                            take);
+      }
+      Advance(take);
+      size -= take;
+    }
+    return true;
+  }
+
+ private:
+  bool ReadByte(uint8_t* byte) {
+    if (done()) return false;
+    *byte = slices_[slice_].begin()[pos_];
+    Advance(1);
+    return true;
+  }
+
+  void Advance(size_t n) {
+    pos_ += n;
+    if (pos_ == slices_[slice_].size()) {
+      ++slice_;
+      pos_ = 0;
+      SkipEmptySlices();
+    }
+  }
+
+  void SkipEmptySlices() {
+    while (!done() && slices_[slice_].size() == 0) ++slice_;
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+namespace internal_shard_client {
+
+struct ParsedChunk {
+  std::optional<v1::ShardHeader> header;
+  int64_t offset = 0;
+  uint64_t checksum = 0;
+  // Views into the message's slices, in order.
+  std::vector<absl::string_view> data;
+  int64_t data_size = 0;
+};
+
+}  // namespace internal_shard_client
+
+namespace {
+
+using internal_shard_client::ParsedChunk;
+
+enum WireType : uint64_t { kVarint = 0, kFixed64 = 1, kDelimited = 2 };
+constexpr uint64_t kFixed32 = 5;
+
+// Parses one field into `chunk` (proto3 semantics: later scalars win,
+// messages merge, unknown fields are skipped). False when malformed.
+bool ParseField(SliceReader& reader, ParsedChunk& chunk) {
+  uint64_t tag;
+  if (!reader.ReadVarint(&tag)) return false;
+  const uint64_t field = tag >> 3;
+  uint64_t value;
+  switch (tag & 7) {
+    case kVarint:
+      if (!reader.ReadVarint(&value)) return false;
+      if (field == v1::ShardChunk::kOffsetFieldNumber) {
+        chunk.offset = static_cast<int64_t>(value);
+      }
+      return true;
+    case kFixed64:
+      if (!reader.ReadFixed64(&value)) return false;
+      if (field == v1::ShardChunk::kChecksumFieldNumber) chunk.checksum = value;
+      return true;
+    case kDelimited: {
+      if (!reader.ReadVarint(&value)) return false;
+      std::vector<absl::string_view> views;
+      const bool wanted = field == v1::ShardChunk::kHeaderFieldNumber ||
+                          field == v1::ShardChunk::kDataFieldNumber;
+      if (!reader.Read(value, wanted ? &views : nullptr)) return false;
+      if (field == v1::ShardChunk::kDataFieldNumber) {
+        chunk.data = std::move(views);
+        chunk.data_size = static_cast<int64_t>(value);
+      } else if (field == v1::ShardChunk::kHeaderFieldNumber) {
+        if (!chunk.header.has_value()) chunk.header.emplace();
+        if (!chunk.header->MergeFromString(absl::StrJoin(views, ""))) {
+          return false;
+        }
+      }
+      return true;
+    }
+    case kFixed32:
+      return reader.Read(4, nullptr);
+    default:
+      return false;
+  }
+}
+
+// Copies and hashes in pieces small enough to stay in cache between the
+// two passes over them.
+constexpr size_t kHashCopyPieceBytes = 256 << 10;
+
+}  // namespace
+
+// ---- ShardAssembler ---------------------------------------------------------
+
+ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                               Tensor destination)
+    : tensor_id_(tensor_id),
+      shard_index_(shard_index),
+      destination_(std::move(destination)) {}
+
+ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                               Device device, bool pin_memory)
+    : tensor_id_(tensor_id),
+      shard_index_(shard_index),
+      allocate_(TensorOptions().WithDevice(device).WithPinMemory(pin_memory)) {}
+
+std::string ShardAssembler::ShardName() const {
+  return absl::StrCat("shard ", shard_index_, " of tensor ", tensor_id_);
+}
+
+std::string ShardAssembler::ChunkName(int64_t offset) const {
+  return absl::StrCat("chunk at offset ", offset, " of ", ShardName());
+}
+
+absl::Status ShardAssembler::Consume(const v1::ShardChunk& chunk) {
+  grpc::ByteBuffer message;
+  bool own_buffer;
+  grpc::Status serialized =
+      grpc::SerializationTraits<v1::ShardChunk>::Serialize(chunk, &message,
+                                                           &own_buffer);
+  if (!serialized.ok()) return FromGrpcStatus(serialized);
+  return Consume(message);
+}
+
+absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  if (message.Valid() && !message.Dump(&slices).ok()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": unreadable message"));
+  }
+  SliceReader reader(slices);
+  ParsedChunk chunk;
+  while (!reader.done()) {
+    if (!ParseField(reader, chunk)) {
+      return absl::DataLossError(absl::StrCat(
+          ShardName(), ": malformed chunk after offset ", received_bytes_));
+    }
+  }
+  if (!metadata_.has_value()) {
+    RETURN_IF_ERROR(StartFromHeader(chunk));
+  } else if (chunk.header.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(chunk.offset), ": header repeated"));
+  }
+  RETURN_IF_ERROR(CheckPlacement(chunk));
+  if (!WriteAndVerify(chunk)) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
+  }
+  received_bytes_ += chunk.data_size;
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::StartFromHeader(const ParsedChunk& chunk) {
+  if (!chunk.header.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": first chunk carries no header"));
+  }
+  const v1::ShardHeader& header = *chunk.header;
+  const std::string what = absl::StrCat("header of ", ShardName());
+  absl::StatusOr<ShardMetadata> metadata = FromProto(header.metadata());
+  if (!metadata.ok()) return Malformed(what, metadata.status());
+  absl::StatusOr<DType> dtype = FromProto(header.dtype());
+  if (!dtype.ok()) return Malformed(what, dtype.status());
+  const std::vector<int64_t> sizes(header.sizes().begin(),
+                                   header.sizes().end());
+  if (sizes != metadata->shard_sizes()) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": sizes [", absl::StrJoin(sizes, ", "),
+                     "] differ from its metadata's [",
+                     absl::StrJoin(metadata->shard_sizes(), ", "), "]"));
+  }
+  const std::optional<int64_t> numel = CheckedProduct(sizes);
+  if (!numel.has_value() ||
+      header.total_bytes() !=
+          *numel * static_cast<int64_t>(ElementSize(*dtype))) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": total_bytes ", header.total_bytes(),
+                     " does not match its dtype and sizes"));
+  }
+  RETURN_IF_ERROR(PrepareDestination(*dtype, sizes));
+  total_bytes_ = header.total_bytes();
+  metadata_ = *std::move(metadata);
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::PrepareDestination(
+    DType dtype, const std::vector<int64_t>& sizes) {
+  if (allocate_.has_value()) {
+    ASSIGN_OR_RETURN(
+        destination_,
+        Tensor::Empty(sizes, TensorOptions(*allocate_).WithDType(dtype)));
+  } else if (!destination_.defined() || destination_.dtype() != dtype ||
+             destination_.sizes() != sizes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destination ", destination_.DebugString(),
+                     " does not match ", ShardName(), ", which is ",
+                     DTypeName(dtype), " [", absl::StrJoin(sizes, ", "), "]"));
+  }
+  if (destination_.device().is_cpu() && destination_.is_contiguous()) {
+    write_base_ = static_cast<char*>(destination_.data_ptr());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(
+      staging_,
+      Tensor::Empty(sizes, TensorOptions().WithDType(dtype).WithPinMemory(
+                               destination_.device().is_cuda())));
+  write_base_ = static_cast<char*>(staging_.data_ptr());
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::CheckPlacement(const ParsedChunk& chunk) const {
+  if (chunk.offset != received_bytes_) {
+    return absl::DataLossError(absl::StrCat(
+        ChunkName(chunk.offset), ": expected offset ", received_bytes_,
+        " (chunks must be contiguous and in "
+        "order)"));
+  }
+  if (chunk.data_size > total_bytes_ - received_bytes_) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(chunk.offset), ": ", chunk.data_size,
+                     " bytes overrun the shard's ", total_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  char* out = write_base_ + chunk.offset;
+  for (absl::string_view view : chunk.data) {
+    while (!view.empty()) {
+      const size_t piece = std::min(view.size(), kHashCopyPieceBytes);
+      XXH3_64bits_update(&state, view.data(), piece);
+      std::memcpy(out, view.data(), piece);
+      out += piece;
+      view.remove_prefix(piece);
+    }
+  }
+  return XXH3_64bits_digest(&state) == chunk.checksum;
+}
+
+absl::Status ShardAssembler::Finish() {
+  if (!metadata_.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": stream ended without a header"));
+  }
+  if (received_bytes_ != total_bytes_) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": stream ended after ", received_bytes_,
+                     " of ", total_bytes_, " bytes"));
+  }
+  if (staging_.defined()) return CopyInto(staging_, destination_);
+  return absl::OkStatus();
+}
+
+// ---- ShardClient ------------------------------------------------------------
+
+std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  return std::make_shared<ShardClient>(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+}
+
+ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel)
+    : channel_(std::move(channel)),
+      stub_(v1::ShardService::NewStub(channel_)),
+      fetch_stub_(channel_) {}
+
+absl::Status ShardClient::Stream(absl::string_view tensor_id,
+                                 int64_t shard_index,
+                                 const FetchOptions& options,
+                                 ShardAssembler* assembler) const {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(options.timeout));
+  v1::FetchShardRequest request;
+  request.set_tensor_id(std::string(tensor_id));
+  request.set_shard_index(shard_index);
+  request.set_chunk_bytes(options.chunk_bytes);
+  RawFetchCall call(&fetch_stub_, &context, request);
+  grpc::ByteBuffer message;
+  absl::Status status;
+  while (status.ok() && call.Read(&message)) {
+    status = assembler->Consume(message);
+  }
+  if (!status.ok()) {
+    context.TryCancel();
+    while (call.Read(&message)) {
+    }
+  }
+  const absl::Status rpc_status = FromGrpcStatus(call.Finish());
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(Annotate(
+      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id),
+      rpc_status));
+  return assembler->Finish();
+}
+
+absl::StatusOr<Shard> ShardClient::FetchShard(
+    absl::string_view tensor_id, int64_t shard_index,
+    const FetchOptions& options) const {
+  ShardAssembler assembler(tensor_id, shard_index, options.device,
+                           options.pin_memory);
+  RETURN_IF_ERROR(Stream(tensor_id, shard_index, options, &assembler));
+  return Shard{assembler.destination(), *assembler.metadata()};
+}
+
+absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
+                                         int64_t shard_index,
+                                         const Tensor& destination,
+                                         const FetchOptions& options) const {
+  if (!destination.defined()) {
+    return absl::InvalidArgumentError("FetchShardInto: undefined destination");
+  }
+  ShardAssembler assembler(tensor_id, shard_index, destination);
+  return Stream(tensor_id, shard_index, options, &assembler);
+}
+
+absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(
+    absl::string_view tensor_id, absl::Duration timeout) const {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(timeout));
+  v1::DescribeTensorRequest request;
+  request.set_tensor_id(std::string(tensor_id));
+  v1::DescribeTensorResponse response;
+  const std::string what = absl::StrCat("describing tensor ", tensor_id);
+  RETURN_IF_ERROR(Annotate(what, FromGrpcStatus(stub_->DescribeTensor(
+                                     &context, request, &response))));
+  TensorDescription description;
+  absl::StatusOr<ShardedTensorMetadata> metadata =
+      FromProto(response.metadata());
+  if (!metadata.ok()) return Malformed(what, metadata.status());
+  description.metadata = *std::move(metadata);
+  description.local_shard_indices.assign(response.local_shard_indices().begin(),
+                                         response.local_shard_indices().end());
+  return description;
+}
+
+}  // namespace tessera

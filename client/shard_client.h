@@ -1,0 +1,163 @@
+// ShardClient: fetches shards from one shard server (one gRPC channel).
+//
+// FetchShardInto streams a shard's bytes straight into a caller-provided
+// tensor (any strides, CPU or CUDA): every chunk's XXH3 checksum and offset
+// are verified before its bytes are written at that offset. Every call has
+// a deadline (FetchOptions::timeout); a dead or stalled peer gives
+// UNAVAILABLE or DEADLINE_EXCEEDED, never a hang.
+//
+// Errors: NOT_FOUND for an unknown tensor or shard (as the server says),
+// DATA_LOSS for a checksum or framing mismatch (the destination may then
+// hold partial or corrupt bytes), INVALID_ARGUMENT when the destination does
+// not match the shard's dtype and sizes.
+//
+// Thread-safety: a ShardClient is safe to use from many threads at once;
+// calls share the channel (HTTP/2 multiplexes them). A ShardAssembler
+// belongs to one stream and is not thread-safe.
+#ifndef TESSERA_CLIENT_SHARD_CLIENT_H_
+#define TESSERA_CLIENT_SHARD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/device.h"
+#include "common/shard_metadata.h"
+#include "common/sharded_tensor_metadata.h"
+#include "common/tensor.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "tessera/v1/shard.grpc.pb.h"
+#include "tessera/v1/shard.pb.h"
+
+namespace tessera {
+namespace internal_shard_client {
+// A received ShardChunk whose payload still lies in the message's slices.
+struct ParsedChunk;
+}  // namespace internal_shard_client
+
+struct FetchOptions {
+  // Largest chunk the server should send; 0 = the server's default.
+  int64_t chunk_bytes = 0;
+  // Deadline of the whole call.
+  absl::Duration timeout = absl::Seconds(60);
+  // Where a fetched shard is allocated (FetchShard only).
+  Device device = Device::Cpu();
+  bool pin_memory = false;
+};
+
+struct TensorDescription {
+  ShardedTensorMetadata metadata;
+  std::vector<int64_t> local_shard_indices;
+};
+
+// Receives one FetchShard stream into a tensor: the verification and
+// placement logic of ShardClient, separate from the transport so that it
+// can be tested with hand-made chunks.
+//
+// Messages are parsed from their wire bytes without copying the payload,
+// which is then written at its offset in one pass (hashing as it goes):
+// straight into the destination when it is contiguous host memory,
+// otherwise into a contiguous host staging buffer (pinned for a CUDA
+// destination) that Finish() copies into the destination in one go.
+class ShardAssembler {
+ public:
+  // Writes into `destination`, a view of any strides on the CPU or CUDA.
+  ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                 Tensor destination);
+  // Allocates the destination from the header's dtype and sizes.
+  ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                 Device device, bool pin_memory);
+
+  // Verifies one serialized ShardChunk and writes its bytes. The first
+  // chunk must carry the header: INVALID_ARGUMENT when its dtype or sizes
+  // differ from the destination's, DATA_LOSS when it is missing or
+  // malformed. DATA_LOSS also for an unparsable message, a second header,
+  // an offset that does not continue the previous chunk, data past the
+  // header's total_bytes (these three are checked before anything is
+  // written), and a checksum mismatch ("chunk at offset X of shard Y of
+  // tensor Z: checksum mismatch"; the chunk's bytes have then been written
+  // already). After an error, the stream should be abandoned.
+  absl::Status Consume(const grpc::ByteBuffer& message);
+  // Same, for a chunk already parsed (serializes it first).
+  absl::Status Consume(const v1::ShardChunk& chunk);
+  // Called once the stream ended: DATA_LOSS unless a header and exactly
+  // total_bytes arrived; then completes the copy into the destination.
+  absl::Status Finish();
+
+  // The destination (allocated once the header arrived, when allocating).
+  const Tensor& destination() const { return destination_; }
+  // The shard's metadata from the header; nullopt before it arrived.
+  const std::optional<ShardMetadata>& metadata() const { return metadata_; }
+
+ private:
+  using ParsedChunk = internal_shard_client::ParsedChunk;
+
+  absl::Status StartFromHeader(const ParsedChunk& chunk);
+  absl::Status PrepareDestination(DType dtype,
+                                  const std::vector<int64_t>& sizes);
+  absl::Status CheckPlacement(const ParsedChunk& chunk) const;
+  // Writes the payload at its offset; false on a checksum mismatch.
+  bool WriteAndVerify(const ParsedChunk& chunk);
+  // "chunk at offset 4096 of shard 3 of tensor t"
+  std::string ChunkName(int64_t offset) const;
+  // "shard 3 of tensor t"
+  std::string ShardName() const;
+
+  std::string tensor_id_;
+  int64_t shard_index_;
+  Tensor destination_;
+  // For an allocating assembler: where to allocate.
+  std::optional<TensorOptions> allocate_;
+  // Defined when chunks cannot be written into the destination directly.
+  Tensor staging_;
+  char* write_base_ = nullptr;
+  std::optional<ShardMetadata> metadata_;
+  int64_t total_bytes_ = 0;
+  int64_t received_bytes_ = 0;
+};
+
+class ShardClient {
+ public:
+  // A client for the server at `address` ("host:port"). Connecting is lazy:
+  // an unreachable server shows up as UNAVAILABLE on the first call.
+  static std::shared_ptr<ShardClient> Create(const std::string& address);
+  explicit ShardClient(std::shared_ptr<grpc::Channel> channel);
+
+  // Fetches shard `shard_index` of `tensor_id` into a new tensor on
+  // options.device; returns it with its metadata.
+  absl::StatusOr<Shard> FetchShard(absl::string_view tensor_id,
+                                   int64_t shard_index,
+                                   const FetchOptions& options = {}) const;
+  // Fetches into `destination` (a view that is written in place).
+  absl::Status FetchShardInto(absl::string_view tensor_id, int64_t shard_index,
+                              const Tensor& destination,
+                              const FetchOptions& options = {}) const;
+  absl::StatusOr<TensorDescription> DescribeTensor(
+      absl::string_view tensor_id,
+      absl::Duration timeout = absl::Seconds(10)) const;
+
+ private:
+  // Runs one FetchShard call, feeding every chunk to `assembler`.
+  absl::Status Stream(absl::string_view tensor_id, int64_t shard_index,
+                      const FetchOptions& options,
+                      ShardAssembler* assembler) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+  // FetchShard reads raw messages, for ShardAssembler's zero-copy parse.
+  // Mutable because PrepareCall is non-const; the stub is only a channel
+  // and is safe to use concurrently.
+  mutable grpc::TemplatedGenericStub<v1::FetchShardRequest, grpc::ByteBuffer>
+      fetch_stub_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_SHARD_CLIENT_H_

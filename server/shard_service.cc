@@ -1,0 +1,261 @@
+#include "server/shard_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/grpc_status.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "grpcpp/support/slice.h"
+#include "xxhash.h"
+
+namespace tessera {
+namespace {
+
+// Everything a stream needs, resolved before its first write.
+struct PreparedFetch {
+  // Keeps the registration (and so the shard's storage) alive for the
+  // whole stream, even if the tensor is unregistered meanwhile.
+  std::shared_ptr<const RegisteredTensor> tensor;
+  // The shard's bytes, contiguous in host memory.
+  Tensor bytes;
+  v1::ShardHeader header;
+};
+
+// A stream that ends with an error before writing anything.
+class FailedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedFetch(const absl::Status& status) {
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
+// A slice of `size` bytes at `data` inside `bytes`' storage, which the
+// slice keeps alive until gRPC is done with it (possibly after the stream).
+grpc::Slice SliceOf(const Tensor& bytes, const char* data, size_t size) {
+  return grpc::Slice(
+      const_cast<char*>(data), size,
+      [](void* storage) {
+        delete static_cast<std::shared_ptr<Storage>*>(storage);
+      },
+      new std::shared_ptr<Storage>(bytes.storage()));
+}
+
+// The serialized ShardChunk {header (first chunk only), offset, checksum,
+// data}: protobuf serializes everything but the payload into a small
+// prefix slice that ends with the data field's tag and length, and the
+// payload follows as a slice of the shard itself. (Fields may come in any
+// order on the wire.)
+grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header, int64_t offset,
+                                const Tensor& bytes, const char* data,
+                                size_t size) {
+  v1::ShardChunk fields;
+  if (header != nullptr) *fields.mutable_header() = *header;
+  fields.set_offset(offset);
+  fields.set_checksum(XXH3_64bits(size > 0 ? data : nullptr, size));
+  std::string prefix = fields.SerializeAsString();
+  if (size == 0) {
+    grpc::Slice only(prefix);
+    return grpc::ByteBuffer(&only, 1);
+  }
+  using google::protobuf::io::CodedOutputStream;
+  constexpr uint32_t kLengthDelimited = 2;  // Wire type of bytes fields.
+  uint8_t framing[16];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(
+      (v1::ShardChunk::kDataFieldNumber << 3) | kLengthDelimited, framing);
+  end = CodedOutputStream::WriteVarint64ToArray(size, end);
+  prefix.append(reinterpret_cast<const char*>(framing), end - framing);
+  const grpc::Slice slices[] = {grpc::Slice(prefix),
+                                SliceOf(bytes, data, size)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+// Streams one prepared shard. Exactly one write is in flight from
+// construction until the last chunk, which is sent together with the
+// status, so every path (success, client cancellation, server shutdown)
+// reaches Finish exactly once and then OnDone, which frees the reactor.
+class FetchShardReactor final
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  FetchShardReactor(PreparedFetch prepared, int64_t chunk_bytes,
+                    std::shared_ptr<std::atomic<int64_t>> active)
+      : active_(std::move(active)),
+        tensor_(std::move(prepared.tensor)),
+        bytes_(std::move(prepared.bytes)),
+        header_(std::move(prepared.header)),
+        chunk_bytes_(chunk_bytes) {
+    active_->fetch_add(1);
+    NextWrite();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      // The client cancelled, its deadline passed, or the server is
+      // shutting down: the stream is dead, only the status remains.
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnDone() override {
+    active_->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  void NextWrite() {
+    const int64_t total_bytes = header_.total_bytes();
+    const int64_t size = std::min(chunk_bytes_, total_bytes - offset_);
+    const char* base = static_cast<const char*>(bytes_.data_ptr());
+    message_ = SerializeChunk(offset_ == 0 ? &header_ : nullptr, offset_,
+                              bytes_, size > 0 ? base + offset_ : nullptr,
+                              static_cast<size_t>(size));
+    offset_ += size;
+    if (offset_ == total_bytes) {
+      StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      StartWrite(&message_);
+    }
+  }
+
+  const std::shared_ptr<std::atomic<int64_t>> active_;
+  const std::shared_ptr<const RegisteredTensor> tensor_;
+  const Tensor bytes_;
+  const v1::ShardHeader header_;
+  const int64_t chunk_bytes_;
+  int64_t offset_ = 0;
+  // The message being written; gRPC reads it until OnWriteDone.
+  grpc::ByteBuffer message_;
+};
+
+absl::Status UnknownTensor(absl::string_view tensor_id) {
+  return absl::NotFoundError(absl::StrCat("unknown tensor ", tensor_id));
+}
+
+absl::StatusOr<v1::FetchShardRequest> ParseRequest(
+    const grpc::ByteBuffer& serialized) {
+  grpc::ByteBuffer buffer(serialized);
+  v1::FetchShardRequest request;
+  if (!grpc::SerializationTraits<v1::FetchShardRequest>::Deserialize(&buffer,
+                                                                     &request)
+           .ok()) {
+    return absl::InvalidArgumentError("FetchShard: malformed request");
+  }
+  return request;
+}
+
+absl::Status ValidateRequest(const v1::FetchShardRequest& request) {
+  if (request.tensor_id().empty()) {
+    return absl::InvalidArgumentError("FetchShard: empty tensor_id");
+  }
+  if (request.shard_index() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FetchShard: negative shard_index ", request.shard_index(),
+                     " for tensor ", request.tensor_id()));
+  }
+  if (request.chunk_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FetchShard: negative chunk_bytes ", request.chunk_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+// The shard's bytes as contiguous host memory: the shard itself when it
+// already is, otherwise a staged copy (pinned, for a fast device copy).
+absl::StatusOr<Tensor> HostBytes(const Tensor& shard) {
+  if (shard.numel() == 0) return shard;
+  if (shard.device().is_meta()) {
+    return absl::FailedPreconditionError(
+        "shard is on the meta device and has no bytes to send");
+  }
+  if (shard.device().is_cpu()) return shard.Contiguous();
+  return shard.To(Device::Cpu(), /*pin_memory=*/true);
+}
+
+absl::StatusOr<PreparedFetch> PrepareFetch(
+    const ShardRegistry& registry, const v1::FetchShardRequest& request) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  PreparedFetch prepared;
+  prepared.tensor = registry.Find(request.tensor_id());
+  if (prepared.tensor == nullptr) return UnknownTensor(request.tensor_id());
+  const LocalShard* local = prepared.tensor->FindShard(request.shard_index());
+  if (local == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "shard ", request.shard_index(), " of tensor ", request.tensor_id(),
+        " is not served by this rank (it has ",
+        prepared.tensor->metadata.shards_metadata.size(), " shards)"));
+  }
+  const Tensor& shard = local->shard.tensor;
+  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(shard));
+  v1::ShardHeader& header = prepared.header;
+  *header.mutable_metadata() =
+      ToProto(prepared.tensor->metadata.shards_metadata[local->index]);
+  header.set_dtype(ToProto(shard.dtype()));
+  header.mutable_sizes()->Add(shard.sizes().begin(), shard.sizes().end());
+  header.set_total_bytes(static_cast<int64_t>(shard.nbytes()));
+  return prepared;
+}
+
+ShardServiceOptions Clamped(ShardServiceOptions options) {
+  options.max_chunk_bytes =
+      std::max(options.max_chunk_bytes, ShardServiceOptions::kMinChunkBytes);
+  options.default_chunk_bytes =
+      std::clamp(options.default_chunk_bytes,
+                 ShardServiceOptions::kMinChunkBytes, options.max_chunk_bytes);
+  return options;
+}
+
+}  // namespace
+
+void ConfigureShardServer(grpc::ServerBuilder* builder) {
+  builder->SetMaxSendMessageSize(-1);
+}
+
+ShardServiceImpl::ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,
+                                   ShardServiceOptions options)
+    : registry_(std::move(registry)), options_(Clamped(options)) {}
+
+int64_t ShardServiceImpl::ChunkBytesFor(int64_t requested) const {
+  if (requested == 0) return options_.default_chunk_bytes;
+  return std::clamp(requested, ShardServiceOptions::kMinChunkBytes,
+                    options_.max_chunk_bytes);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  absl::StatusOr<v1::FetchShardRequest> parsed = ParseRequest(*request);
+  if (!parsed.ok()) return new FailedFetch(parsed.status());
+  absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, *parsed);
+  if (!prepared.ok()) return new FailedFetch(prepared.status());
+  return new FetchShardReactor(std::move(*prepared),
+                               ChunkBytesFor(parsed->chunk_bytes()),
+                               active_fetches_);
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::DescribeTensor(
+    grpc::CallbackServerContext* context,
+    const v1::DescribeTensorRequest* request,
+    v1::DescribeTensorResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<const RegisteredTensor> tensor =
+      registry_->Find(request->tensor_id());
+  if (tensor == nullptr) {
+    reactor->Finish(ToGrpcStatus(UnknownTensor(request->tensor_id())));
+    return reactor;
+  }
+  *response->mutable_metadata() = ToProto(tensor->metadata);
+  for (const LocalShard& local : tensor->local_shards) {
+    response->add_local_shard_indices(local.index);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tessera
