@@ -1,0 +1,648 @@
+#include "server/sharded_tensor.h"
+
+#include <functional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/proto_convert.h"
+#include "common/shard_layout.h"
+#include "common/status_macros.h"
+#include "tessera/v1/sharding.pb.h"
+
+namespace tessera {
+
+struct ShardedTensor::State {
+  std::shared_ptr<Rank> rank;  // Null in no-process-group mode.
+  std::shared_ptr<ProcessGroup> group;
+  std::string tensor_id;
+  ShardingSpec spec;
+  ShardedTensorMetadata metadata;
+  std::vector<Shard> local_shards;
+  bool init_rrefs = false;
+  RemoteShardMap remote_shards;
+  bool registered = false;
+
+  State(ShardingSpec spec) : spec(std::move(spec)) {}
+  ~State() {
+    if (!registered) return;
+    // Peers may hold remote shards of this tensor only with init_rrefs;
+    // they may still be fetching, so those shards are retired until the
+    // next Rank::Barrier rather than dropped.
+    if (init_rrefs) {
+      rank->registry().Retire(tensor_id);
+    } else {
+      rank->registry().Unregister(tensor_id);
+    }
+  }
+};
+
+namespace {
+
+using ShardFactory = std::function<absl::StatusOr<Tensor>(
+    absl::Span<const int64_t> sizes, const TensorOptions& options)>;
+
+// The rank and group a tensor is created on.
+struct Context {
+  std::shared_ptr<Rank> rank;
+  std::shared_ptr<ProcessGroup> group;
+};
+
+absl::StatusOr<Context> ResolveContext(const ShardedTensorOptions& options) {
+  Context context{options.rank != nullptr ? options.rank : DefaultRank(),
+                  options.process_group};
+  if (context.rank == nullptr) {
+    return absl::FailedPreconditionError(
+        "Default process group has not been initialized, please make sure to "
+        "call tessera::Rank::Init (and SetDefaultRank) or pass a rank");
+  }
+  if (context.group == nullptr) context.group = context.rank->default_group();
+  return context;
+}
+
+absl::Status ValidateFormat(Layout layout, MemoryFormat memory_format) {
+  if (layout != Layout::kStrided) {
+    return absl::InvalidArgumentError(
+        "Only torch.strided layout is currently supported");
+  }
+  if (memory_format != MemoryFormat::kContiguous) {
+    return absl::InvalidArgumentError(
+        "Only torch.contiguous_format memory_format is currently supported");
+  }
+  return absl::OkStatus();
+}
+
+// PyTorch's _init_rpc checks: remote shards need the RPC agent, and RPC
+// ranks must be the process-group ranks they are looked up by.
+absl::Status ValidateRpc(const Rank& rank) {
+  if (!rank.rpc_initialized()) {
+    return absl::FailedPreconditionError(
+        "RPC Framework needs to be initialized using "
+        "tessera::Rank::InitRpc");
+  }
+  if (rank.rpc_rank() != rank.rank()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Default ProcessGroup and RPC ranks must be the same for "
+                     "ShardedTensor, found process group rank: ",
+                     rank.rank(), " and RPC rank: ", rank.rpc_rank()));
+  }
+  return absl::OkStatus();
+}
+
+// Each shard's (global rank, device), validated against the group.
+absl::StatusOr<std::vector<std::pair<int, Device>>> ResolvePlacements(
+    const Context& context, const ShardedTensorMetadata& metadata) {
+  const WorkerResolver* resolver =
+      context.rank->rpc_initialized() ? context.rank.get() : nullptr;
+  std::vector<std::pair<int, Device>> placements;
+  placements.reserve(metadata.shards_metadata.size());
+  for (const ShardMetadata& shard : metadata.shards_metadata) {
+    ASSIGN_OR_RETURN(auto placement,
+                     ParseAndValidateRemoteDevice(context.group->global_ranks(),
+                                                  shard.placement(), resolver,
+                                                  context.group->is_member()));
+    placements.push_back(std::move(placement));
+  }
+  return placements;
+}
+
+absl::StatusOr<RemoteShardMap> BuildRemoteShards(
+    const Rank& rank, const std::string& tensor_id,
+    const ShardedTensorMetadata& metadata,
+    const std::vector<std::pair<int, Device>>& placements) {
+  RemoteShardMap remote;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    int owner = placements[i].first;
+    if (owner == rank.rank()) continue;
+    ASSIGN_OR_RETURN(WorkerInfo worker, rank.Worker(owner));
+    ASSIGN_OR_RETURN(std::shared_ptr<ShardClient> client,
+                     rank.ClientFor(owner));
+    remote[owner].emplace_back(std::move(worker), tensor_id,
+                               static_cast<int64_t>(i),
+                               metadata.shards_metadata[i], std::move(client));
+  }
+  return remote;
+}
+
+// PyTorch's Shard.__post_init__: the tensor matches its metadata's sizes
+// and placement device.
+absl::Status ValidateShard(const Shard& shard) {
+  const ShardMetadata& metadata = shard.metadata;
+  if (shard.tensor.sizes() != metadata.shard_sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Shard tensor size does not match with metadata.shard_lengths! Found "
+        "shard tensor size: [",
+        absl::StrJoin(shard.tensor.sizes(), ", "),
+        "], metadata.shard_lengths: [",
+        absl::StrJoin(metadata.shard_sizes(), ", "), "]"));
+  }
+  if (metadata.placement().has_value() &&
+      !(metadata.placement()->device() == shard.tensor.device())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Local shard tensor device does not match with local Shard's "
+        "placement! Found local shard tensor device: ",
+        shard.tensor.device().ToString(),
+        ", local shard metadata placement "
+        "device: ",
+        metadata.placement()->device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// The properties of one rank's local shards, which must agree.
+absl::StatusOr<TensorProperties> LocalProperties(
+    const std::vector<Shard>& shards, int rank) {
+  TensorProperties properties;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const Tensor& tensor = shards[i].tensor;
+    TensorProperties p;
+    p.dtype = tensor.dtype();
+    p.requires_grad = tensor.requires_grad();
+    p.pin_memory = tensor.is_pinned();
+    if (i == 0) {
+      properties = p;
+      continue;
+    }
+    auto mismatch = [&](absl::string_view name, const std::string& a,
+                        const std::string& b) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Local shards' tensor ", name,
+                       " property need to be the same on "
+                       "rank:",
+                       rank, "! Found one local shard tensor ", name, "=", a,
+                       ", the other local shard tensor ", name, "=", b));
+    };
+    if (p.dtype != properties.dtype) {
+      return mismatch("dtype", std::string(DTypeName(properties.dtype)),
+                      std::string(DTypeName(p.dtype)));
+    }
+    if (p.requires_grad != properties.requires_grad) {
+      return mismatch("requires_grad",
+                      properties.requires_grad ? "True" : "False",
+                      p.requires_grad ? "True" : "False");
+    }
+    if (p.pin_memory != properties.pin_memory) {
+      return mismatch("pin_memory", properties.pin_memory ? "True" : "False",
+                      p.pin_memory ? "True" : "False");
+    }
+  }
+  return properties;
+}
+
+// One rank's contribution to init_from_local_shards, as gathered.
+struct RankShards {
+  int rank = 0;
+  ShardedTensorMetadata metadata;  // size: that rank's global_sizes.
+};
+
+// The first mismatch of a property between two ranks, in PyTorch's words.
+absl::Status CompareRanks(const RankShards& a, const RankShards& b) {
+  auto mismatch = [&](absl::string_view name, const std::string& x,
+                      const std::string& y) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ShardedTensor ", name,
+                     " property does not match from different "
+                     "ranks! Found ",
+                     name, "=", x, " on rank:", a.rank, ", and ", name, "=", y,
+                     " on rank:", b.rank));
+  };
+  const TensorProperties& p = a.metadata.tensor_properties;
+  const TensorProperties& q = b.metadata.tensor_properties;
+  if (a.metadata.size != b.metadata.size) {
+    return mismatch(
+        "global_size",
+        absl::StrCat("[", absl::StrJoin(a.metadata.size, ", "), "]"),
+        absl::StrCat("[", absl::StrJoin(b.metadata.size, ", "), "]"));
+  }
+  if (p.dtype != q.dtype) {
+    return mismatch("dtype", std::string(DTypeName(p.dtype)),
+                    std::string(DTypeName(q.dtype)));
+  }
+  if (p.requires_grad != q.requires_grad) {
+    return mismatch("requires_grad", p.requires_grad ? "True" : "False",
+                    q.requires_grad ? "True" : "False");
+  }
+  if (p.pin_memory != q.pin_memory) {
+    return mismatch("pin_memory", p.pin_memory ? "True" : "False",
+                    q.pin_memory ? "True" : "False");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Factories share one path; only the way a local shard is filled differs.
+class ShardedTensorBuilder {
+ public:
+  static absl::StatusOr<ShardedTensor> Create(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options, const ShardFactory& make) {
+    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    RETURN_IF_ERROR(ValidateFormat(options.layout, options.memory_format));
+    TensorProperties properties;
+    properties.dtype = options.dtype;
+    properties.layout = options.layout;
+    properties.requires_grad = options.requires_grad;
+    properties.memory_format = options.memory_format;
+    properties.pin_memory = options.pin_memory;
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     BuildMetadata(spec, sizes, properties));
+    ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
+    if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*context.rank));
+
+    auto state = std::make_shared<ShardedTensor::State>(spec);
+    state->rank = context.rank;
+    state->group = context.group;
+    state->init_rrefs = options.init_rrefs;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].first != context.rank->rank()) continue;
+      TensorOptions tensor_options;
+      tensor_options.dtype = options.dtype;
+      tensor_options.device = placements[i].second;
+      tensor_options.pin_memory = options.pin_memory;
+      tensor_options.requires_grad = options.requires_grad;
+      ASSIGN_OR_RETURN(
+          Tensor tensor,
+          make(metadata.shards_metadata[i].shard_sizes(), tensor_options));
+      state->local_shards.push_back(
+          Shard{std::move(tensor), metadata.shards_metadata[i]});
+    }
+    state->metadata = std::move(metadata);
+    return Finish(std::move(state), placements);
+  }
+
+  // Registers the local shards and builds the remote ones: the last step of
+  // every collective constructor.
+  static absl::StatusOr<ShardedTensor> Finish(
+      std::shared_ptr<ShardedTensor::State> state,
+      const std::vector<std::pair<int, Device>>& placements) {
+    Rank& rank = *state->rank;
+    state->tensor_id = rank.NextTensorId(*state->group);
+    if (state->init_rrefs) {
+      ASSIGN_OR_RETURN(state->remote_shards,
+                       BuildRemoteShards(rank, state->tensor_id,
+                                         state->metadata, placements));
+    }
+    auto registered = std::make_shared<RegisteredTensor>();
+    registered->metadata = state->metadata;
+    size_t next_local = 0;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].first != rank.rank()) continue;
+      registered->local_shards.push_back(LocalShard{
+          static_cast<int64_t>(i), state->local_shards[next_local++]});
+    }
+    RETURN_IF_ERROR(rank.registry().Register(state->tensor_id, registered));
+    state->registered = true;
+    // PyTorch's _init_rpc ends with a world-wide sync, so no rank fetches a
+    // shard its owner has not registered yet. One barrier: O(W) messages.
+    if (state->init_rrefs) RETURN_IF_ERROR(rank.Barrier());
+    return ShardedTensor(std::move(state));
+  }
+
+  static absl::StatusOr<ShardedTensor> FromLocalShards(
+      std::vector<Shard> local_shards, absl::Span<const int64_t> global_sizes,
+      const ShardedTensorOptions& options) {
+    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ProcessGroup& group = *context.group;
+    if (!group.is_member()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("init_from_local_shards: rank ", context.rank->rank(),
+                       " is not a member of process group ", group.name()));
+    }
+    for (const Shard& shard : local_shards) {
+      RETURN_IF_ERROR(ValidateShard(shard));
+      if (!shard.tensor.is_contiguous()) {
+        return ValidateFormat(Layout::kStrided, MemoryFormat::kChannelsLast);
+      }
+      ASSIGN_OR_RETURN(auto placement,
+                       ParseAndValidateRemoteDevice(
+                           group.global_ranks(), shard.metadata.placement()));
+      if (placement.first != context.rank->rank()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Local shard metadata's rank does not match with the rank in its "
+            "process group! Found current rank in the process group: ",
+            context.rank->rank(),
+            ", local ShardMetadata placement's rank: ", placement.first));
+      }
+    }
+    ASSIGN_OR_RETURN(TensorProperties local_properties,
+                     LocalProperties(local_shards, context.rank->rank()));
+
+    // Everyone learns everyone's shards (one all-gather of serialized
+    // metadata), then checks the same things in the same order.
+    ShardedTensorMetadata mine;
+    mine.size.assign(global_sizes.begin(), global_sizes.end());
+    mine.tensor_properties = local_properties;
+    for (const Shard& shard : local_shards) {
+      mine.shards_metadata.push_back(shard.metadata);
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                     AllGatherBytes(group, SerializeMetadata(mine)));
+    std::vector<RankShards> ranks;
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      ASSIGN_OR_RETURN(ShardedTensorMetadata theirs,
+                       DeserializeMetadata(gathered[r]));
+      if (theirs.shards_metadata.empty()) continue;
+      ranks.push_back(RankShards{group.global_ranks()[r], std::move(theirs)});
+    }
+    if (ranks.empty()) {
+      return absl::InvalidArgumentError(
+          "ShardedTensor have no local shards on all ranks!");
+    }
+    ShardedTensorMetadata global;
+    global.size = ranks.front().metadata.size;
+    global.tensor_properties = ranks.front().metadata.tensor_properties;
+    for (const RankShards& r : ranks) {
+      RETURN_IF_ERROR(CompareRanks(ranks.front(), r));
+      for (const ShardMetadata& m : r.metadata.shards_metadata) {
+        global.shards_metadata.push_back(m);
+      }
+    }
+    RETURN_IF_ERROR(ValidateShardLayout(global.shards_metadata, global.size));
+    ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
+                     EnumerableShardingSpec::Create(global.shards_metadata));
+
+    auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
+    state->rank = context.rank;
+    state->group = context.group;
+    state->init_rrefs = options.init_rrefs;
+    if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*context.rank));
+    state->local_shards = std::move(local_shards);
+    state->metadata = std::move(global);
+    std::vector<std::pair<int, Device>> placements;
+    ASSIGN_OR_RETURN(placements, ResolvePlacements(context, state->metadata));
+    return Finish(std::move(state), placements);
+  }
+
+  static absl::StatusOr<ShardedTensor> FromLocalShardsAndGlobalMetadata(
+      std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+      const ShardedTensorOptions& options) {
+    RETURN_IF_ERROR(ValidateFormat(metadata.tensor_properties.layout,
+                                   metadata.tensor_properties.memory_format));
+    RETURN_IF_ERROR(
+        ValidateShardLayout(metadata.shards_metadata, metadata.size));
+    for (const Shard& shard : local_shards)
+      RETURN_IF_ERROR(ValidateShard(shard));
+    ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
+                     EnumerableShardingSpec::Create(metadata.shards_metadata));
+    auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
+    state->init_rrefs = options.init_rrefs;
+    std::shared_ptr<Rank> rank =
+        options.rank != nullptr ? options.rank : DefaultRank();
+    if (rank == nullptr) {
+      // No process group: every shard of the metadata is local (PyTorch's
+      // no-process-group mode), and nothing is served.
+      RETURN_IF_ERROR(MatchLocalShards(local_shards, metadata, std::nullopt));
+      state->local_shards = std::move(local_shards);
+      state->metadata = std::move(metadata);
+      return ShardedTensor(std::move(state));
+    }
+    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*rank));
+    ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
+    RETURN_IF_ERROR(MatchLocalShards(local_shards, metadata, rank->rank()));
+    // Local shards are kept in the metadata's order, as Finish expects.
+    std::vector<Shard> ordered;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].first != rank->rank()) continue;
+      for (Shard& shard : local_shards) {
+        if (shard.metadata == metadata.shards_metadata[i]) {
+          ordered.push_back(shard);
+          break;
+        }
+      }
+    }
+    state->rank = context.rank;
+    state->group = context.group;
+    state->local_shards = std::move(ordered);
+    state->metadata = std::move(metadata);
+    return Finish(std::move(state), placements);
+  }
+
+  // Each local shard is a shard of `metadata` (placed on `rank` unless no
+  // rank is known), every such shard is given once, and tensors match the
+  // metadata's dtype.
+  static absl::Status MatchLocalShards(const std::vector<Shard>& local_shards,
+                                       const ShardedTensorMetadata& metadata,
+                                       std::optional<int> rank) {
+    size_t expected = 0;
+    for (const ShardMetadata& m : metadata.shards_metadata) {
+      if (!rank.has_value() ||
+          (m.placement().has_value() && m.placement()->rank() == rank)) {
+        ++expected;
+      }
+    }
+    if (local_shards.size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Number of local shards (", local_shards.size(),
+          ") does not match the number of shards placed on this rank in "
+          "global metadata (",
+          expected, ")"));
+    }
+    for (const Shard& shard : local_shards) {
+      bool found = false;
+      for (const ShardMetadata& m : metadata.shards_metadata) {
+        found = found || m == shard.metadata;
+      }
+      if (!found) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Local shard ", shard.metadata.ToString(),
+                         " is not in the global metadata"));
+      }
+      if (shard.tensor.dtype() != metadata.tensor_properties.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Local shard tensor dtype ", DTypeName(shard.tensor.dtype()),
+            " does not match the global metadata's dtype ",
+            DTypeName(metadata.tensor_properties.dtype)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static ShardedTensorOptions OptionsOf(const ShardedTensor& other,
+                                        std::optional<DType> dtype) {
+    const TensorProperties& p = other.metadata().tensor_properties;
+    ShardedTensorOptions options;
+    options.dtype = dtype.value_or(p.dtype);
+    options.layout = p.layout;
+    options.requires_grad = p.requires_grad;
+    options.pin_memory = p.pin_memory;
+    options.memory_format = p.memory_format;
+    options.process_group = other.process_group();
+    options.rank = other.rank();
+    options.init_rrefs = other.state_->init_rrefs;
+    return options;
+  }
+};
+
+absl::StatusOr<ShardedTensor> ShardedTensor::InitFromLocalShards(
+    std::vector<Shard> local_shards, absl::Span<const int64_t> global_sizes,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::FromLocalShards(std::move(local_shards),
+                                               global_sizes, options);
+}
+
+absl::StatusOr<ShardedTensor>
+ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+    std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::FromLocalShardsAndGlobalMetadata(
+      std::move(local_shards), std::move(metadata), options);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Empty(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::Create(spec, sizes, options, Tensor::Empty);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Zeros(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::Create(spec, sizes, options, Tensor::Zeros);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Ones(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::Create(spec, sizes, options, Tensor::Ones);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Full(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    double fill_value, const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::Create(
+      spec, sizes, options,
+      [fill_value](absl::Span<const int64_t> s, const TensorOptions& o) {
+        return Tensor::Full(s, fill_value, o);
+      });
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Rand(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    const ShardedTensorOptions& options, Generator* generator) {
+  return ShardedTensorBuilder::Create(
+      spec, sizes, options,
+      [generator](absl::Span<const int64_t> s, const TensorOptions& o) {
+        return Tensor::Rand(s, o, generator);
+      });
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::Randn(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+    const ShardedTensorOptions& options, Generator* generator) {
+  return ShardedTensorBuilder::Create(
+      spec, sizes, options,
+      [generator](absl::Span<const int64_t> s, const TensorOptions& o) {
+        return Tensor::Randn(s, o, generator);
+      });
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::EmptyLike(
+    const ShardedTensor& other, std::optional<DType> dtype) {
+  return Empty(other.sharding_spec(), other.size(),
+               ShardedTensorBuilder::OptionsOf(other, dtype));
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::ZerosLike(
+    const ShardedTensor& other, std::optional<DType> dtype) {
+  return Zeros(other.sharding_spec(), other.size(),
+               ShardedTensorBuilder::OptionsOf(other, dtype));
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::OnesLike(
+    const ShardedTensor& other, std::optional<DType> dtype) {
+  return Ones(other.sharding_spec(), other.size(),
+              ShardedTensorBuilder::OptionsOf(other, dtype));
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::FullLike(
+    const ShardedTensor& other, double fill_value, std::optional<DType> dtype) {
+  return Full(other.sharding_spec(), other.size(), fill_value,
+              ShardedTensorBuilder::OptionsOf(other, dtype));
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::RandLike(
+    const ShardedTensor& other, std::optional<DType> dtype,
+    Generator* generator) {
+  return Rand(other.sharding_spec(), other.size(),
+              ShardedTensorBuilder::OptionsOf(other, dtype), generator);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::RandnLike(
+    const ShardedTensor& other, std::optional<DType> dtype,
+    Generator* generator) {
+  return Randn(other.sharding_spec(), other.size(),
+               ShardedTensorBuilder::OptionsOf(other, dtype), generator);
+}
+
+const std::vector<int64_t>& ShardedTensor::size() const {
+  return state_->metadata.size;
+}
+
+absl::StatusOr<int64_t> ShardedTensor::size(int64_t d) const {
+  const int64_t rank = dim();
+  if (d < -rank || d >= rank) {
+    return absl::OutOfRangeError(
+        absl::StrCat("Dimension out of range (expected to be in range of [",
+                     -rank, ", ", rank - 1, "], but got ", d, ")"));
+  }
+  return size()[d < 0 ? d + rank : d];
+}
+
+DType ShardedTensor::dtype() const {
+  return state_->metadata.tensor_properties.dtype;
+}
+Layout ShardedTensor::layout() const {
+  return state_->metadata.tensor_properties.layout;
+}
+bool ShardedTensor::requires_grad() const {
+  return state_->metadata.tensor_properties.requires_grad;
+}
+bool ShardedTensor::is_pinned() const {
+  return state_->metadata.tensor_properties.pin_memory;
+}
+
+Device ShardedTensor::device() const {
+  if (state_->local_shards.empty()) return Device::Cpu();
+  return state_->local_shards.front().tensor.device();
+}
+
+const ShardedTensorMetadata& ShardedTensor::metadata() const {
+  return state_->metadata;
+}
+const ShardingSpec& ShardedTensor::sharding_spec() const {
+  return state_->spec;
+}
+const std::vector<Shard>& ShardedTensor::local_shards() const {
+  return state_->local_shards;
+}
+
+absl::StatusOr<Tensor> ShardedTensor::local_tensor() const {
+  if (state_->local_shards.size() != 1) {
+    return absl::UnimplementedError("Only single local shard is supported.");
+  }
+  return state_->local_shards.front().tensor;
+}
+
+absl::StatusOr<RemoteShardMap> ShardedTensor::remote_shards() const {
+  if (!state_->init_rrefs) {
+    return absl::FailedPreconditionError(
+        "ShardedTensor created with init_rrefs=False, no RRefs to remote "
+        "shards available");
+  }
+  return state_->remote_shards;
+}
+
+const std::string& ShardedTensor::tensor_id() const {
+  return state_->tensor_id;
+}
+const std::shared_ptr<ProcessGroup>& ShardedTensor::process_group() const {
+  return state_->group;
+}
+const std::shared_ptr<Rank>& ShardedTensor::rank() const {
+  return state_->rank;
+}
+
+}  // namespace tessera

@@ -1,0 +1,197 @@
+// ShardedTensor: a tensor cut into shards that live on the ranks of a
+// process group (torch.distributed._shard.ShardedTensor, SPMD style).
+//
+// Every rank of the group calls the same factory with the same arguments;
+// each allocates only the shards placed on it (its local shards) and
+// registers them with its shard server, so that other ranks — and clients
+// outside the world — can fetch them. Creation sends no message: metadata
+// follows from the spec, and the tensor id from the per-group creation
+// order (Rank::NextTensorId). Remote shards are just metadata plus the
+// owner's address; to_here() fetches over gRPC.
+//
+// A ShardedTensor is a handle: copies share the same shards. When the last
+// handle on a rank is destroyed, that rank's shards leave its registry
+// (fetching them then gives NOT_FOUND).
+//
+// Thread-safety: const methods may be called concurrently; the shards'
+// bytes are shared with the shard server, which reads them while serving.
+// Failure: factories validate everything before allocating and return
+// PyTorch's error wording (see each factory).
+#ifndef TESSERA_SERVER_SHARDED_TENSOR_H_
+#define TESSERA_SERVER_SHARDED_TENSOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/remote_shard.h"
+#include "common/device.h"
+#include "common/dtype.h"
+#include "common/shard_metadata.h"
+#include "common/sharded_tensor_metadata.h"
+#include "common/sharding_spec.h"
+#include "common/tensor.h"
+#include "common/tensor_properties.h"
+#include "server/process_group.h"
+#include "server/rank.h"
+
+namespace tessera {
+
+struct ShardedTensorOptions {
+  DType dtype = DType::kFloat32;
+  Layout layout = Layout::kStrided;
+  bool requires_grad = false;
+  bool pin_memory = false;
+  MemoryFormat memory_format = MemoryFormat::kContiguous;
+  // The group the shards' placements refer to; null: the rank's default
+  // group.
+  std::shared_ptr<ProcessGroup> process_group;
+  // The rank creating the tensor; null: DefaultRank().
+  std::shared_ptr<Rank> rank;
+  // Whether remote_shards() is available (needs Rank::InitRpc).
+  bool init_rrefs = false;
+
+  ShardedTensorOptions& WithDType(DType d) {
+    dtype = d;
+    return *this;
+  }
+  ShardedTensorOptions& WithProcessGroup(std::shared_ptr<ProcessGroup> g) {
+    process_group = std::move(g);
+    return *this;
+  }
+  ShardedTensorOptions& WithRank(std::shared_ptr<Rank> r) {
+    rank = std::move(r);
+    return *this;
+  }
+  ShardedTensorOptions& WithInitRrefs(bool i) {
+    init_rrefs = i;
+    return *this;
+  }
+};
+
+// Owner rank -> that rank's shards, in shard order.
+using RemoteShardMap = std::map<int, std::vector<RemoteShard>>;
+
+class ShardedTensor {
+ public:
+  // sharded_tensor.empty/zeros/ones/full/rand/randn. Errors:
+  //  - no rank: FAILED_PRECONDITION "Default process group has not been
+  //    initialized";
+  //  - layout / memory format: INVALID_ARGUMENT "Only torch.strided layout
+  //    is currently supported" / "Only torch.contiguous_format
+  //    memory_format is currently supported";
+  //  - the spec: "Invalid sharding dim", "Global rank 5 does not exist in
+  //    input process group", worker names (see
+  //    ParseAndValidateRemoteDevice), volume/overlap errors;
+  //  - init_rrefs: FAILED_PRECONDITION "RPC Framework needs to be
+  //    initialized", INVALID_ARGUMENT "Default ProcessGroup and RPC ranks
+  //    must be the same".
+  // Rand/Randn draw each local shard in shard order from `generator` (the
+  // default generator when null), like torch.rand of the shard's size.
+  static absl::StatusOr<ShardedTensor> Empty(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options = {});
+  static absl::StatusOr<ShardedTensor> Zeros(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options = {});
+  static absl::StatusOr<ShardedTensor> Ones(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options = {});
+  static absl::StatusOr<ShardedTensor> Full(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      double fill_value, const ShardedTensorOptions& options = {});
+  static absl::StatusOr<ShardedTensor> Rand(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options = {}, Generator* generator = nullptr);
+  static absl::StatusOr<ShardedTensor> Randn(
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes,
+      const ShardedTensorOptions& options = {}, Generator* generator = nullptr);
+
+  // torch.*_like(st, dtype=...): same spec, size, group, rank and options,
+  // with the dtype replaced when given.
+  static absl::StatusOr<ShardedTensor> EmptyLike(
+      const ShardedTensor& other, std::optional<DType> dtype = std::nullopt);
+  static absl::StatusOr<ShardedTensor> ZerosLike(
+      const ShardedTensor& other, std::optional<DType> dtype = std::nullopt);
+  static absl::StatusOr<ShardedTensor> OnesLike(
+      const ShardedTensor& other, std::optional<DType> dtype = std::nullopt);
+  static absl::StatusOr<ShardedTensor> FullLike(
+      const ShardedTensor& other, double fill_value,
+      std::optional<DType> dtype = std::nullopt);
+  static absl::StatusOr<ShardedTensor> RandLike(
+      const ShardedTensor& other, std::optional<DType> dtype = std::nullopt,
+      Generator* generator = nullptr);
+  static absl::StatusOr<ShardedTensor> RandnLike(
+      const ShardedTensor& other, std::optional<DType> dtype = std::nullopt,
+      Generator* generator = nullptr);
+
+  // ShardedTensor._init_from_local_shards (collective over the group): each
+  // rank passes its shards; their metadata is all-gathered, checked (one
+  // dtype, layout, requires_grad and pin_memory across ranks, no overlap,
+  // full coverage of `global_sizes`) and becomes the global metadata.
+  static absl::StatusOr<ShardedTensor> InitFromLocalShards(
+      std::vector<Shard> local_shards, absl::Span<const int64_t> global_sizes,
+      const ShardedTensorOptions& options = {});
+  // ShardedTensorBase._init_from_local_shards_and_global_metadata: no
+  // communication; the local shards are checked against the metadata (each
+  // must match a shard of it placed on this rank — every shard when there
+  // is no rank, as in PyTorch's no-process-group mode).
+  static absl::StatusOr<ShardedTensor> InitFromLocalShardsAndGlobalMetadata(
+      std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+      const ShardedTensorOptions& options = {});
+
+  ShardedTensor(const ShardedTensor&) = default;
+  ShardedTensor& operator=(const ShardedTensor&) = default;
+  ShardedTensor(ShardedTensor&&) = default;
+  ShardedTensor& operator=(ShardedTensor&&) = default;
+
+  const std::vector<int64_t>& size() const;
+  // OUT_OF_RANGE "Dimension out of range (expected to be in range of [-2,
+  // 1], but got 2)".
+  absl::StatusOr<int64_t> size(int64_t d) const;
+  int64_t dim() const { return static_cast<int64_t>(size().size()); }
+  int64_t ndim() const { return dim(); }
+  DType dtype() const;
+  Layout layout() const;
+  // Read-only: Tessera has no autograd, so there is deliberately no setter
+  // (PyTorch raises on assignment).
+  bool requires_grad() const;
+  bool is_pinned() const;
+  // Local shards are always allocated contiguous.
+  bool is_contiguous() const { return true; }
+  // The device of the first local shard; the CPU when there is none.
+  Device device() const;
+  const ShardedTensorMetadata& metadata() const;
+  // The spec the tensor was created with; for tensors built from local
+  // shards, the EnumerableShardingSpec of their metadata.
+  const ShardingSpec& sharding_spec() const;
+  const std::vector<Shard>& local_shards() const;
+  // The single local shard's tensor; UNIMPLEMENTED "Only single local shard
+  // is supported." otherwise.
+  absl::StatusOr<Tensor> local_tensor() const;
+  // Other ranks' shards by owner. FAILED_PRECONDITION "ShardedTensor
+  // created with init_rrefs=False" unless created with init_rrefs.
+  absl::StatusOr<RemoteShardMap> remote_shards() const;
+
+  const std::string& tensor_id() const;
+  const std::shared_ptr<ProcessGroup>& process_group() const;
+  const std::shared_ptr<Rank>& rank() const;
+
+ private:
+  friend class ShardedTensorBuilder;
+  struct State;
+  explicit ShardedTensor(std::shared_ptr<State> state)
+      : state_(std::move(state)) {}
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SHARDED_TENSOR_H_
