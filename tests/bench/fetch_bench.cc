@@ -1,0 +1,356 @@
+// Remote-shard fetch benchmark: 4 rank processes on loopback; rank 0 pulls
+// every remote shard of a float32 tensor and reports JSON lines:
+//   {"bench":"tcp_stream", ...}       one plain TCP stream between two ranks
+//                                     (the ceiling a fetch is compared with)
+//   {"bench":"fetch", "shard_mib":N, "mode":"sequential|parallel|to_here"}
+//   {"bench":"fetch_latency", "shard_bytes":4096, "p50_us":..., "p99_us":...}
+//   {"bench":"create", "op":"empty|init_from_local_shards", "p50_us":...}
+//
+// Run without arguments it launches the ranks itself (tests/testing/
+// rank_launcher.h) with a fresh StoreServer; --quick shrinks everything for
+// the ctest smoke run.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <future>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/sharding_spec.h"
+#include "common/status_macros.h"
+#include "server/grpc_store.h"
+#include "server/rank.h"
+#include "server/sharded_tensor.h"
+#include "tests/testing/rank_launcher.h"
+
+namespace tessera {
+namespace {
+
+struct Config {
+  bool quick = false;
+  std::vector<int64_t> shard_mib = {1, 16, 64};
+  int64_t min_bytes = int64_t{2} << 30;  // Per throughput measurement.
+  int latency_iterations = 5000;
+};
+
+double Percentile(std::vector<double> samples, double q) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  size_t index = static_cast<size_t>(q * (samples.size() - 1) + 0.5);
+  return samples[index];
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Plain TCP: rank 1 sends `bytes` to rank 0 in 4 MiB writes; rank 0 reads
+// into one reused buffer (iperf3's method). Returns GB/s on rank 0.
+absl::StatusOr<double> TcpStream(Rank& rank, int64_t bytes) {
+  constexpr size_t kBuffer = 4 << 20;
+  std::vector<char> buffer(kBuffer, 1);
+  if (rank.rank() == 0) {
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      close(listener);
+      return absl::UnavailableError("tcp_stream: cannot listen");
+    }
+    RETURN_IF_ERROR(rank.store()->Set("bench/tcp_port",
+                                      absl::StrCat(ntohs(addr.sin_port))));
+    int fd = accept(listener, nullptr, nullptr);
+    close(listener);
+    if (fd < 0) return absl::UnavailableError("tcp_stream: accept failed");
+    int64_t received = 0;
+    absl::Time start;
+    while (received < bytes) {
+      ssize_t n = read(fd, buffer.data(), kBuffer);
+      if (n <= 0) break;
+      if (received == 0) start = absl::Now();
+      received += n;
+    }
+    double elapsed = Seconds(absl::Now() - start);
+    close(fd);
+    if (received < bytes) return absl::DataLossError("tcp_stream: short read");
+    return received / elapsed / 1e9;
+  }
+  if (rank.rank() == 1) {
+    ASSIGN_OR_RETURN(std::string port, rank.store()->Get("bench/tcp_port"));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(port)));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return absl::UnavailableError("tcp_stream: connect failed");
+    }
+    for (int64_t sent = 0; sent < bytes;) {
+      ssize_t n =
+          write(fd, buffer.data(), std::min<int64_t>(kBuffer, bytes - sent));
+      if (n <= 0) break;
+      sent += n;
+    }
+    close(fd);
+  }
+  return 0.0;
+}
+
+absl::StatusOr<ShardingSpec> RowChunks(int world_size) {
+  std::vector<std::string> placements;
+  for (int r = 0; r < world_size; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  ASSIGN_OR_RETURN(ChunkShardingSpec spec,
+                   ChunkShardingSpec::Create(0, placements));
+  return ShardingSpec(spec);
+}
+
+constexpr int64_t kColumns = 1024;
+
+// Rank 0 pulls every remote shard of a tensor with `shard_mib` MiB shards.
+absl::Status FetchThroughput(Rank& rank, const Config& config,
+                             int64_t shard_mib) {
+  ASSIGN_OR_RETURN(ShardingSpec spec, RowChunks(rank.world_size()));
+  int64_t rows = shard_mib * (1 << 20) / (4 * kColumns);
+  ASSIGN_OR_RETURN(
+      ShardedTensor st,
+      ShardedTensor::Full(spec, {rows * rank.world_size(), kColumns}, 1.5,
+                          ShardedTensorOptions().WithInitRrefs(true)));
+  if (rank.rank() == 0) {
+    ASSIGN_OR_RETURN(RemoteShardMap remote, st.remote_shards());
+    std::vector<const RemoteShard*> shards;
+    std::vector<Tensor> destinations;
+    for (const auto& [owner, list] : remote) {
+      for (const RemoteShard& shard : list) {
+        shards.push_back(&shard);
+        ASSIGN_OR_RETURN(Tensor dst,
+                         Tensor::Empty(shard.metadata().shard_sizes()));
+        destinations.push_back(dst);
+      }
+    }
+    const int64_t round_bytes = static_cast<int64_t>(shards.size()) * shard_mib
+                                << 20;
+    const int rounds = static_cast<int>(std::max<int64_t>(
+        2, config.min_bytes / std::max<int64_t>(round_bytes, 1)));
+    auto fetch_into = [&](size_t i) -> absl::Status {
+      ASSIGN_OR_RETURN(auto client, rank.ClientFor(shards[i]->owner().id));
+      return client->FetchShardInto(st.tensor_id(), shards[i]->shard_index(),
+                                    destinations[i]);
+    };
+    auto report = [&](const char* mode, absl::Duration elapsed) {
+      std::printf(
+          "{\"bench\":\"fetch\",\"shard_mib\":%lld,\"mode\":\"%s\",\"shards\":%"
+          "zu,"
+          "\"rounds\":%d,\"gbps\":%.3f}\n",
+          static_cast<long long>(shard_mib), mode, shards.size(), rounds,
+          static_cast<double>(round_bytes) * rounds / Seconds(elapsed) / 1e9);
+      std::fflush(stdout);
+    };
+    for (size_t i = 0; i < shards.size(); ++i) RETURN_IF_ERROR(fetch_into(i));
+
+    absl::Time start = absl::Now();
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t i = 0; i < shards.size(); ++i) RETURN_IF_ERROR(fetch_into(i));
+    }
+    report("sequential", absl::Now() - start);
+
+    start = absl::Now();
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::future<absl::Status>> inflight;
+      for (size_t i = 0; i < shards.size(); ++i) {
+        inflight.push_back(std::async(std::launch::async, fetch_into, i));
+      }
+      for (auto& f : inflight) RETURN_IF_ERROR(f.get());
+    }
+    report("parallel", absl::Now() - start);
+
+    start = absl::Now();
+    for (int round = 0; round < rounds; ++round) {
+      for (const RemoteShard* shard : shards) {
+        RETURN_IF_ERROR(shard->to_here().status());
+      }
+    }
+    report("to_here", absl::Now() - start);
+  }
+  return rank.default_group()->Barrier();
+}
+
+absl::Status FetchLatency(Rank& rank, const Config& config) {
+  ASSIGN_OR_RETURN(ShardingSpec spec, RowChunks(rank.world_size()));
+  // One 4 KiB shard per rank.
+  ASSIGN_OR_RETURN(
+      ShardedTensor st,
+      ShardedTensor::Full(spec, {rank.world_size(), kColumns}, 2.0,
+                          ShardedTensorOptions().WithInitRrefs(true)));
+  if (rank.rank() == 0) {
+    ASSIGN_OR_RETURN(RemoteShardMap remote, st.remote_shards());
+    const RemoteShard& shard = remote.at(1).front();
+    ASSIGN_OR_RETURN(Tensor dst, Tensor::Empty(shard.metadata().shard_sizes()));
+    ASSIGN_OR_RETURN(auto client, rank.ClientFor(1));
+    for (const bool allocate : {false, true}) {
+      std::vector<double> micros;
+      for (int i = 0; i < config.latency_iterations + 100; ++i) {
+        absl::Time start = absl::Now();
+        absl::Status status =
+            allocate ? shard.to_here().status()
+                     : client->FetchShardInto(st.tensor_id(),
+                                              shard.shard_index(), dst);
+        RETURN_IF_ERROR(status);
+        if (i >= 100)
+          micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      }
+      std::printf(
+          "{\"bench\":\"fetch_latency\",\"shard_bytes\":%d,\"mode\":\"%s\","
+          "\"iterations\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+          static_cast<int>(kColumns * 4), allocate ? "to_here" : "fetch_into",
+          micros.size(), Percentile(micros, 0.5), Percentile(micros, 0.99));
+      std::fflush(stdout);
+    }
+  }
+  return rank.default_group()->Barrier();
+}
+
+// Collective creation: empty() sends nothing; init_from_local_shards
+// all-gathers every rank's shard metadata once.
+absl::Status CreationTime(Rank& rank, const Config& config) {
+  ASSIGN_OR_RETURN(ShardingSpec spec, RowChunks(rank.world_size()));
+  const int iterations = config.quick ? 20 : 200;
+  std::vector<double> empty_us;
+  std::vector<double> local_us;
+  for (int i = 0; i < iterations; ++i) {
+    absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(
+        ShardedTensor st,
+        ShardedTensor::Empty(spec, {4096, 16},
+                             ShardedTensorOptions().WithInitRrefs(true)));
+    empty_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+
+    std::vector<Shard> mine = st.local_shards();
+    start = absl::Now();
+    ASSIGN_OR_RETURN(ShardedTensor rebuilt,
+                     ShardedTensor::InitFromLocalShards(mine, {4096, 16}));
+    local_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  if (rank.rank() == 0) {
+    for (const auto& [op, samples] :
+         {std::pair{"empty", &empty_us},
+          std::pair{"init_from_local_shards", &local_us}}) {
+      std::printf(
+          "{\"bench\":\"create\",\"op\":\"%s\",\"world_size\":%d,"
+          "\"iterations\":%d,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+          op, rank.world_size(), iterations, Percentile(*samples, 0.5),
+          Percentile(*samples, 0.99));
+    }
+    std::fflush(stdout);
+  }
+  return rank.default_group()->Barrier();
+}
+
+absl::Status RunRank(const Config& config) {
+  ASSIGN_OR_RETURN(auto store, GrpcStore::Connect(testing::StoreFromEnv(),
+                                                  absl::Seconds(60)));
+  RankOptions options;
+  options.rank = *testing::RankFromEnv();
+  options.world_size = testing::WorldSizeFromEnv();
+  options.store = store;
+  options.timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::shared_ptr<Rank> rank, Rank::Init(options));
+  SetDefaultRank(rank);
+  RETURN_IF_ERROR(rank->InitRpc());
+
+  ASSIGN_OR_RETURN(double tcp, TcpStream(*rank, config.min_bytes));
+  if (rank->rank() == 0) {
+    std::printf("{\"bench\":\"tcp_stream\",\"bytes\":%lld,\"gbps\":%.3f}\n",
+                static_cast<long long>(config.min_bytes), tcp);
+    std::fflush(stdout);
+  }
+  RETURN_IF_ERROR(rank->default_group()->Barrier());
+  for (int64_t mib : config.shard_mib) {
+    RETURN_IF_ERROR(FetchThroughput(*rank, config, mib));
+  }
+  RETURN_IF_ERROR(FetchLatency(*rank, config));
+  RETURN_IF_ERROR(CreationTime(*rank, config));
+  SetDefaultRank(nullptr);
+  return rank->Shutdown();
+}
+
+int Launch(int world_size, const std::vector<std::string>& args) {
+  auto server = StoreServer::Start("127.0.0.1:0");
+  if (!server.ok()) {
+    std::cerr << "fetch_bench: " << server.status() << "\n";
+    return 1;
+  }
+  testing::LaunchOptions launch;
+  launch.world_size = world_size;
+  launch.args = args;
+  launch.store_address = (*server)->address();
+  launch.log_prefix = absl::StrCat("/tmp/tessera_fetch_bench_", getpid(), "_");
+  launch.deadline = absl::Minutes(10);
+  auto results = testing::LaunchRanks(launch);
+  (*server)->Shutdown();
+  if (!results.ok()) {
+    std::cerr << "fetch_bench: " << results.status() << "\n";
+    return 1;
+  }
+  int exit_code = 0;
+  for (const testing::RankResult& result : *results) {
+    std::string log = testing::ReadTail(result.log_path, 1 << 20);
+    if (result.rank == 0) {
+      for (absl::string_view line : absl::StrSplit(log, '\n')) {
+        if (absl::StartsWith(line, "{")) std::cout << line << "\n";
+      }
+    }
+    if (!result.ok()) {
+      std::cerr << "rank " << result.rank << " failed (" << result.Describe()
+                << "):\n"
+                << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+      exit_code = 1;
+    }
+    std::remove(result.log_path.c_str());
+  }
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  tessera::Config config;
+  int world_size = 4;
+  CLI::App app{"Remote-shard fetch benchmark (4 ranks on loopback)"};
+  app.add_flag("--quick", config.quick, "Tiny sizes: a smoke run for ctest");
+  app.add_option("--world-size", world_size, "Rank processes to launch")
+      ->check(CLI::Range(2, 64));
+  app.add_option("--shard-mib", config.shard_mib, "Shard sizes in MiB");
+  CLI11_PARSE(app, argc, argv);
+  if (config.quick) {
+    config.shard_mib = {1};
+    config.min_bytes = 8 << 20;
+    config.latency_iterations = 200;
+  }
+  if (!tessera::testing::RankFromEnv().has_value()) {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    return tessera::Launch(world_size, args);
+  }
+  absl::Status status = tessera::RunRank(config);
+  if (!status.ok()) {
+    std::cerr << "rank " << *tessera::testing::RankFromEnv() << ": " << status
+              << "\n";
+    return 1;
+  }
+  return 0;
+}
