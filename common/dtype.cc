@@ -123,4 +123,8 @@ float BFloat16ToFloat(BFloat16 value) {
   return absl::bit_cast<float>(static_cast<uint32_t>(value.bits) << 16);
 }
 
+std::ostream& operator<<(std::ostream& os, DType dtype) {
+  return os << DTypeName(dtype);
+}
+
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <complex>
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,7 @@ inline constexpr DType kAllDTypes[] = {
 size_t ElementSize(DType dtype);
 // Canonical name without the "torch." prefix: "float32", "bfloat16", ...
 absl::string_view DTypeName(DType dtype);
+std::ostream& operator<<(std::ostream& os, DType dtype);
 // Parses a canonical name, a PyTorch alias ("float", "double", "half",
 // "cfloat", "cdouble", "short", "int", "long") or either with a "torch."
 // prefix. INVALID_ARGUMENT naming the string otherwise.

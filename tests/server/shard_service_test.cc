@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <ostream>
+
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/remote_shard.h"
@@ -447,6 +450,10 @@ struct FetchCase {
   DType dtype;
   std::vector<int64_t> sizes;
 };
+
+void PrintTo(const FetchCase& c, std::ostream* os) {
+  *os << c.dtype << " [" << absl::StrJoin(c.sizes, ", ") << "]";
+}
 
 class ShardFetchTest : public ShardServiceTest,
                        public ::testing::WithParamInterface<FetchCase> {};

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +99,9 @@ struct Backend {
   // to `keep_alive`, which outlives it.
   std::function<absl::StatusOr<std::shared_ptr<Store>>(KeepAlive*)> make;
 };
+
+// Test names and ctest listings show the store, not the struct's bytes.
+void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
 
 absl::StatusOr<std::shared_ptr<Store>> MakeHashStore(KeepAlive*) {
   return std::make_shared<HashStore>();
