@@ -115,14 +115,14 @@ ShardedTensorOptions Rrefs() {
   return ShardedTensorOptions().WithInitRrefs(true);
 }
 
-TEST_P(TestShardedTensorChunked, ShardedTensorMetadata) {
-  RANKS_TEST_BEGIN();
-  ASSERT_OK(InitComms());
-  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+// test_sharded_tensor_metadata of both suites: the default properties,
+// requires_grad, dtype, and pin_memory (on `cpu_spec`).
+void CheckProperties(const ShardingSpec& spec, const ShardingSpec& cpu_spec,
+                     const Sizes& sizes) {
   ASSERT_OK_AND_ASSIGN(ShardedTensor st,
-                       ShardedTensor::Empty(spec, {10, 20}, Rrefs()));
-  EXPECT_EQ(Sizes({10, 20}), st.metadata().size);
-  EXPECT_EQ(Sizes({10, 20}), st.size());
+                       ShardedTensor::Empty(spec, sizes, Rrefs()));
+  EXPECT_EQ(sizes, st.metadata().size);
+  EXPECT_EQ(sizes, st.size());
   EXPECT_EQ(DType::kFloat32, st.dtype());
   EXPECT_EQ(Layout::kStrided, st.layout());
   EXPECT_FALSE(st.requires_grad());
@@ -131,24 +131,31 @@ TEST_P(TestShardedTensorChunked, ShardedTensorMetadata) {
 
   ShardedTensorOptions grad = Rrefs();
   grad.requires_grad = true;
-  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(spec, {10, 20}, grad));
+  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(spec, sizes, grad));
   EXPECT_TRUE(st.requires_grad());
 
   ASSERT_OK_AND_ASSIGN(
       st,
-      ShardedTensor::Empty(spec, {10, 20}, Rrefs().WithDType(DType::kFloat64)));
+      ShardedTensor::Empty(spec, sizes, Rrefs().WithDType(DType::kFloat64)));
   EXPECT_EQ(DType::kFloat64, st.dtype());
 
+  ShardedTensorOptions pinned = Rrefs();
+  pinned.pin_memory = true;
+  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(cpu_spec, sizes, pinned));
+  EXPECT_TRUE(st.is_pinned());
+  EXPECT_TRUE(st.local_shards()[0].tensor.is_pinned());
+}
+
+TEST_P(TestShardedTensorChunked, ShardedTensorMetadata) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
   ASSERT_OK_AND_ASSIGN(
       ChunkShardingSpec cpu_spec,
       ChunkShardingSpec::Create(
           0, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu", "rank:2/cpu",
                                       "rank:3/cpu"}));
-  ShardedTensorOptions pinned = Rrefs();
-  pinned.pin_memory = true;
-  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(cpu_spec, {10, 20}, pinned));
-  EXPECT_TRUE(st.is_pinned());
-  EXPECT_TRUE(st.local_shards()[0].tensor.is_pinned());
+  CheckProperties(spec, cpu_spec, {10, 20});
   // PyTorch raises on `st.requires_grad = True`; here there is no setter.
   static_assert(!HasRequiresGradSetter<ShardedTensor>::value);
 }
@@ -585,23 +592,6 @@ TEST_P(TestShardedTensorEnumerable, ShardedTensorMetadata) {
   RANKS_TEST_BEGIN();
   ASSERT_OK(InitComms());
   ASSERT_OK_AND_ASSIGN(ShardingSpec spec, GridSpec());
-  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
-                       ShardedTensor::Empty(spec, {10, 10}, Rrefs()));
-  EXPECT_EQ(Sizes({10, 10}), st.metadata().size);
-  EXPECT_EQ(DType::kFloat32, st.dtype());
-  EXPECT_EQ(Layout::kStrided, st.layout());
-  EXPECT_FALSE(st.requires_grad());
-  EXPECT_TRUE(st.is_contiguous());
-  EXPECT_FALSE(st.is_pinned());
-  ShardedTensorOptions grad = Rrefs();
-  grad.requires_grad = true;
-  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(spec, {10, 10}, grad));
-  EXPECT_TRUE(st.requires_grad());
-  ASSERT_OK_AND_ASSIGN(
-      st,
-      ShardedTensor::Empty(spec, {10, 10}, Rrefs().WithDType(DType::kFloat64)));
-  EXPECT_EQ(DType::kFloat64, st.dtype());
-
   std::vector<ShardMetadata> cpu_shards;
   for (int r = 0; r < 4; ++r) {
     cpu_shards.push_back(
@@ -609,10 +599,7 @@ TEST_P(TestShardedTensorEnumerable, ShardedTensorMetadata) {
   }
   ASSERT_OK_AND_ASSIGN(EnumerableShardingSpec cpu_spec,
                        EnumerableShardingSpec::Create(cpu_shards));
-  ShardedTensorOptions pinned = Rrefs();
-  pinned.pin_memory = true;
-  ASSERT_OK_AND_ASSIGN(st, ShardedTensor::Empty(cpu_spec, {10, 10}, pinned));
-  EXPECT_TRUE(st.is_pinned());
+  CheckProperties(spec, cpu_spec, {10, 10});
 }
 
 // test_grid_sharding and test_with_rpc_names: the 2x2 grid, by rank or by
