@@ -36,6 +36,7 @@ namespace {
 
 // Host allocations are aligned for any vector load.
 constexpr size_t kHostAlignment = 64;
+constexpr size_t kHugePageBytes = size_t{2} << 20;
 constexpr double kPi = 3.14159265358979323846;
 
 std::string ErrnoText(int error) {
@@ -495,9 +496,15 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
     if (!RoundUp(nbytes, kHostAlignment, &rounded)) {
       return HostAllocError(nbytes, ENOMEM);
     }
+    // Large buffers are aligned to and advised as huge pages: first touch
+    // of a fresh 64 MiB shard then costs 32 page faults instead of 16384
+    // (a fetched shard is written once, right after allocation).
+    const bool huge = rounded >= kHugePageBytes;
     void* data = nullptr;
-    const int error = posix_memalign(&data, kHostAlignment, rounded);
+    const int error =
+        posix_memalign(&data, huge ? kHugePageBytes : kHostAlignment, rounded);
     if (error != 0) return HostAllocError(nbytes, error);
+    if (huge) madvise(data, rounded, MADV_HUGEPAGE);  // Advice only.
     return std::shared_ptr<Storage>(
         new Storage(data, nbytes, device, false, Allocator::kHeap));
   }
