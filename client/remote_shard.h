@@ -24,6 +24,8 @@ struct WorkerInfo {
   std::string name;
   int id = -1;
   std::string address;
+  // Its raw-TCP data plane ("" when it serves shards over gRPC only).
+  std::string bulk_address;
 };
 
 class RemoteShard {

@@ -313,7 +313,7 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(chunk.offset), ": header repeated"));
   }
-  RETURN_IF_ERROR(CheckPlacement(chunk));
+  RETURN_IF_ERROR(CheckPlacement(chunk.offset, chunk.data_size));
   if (!WriteAndVerify(chunk)) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
@@ -327,7 +327,13 @@ absl::Status ShardAssembler::StartFromHeader(const ParsedChunk& chunk) {
     return absl::DataLossError(
         absl::StrCat(ShardName(), ": first chunk carries no header"));
   }
-  const v1::ShardHeader& header = *chunk.header;
+  return Start(*chunk.header);
+}
+
+absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
+  if (metadata_.has_value()) {
+    return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
+  }
   const std::string what = absl::StrCat("header of ", ShardName());
   absl::StatusOr<ShardMetadata> metadata = FromProto(header.metadata());
   if (!metadata.ok()) return Malformed(what, metadata.status());
@@ -380,18 +386,43 @@ absl::Status ShardAssembler::PrepareDestination(
   return absl::OkStatus();
 }
 
-absl::Status ShardAssembler::CheckPlacement(const ParsedChunk& chunk) const {
-  if (chunk.offset != received_bytes_) {
-    return absl::DataLossError(absl::StrCat(
-        ChunkName(chunk.offset), ": expected offset ", received_bytes_,
-        " (chunks must be contiguous and in "
-        "order)"));
-  }
-  if (chunk.data_size > total_bytes_ - received_bytes_) {
+absl::Status ShardAssembler::CheckPlacement(int64_t offset,
+                                            int64_t size) const {
+  if (offset != received_bytes_) {
     return absl::DataLossError(
-        absl::StrCat(ChunkName(chunk.offset), ": ", chunk.data_size,
-                     " bytes overrun the shard's ", total_bytes_, " bytes"));
+        absl::StrCat(ChunkName(offset), ": expected offset ", received_bytes_,
+                     " (chunks must be contiguous and in "
+                     "order)"));
   }
+  if (size < 0 || size > total_bytes_ - received_bytes_) {
+    return absl::DataLossError(absl::StrCat(ChunkName(offset), ": ", size,
+                                            " bytes overrun the shard's ",
+                                            total_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
+  if (!metadata_.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": chunk before the header"));
+  }
+  if (length <= 0) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(offset), ": empty chunk"));
+  }
+  RETURN_IF_ERROR(CheckPlacement(offset, length));
+  return write_base_ + offset;
+}
+
+absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
+                                    uint64_t checksum) {
+  if (XXH3_64bits(write_base_ + offset, static_cast<size_t>(length)) !=
+      checksum) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(offset), ": checksum mismatch"));
+  }
+  received_bytes_ += length;
   return absl::OkStatus();
 }
 
@@ -427,15 +458,20 @@ absl::Status ShardAssembler::Finish() {
 
 // ---- ShardClient ------------------------------------------------------------
 
-std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address) {
+std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address,
+                                                 std::string bulk_address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
-  return std::make_shared<ShardClient>(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args));
+  return std::make_shared<ShardClient>(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                args),
+      std::move(bulk_address));
 }
 
-ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel)
+ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
+                         std::string bulk_address)
     : channel_(std::move(channel)),
+      bulk_address_(std::move(bulk_address)),
       stub_(v1::ShardService::NewStub(channel_)),
       fetch_stub_(channel_) {}
 
@@ -473,7 +509,10 @@ absl::StatusOr<Shard> ShardClient::FetchShard(
     const FetchOptions& options) const {
   ShardAssembler assembler(tensor_id, shard_index, options.device,
                            options.pin_memory);
-  RETURN_IF_ERROR(Stream(tensor_id, shard_index, options, &assembler));
+  RETURN_IF_ERROR(
+      bulk_address_.empty()
+          ? Stream(tensor_id, shard_index, options, &assembler)
+          : BulkStream(tensor_id, shard_index, options, &assembler));
   return Shard{assembler.destination(), *assembler.metadata()};
 }
 
@@ -485,7 +524,103 @@ absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
     return absl::InvalidArgumentError("FetchShardInto: undefined destination");
   }
   ShardAssembler assembler(tensor_id, shard_index, destination);
+  if (!bulk_address_.empty()) {
+    return BulkStream(tensor_id, shard_index, options, &assembler);
+  }
   return Stream(tensor_id, shard_index, options, &assembler);
+}
+
+absl::StatusOr<Socket> ShardClient::TakeConnection(absl::Time deadline,
+                                                   bool reuse) const {
+  if (reuse) {
+    absl::MutexLock lock(&pool_mu_);
+    if (!idle_.empty()) {
+      Socket socket = std::move(idle_.back());
+      idle_.pop_back();
+      return socket;
+    }
+  }
+  ASSIGN_OR_RETURN(Socket socket, ConnectTcp(bulk_address_, deadline));
+  RETURN_IF_ERROR(
+      WriteFull(socket.fd(), kBulkMagic.data(), kBulkMagic.size(), deadline));
+  return socket;
+}
+
+void ShardClient::ReturnConnection(Socket socket) const {
+  absl::MutexLock lock(&pool_mu_);
+  idle_.push_back(std::move(socket));
+}
+
+void ShardClient::DropIdleConnections() const {
+  std::vector<Socket> closing;
+  absl::MutexLock lock(&pool_mu_);
+  closing.swap(idle_);
+}
+
+absl::Status ShardClient::BulkStream(absl::string_view tensor_id,
+                                     int64_t shard_index,
+                                     const FetchOptions& options,
+                                     ShardAssembler* assembler) const {
+  const std::string what =
+      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id);
+  const absl::Time deadline = absl::Now() + options.timeout;
+  v1::FetchShardRequest request;
+  request.set_tensor_id(std::string(tensor_id));
+  request.set_shard_index(shard_index);
+  request.set_chunk_bytes(options.chunk_bytes);
+  // A pooled connection may have been closed by the server meanwhile; a
+  // fresh one is tried once before giving up. The retry must not take
+  // another pooled connection: those idled at least as long, so after a
+  // server's idle timeout they are all closed, and they are dropped.
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<Socket> socket = TakeConnection(deadline, attempt == 0);
+    if (!socket.ok()) return Annotate(what, socket.status());
+    absl::Status sent =
+        WriteFrame(socket->fd(), request.SerializeAsString(), deadline);
+    absl::StatusOr<std::string> frame =
+        sent.ok() ? ReadFrame(socket->fd(), deadline) : sent;
+    if (!frame.ok()) {
+      if (attempt == 0 && absl::IsUnavailable(frame.status())) {
+        DropIdleConnections();
+        continue;
+      }
+      return Annotate(what, frame.status());
+    }
+    v1::BulkFetchReply reply;
+    if (!reply.ParseFromString(*frame) || reply.code() < 0 ||
+        reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+    }
+    if (reply.code() != 0) {
+      ReturnConnection(*std::move(socket));
+      return Annotate(what,
+                      absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                                   reply.message()));
+    }
+    RETURN_IF_ERROR(assembler->Start(reply.header()));
+    absl::Status received = ReceiveChunks(socket->fd(), deadline, assembler);
+    if (!received.ok() && !absl::IsDataLoss(received)) {
+      return Annotate(what, received);
+    }
+    RETURN_IF_ERROR(received);
+    RETURN_IF_ERROR(assembler->Finish());
+    ReturnConnection(*std::move(socket));
+    return absl::OkStatus();
+  }
+}
+
+absl::Status ShardClient::ReceiveChunks(int fd, absl::Time deadline,
+                                        ShardAssembler* assembler) const {
+  char prefix[kBulkChunkPrefixBytes];
+  while (assembler->received_bytes() < assembler->total_bytes()) {
+    RETURN_IF_ERROR(ReadFull(fd, prefix, sizeof(prefix), deadline));
+    const int64_t offset = static_cast<int64_t>(LoadLe64(prefix));
+    const int64_t length = static_cast<int64_t>(LoadLe64(prefix + 8));
+    ASSIGN_OR_RETURN(char* place, assembler->Place(offset, length));
+    RETURN_IF_ERROR(ReadFull(fd, place, static_cast<size_t>(length), deadline));
+    RETURN_IF_ERROR(assembler->Verify(offset, length, LoadLe64(prefix + 16)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(

@@ -23,10 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/socket_io.h"
 #include "common/device.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
@@ -87,6 +90,17 @@ class ShardAssembler {
   absl::Status Consume(const grpc::ByteBuffer& message);
   // Same, for a chunk already parsed (serializes it first).
   absl::Status Consume(const v1::ShardChunk& chunk);
+  // The same checks for the raw data plane, which receives payloads
+  // straight into place: Start takes the header; Place checks that a chunk
+  // of `length` (> 0) bytes at `offset` continues the stream and fits, and
+  // returns where its bytes go; Verify hashes them there (DATA_LOSS on a
+  // mismatch) and advances.
+  absl::Status Start(const v1::ShardHeader& header);
+  absl::StatusOr<char*> Place(int64_t offset, int64_t length);
+  absl::Status Verify(int64_t offset, int64_t length, uint64_t checksum);
+  int64_t received_bytes() const { return received_bytes_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
   // Called once the stream ended: DATA_LOSS unless a header and exactly
   // total_bytes arrived; then completes the copy into the destination.
   absl::Status Finish();
@@ -102,7 +116,7 @@ class ShardAssembler {
   absl::Status StartFromHeader(const ParsedChunk& chunk);
   absl::Status PrepareDestination(DType dtype,
                                   const std::vector<int64_t>& sizes);
-  absl::Status CheckPlacement(const ParsedChunk& chunk) const;
+  absl::Status CheckPlacement(int64_t offset, int64_t size) const;
   // Writes the payload at its offset; false on a checksum mismatch.
   bool WriteAndVerify(const ParsedChunk& chunk);
   // "chunk at offset 4096 of shard 3 of tensor t"
@@ -127,8 +141,14 @@ class ShardClient {
  public:
   // A client for the server at `address` ("host:port"). Connecting is lazy:
   // an unreachable server shows up as UNAVAILABLE on the first call.
-  static std::shared_ptr<ShardClient> Create(const std::string& address);
-  explicit ShardClient(std::shared_ptr<grpc::Channel> channel);
+  // With a `bulk_address` (the server's raw data plane, see
+  // docs/data_plane.md), shards are fetched over it; gRPC still carries
+  // DescribeTensor. Data-plane connections are pooled, one per concurrent
+  // fetch, and dropped after any error.
+  static std::shared_ptr<ShardClient> Create(const std::string& address,
+                                             std::string bulk_address = "");
+  explicit ShardClient(std::shared_ptr<grpc::Channel> channel,
+                       std::string bulk_address = "");
 
   // Fetches shard `shard_index` of `tensor_id` into a new tensor on
   // options.device; returns it with its metadata.
@@ -149,7 +169,21 @@ class ShardClient {
                       const FetchOptions& options,
                       ShardAssembler* assembler) const;
 
+  // The same over the raw data plane.
+  absl::Status BulkStream(absl::string_view tensor_id, int64_t shard_index,
+                          const FetchOptions& options,
+                          ShardAssembler* assembler) const;
+  absl::Status ReceiveChunks(int fd, absl::Time deadline,
+                             ShardAssembler* assembler) const;
+  // An idle pooled connection when `reuse` and there is one, else a new one.
+  absl::StatusOr<Socket> TakeConnection(absl::Time deadline, bool reuse) const;
+  void ReturnConnection(Socket socket) const;
+  void DropIdleConnections() const;
+
   std::shared_ptr<grpc::Channel> channel_;
+  std::string bulk_address_;
+  mutable absl::Mutex pool_mu_;
+  mutable std::vector<Socket> idle_ ABSL_GUARDED_BY(pool_mu_);
   std::unique_ptr<v1::ShardService::Stub> stub_;
   // FetchShard reads raw messages, for ShardAssembler's zero-copy parse.
   // Mutable because PrepareCall is non-const; the stub is only a channel

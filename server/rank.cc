@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "server/bulk_server.h"
 #include "server/prefix_store.h"
 #include "server/shard_service.h"
 
@@ -206,6 +207,19 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   if (host == "0.0.0.0" || host == "[::]" || host.empty())
     host = options_.hostname;
   std::string address = absl::StrCat(host, ":", port);
+  std::string bulk_address;
+  if (options.data_plane) {
+    BulkServerOptions bulk_options;
+    bulk_options.chunks = service_options;
+    auto bulk = BulkServer::Start(HostOf(options.listen_address), registry_,
+                                  bulk_options);
+    if (!bulk.ok()) {
+      StopServer();
+      return bulk.status();
+    }
+    bulk_ = *std::move(bulk);
+    bulk_address = absl::StrCat(host, ":", bulk_->port());
+  }
 
   // Claim the name first: two workers with one name would make placements
   // ambiguous.
@@ -217,20 +231,20 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
     return absl::AlreadyExistsError(
         absl::StrCat("worker name ", name, " is taken by RPC rank ", owner));
   }
-  RETURN_IF_ERROR(options_.store->Set(WorkerKey(rpc_rank),
-                                      absl::StrCat(name, "\n", address)));
+  RETURN_IF_ERROR(options_.store->Set(
+      WorkerKey(rpc_rank),
+      absl::StrCat(name, "\n", address, "\n", bulk_address)));
 
   std::vector<WorkerInfo> workers(rpc_world);
   for (int r = 0; r < rpc_world; ++r) {
     ASSIGN_OR_RETURN(std::string value,
                      options_.store->Get(WorkerKey(r), options_.timeout));
-    std::vector<std::string> parts =
-        absl::StrSplit(value, absl::MaxSplits('\n', 1));
-    if (parts.size() != 2) {
+    std::vector<std::string> parts = absl::StrSplit(value, '\n');
+    if (parts.size() != 3) {
       return absl::DataLossError(absl::StrCat(
           "malformed worker record for RPC rank ", r, ": ", value));
     }
-    workers[r] = WorkerInfo{parts[0], r, parts[1]};
+    workers[r] = WorkerInfo{parts[0], r, parts[1], parts[2]};
   }
   absl::MutexLock lock(&mu_);
   rpc_rank_ = rpc_rank;
@@ -283,7 +297,8 @@ absl::StatusOr<std::shared_ptr<ShardClient>> Rank::ClientFor(
   // Channels are created on first use and shared by every tensor's remote
   // shards, so a rank holds at most one channel per peer.
   if (clients_[rpc_rank] == nullptr) {
-    clients_[rpc_rank] = ShardClient::Create(workers_[rpc_rank].address);
+    clients_[rpc_rank] = ShardClient::Create(workers_[rpc_rank].address,
+                                             workers_[rpc_rank].bulk_address);
   }
   return clients_[rpc_rank];
 }
@@ -294,6 +309,7 @@ std::string Rank::NextTensorId(const ProcessGroup& group) {
 }
 
 void Rank::StopServer() {
+  if (bulk_ != nullptr) bulk_->Shutdown();
   if (server_ == nullptr) return;
   // Fetches still streaming get a short grace period, then are cancelled.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -51,6 +51,7 @@ class Server;
 
 namespace tessera {
 
+class BulkServer;
 class ShardServiceImpl;
 
 struct RankOptions {
@@ -80,6 +81,9 @@ struct RpcOptions {
   std::string advertise_host;
   // Default chunk size of FetchShard streams served by this rank.
   int64_t chunk_bytes = int64_t{4} << 20;
+  // Serve and fetch shard bytes over the raw-TCP data plane
+  // (docs/data_plane.md) rather than gRPC streams. Needs an IPv4 host.
+  bool data_plane = true;
 };
 
 struct NewGroupOptions {
@@ -176,6 +180,7 @@ class Rank : public WorkerResolver {
       ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ShardServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<BulkServer> bulk_;
 };
 
 // The process's default rank, used by ShardedTensor factories when no rank

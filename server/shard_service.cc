@@ -18,14 +18,6 @@ namespace tessera {
 namespace {
 
 // Everything a stream needs, resolved before its first write.
-struct PreparedFetch {
-  // Keeps the registration (and so the shard's storage) alive for the
-  // whole stream, even if the tensor is unregistered meanwhile.
-  std::shared_ptr<const RegisteredTensor> tensor;
-  // The shard's bytes, contiguous in host memory.
-  Tensor bytes;
-  v1::ShardHeader header;
-};
 
 // A stream that ends with an error before writing anything.
 class FailedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -179,6 +171,8 @@ absl::StatusOr<Tensor> HostBytes(const Tensor& shard) {
   return shard.To(Device::Cpu(), /*pin_memory=*/true);
 }
 
+}  // namespace
+
 absl::StatusOr<PreparedFetch> PrepareFetch(
     const ShardRegistry& registry, const v1::FetchShardRequest& request) {
   RETURN_IF_ERROR(ValidateRequest(request));
@@ -203,6 +197,8 @@ absl::StatusOr<PreparedFetch> PrepareFetch(
   return prepared;
 }
 
+namespace {
+
 ShardServiceOptions Clamped(ShardServiceOptions options) {
   options.max_chunk_bytes =
       std::max(options.max_chunk_bytes, ShardServiceOptions::kMinChunkBytes);
@@ -222,10 +218,15 @@ ShardServiceImpl::ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,
                                    ShardServiceOptions options)
     : registry_(std::move(registry)), options_(Clamped(options)) {}
 
-int64_t ShardServiceImpl::ChunkBytesFor(int64_t requested) const {
-  if (requested == 0) return options_.default_chunk_bytes;
+int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested) {
+  const ShardServiceOptions clamped = Clamped(options);
+  if (requested == 0) return clamped.default_chunk_bytes;
   return std::clamp(requested, ShardServiceOptions::kMinChunkBytes,
-                    options_.max_chunk_bytes);
+                    clamped.max_chunk_bytes);
+}
+
+int64_t ShardServiceImpl::ChunkBytesFor(int64_t requested) const {
+  return tessera::ChunkBytesFor(options_, requested);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(

@@ -53,6 +53,26 @@ struct ShardServiceOptions {
   int64_t max_chunk_bytes = 16 << 20;
 };
 
+// One fetch, validated and ready to stream (shared by FetchShard and the
+// raw data plane, bulk_server.h).
+struct PreparedFetch {
+  // Keeps the registration (and so the shard's storage) alive for the
+  // whole stream, even if the tensor is unregistered meanwhile.
+  std::shared_ptr<const RegisteredTensor> tensor;
+  // The shard's bytes, contiguous in host memory.
+  Tensor bytes;
+  v1::ShardHeader header;
+};
+
+// Validates `request` and finds its shard: INVALID_ARGUMENT for a malformed
+// request, NOT_FOUND for an unknown tensor or a shard this rank does not
+// serve, FAILED_PRECONDITION for a meta shard (no bytes).
+absl::StatusOr<PreparedFetch> PrepareFetch(
+    const ShardRegistry& registry, const v1::FetchShardRequest& request);
+
+// The chunk size a request for `requested` bytes (0: the default) gets.
+int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested);
+
 // Sets the server-wide arguments a shard server needs: no limit on the size
 // of sent messages (gRPC's server default, made explicit because a chunk
 // of max_chunk_bytes plus its header must fit; do not lower it afterwards).

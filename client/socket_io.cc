@@ -1,0 +1,226 @@
+#include "client/socket_io.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace tessera {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes.
+absl::Status Await(int fd, short events, absl::Time deadline,
+                   absl::string_view what) {
+  while (true) {
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": deadline exceeded"));
+    }
+    pollfd p{fd, events, 0};
+    int timeout_ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    int ready = poll(&p, 1, timeout_ms);
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno != EINTR) return Errno(what);
+  }
+}
+
+// How long a read polls before it blocks (see ReadFull).
+constexpr std::chrono::microseconds kReadSpin(100);
+
+void TuneSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+Socket& Socket::operator=(Socket&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+Socket::~Socket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+int Socket::release() { return std::exchange(fd_, -1); }
+
+void Socket::Interrupt() const {
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+absl::StatusOr<Socket> ConnectTcp(const std::string& address,
+                                  absl::Time deadline) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address without a port: ", address));
+  }
+  std::string host = address.substr(0, colon);
+  std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("resolving ", address, ": ", gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(found, freeaddrinfo);
+  Socket socket(
+      ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!socket.valid()) return Errno("socket");
+  const std::string what = absl::StrCat("connecting to ", address);
+  if (connect(socket.fd(), found->ai_addr, found->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) return Errno(what);
+    absl::Status ready = Await(socket.fd(), POLLOUT, deadline, what);
+    if (!ready.ok()) return ready;
+    int error = 0;
+    socklen_t len = sizeof(error);
+    getsockopt(socket.fd(), SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error != 0) {
+      errno = error;
+      return Errno(what);
+    }
+  }
+  TuneSocket(socket.fd());
+  return socket;
+}
+
+absl::StatusOr<std::pair<Socket, int>> ListenTcp(const std::string& host) {
+  Socket socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!socket.valid()) return Errno("socket");
+  int one = 1;
+  setsockopt(socket.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane needs an IPv4 address to listen on, got ", host));
+  }
+  socklen_t len = sizeof(addr);
+  if (bind(socket.fd(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(socket.fd(), 128) != 0 ||
+      getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return Errno(absl::StrCat("listening on ", host));
+  }
+  return std::make_pair(std::move(socket),
+                        static_cast<int>(ntohs(addr.sin_port)));
+}
+
+absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
+  char* out = static_cast<char*>(data);
+  // Each wait first polls the socket in a loop for a moment: a sleeping
+  // (virtual) CPU takes tens of microseconds to wake, more than a small
+  // fetch's whole round trip on loopback.
+  std::chrono::steady_clock::time_point spin_until{};
+  while (size > 0) {
+    ssize_t n = recv(fd, out, size, MSG_DONTWAIT);
+    if (n > 0) {
+      out += n;
+      size -= static_cast<size_t>(n);
+      spin_until = {};
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Errno("recv");
+    const auto now = std::chrono::steady_clock::now();
+    if (spin_until == std::chrono::steady_clock::time_point{}) {
+      spin_until = now + kReadSpin;
+    }
+    if (now < spin_until) continue;
+    absl::Status ready = Await(fd, POLLIN, deadline, "recv");
+    if (!ready.ok()) return ready;
+    spin_until = {};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFull(int fd, const void* data, size_t size,
+                       absl::Time deadline, bool more) {
+  const int flags = MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0);
+  const char* in = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = send(fd, in, size, flags);
+    if (n > 0) {
+      in += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return Errno("send");
+    absl::Status ready = Await(fd, POLLOUT, deadline, "send");
+    if (!ready.ok()) return ready;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFrame(int fd, absl::string_view payload, absl::Time deadline,
+                        bool more) {
+  if (payload.size() > kMaxBulkFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame of ", payload.size(), " bytes is too large"));
+  }
+  char length[4];
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<char>(n >> (8 * i));
+  absl::Status status = WriteFull(fd, length, sizeof(length), deadline, true);
+  if (!status.ok()) return status;
+  return WriteFull(fd, payload.data(), payload.size(), deadline, more);
+}
+
+absl::StatusOr<std::string> ReadFrame(int fd, absl::Time deadline) {
+  unsigned char length[4];
+  absl::Status status = ReadFull(fd, length, sizeof(length), deadline);
+  if (!status.ok()) return status;
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
+  if (n > kMaxBulkFrameBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "frame of ", n, " bytes exceeds the limit of ", kMaxBulkFrameBytes));
+  }
+  std::string payload(n, '\0');
+  status = ReadFull(fd, payload.data(), n, deadline);
+  if (!status.ok()) return status;
+  return payload;
+}
+
+void StoreLe64(uint64_t value, char* out) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(value >> (8 * i));
+}
+
+uint64_t LoadLe64(const char* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) {
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i]))
+             << (8 * i);
+  }
+  return value;
+}
+
+}  // namespace tessera

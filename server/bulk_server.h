@@ -1,0 +1,92 @@
+// BulkServer: the raw-TCP data plane of a shard server (docs/data_plane.md).
+//
+// It serves the same fetches as ShardService::FetchShard — same
+// validation, same errors, same chunking and XXH3 checksums — without
+// HTTP/2 framing, so that a client receives each chunk's payload straight
+// into its destination tensor. gRPC remains the control plane.
+//
+// One thread accepts; each connection gets a thread that serves its
+// requests one after another (a client uses one connection per concurrent
+// fetch). Every read and write is bounded: a connection idle for
+// `idle_timeout` or stalled mid-write for `io_timeout` is closed. Malformed
+// input (wrong magic, oversized or unparsable frames) closes that
+// connection only; the server never aborts.
+//
+// Thread-safety: Start/Shutdown from one owner thread; port()/address()
+// from any. Shutdown() (idempotent; also run by the destructor) stops
+// accepting, interrupts every connection and joins all threads.
+#ifndef TESSERA_SERVER_BULK_SERVER_H_
+#define TESSERA_SERVER_BULK_SERVER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/socket_io.h"
+#include "server/shard_registry.h"
+#include "server/shard_service.h"
+
+namespace tessera {
+
+struct BulkServerOptions {
+  ShardServiceOptions chunks;
+  // Longest wait for one read or write in the middle of a request.
+  absl::Duration io_timeout = absl::Seconds(60);
+  // How long a connection may sit between requests.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // Connections beyond this are refused (closed at once).
+  int max_connections = 512;
+};
+
+class BulkServer {
+ public:
+  // Listens on `host` (an IPv4 address), port chosen by the kernel.
+  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(
+      const std::string& host, std::shared_ptr<ShardRegistry> registry,
+      BulkServerOptions options = {});
+  ~BulkServer();
+  BulkServer(const BulkServer&) = delete;
+  BulkServer& operator=(const BulkServer&) = delete;
+
+  int port() const { return port_; }
+  // "host:port" as given to Start.
+  std::string address() const;
+  void Shutdown();
+
+ private:
+  BulkServer(std::string host, int port, Socket listener,
+             std::shared_ptr<ShardRegistry> registry,
+             BulkServerOptions options);
+  void AcceptLoop();
+  void Serve(uint64_t id, int fd);
+  // Answers one request; an error means the connection must be closed.
+  absl::Status Answer(int fd, const std::string& frame);
+  void JoinFinished();
+
+  const std::string host_;
+  const int port_;
+  Socket listener_;
+  const std::shared_ptr<ShardRegistry> registry_;
+  const BulkServerOptions options_;
+  std::thread acceptor_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open connections (id -> socket) and their threads; finished threads
+  // are joined by the accept loop and Shutdown.
+  std::map<uint64_t, Socket> connections_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BULK_SERVER_H_
