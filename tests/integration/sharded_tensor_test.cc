@@ -6,6 +6,7 @@
 // instantiated for "cpu" placements and for "cuda:N" placements, which skip
 // without 4 GPUs.
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -586,6 +587,46 @@ TEST_P(TestShardedTensorChunked, RemoteShardsCrossManyChunks) {
     EXPECT_TRUE(Equal(*expected, shard.tensor)) << "shard of rank " << owner;
     EXPECT_GT(shard.tensor.nbytes(), 10u * 4096);
   });
+}
+
+// A peer that dies: fetching its shard fails promptly with UNAVAILABLE (or
+// DEADLINE_EXCEEDED), never hangs, and the survivors' own shard servers keep
+// serving each other.
+TEST_P(TestShardedTensorChunked, DeadPeerFailsFetchesNotRanks) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::Ones(spec, {8, 8}, Rrefs()));
+  if (rank() == 3) std::_Exit(0);  // Dies without any goodbye.
+
+  ASSERT_OK_AND_ASSIGN(RemoteShardMap remote, st.remote_shards());
+  FetchOptions options;
+  options.timeout = absl::Seconds(2);
+  absl::Status status;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  // The owner's socket closes when its process is gone.
+  while (status.ok() && absl::Now() < give_up) {
+    const absl::Time start = absl::Now();
+    status = remote.at(3).front().to_here(options).status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    if (status.ok()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(status.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                               absl::StatusCode::kDeadlineExceeded))
+      << status;
+  for (const auto& [owner, shards] : remote) {
+    if (owner == 3) continue;
+    EXPECT_OK(shards.front().to_here(options).status());
+  }
+  // Survivors finish together through the store (the world group has lost
+  // a member, so its barrier could only time out).
+  ASSERT_OK(store()->Add("dead_peer/done", 1).status());
+  for (int i = 0; i < 100 && *store()->Add("dead_peer/done", 0) < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  AbandonComms();
 }
 
 TEST_P(TestShardedTensorEnumerable, ShardedTensorMetadata) {

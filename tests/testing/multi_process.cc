@@ -116,6 +116,11 @@ absl::Status MultiProcessTest::InitComms(bool init_rpc,
   return status;
 }
 
+void MultiProcessTest::AbandonComms() {
+  SetDefaultRank(nullptr);
+  runtime_.reset();
+}
+
 absl::Status MultiProcessTest::DestroyComms() {
   if (runtime_ == nullptr) return absl::OkStatus();
   absl::Status status = runtime_->Shutdown();

@@ -54,6 +54,9 @@ class MultiProcessTest : public ::testing::Test {
   absl::Status InitComms(bool init_rpc = true,
                          const std::string& backend = "gloo");
   absl::Status DestroyComms();
+  // Drops this rank without the closing barrier (for tests where a peer has
+  // died and a barrier could only time out).
+  void AbandonComms();
   const std::shared_ptr<Rank>& rank_runtime() const { return runtime_; }
 
   void SetUp() override;
