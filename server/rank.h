@@ -79,8 +79,12 @@ struct RpcOptions {
   // published for peers uses `advertise_host` (default: the listen host).
   std::string listen_address = "127.0.0.1:0";
   std::string advertise_host;
-  // Default chunk size of FetchShard streams served by this rank.
-  int64_t chunk_bytes = int64_t{4} << 20;
+  // Default chunk size of fetches served by this rank. A chunk is hashed
+  // before it is sent and after it arrives, so chunks must be small enough
+  // for hashing to overlap the transfer even for 1 MiB shards: 512 KiB
+  // moved 1 MiB shards at ~1.6 GB/s on loopback where 4 MiB managed ~0.7
+  // (tests/bench/fetch_bench); larger shards are indifferent.
+  int64_t chunk_bytes = int64_t{512} << 10;
   // Serve and fetch shard bytes over the raw-TCP data plane
   // (docs/data_plane.md) rather than gRPC streams. Needs an IPv4 host.
   bool data_plane = true;
