@@ -20,6 +20,9 @@ struct ShardedTensor::State {
   ShardingSpec spec;
   ShardedTensorMetadata metadata;
   std::vector<Shard> local_shards;
+  // Global rank owning each shard of metadata.shards_metadata (empty in
+  // no-process-group mode). local_shards are this rank's, in this order.
+  std::vector<int> owners;
   bool init_rrefs = false;
   RemoteShardMap remote_shards;
   bool registered = false;
@@ -279,6 +282,9 @@ class ShardedTensorBuilder {
       const std::vector<std::pair<int, Device>>& placements) {
     Rank& rank = *state->rank;
     state->tensor_id = rank.NextTensorId(*state->group);
+    for (const auto& placement : placements) {
+      state->owners.push_back(placement.first);
+    }
     if (state->init_rrefs) {
       ASSIGN_OR_RETURN(state->remote_shards,
                        BuildRemoteShards(rank, state->tensor_id,
@@ -633,6 +639,191 @@ absl::StatusOr<RemoteShardMap> ShardedTensor::remote_shards() const {
         "shards available");
   }
   return state_->remote_shards;
+}
+
+namespace {
+
+// Where each shard's elements sit when every rank packs its shards, in
+// shard order, into one flat buffer per rank (the unit of Gather and
+// AllGather).
+struct PackedLayout {
+  std::vector<int> group_rank;      // Per shard: its owner's group rank.
+  std::vector<int64_t> offset;      // Per shard: offset in its owner's buffer.
+  std::vector<int64_t> rank_elems;  // Per group rank: buffer length.
+};
+
+absl::StatusOr<PackedLayout> Pack(const ProcessGroup& group,
+                                  const ShardedTensorMetadata& metadata,
+                                  const std::vector<int>& owners) {
+  if (owners.size() != metadata.shards_metadata.size()) {
+    return absl::FailedPreconditionError(
+        "this ShardedTensor does not know its shards' owners");
+  }
+  PackedLayout layout;
+  layout.rank_elems.assign(group.size(), 0);
+  for (size_t i = 0; i < owners.size(); ++i) {
+    std::optional<int> g = group.GroupRank(owners[i]);
+    if (!g.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", i, " is placed on rank ", owners[i],
+                       ", which is not in the tensor's process group"));
+    }
+    layout.group_rank.push_back(*g);
+    layout.offset.push_back(layout.rank_elems[*g]);
+    layout.rank_elems[*g] += metadata.shards_metadata[i].numel();
+  }
+  return layout;
+}
+
+// The flat 1-d view of shard `i` inside `buffer`, shaped as the shard.
+absl::StatusOr<Tensor> ShardView(const Tensor& buffer,
+                                 const PackedLayout& layout,
+                                 const ShardMetadata& shard, size_t i) {
+  ASSIGN_OR_RETURN(Tensor flat,
+                   buffer.Narrow(0, layout.offset[i], shard.numel()));
+  return flat.View(shard.shard_sizes());
+}
+
+absl::Status ValidateGatherOutput(int my_rank, int dst,
+                                  const std::vector<int64_t>& size, DType dtype,
+                                  const Tensor& out) {
+  auto tuple = [](const std::vector<int64_t>& v) {
+    return absl::StrCat("(", absl::StrJoin(v, ", "),
+                        v.size() == 1 ? ",)" : ")");
+  };
+  if (my_rank != dst) {
+    if (out.defined()) {
+      return absl::InvalidArgumentError(
+          "Argument ``dst_tensor`` must NOT be specified on non-destination "
+          "ranks.");
+    }
+    return absl::OkStatus();
+  }
+  if (!out.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Argument ``dst_tensor`` must be specified on destination rank ", dst));
+  }
+  if (out.sizes() != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Argument ``dst_tensor`` have size ", tuple(out.sizes()),
+                     ",but should be ", tuple(size)));
+  }
+  if (out.dtype() != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Argument ``dst_tensor`` has dtype ", DTypeName(out.dtype()),
+        ", but the sharded tensor is ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Gather and GatherAll share the packing and unpacking.
+class ShardedTensorGather {
+ public:
+  explicit ShardedTensorGather(const ShardedTensor::State& state)
+      : state_(state) {}
+
+  absl::Status Prepare() {
+    if (state_.rank == nullptr || state_.group == nullptr) {
+      return absl::FailedPreconditionError(
+          "gather needs a process group; this ShardedTensor has none");
+    }
+    if (!state_.group->is_member()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", state_.rank->rank(), " is not a member of process group ",
+          state_.group->name()));
+    }
+    ASSIGN_OR_RETURN(layout_,
+                     Pack(*state_.group, state_.metadata, state_.owners));
+    // Gloo moves host memory; NCCL the device's.
+    if (state_.group->device_type() == Device::Type::kCuda &&
+        !state_.local_shards.empty()) {
+      device_ = state_.local_shards.front().tensor.device();
+    }
+    return absl::OkStatus();
+  }
+
+  // This rank's shards packed into one buffer.
+  absl::StatusOr<Tensor> PackLocal() const {
+    ASSIGN_OR_RETURN(Tensor send, Buffer(state_.group->rank()));
+    size_t next_local = 0;
+    for (size_t i = 0; i < state_.owners.size(); ++i) {
+      if (state_.owners[i] != state_.rank->rank()) continue;
+      const Shard& shard = state_.local_shards[next_local++];
+      if (shard.metadata.numel() == 0) continue;
+      ASSIGN_OR_RETURN(Tensor view,
+                       ShardView(send, layout_, shard.metadata, i));
+      RETURN_IF_ERROR(CopyInto(shard.tensor, view));
+    }
+    return send;
+  }
+
+  absl::StatusOr<std::vector<Tensor>> Buffers() const {
+    std::vector<Tensor> buffers;
+    for (int g = 0; g < state_.group->size(); ++g) {
+      ASSIGN_OR_RETURN(Tensor buffer, Buffer(g));
+      buffers.push_back(std::move(buffer));
+    }
+    return buffers;
+  }
+
+  // Copies every shard from the gathered buffers to its box in `out`.
+  absl::Status Unpack(const std::vector<Tensor>& buffers,
+                      const Tensor& out) const {
+    const auto& shards = state_.metadata.shards_metadata;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].numel() == 0) continue;
+      ASSIGN_OR_RETURN(Tensor view, ShardView(buffers[layout_.group_rank[i]],
+                                              layout_, shards[i], i));
+      std::vector<int64_t> zeros(shards[i].dim(), 0);
+      RETURN_IF_ERROR(CopyBox(view, zeros, out, shards[i].shard_offsets(),
+                              shards[i].shard_sizes()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<Tensor> Buffer(int group_rank) const {
+    return Tensor::Empty({layout_.rank_elems[group_rank]},
+                         TensorOptions()
+                             .WithDType(state_.metadata.tensor_properties.dtype)
+                             .WithDevice(device_));
+  }
+
+  const ShardedTensor::State& state_;
+  PackedLayout layout_;
+  Device device_ = Device::Cpu();
+};
+
+absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
+  const int my_rank = state_->rank != nullptr ? state_->rank->rank() : -1;
+  RETURN_IF_ERROR(ValidateGatherOutput(my_rank, dst, size(), dtype(), out));
+  ShardedTensorGather gather(*state_);
+  RETURN_IF_ERROR(gather.Prepare());
+  std::optional<int> root = state_->group->GroupRank(dst);
+  if (!root.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather: dst rank ", dst, " is not in the process group ([",
+        absl::StrJoin(state_->group->global_ranks(), ", "), "])"));
+  }
+  ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
+  if (my_rank != dst) return state_->group->Gather(send, {}, *root);
+  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers());
+  RETURN_IF_ERROR(state_->group->Gather(send, buffers, *root));
+  return gather.Unpack(buffers, out);
+}
+
+absl::StatusOr<Tensor> ShardedTensor::GatherAll() const {
+  ShardedTensorGather gather(*state_);
+  RETURN_IF_ERROR(gather.Prepare());
+  ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
+  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers());
+  RETURN_IF_ERROR(state_->group->AllGather(send, buffers));
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::Empty(size(), TensorOptions().WithDType(dtype())));
+  RETURN_IF_ERROR(gather.Unpack(buffers, out));
+  return out;
 }
 
 const std::string& ShardedTensor::tensor_id() const {

@@ -179,12 +179,28 @@ class ShardedTensor {
   // created with init_rrefs=False" unless created with init_rrefs.
   absl::StatusOr<RemoteShardMap> remote_shards() const;
 
+  // st.gather(dst, out) (collective over the group): the global rank `dst`
+  // receives the whole tensor into `out` (a view of size() and this
+  // tensor's dtype, on any device); the other members pass an undefined
+  // Tensor. One Gather of each rank's packed shard bytes — no per-shard
+  // messages, no dtype conversion, empty shards welcome. INVALID_ARGUMENT
+  // with PyTorch's wording: "Argument ``dst_tensor`` must be specified on
+  // destination rank 1", "Argument ``dst_tensor`` have size (4, 4),but
+  // should be (10, 20)", "Argument ``dst_tensor`` must NOT be specified on
+  // non-destination ranks."; a dst outside the group or an `out` of
+  // another dtype is INVALID_ARGUMENT too.
+  absl::Status Gather(int dst, const Tensor& out = Tensor()) const;
+  // Every member receives the whole tensor (DTensor's full_tensor), as a
+  // new CPU tensor of this dtype: one AllGather.
+  absl::StatusOr<Tensor> GatherAll() const;
+
   const std::string& tensor_id() const;
   const std::shared_ptr<ProcessGroup>& process_group() const;
   const std::shared_ptr<Rank>& rank() const;
 
  private:
   friend class ShardedTensorBuilder;
+  friend class ShardedTensorGather;
   struct State;
   explicit ShardedTensor(std::shared_ptr<State> state)
       : state_(std::move(state)) {}

@@ -3,6 +3,7 @@
 //   {"bench":"tcp_stream", ...}       one plain TCP stream between two ranks
 //                                     (the ceiling a fetch is compared with)
 //   {"bench":"fetch", "shard_mib":N, "mode":"sequential|parallel|to_here"}
+//   {"bench":"gather", "shard_mib":N}  st.gather(0, out), GB/s of `out`
 //   {"bench":"fetch_latency", "shard_bytes":4096, "p50_us":..., "p99_us":...}
 //   {"bench":"create", "op":"empty|init_from_local_shards", "p50_us":...}
 //
@@ -121,6 +122,9 @@ absl::StatusOr<ShardingSpec> RowChunks(int world_size) {
 
 constexpr int64_t kColumns = 1024;
 
+absl::Status GatherThroughput(Rank& rank, const ShardedTensor& st,
+                              int64_t shard_mib);
+
 // Rank 0 pulls every remote shard of a tensor with `shard_mib` MiB shards.
 absl::Status FetchThroughput(Rank& rank, const Config& config,
                              int64_t shard_mib) {
@@ -185,6 +189,32 @@ absl::Status FetchThroughput(Rank& rank, const Config& config,
       }
     }
     report("to_here", absl::Now() - start);
+  }
+  RETURN_IF_ERROR(rank.default_group()->Barrier());
+  return GatherThroughput(rank, st, shard_mib);
+}
+
+// st.gather(0, out): every rank's shard through one Gloo gather to rank 0.
+absl::Status GatherThroughput(Rank& rank, const ShardedTensor& st,
+                              int64_t shard_mib) {
+  Tensor out;
+  if (rank.rank() == 0) {
+    ASSIGN_OR_RETURN(out, Tensor::Empty(st.size()));
+  }
+  RETURN_IF_ERROR(st.Gather(0, out));  // Warm-up.
+  const int rounds = 5;
+  absl::Time start = absl::Now();
+  for (int round = 0; round < rounds; ++round) {
+    RETURN_IF_ERROR(st.Gather(0, out));
+  }
+  if (rank.rank() == 0) {
+    const double bytes = static_cast<double>(out.nbytes()) * rounds;
+    std::printf(
+        "{\"bench\":\"gather\",\"shard_mib\":%lld,\"ranks\":%d,"
+        "\"gbps\":%.3f}\n",
+        static_cast<long long>(shard_mib), rank.world_size(),
+        bytes / Seconds(absl::Now() - start) / 1e9);
+    std::fflush(stdout);
   }
   return rank.default_group()->Barrier();
 }

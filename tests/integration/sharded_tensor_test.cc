@@ -589,6 +589,128 @@ TEST_P(TestShardedTensorChunked, RemoteShardsCrossManyChunks) {
   });
 }
 
+// test_gather_even / test_gather_uneven: ones() gathered on `dst` equal
+// ones; the other ranks pass no output.
+void GatherOnesAndCheck(const ShardedTensor& st, int rank, int dst,
+                        const Device& device) {
+  const std::vector<int64_t>& size = st.size();
+  Tensor full;
+  if (rank == dst) {
+    ASSERT_OK_AND_ASSIGN(
+        full, Tensor::Zeros(size, TensorOptions().WithDevice(device)));
+  }
+  ASSERT_OK(st.Gather(dst, full));
+  if (rank == dst) {
+    ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Ones(size));
+    ASSERT_OK_AND_ASSIGN(Tensor host, full.To(Device::Cpu()));
+    EXPECT_TRUE(Equal(ones, host));
+  } else {
+    EXPECT_FALSE(full.defined());
+  }
+}
+
+TEST_P(TestShardedTensorChunked, GatherEven) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st, ShardedTensor::Ones(spec, {10, 20}));
+  GatherOnesAndCheck(st, rank(), 1, DeviceOf(1));
+}
+
+TEST_P(TestShardedTensorChunked, GatherUneven) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 0, 1, 1, 2}));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st, ShardedTensor::Ones(spec, {10, 20}));
+  GatherOnesAndCheck(st, rank(), 1, DeviceOf(1));
+}
+
+TEST_P(TestShardedTensorEnumerable, GatherEven) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, GridSpec());
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::Ones(spec, {10, 10}, Rrefs()));
+  GatherOnesAndCheck(st, rank(), 0, DeviceOf(0));
+}
+
+TEST_P(TestShardedTensorEnumerable, GatherUneven) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  const std::vector<int> owners = {0, 1, 0, 3};
+  std::vector<ShardMetadata> shards;
+  for (int i = 0; i < 4; ++i) {
+    shards.push_back(Md({i / 2 * 5, i % 2 * 5}, {5, 5}, Placement(owners[i])));
+  }
+  ASSERT_OK_AND_ASSIGN(EnumerableShardingSpec spec,
+                       EnumerableShardingSpec::Create(shards));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::Ones(spec, {10, 10}, Rrefs()));
+  GatherOnesAndCheck(st, rank(), 0, DeviceOf(0));
+}
+
+// Beyond the reference: every value lands in its place, empty shards take
+// part, the dtype is kept exactly (an int64 beyond float32's precision),
+// and gather_all gives every rank the same tensor.
+TEST_P(TestShardedTensorChunked, GatherKeepsValuesAndDType) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  // 3 rows over 4 ranks: rank 3's shard is empty.
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  const int64_t big = (int64_t{1} << 40) + 1;
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensor st,
+      ShardedTensor::Full(spec, {3, 5}, static_cast<double>(big),
+                          ShardedTensorOptions().WithDType(DType::kInt64)));
+  // Make every element distinct: local element (r, c) of global row g.
+  for (const Shard& shard : st.local_shards()) {
+    ASSERT_OK_AND_ASSIGN(Tensor host, shard.tensor.To(Device::Cpu()));
+    int64_t* data = host.data<int64_t>();
+    for (int64_t e = 0; e < host.numel(); ++e) {
+      data[e] = big + shard.metadata.shard_offsets()[0] * 5 + e;
+    }
+    ASSERT_OK(CopyInto(host, shard.tensor));
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor all, st.GatherAll());
+  ASSERT_EQ(DType::kInt64, all.dtype());
+  for (int64_t e = 0; e < 15; ++e) EXPECT_EQ(big + e, all.data<int64_t>()[e]);
+
+  Tensor out;
+  if (rank() == 2) {
+    ASSERT_OK_AND_ASSIGN(
+        out, Tensor::Zeros({3, 5}, TensorOptions().WithDType(DType::kInt64)));
+  }
+  ASSERT_OK(st.Gather(2, out));
+  if (rank() == 2) EXPECT_TRUE(Equal(all, out));
+}
+
+TEST_P(TestShardedTensorChunked, GatherArgumentErrors) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st, ShardedTensor::Ones(spec, {10, 20}));
+  // Every rank makes the same mistake, so no rank waits for another.
+  if (rank() == 1) {
+    EXPECT_THAT(st.Gather(1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("Argument ``dst_tensor`` must "
+                                                 "be specified on destination "
+                                                 "rank 1")));
+    ASSERT_OK_AND_ASSIGN(Tensor small, Tensor::Zeros({4, 4}));
+    EXPECT_THAT(st.Gather(1, small),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("Argument ``dst_tensor`` have size (4, "
+                                   "4),but should be (10, 20)")));
+  } else {
+    ASSERT_OK_AND_ASSIGN(Tensor extra, Tensor::Zeros({10, 20}));
+    EXPECT_THAT(st.Gather(1, extra),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("Argument ``dst_tensor`` must NOT be "
+                                   "specified on non-destination ranks.")));
+  }
+  EXPECT_THAT(st.Gather(7),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dst")));
+}
+
 // A peer that dies: fetching its shard fails promptly with UNAVAILABLE (or
 // DEADLINE_EXCEEDED), never hangs, and the survivors' own shard servers keep
 // serving each other.
