@@ -93,4 +93,39 @@ absl::StatusOr<std::pair<int, Device>> ParseAndValidateRemoteDevice(
   return std::make_pair(placement->rank().value_or(-1), placement->device());
 }
 
+absl::Status Shard::Validate() const {
+  if (tensor.sizes() != metadata.shard_sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Shard tensor size does not match with metadata.shard_lengths! Found "
+        "shard tensor size: [",
+        absl::StrJoin(tensor.sizes(), ", "), "], metadata.shard_lengths: [",
+        absl::StrJoin(metadata.shard_sizes(), ", "), "]"));
+  }
+  if (metadata.placement().has_value() &&
+      metadata.placement()->device() != tensor.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Local shard tensor device does not match with local Shard's "
+        "placement! Found local shard tensor device: ",
+        tensor.device().ToString(), ", local shard metadata placement device: ",
+        metadata.placement()->device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Shard> Shard::Create(Tensor tensor, ShardMetadata metadata) {
+  Shard shard{std::move(tensor), std::move(metadata)};
+  RETURN_IF_ERROR(shard.Validate());
+  return shard;
+}
+
+absl::StatusOr<Shard> Shard::FromTensorAndOffsets(Tensor tensor,
+                                                  std::vector<int64_t> offsets,
+                                                  int rank) {
+  ASSIGN_OR_RETURN(
+      ShardMetadata metadata,
+      ShardMetadata::Create(std::move(offsets), tensor.sizes(),
+                            RemoteDevice::ForRank(rank, tensor.device())));
+  return Create(std::move(tensor), std::move(metadata));
+}
+
 }  // namespace tessera

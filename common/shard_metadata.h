@@ -72,6 +72,17 @@ std::ostream& operator<<(std::ostream& os, const ShardMetadata& metadata);
 struct Shard {
   Tensor tensor;
   ShardMetadata metadata;
+
+  // PyTorch's Shard(tensor, metadata) checks: INVALID_ARGUMENT "Shard tensor
+  // size does not match with metadata.shard_lengths!..." and "Local shard
+  // tensor device does not match with local Shard's placement!...".
+  static absl::StatusOr<Shard> Create(Tensor tensor, ShardMetadata metadata);
+  // Shard.from_tensor_and_offsets: metadata from the tensor's sizes, the
+  // given offsets, and placement "rank:<rank>/<tensor's device>".
+  static absl::StatusOr<Shard> FromTensorAndOffsets(
+      Tensor tensor, std::vector<int64_t> offsets, int rank);
+  // The checks of Create, for a Shard built field by field.
+  absl::Status Validate() const;
 };
 
 // Resolves worker names ("worker2") to global ranks; provided by the RPC

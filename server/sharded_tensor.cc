@@ -128,31 +128,6 @@ absl::StatusOr<RemoteShardMap> BuildRemoteShards(
   return remote;
 }
 
-// PyTorch's Shard.__post_init__: the tensor matches its metadata's sizes
-// and placement device.
-absl::Status ValidateShard(const Shard& shard) {
-  const ShardMetadata& metadata = shard.metadata;
-  if (shard.tensor.sizes() != metadata.shard_sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Shard tensor size does not match with metadata.shard_lengths! Found "
-        "shard tensor size: [",
-        absl::StrJoin(shard.tensor.sizes(), ", "),
-        "], metadata.shard_lengths: [",
-        absl::StrJoin(metadata.shard_sizes(), ", "), "]"));
-  }
-  if (metadata.placement().has_value() &&
-      !(metadata.placement()->device() == shard.tensor.device())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Local shard tensor device does not match with local Shard's "
-        "placement! Found local shard tensor device: ",
-        shard.tensor.device().ToString(),
-        ", local shard metadata placement "
-        "device: ",
-        metadata.placement()->device().ToString()));
-  }
-  return absl::OkStatus();
-}
-
 // The properties of one rank's local shards, which must agree.
 absl::StatusOr<TensorProperties> LocalProperties(
     const std::vector<Shard>& shards, int rank) {
@@ -191,6 +166,57 @@ absl::StatusOr<TensorProperties> LocalProperties(
     }
   }
   return properties;
+}
+
+// One rank's shards as metadata, after PyTorch's local checks.
+absl::StatusOr<ShardedTensorMetadata> LocalMetadata(
+    const std::vector<Shard>& local_shards,
+    absl::Span<const int64_t> global_sizes, const ProcessGroup& group,
+    int rank) {
+  for (const Shard& shard : local_shards) {
+    RETURN_IF_ERROR(shard.Validate());
+    if (!shard.tensor.is_contiguous()) {
+      return ValidateFormat(Layout::kStrided, MemoryFormat::kChannelsLast);
+    }
+    ASSIGN_OR_RETURN(auto placement,
+                     ParseAndValidateRemoteDevice(group.global_ranks(),
+                                                  shard.metadata.placement()));
+    if (placement.first != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Local shard metadata's rank does not match with the rank in its "
+          "process group! Found current rank in the process group: ",
+          rank, ", local ShardMetadata placement's rank: ", placement.first));
+    }
+  }
+  ShardedTensorMetadata mine;
+  ASSIGN_OR_RETURN(mine.tensor_properties, LocalProperties(local_shards, rank));
+  mine.size.assign(global_sizes.begin(), global_sizes.end());
+  for (const Shard& shard : local_shards) {
+    mine.shards_metadata.push_back(shard.metadata);
+  }
+  return mine;
+}
+
+// A rank's contribution to the all-gather: 'M' + serialized metadata, or
+// 'E' + status code byte + message.
+std::string EncodeOutcome(const absl::StatusOr<ShardedTensorMetadata>& mine) {
+  if (mine.ok()) return absl::StrCat("M", SerializeMetadata(*mine));
+  return absl::StrCat("E",
+                      std::string(1, static_cast<char>(mine.status().code())),
+                      mine.status().message());
+}
+
+absl::StatusOr<ShardedTensorMetadata> DecodeOutcome(absl::string_view bytes,
+                                                    int rank) {
+  if (!bytes.empty() && bytes[0] == 'M') {
+    return DeserializeMetadata(bytes.substr(1));
+  }
+  if (bytes.size() >= 2 && bytes[0] == 'E') {
+    return absl::Status(static_cast<absl::StatusCode>(bytes[1]),
+                        absl::StrCat("on rank ", rank, ": ", bytes.substr(2)));
+  }
+  return absl::DataLossError(absl::StrCat(
+      "init_from_local_shards: malformed contribution from rank ", rank));
 }
 
 // One rank's contribution to init_from_local_shards, as gathered.
@@ -316,39 +342,17 @@ class ShardedTensorBuilder {
           absl::StrCat("init_from_local_shards: rank ", context.rank->rank(),
                        " is not a member of process group ", group.name()));
     }
-    for (const Shard& shard : local_shards) {
-      RETURN_IF_ERROR(ValidateShard(shard));
-      if (!shard.tensor.is_contiguous()) {
-        return ValidateFormat(Layout::kStrided, MemoryFormat::kChannelsLast);
-      }
-      ASSIGN_OR_RETURN(auto placement,
-                       ParseAndValidateRemoteDevice(
-                           group.global_ranks(), shard.metadata.placement()));
-      if (placement.first != context.rank->rank()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Local shard metadata's rank does not match with the rank in its "
-            "process group! Found current rank in the process group: ",
-            context.rank->rank(),
-            ", local ShardMetadata placement's rank: ", placement.first));
-      }
-    }
-    ASSIGN_OR_RETURN(TensorProperties local_properties,
-                     LocalProperties(local_shards, context.rank->rank()));
-
-    // Everyone learns everyone's shards (one all-gather of serialized
-    // metadata), then checks the same things in the same order.
-    ShardedTensorMetadata mine;
-    mine.size.assign(global_sizes.begin(), global_sizes.end());
-    mine.tensor_properties = local_properties;
-    for (const Shard& shard : local_shards) {
-      mine.shards_metadata.push_back(shard.metadata);
-    }
+    // Local mistakes travel through the same all-gather as the metadata,
+    // so every member fails together instead of waiting for the others.
+    absl::StatusOr<ShardedTensorMetadata> mine =
+        LocalMetadata(local_shards, global_sizes, group, context.rank->rank());
     ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                     AllGatherBytes(group, SerializeMetadata(mine)));
+                     AllGatherBytes(group, EncodeOutcome(mine)));
+    RETURN_IF_ERROR(mine.status());
     std::vector<RankShards> ranks;
     for (size_t r = 0; r < gathered.size(); ++r) {
       ASSIGN_OR_RETURN(ShardedTensorMetadata theirs,
-                       DeserializeMetadata(gathered[r]));
+                       DecodeOutcome(gathered[r], group.global_ranks()[r]));
       if (theirs.shards_metadata.empty()) continue;
       ranks.push_back(RankShards{group.global_ranks()[r], std::move(theirs)});
     }
@@ -388,8 +392,7 @@ class ShardedTensorBuilder {
                                    metadata.tensor_properties.memory_format));
     RETURN_IF_ERROR(
         ValidateShardLayout(metadata.shards_metadata, metadata.size));
-    for (const Shard& shard : local_shards)
-      RETURN_IF_ERROR(ValidateShard(shard));
+    for (const Shard& shard : local_shards) RETURN_IF_ERROR(shard.Validate());
     ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
                      EnumerableShardingSpec::Create(metadata.shards_metadata));
     auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
@@ -424,6 +427,36 @@ class ShardedTensorBuilder {
     state->local_shards = std::move(ordered);
     state->metadata = std::move(metadata);
     return Finish(std::move(state), placements);
+  }
+
+  static absl::StatusOr<ShardedTensor> FromLocalTensor(
+      Tensor local_tensor, const ShardingSpec& spec,
+      absl::Span<const int64_t> global_sizes,
+      const ShardedTensorOptions& options) {
+    if (!local_tensor.is_contiguous()) {
+      return absl::InvalidArgumentError(
+          "local_tensor is not a contiguous Tensor.");
+    }
+    TensorProperties properties;
+    properties.dtype = local_tensor.dtype();
+    properties.requires_grad = local_tensor.requires_grad();
+    properties.pin_memory = local_tensor.is_pinned();
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     BuildMetadata(spec, global_sizes, properties));
+    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
+    std::vector<Shard> local_shards;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].first != context.rank->rank()) continue;
+      ASSIGN_OR_RETURN(Shard shard, Shard::Create(local_tensor,
+                                                  metadata.shards_metadata[i]));
+      local_shards.push_back(std::move(shard));
+    }
+    ASSIGN_OR_RETURN(ShardedTensor st, FromLocalShardsAndGlobalMetadata(
+                                           std::move(local_shards),
+                                           std::move(metadata), options));
+    st.state_->spec = spec;
+    return st;
   }
 
   // Each local shard is a shard of `metadata` (placed on `rank` unless no
@@ -486,6 +519,14 @@ absl::StatusOr<ShardedTensor> ShardedTensor::InitFromLocalShards(
     std::vector<Shard> local_shards, absl::Span<const int64_t> global_sizes,
     const ShardedTensorOptions& options) {
   return ShardedTensorBuilder::FromLocalShards(std::move(local_shards),
+                                               global_sizes, options);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::InitFromLocalTensor(
+    Tensor local_tensor, const ShardingSpec& spec,
+    absl::Span<const int64_t> global_sizes,
+    const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::FromLocalTensor(std::move(local_tensor), spec,
                                                global_sizes, options);
 }
 

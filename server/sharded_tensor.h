@@ -146,6 +146,15 @@ class ShardedTensor {
       std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
       const ShardedTensorOptions& options = {});
 
+  // ShardedTensor._init_from_local_tensor: each rank passes the tensor of
+  // the shard `spec` places on it (collective only with init_rrefs).
+  // INVALID_ARGUMENT "local_tensor is not a contiguous Tensor.", the spec's
+  // errors (e.g. "... do not cover the entire tensor"), and Shard::Create's.
+  static absl::StatusOr<ShardedTensor> InitFromLocalTensor(
+      Tensor local_tensor, const ShardingSpec& spec,
+      absl::Span<const int64_t> global_sizes,
+      const ShardedTensorOptions& options = {});
+
   ShardedTensor(const ShardedTensor&) = default;
   ShardedTensor& operator=(const ShardedTensor&) = default;
   ShardedTensor(ShardedTensor&&) = default;

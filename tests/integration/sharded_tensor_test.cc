@@ -5,9 +5,11 @@
 // (real gRPC store, real Gloo, real shard servers). Every suite is
 // instantiated for "cpu" placements and for "cuda:N" placements, which skip
 // without 4 GPUs.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -968,6 +970,309 @@ TEST_P(TestShardMetadata, CreateShardWithNoPlacement) {
   EXPECT_FALSE(shard.metadata.placement().has_value());
 }
 
+class TestShardedTensorFromLocalShards : public DeviceRanksTest {
+ protected:
+  // The 2x2 grid's shard of rank r, sized `sizes`, on `device_text`.
+  ShardMetadata GridShard(int r, Sizes sizes, const std::string& device_text) {
+    return Md({r / 2 * 5, r % 2 * 5}, std::move(sizes),
+              absl::StrCat("rank:", r, "/", device_text));
+  }
+  absl::StatusOr<Tensor> Randn(Sizes sizes, TensorOptions options = {}) {
+    return Tensor::Randn(sizes, options.WithDevice(DeviceOf(rank())));
+  }
+  absl::StatusOr<ShardedTensor> FromShards(std::vector<Shard> shards,
+                                           Sizes size) {
+    return ShardedTensor::InitFromLocalShards(std::move(shards), size, Rrefs());
+  }
+};
+class TestShardedTensorFromLocalTensor : public DeviceRanksTest {};
+
+TEST_P(TestShardedTensorFromLocalShards, LocalShards) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms(/*init_rpc=*/false));
+  const Sizes offsets = {rank() / 2 * 5, rank() % 2 * 5};
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn({5, 5}));
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard,
+      Shard::Create(local, GridShard(rank(), {5, 5}, DeviceText(rank()))));
+  ASSERT_OK_AND_ASSIGN(Shard from_offsets,
+                       Shard::FromTensorAndOffsets(local, offsets, rank()));
+  EXPECT_EQ(shard.metadata, from_offsets.metadata);
+  EXPECT_THAT(
+      Shard::Create(local, GridShard(rank(), {6, 5}, DeviceText(rank()))),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("Shard tensor size does not match")));
+}
+
+TEST_P(TestShardedTensorFromLocalShards, InitFromLocalShards) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn({5, 5}));
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensor st,
+      FromShards({Shard{local, GridShard(rank(), {5, 5}, DeviceText(rank()))}},
+                 {10, 10}));
+  ASSERT_OK_AND_ASSIGN(ShardingSpec grid, GridSpec());
+  ASSERT_OK_AND_ASSIGN(ShardedTensor expected_layout,
+                       ShardedTensor::Empty(grid, {10, 10}, Rrefs()));
+  EXPECT_EQ(expected_layout.metadata().shards_metadata,
+            st.metadata().shards_metadata);
+  EXPECT_EQ(DeviceOf(rank()), st.local_shards()[0].tensor.device());
+  CheckGrid(*this, st, rank(), "rank:");
+}
+
+TEST_P(TestShardedTensorFromLocalShards,
+       StBaseInitFromLocalShardsAndGlobalMetadata) {
+  RANKS_TEST_BEGIN();
+  if (rank() != 0) return;  // The reference runs this in one process.
+  if (cuda() && CudaDeviceCount() < kWorldSize) GTEST_SKIP();
+  ShardedTensorMetadata metadata;
+  std::vector<Shard> shards;
+  for (int r = 0; r < 4; ++r) {
+    ShardMetadata md = GridShard(r, {5, 5}, DeviceText(r));
+    metadata.shards_metadata.push_back(md);
+    ASSERT_OK_AND_ASSIGN(
+        Tensor tensor,
+        Tensor::Randn({5, 5}, TensorOptions().WithDevice(DeviceOf(r))));
+    shards.push_back(Shard{tensor, md});
+  }
+  metadata.size = {10, 10};
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensor st,
+      ShardedTensor::InitFromLocalShardsAndGlobalMetadata(shards, metadata));
+  ASSERT_EQ(4u, st.local_shards().size());
+  EXPECT_EQ(DeviceOf(0), st.local_shards()[0].tensor.device());
+  EXPECT_EQ(Sizes({0, 0}), st.local_shards()[0].metadata.shard_offsets());
+  EXPECT_EQ(Placement(0),
+            st.local_shards()[0].metadata.placement()->ToString());
+  EXPECT_EQ(metadata.shards_metadata, st.metadata().shards_metadata);
+}
+
+TEST_P(TestShardedTensorFromLocalShards, InitFromLocalShardsNewGroup) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(auto new_pg, rank_runtime()->NewGroup({1, 2, 3}));
+  if (rank() == 0) return;
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn({5, 5}));
+  ShardMetadata md = Md({5 * (rank() - 1), 0}, {5, 5}, Placement(rank()));
+  ShardedTensorOptions options;
+  options.process_group = new_pg;
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensor st,
+      ShardedTensor::InitFromLocalShards({Shard{local, md}}, {15, 5}, options));
+  const Shard& shard = st.local_shards()[0];
+  EXPECT_EQ(DeviceOf(rank()), shard.tensor.device());
+  EXPECT_EQ(Sizes({(rank() - 1) * 5, 0}), shard.metadata.shard_offsets());
+  const auto& all = st.metadata().shards_metadata;
+  ASSERT_EQ(3u, all.size());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Sizes({i * 5, 0}), all[i].shard_offsets());
+    EXPECT_EQ(Sizes({5, 5}), all[i].shard_sizes());
+    EXPECT_EQ(Placement(i + 1), all[i].placement()->ToString());
+  }
+}
+
+TEST_P(TestShardedTensorFromLocalShards,
+       InitFromLocalShardsInvalidLocalShards) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ShardMetadata md = GridShard(rank(), {5, 5}, DeviceText(rank()));
+  EXPECT_THAT(FromShards({}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("have no local shards on all ranks")));
+  // A sparse local tensor ("Only torch.strided layout") cannot be built:
+  // Tessera tensors are strided.
+  ASSERT_OK_AND_ASSIGN(Tensor square, Randn({5, 5}));
+  ASSERT_OK_AND_ASSIGN(Tensor transposed, square.T());
+  EXPECT_THAT(FromShards({Shard{transposed, md}}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Only torch.contiguous_format memory_format "
+                                 "is currently supported")));
+  ASSERT_OK_AND_ASSIGN(Tensor wrong_size, Randn({2, 3}));
+  EXPECT_THAT(Shard::Create(wrong_size, md),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Shard tensor size does not match")));
+  if (cuda()) {
+    ASSERT_OK_AND_ASSIGN(Tensor on_cpu, Tensor::Randn({5, 5}));
+    EXPECT_THAT(
+        Shard::Create(on_cpu, md),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("Local shard tensor device does not match")));
+  }
+  // A CPU variant of the device check: a meta tensor for a CPU placement.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor meta,
+      Tensor::Empty({5, 5}, TensorOptions().WithDevice(Device::Meta())));
+  EXPECT_THAT(Shard::Create(meta, GridShard(rank(), {5, 5}, "cpu")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Local shard tensor device does not match")));
+}
+
+TEST_P(TestShardedTensorFromLocalShards,
+       InitFromLocalShardsInvalidPropertyCrossRanks) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ShardMetadata md = GridShard(rank(), {5, 5}, DeviceText(rank()));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor ones,
+      Tensor::Ones({5, 5}, TensorOptions().WithDevice(DeviceOf(rank()))));
+  EXPECT_THAT(
+      FromShards({Shard{ones, md}}, rank() == 0 ? Sizes{10, 10} : Sizes{10, 5}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("ShardedTensor global_size property does not "
+                         "match from different ranks!")));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor typed,
+      Tensor::Ones({5, 5},
+                   TensorOptions()
+                       .WithDType(rank() == 0 ? DType::kInt32 : DType::kFloat32)
+                       .WithDevice(DeviceOf(rank()))));
+  EXPECT_THAT(FromShards({Shard{typed, md}}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ShardedTensor dtype property does not match "
+                                 "from different ranks!")));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor grad,
+      Randn({5, 5}, TensorOptions().WithRequiresGrad(rank() == 0)));
+  EXPECT_THAT(FromShards({Shard{grad, md}}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ShardedTensor requires_grad property does "
+                                 "not match from different ranks!")));
+}
+
+TEST_P(TestShardedTensorFromLocalShards, InitFromLocalShardsInvalidPinMemory) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  // Pinned memory exists on the CPU only, as in the reference.
+  ShardMetadata md = GridShard(rank(), {5, 5}, "cpu");
+  auto cpu_randn = [](bool pinned) {
+    return Tensor::Randn({5, 5}, TensorOptions().WithPinMemory(pinned));
+  };
+  ASSERT_OK_AND_ASSIGN(Tensor pinned, cpu_randn(true));
+  ASSERT_OK_AND_ASSIGN(Tensor pageable, cpu_randn(false));
+  EXPECT_THAT(FromShards({Shard{pinned, md}, Shard{pageable, md}}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Local shards' tensor pin_memory property "
+                                 "need to be the same")));
+  EXPECT_THAT(
+      FromShards({Shard{rank() == 0 ? pinned : pageable, md}}, {10, 10}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("ShardedTensor pin_memory property does not "
+                         "match from different ranks!")));
+}
+
+TEST_P(TestShardedTensorFromLocalShards,
+       InitFromLocalShardsInvalidShardsOverlap) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  Sizes sizes = rank() == 0 ? Sizes{6, 6} : Sizes{5, 5};
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn(sizes));
+  EXPECT_THAT(
+      FromShards({Shard{local, GridShard(rank(), sizes, DeviceText(rank()))}},
+                 {10, 10}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
+}
+
+TEST_P(TestShardedTensorFromLocalShards, InitFromLocalShardsInvalidShardsGaps) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  Sizes sizes = rank() == 0 ? Sizes{4, 4} : Sizes{5, 5};
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn(sizes));
+  EXPECT_THAT(
+      FromShards({Shard{local, GridShard(rank(), sizes, DeviceText(rank()))}},
+                 {10, 10}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("does not match tensor volume")));
+}
+
+// Beyond the reference: a mistake on one rank only fails every rank
+// (through the all-gather) instead of leaving the others waiting.
+TEST_P(TestShardedTensorFromLocalShards, OneRanksMistakeFailsEveryRank) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(Tensor local, Randn({5, 5}));
+  ASSERT_OK_AND_ASSIGN(Tensor transposed, local.T());
+  const Shard shard{rank() == 2 ? transposed : local,
+                    GridShard(rank(), {5, 5}, DeviceText(rank()))};
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(FromShards({shard}, {10, 10}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("contiguous_format")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// PyTorch's _chunk_sharding_specs_list_for_test: one chunk spec per dim,
+// placements in a seeded random order (std::mt19937 here, so the orders
+// differ from Python's but are as fixed).
+std::vector<ShardingSpec> ChunkSpecsForTest(const DeviceRanksTest& test,
+                                            std::vector<int64_t> dims,
+                                            uint32_t seed) {
+  std::mt19937 random(seed);
+  std::vector<ShardingSpec> specs;
+  for (int64_t dim : dims) {
+    std::vector<int> ranks = {0, 1, 2, 3};
+    std::shuffle(ranks.begin(), ranks.end(), random);
+    specs.push_back(*ChunkShardingSpec::Create(dim, test.Placements(ranks)));
+  }
+  return specs;
+}
+
+TEST_P(TestShardedTensorFromLocalTensor, InitFromLocalTensor) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  for (const ShardingSpec& spec : ChunkSpecsForTest(*this, {0, 1, 1, 0}, 31)) {
+    for (const Sizes& size :
+         std::vector<Sizes>{{20, 10}, {21, 11}, {23, 16}, {44, 16, 8}}) {
+      ASSERT_OK_AND_ASSIGN(ShardedTensorMetadata expected,
+                           BuildMetadata(spec, size));
+      const ShardMetadata* mine = nullptr;
+      for (const ShardMetadata& md : expected.shards_metadata) {
+        if (md.placement()->rank() == rank()) mine = &md;
+      }
+      ASSERT_NE(nullptr, mine);
+      ASSERT_OK_AND_ASSIGN(
+          Tensor local,
+          Tensor::Rand(mine->shard_sizes(),
+                       TensorOptions().WithDevice(DeviceOf(rank()))));
+      ASSERT_OK_AND_ASSIGN(ShardedTensor st, ShardedTensor::InitFromLocalTensor(
+                                                 local, spec, size, Rrefs()));
+      EXPECT_EQ(size, st.size());
+      ASSERT_EQ(1u, st.local_shards().size());
+      ASSERT_OK_AND_ASSIGN(Tensor st_local, st.local_tensor());
+      EXPECT_TRUE(Equal(local, st_local));
+      EXPECT_EQ(DeviceOf(rank()), st_local.device());
+      EXPECT_EQ(*mine, st.local_shards()[0].metadata);
+      EXPECT_EQ(expected.shards_metadata, st.metadata().shards_metadata);
+      ASSERT_OK_AND_ASSIGN(RemoteShardMap remote, st.remote_shards());
+      EXPECT_EQ(3u, remote.size());
+      ForEachFetched(remote, [&](int owner, const Shard& shard) {
+        EXPECT_EQ(shard.metadata.shard_sizes(), shard.tensor.sizes());
+      });
+    }
+  }
+}
+
+TEST_P(TestShardedTensorFromLocalTensor, InitFromLocalTensorErrors) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(
+      EnumerableShardingSpec enumerable,
+      EnumerableShardingSpec::Create({Md({0, 0}, {5, 5}, Placement(0)),
+                                      Md({5, 0}, {5, 5}, Placement(1))}));
+  const Sizes size = {24, 12};
+  ASSERT_OK_AND_ASSIGN(
+      Tensor local,
+      Tensor::Rand(size, TensorOptions().WithDevice(DeviceOf(rank()))));
+  EXPECT_THAT(ShardedTensor::InitFromLocalTensor(local, enumerable, size),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("do not cover the entire tensor")));
+  ASSERT_OK_AND_ASSIGN(Tensor transposed, local.T());
+  EXPECT_THAT(ShardedTensor::InitFromLocalTensor(
+                  transposed, ChunkSpecsForTest(*this, {0}, 31)[0], size),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("local_tensor is not a contiguous Tensor.")));
+}
+
 std::string DeviceName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param;
 }
@@ -979,6 +1284,8 @@ TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorChunked);
 TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorEnumerable);
 TESSERA_INSTANTIATE_FOR_DEVICES(TestLocalTensor);
 TESSERA_INSTANTIATE_FOR_DEVICES(TestShardMetadata);
+TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorFromLocalShards);
+TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorFromLocalTensor);
 
 }  // namespace
 }  // namespace tessera
