@@ -6,6 +6,7 @@
 //   {"bench":"gather", "shard_mib":N}  st.gather(0, out), GB/s of `out`
 //   {"bench":"fetch_latency", "shard_bytes":4096, "p50_us":..., "p99_us":...}
 //   {"bench":"create", "op":"empty|init_from_local_shards", "p50_us":...}
+//   {"bench":"init_from_local_shards_scale", "shards":N, "seconds":...}
 //
 // Run without arguments it launches the ranks itself (tests/testing/
 // rank_launcher.h) with a fresh StoreServer; --quick shrinks everything for
@@ -42,6 +43,7 @@ struct Config {
   std::vector<int64_t> shard_mib = {1, 16, 64};
   int64_t min_bytes = int64_t{2} << 30;  // Per throughput measurement.
   int latency_iterations = 5000;
+  std::vector<int64_t> scale_shards = {10000, 100000, 1000000};
 };
 
 double Percentile(std::vector<double> samples, double q) {
@@ -290,6 +292,32 @@ absl::Status CreationTime(Rank& rank, const Config& config) {
   return rank.default_group()->Barrier();
 }
 
+// init_from_local_shards at scale: `shards` one-row shards of an
+// [shards, 4] tensor, dealt round-robin to the ranks (PyTorch's pairwise
+// checks need ~56 s for 10,000).
+absl::Status LocalShardsScale(Rank& rank, int64_t shards) {
+  std::vector<Shard> mine;
+  for (int64_t row = rank.rank(); row < shards; row += rank.world_size()) {
+    ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty({1, 4}));
+    ASSIGN_OR_RETURN(Shard shard, Shard::FromTensorAndOffsets(tensor, {row, 0},
+                                                              rank.rank()));
+    mine.push_back(std::move(shard));
+  }
+  RETURN_IF_ERROR(rank.default_group()->Barrier());
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(ShardedTensor st,
+                   ShardedTensor::InitFromLocalShards(mine, {shards, 4}));
+  const double seconds = Seconds(absl::Now() - start);
+  if (rank.rank() == 0) {
+    std::printf(
+        "{\"bench\":\"init_from_local_shards_scale\",\"shards\":%lld,"
+        "\"ranks\":%d,\"seconds\":%.3f}\n",
+        static_cast<long long>(shards), rank.world_size(), seconds);
+    std::fflush(stdout);
+  }
+  return rank.default_group()->Barrier();
+}
+
 absl::Status RunRank(const Config& config) {
   ASSIGN_OR_RETURN(auto store, GrpcStore::Connect(testing::StoreFromEnv(),
                                                   absl::Seconds(60)));
@@ -314,6 +342,9 @@ absl::Status RunRank(const Config& config) {
   }
   RETURN_IF_ERROR(FetchLatency(*rank, config));
   RETURN_IF_ERROR(CreationTime(*rank, config));
+  for (int64_t shards : config.scale_shards) {
+    RETURN_IF_ERROR(LocalShardsScale(*rank, shards));
+  }
   SetDefaultRank(nullptr);
   return rank->Shutdown();
 }
@@ -366,11 +397,14 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", world_size, "Rank processes to launch")
       ->check(CLI::Range(2, 64));
   app.add_option("--shard-mib", config.shard_mib, "Shard sizes in MiB");
+  app.add_option("--scale-shards", config.scale_shards,
+                 "Shard counts for the init_from_local_shards scale run");
   CLI11_PARSE(app, argc, argv);
   if (config.quick) {
     config.shard_mib = {1};
     config.min_bytes = 8 << 20;
     config.latency_iterations = 200;
+    config.scale_shards = {1000};
   }
   if (!tessera::testing::RankFromEnv().has_value()) {
     std::vector<std::string> args(argv + 1, argv + argc);
