@@ -115,26 +115,6 @@ absl::Status CudaUnavailableError() {
 #endif
 }
 
-// Maps a possibly negative dimension index onto [0, ndim). A 0-d tensor
-// accepts 0 and -1 when `wrap_scalar` is set, as PyTorch's maybe_wrap_dim.
-absl::StatusOr<int64_t> WrapDim(int64_t d, int64_t ndim, bool wrap_scalar) {
-  if (ndim == 0) {
-    if (!wrap_scalar) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "Dimension specified as ", d, " but tensor has no dimensions"));
-    }
-    ndim = 1;
-  }
-  const int64_t min = -ndim;
-  const int64_t max = ndim - 1;
-  if (d < min || d > max) {
-    return absl::OutOfRangeError(
-        absl::StrCat("Dimension out of range (expected to be in range of [",
-                     min, ", ", max, "], but got ", d, ")"));
-  }
-  return d < 0 ? d + ndim : d;
-}
-
 // Number of elements of `sizes`, INVALID_ARGUMENT for negative sizes or
 // int64 overflow.
 absl::StatusOr<int64_t> CheckedNumel(absl::Span<const int64_t> sizes) {
@@ -431,6 +411,24 @@ constexpr int UniformBits() {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> WrapDim(int64_t d, int64_t ndim, bool wrap_scalar) {
+  if (ndim == 0) {
+    if (!wrap_scalar) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "Dimension specified as ", d, " but tensor has no dimensions"));
+    }
+    ndim = 1;
+  }
+  const int64_t min = -ndim;
+  const int64_t max = ndim - 1;
+  if (d < min || d > max) {
+    return absl::OutOfRangeError(
+        absl::StrCat("Dimension out of range (expected to be in range of [",
+                     min, ", ", max, "], but got ", d, ")"));
+  }
+  return d < 0 ? d + ndim : d;
+}
 
 // ---- Storage
 // -------------------------------------------------------------------

@@ -260,6 +260,12 @@ absl::Status CopyInto(const Tensor& src, const Tensor& dst);
 // tensor are never equal). Two undefined tensors are equal.
 bool Equal(const Tensor& a, const Tensor& b);
 
+// Maps a possibly negative dimension index onto [0, ndim) (PyTorch's
+// maybe_wrap_dim). OUT_OF_RANGE "Dimension out of range (expected to be in
+// range of [-2, 1], but got 2)"; a 0-d shape accepts 0 and -1 when
+// `wrap_scalar` is set and nothing otherwise.
+absl::StatusOr<int64_t> WrapDim(int64_t d, int64_t ndim, bool wrap_scalar);
+
 // Product of `sizes` (the element count of a box or tensor): 0 when any
 // size is 0, even if the others would overflow; nullopt on int64 overflow.
 // Sizes must be non-negative.
