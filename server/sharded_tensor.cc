@@ -402,7 +402,9 @@ class ShardedTensorBuilder {
     if (rank == nullptr) {
       // No process group: every shard of the metadata is local (PyTorch's
       // no-process-group mode), and nothing is served.
-      RETURN_IF_ERROR(MatchLocalShards(local_shards, metadata, std::nullopt));
+      RETURN_IF_ERROR(MatchLocalShards(local_shards, metadata, [](size_t) {
+                        return true;
+                      }).status());
       state->local_shards = std::move(local_shards);
       state->metadata = std::move(metadata);
       return ShardedTensor(std::move(state));
@@ -410,18 +412,10 @@ class ShardedTensorBuilder {
     ASSIGN_OR_RETURN(Context context, ResolveContext(options));
     if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*rank));
     ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
-    RETURN_IF_ERROR(MatchLocalShards(local_shards, metadata, rank->rank()));
-    // Local shards are kept in the metadata's order, as Finish expects.
-    std::vector<Shard> ordered;
-    for (size_t i = 0; i < placements.size(); ++i) {
-      if (placements[i].first != rank->rank()) continue;
-      for (Shard& shard : local_shards) {
-        if (shard.metadata == metadata.shards_metadata[i]) {
-          ordered.push_back(shard);
-          break;
-        }
-      }
-    }
+    ASSIGN_OR_RETURN(std::vector<Shard> ordered,
+                     MatchLocalShards(local_shards, metadata, [&](size_t i) {
+                       return placements[i].first == rank->rank();
+                     }));
     state->rank = context.rank;
     state->group = context.group;
     state->local_shards = std::move(ordered);
@@ -459,18 +453,23 @@ class ShardedTensorBuilder {
     return st;
   }
 
-  // Each local shard is a shard of `metadata` (placed on `rank` unless no
-  // rank is known), every such shard is given once, and tensors match the
-  // metadata's dtype.
-  static absl::Status MatchLocalShards(const std::vector<Shard>& local_shards,
-                                       const ShardedTensorMetadata& metadata,
-                                       std::optional<int> rank) {
+  // Pairs each local shard with the shard of `metadata` it claims to be,
+  // among those `is_local` selects, and returns the local shards in
+  // metadata order (as Finish expects). Every selected shard must be given
+  // once, with the metadata's dtype. One hash lookup per shard, so large
+  // layouts stay linear.
+  static absl::StatusOr<std::vector<Shard>> MatchLocalShards(
+      const std::vector<Shard>& local_shards,
+      const ShardedTensorMetadata& metadata,
+      const std::function<bool(size_t)>& is_local) {
+    const auto& shards = metadata.shards_metadata;
+    // ToString is the whole identity (offsets, sizes, placement).
+    absl::flat_hash_map<std::string, std::vector<size_t>> unclaimed;
     size_t expected = 0;
-    for (const ShardMetadata& m : metadata.shards_metadata) {
-      if (!rank.has_value() ||
-          (m.placement().has_value() && m.placement()->rank() == rank)) {
-        ++expected;
-      }
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (!is_local(i)) continue;
+      unclaimed[shards[i].ToString()].push_back(i);
+      ++expected;
     }
     if (local_shards.size() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -479,15 +478,14 @@ class ShardedTensorBuilder {
           "global metadata (",
           expected, ")"));
     }
+    std::vector<const Shard*> by_index(shards.size(), nullptr);
     for (const Shard& shard : local_shards) {
-      bool found = false;
-      for (const ShardMetadata& m : metadata.shards_metadata) {
-        found = found || m == shard.metadata;
-      }
-      if (!found) {
+      auto it = unclaimed.find(shard.metadata.ToString());
+      if (it == unclaimed.end() || it->second.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("Local shard ", shard.metadata.ToString(),
-                         " is not in the global metadata"));
+                         " is not in the global metadata (among the shards "
+                         "placed on this rank)"));
       }
       if (shard.tensor.dtype() != metadata.tensor_properties.dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -495,8 +493,15 @@ class ShardedTensorBuilder {
             " does not match the global metadata's dtype ",
             DTypeName(metadata.tensor_properties.dtype)));
       }
+      by_index[it->second.back()] = &shard;
+      it->second.pop_back();
     }
-    return absl::OkStatus();
+    std::vector<Shard> ordered;
+    ordered.reserve(expected);
+    for (const Shard* shard : by_index) {
+      if (shard != nullptr) ordered.push_back(*shard);
+    }
+    return ordered;
   }
 
   static ShardedTensorOptions OptionsOf(const ShardedTensor& other,
@@ -629,13 +634,9 @@ const std::vector<int64_t>& ShardedTensor::size() const {
 }
 
 absl::StatusOr<int64_t> ShardedTensor::size(int64_t d) const {
-  const int64_t rank = dim();
-  if (d < -rank || d >= rank) {
-    return absl::OutOfRangeError(
-        absl::StrCat("Dimension out of range (expected to be in range of [",
-                     -rank, ", ", rank - 1, "], but got ", d, ")"));
-  }
-  return size()[d < 0 ? d + rank : d];
+  ASSIGN_OR_RETURN(const int64_t wrapped,
+                   WrapDim(d, dim(), /*wrap_scalar=*/false));
+  return size()[wrapped];
 }
 
 DType ShardedTensor::dtype() const {

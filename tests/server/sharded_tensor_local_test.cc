@@ -115,6 +115,37 @@ TEST(TestShardedTensorSubGroupInit, SubProcessGroupPlacementValidation) {
   });
 }
 
+// Each rank passing another rank's shard is refused, not mistaken for its
+// own.
+TEST(InitFromLocalShardsAndGlobalMetadata, ShardOfAnotherRankIsRefused) {
+  SpawnThreadsAndInitComms([](const std::shared_ptr<Rank>& rank) {
+    ShardedTensorMetadata metadata;
+    for (int r = 0; r < kWorldSize; ++r) {
+      ASSERT_OK_AND_ASSIGN(
+          ShardMetadata md,
+          ShardMetadata::Create({r, 0}, {1, 2},
+                                absl::StrCat("rank:", r, "/cpu")));
+      metadata.shards_metadata.push_back(md);
+    }
+    metadata.size = {kWorldSize, 2};
+    const int other = (rank->rank() + 1) % kWorldSize;
+    ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({1, 2}));
+    ShardedTensorOptions options;
+    options.rank = rank;
+    EXPECT_THAT(
+        ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+            {Shard{zeros, metadata.shards_metadata[other]}}, metadata, options),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("is not in the global metadata")));
+    ASSERT_OK_AND_ASSIGN(
+        ShardedTensor st,
+        ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+            {Shard{zeros, metadata.shards_metadata[rank->rank()]}}, metadata,
+            options));
+    EXPECT_EQ(1u, st.local_shards().size());
+  });
+}
+
 // The 4x2 tensor of two 2x2 shards used by TestCreateTensorNoProcessGroupMode.
 ShardedTensorMetadata TwoShardMetadata() {
   ShardedTensorMetadata metadata;
