@@ -11,9 +11,6 @@
 // Run without arguments it launches the ranks itself (tests/testing/
 // rank_launcher.h) with a fresh StoreServer; --quick shrinks everything for
 // the ctest smoke run.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/socket_io.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "server/grpc_store.h"
@@ -56,58 +54,37 @@ double Percentile(std::vector<double> samples, double q) {
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 // Plain TCP: rank 1 sends `bytes` to rank 0 in 4 MiB writes; rank 0 reads
-// into one reused buffer (iperf3's method). Returns GB/s on rank 0.
+// into one reused buffer (iperf3's method), with the data plane's socket
+// calls. Returns GB/s on rank 0.
 absl::StatusOr<double> TcpStream(Rank& rank, int64_t bytes) {
-  constexpr size_t kBuffer = 4 << 20;
+  constexpr int64_t kBuffer = 4 << 20;
   std::vector<char> buffer(kBuffer, 1);
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
   if (rank.rank() == 0) {
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        listen(listener, 1) != 0 ||
-        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      close(listener);
-      return absl::UnavailableError("tcp_stream: cannot listen");
-    }
-    RETURN_IF_ERROR(rank.store()->Set("bench/tcp_port",
-                                      absl::StrCat(ntohs(addr.sin_port))));
-    int fd = accept(listener, nullptr, nullptr);
-    close(listener);
-    if (fd < 0) return absl::UnavailableError("tcp_stream: accept failed");
-    int64_t received = 0;
-    absl::Time start;
-    while (received < bytes) {
-      ssize_t n = read(fd, buffer.data(), kBuffer);
-      if (n <= 0) break;
-      if (received == 0) start = absl::Now();
+    ASSIGN_OR_RETURN(auto listening, ListenTcp("127.0.0.1"));
+    RETURN_IF_ERROR(
+        rank.store()->Set("bench/tcp_port", absl::StrCat(listening.second)));
+    Socket peer(accept(listening.first.fd(), nullptr, nullptr));
+    if (!peer.valid()) return absl::UnavailableError("tcp_stream: accept");
+    // The clock starts at the first byte, as a transfer's would.
+    RETURN_IF_ERROR(ReadFull(peer.fd(), buffer.data(), 1, deadline));
+    const absl::Time start = absl::Now();
+    for (int64_t received = 1; received < bytes;) {
+      const int64_t n = std::min(kBuffer, bytes - received);
+      RETURN_IF_ERROR(ReadFull(peer.fd(), buffer.data(), n, deadline));
       received += n;
     }
-    double elapsed = Seconds(absl::Now() - start);
-    close(fd);
-    if (received < bytes) return absl::DataLossError("tcp_stream: short read");
-    return received / elapsed / 1e9;
+    return (bytes - 1) / Seconds(absl::Now() - start) / 1e9;
   }
   if (rank.rank() == 1) {
     ASSIGN_OR_RETURN(std::string port, rank.store()->Get("bench/tcp_port"));
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(port)));
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd);
-      return absl::UnavailableError("tcp_stream: connect failed");
-    }
+    ASSIGN_OR_RETURN(Socket socket,
+                     ConnectTcp(absl::StrCat("127.0.0.1:", port), deadline));
     for (int64_t sent = 0; sent < bytes;) {
-      ssize_t n =
-          write(fd, buffer.data(), std::min<int64_t>(kBuffer, bytes - sent));
-      if (n <= 0) break;
+      const int64_t n = std::min(kBuffer, bytes - sent);
+      RETURN_IF_ERROR(WriteFull(socket.fd(), buffer.data(), n, deadline));
       sent += n;
     }
-    close(fd);
   }
   return 0.0;
 }
