@@ -31,13 +31,6 @@ absl::Status Malformed(absl::string_view what, const absl::Status& status) {
       absl::StrCat(what, ": malformed: ", status.message()));
 }
 
-// Prefixes a call's error with what was being done, keeping its code.
-absl::Status Annotate(absl::string_view what, const absl::Status& status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(what, ": ", status.message()));
-}
-
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
 }
@@ -499,8 +492,8 @@ absl::Status ShardClient::Stream(absl::string_view tensor_id,
   const absl::Status rpc_status = FromGrpcStatus(call.Finish());
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(Annotate(
-      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id),
-      rpc_status));
+      rpc_status,
+      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id)));
   return assembler->Finish();
 }
 
@@ -574,7 +567,7 @@ absl::Status ShardClient::BulkStream(absl::string_view tensor_id,
   // server's idle timeout they are all closed, and they are dropped.
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<Socket> socket = TakeConnection(deadline, attempt == 0);
-    if (!socket.ok()) return Annotate(what, socket.status());
+    if (!socket.ok()) return Annotate(socket.status(), what);
     absl::Status sent =
         WriteFrame(socket->fd(), request.SerializeAsString(), deadline);
     absl::StatusOr<std::string> frame =
@@ -584,7 +577,7 @@ absl::Status ShardClient::BulkStream(absl::string_view tensor_id,
         DropIdleConnections();
         continue;
       }
-      return Annotate(what, frame.status());
+      return Annotate(frame.status(), what);
     }
     v1::BulkFetchReply reply;
     if (!reply.ParseFromString(*frame) || reply.code() < 0 ||
@@ -593,14 +586,14 @@ absl::Status ShardClient::BulkStream(absl::string_view tensor_id,
     }
     if (reply.code() != 0) {
       ReturnConnection(*std::move(socket));
-      return Annotate(what,
-                      absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                                   reply.message()));
+      return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                                   reply.message()),
+                      what);
     }
     RETURN_IF_ERROR(assembler->Start(reply.header()));
     absl::Status received = ReceiveChunks(socket->fd(), deadline, assembler);
     if (!received.ok() && !absl::IsDataLoss(received)) {
-      return Annotate(what, received);
+      return Annotate(received, what);
     }
     RETURN_IF_ERROR(received);
     RETURN_IF_ERROR(assembler->Finish());
@@ -631,8 +624,9 @@ absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(
   request.set_tensor_id(std::string(tensor_id));
   v1::DescribeTensorResponse response;
   const std::string what = absl::StrCat("describing tensor ", tensor_id);
-  RETURN_IF_ERROR(Annotate(what, FromGrpcStatus(stub_->DescribeTensor(
-                                     &context, request, &response))));
+  RETURN_IF_ERROR(Annotate(
+      FromGrpcStatus(stub_->DescribeTensor(&context, request, &response)),
+      what));
   TensorDescription description;
   absl::StatusOr<ShardedTensorMetadata> metadata =
       FromProto(response.metadata());

@@ -32,7 +32,7 @@ constexpr absl::string_view kEnumGrammar =
     "(e.g. enum:0,0:5,5@rank:0/cpu;5,0:5,5@rank:1/cpu)";
 
 // The same status with `prefix` put before its message.
-absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+absl::Status WithPrefix(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
@@ -187,13 +187,13 @@ absl::StatusOr<ShardMetadata> ParseShard(absl::string_view shard_text) {
   {
     auto parsed =
         ParseIntList(parts[0], "offsets", "offsets", /*allow_empty=*/true);
-    if (!parsed.ok()) return Annotate(parsed.status(), context);
+    if (!parsed.ok()) return WithPrefix(parsed.status(), context);
     offsets = *std::move(parsed);
   }
   {
     auto parsed =
         ParseIntList(parts[1], "sizes", "sizes", /*allow_empty=*/true);
-    if (!parsed.ok()) return Annotate(parsed.status(), context);
+    if (!parsed.ok()) return WithPrefix(parsed.status(), context);
     sizes = *std::move(parsed);
   }
   absl::StatusOr<ShardMetadata> shard =
@@ -201,7 +201,7 @@ absl::StatusOr<ShardMetadata> ParseShard(absl::string_view shard_text) {
           ? ShardMetadata::Create(std::move(offsets), std::move(sizes),
                                   *placement)
           : ShardMetadata::Create(std::move(offsets), std::move(sizes));
-  if (!shard.ok()) return Annotate(shard.status(), context);
+  if (!shard.ok()) return WithPrefix(shard.status(), context);
   return shard;
 }
 
@@ -354,8 +354,9 @@ absl::StatusOr<ShardMetadata> ShardFromJson(const Json& shard,
         absl::StrCat("must be a string or null, got ", placement->type_name()));
   }
   if (!result.ok()) {
-    return Annotate(result.status(),
-                    absl::StrCat("Invalid JSON sharding spec: ", where, ": "));
+    return WithPrefix(
+        result.status(),
+        absl::StrCat("Invalid JSON sharding spec: ", where, ": "));
   }
   return result;
 }

@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace tessera::internal_status {
 inline const absl::Status& GetStatus(const absl::Status& status) {
@@ -38,5 +40,18 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
 #define ASSIGN_OR_RETURN(lhs, expr) \
   TESSERA_ASSIGN_OR_RETURN_IMPL_(   \
       TESSERA_STATUS_CONCAT_(tessera_statusor_, __LINE__), lhs, expr)
+
+namespace tessera {
+
+// `status` with "<context>: " put before its message, same code: what a
+// layer was doing when a call below it failed. OK stays OK.
+inline absl::Status Annotate(const absl::Status& status,
+                             absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace tessera
 
 #endif  // TESSERA_COMMON_STATUS_MACROS_H_

@@ -28,7 +28,6 @@
 namespace tessera {
 namespace {
 
-using collective::Annotate;
 using collective::TransferPlan;
 
 std::chrono::milliseconds Remaining(absl::Time deadline) {

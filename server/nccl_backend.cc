@@ -38,7 +38,6 @@ struct NcclBackend::Comm {
 
 namespace {
 
-using collective::Annotate;
 using collective::TransferPlan;
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view what) {

@@ -418,10 +418,5 @@ absl::StatusOr<int64_t> CheckPlansAgree(absl::string_view op, int size,
   return total;
 }
 
-absl::Status Annotate(const absl::Status& status, absl::string_view context) {
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
-}
-
 }  // namespace collective
 }  // namespace tessera

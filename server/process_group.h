@@ -199,10 +199,6 @@ absl::StatusOr<TransferPlan> PlanAllToAll(const ProcessGroup& group,
 absl::StatusOr<int64_t> CheckPlansAgree(absl::string_view op, int size,
                                         absl::Span<const int64_t> plans);
 
-// `status` with `context` prefixed to its message ("Gather on gloo group 0:
-// ..."), same code.
-absl::Status Annotate(const absl::Status& status, absl::string_view context);
-
 }  // namespace collective
 }  // namespace tessera
 

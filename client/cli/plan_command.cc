@@ -260,11 +260,7 @@ int RunPlan(const PlanOptions& options, const CommandContext& context) {
       return kExitFailure;
     }
     spec = ShardingSpecFromJson(*json);
-    if (!spec.ok()) {
-      spec = absl::Status(
-          spec.status().code(),
-          absl::StrCat(options.spec_file, ": ", spec.status().message()));
-    }
+    if (!spec.ok()) spec = Annotate(spec.status(), options.spec_file);
   }
   if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
 
