@@ -55,13 +55,16 @@ class RawFetchCall {
     call_->Write(request, grpc::WriteOptions().set_last_message(), &write_);
   }
 
+  // Every op has completed once Finish() returned, but some completions
+  // (typically the request's write) may still sit in the queue, and
+  // dequeuing one touches the op set inside call_: drain first, then free.
   ~RawFetchCall() {
-    call_.reset();
     cq_.Shutdown();
     void* tag;
     bool ok;
     while (cq_.Next(&tag, &ok)) {
     }
+    call_.reset();
   }
 
   // False once the stream has ended (normally or not).
