@@ -446,10 +446,17 @@ class ShardedTensorBuilder {
                                                   metadata.shards_metadata[i]));
       local_shards.push_back(std::move(shard));
     }
+    return WithSpec(std::move(local_shards), std::move(metadata), spec,
+                    options);
+  }
+
+  static absl::StatusOr<ShardedTensor> WithSpec(
+      std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+      ShardingSpec spec, const ShardedTensorOptions& options) {
     ASSIGN_OR_RETURN(ShardedTensor st, FromLocalShardsAndGlobalMetadata(
                                            std::move(local_shards),
                                            std::move(metadata), options));
-    st.state_->spec = spec;
+    st.state_->spec = std::move(spec);
     return st;
   }
 
@@ -541,6 +548,13 @@ ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
     const ShardedTensorOptions& options) {
   return ShardedTensorBuilder::FromLocalShardsAndGlobalMetadata(
       std::move(local_shards), std::move(metadata), options);
+}
+
+absl::StatusOr<ShardedTensor> ShardedTensor::InitFromLocalShardsWithSpec(
+    std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+    ShardingSpec spec, const ShardedTensorOptions& options) {
+  return ShardedTensorBuilder::WithSpec(
+      std::move(local_shards), std::move(metadata), std::move(spec), options);
 }
 
 absl::StatusOr<ShardedTensor> ShardedTensor::Empty(

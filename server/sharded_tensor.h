@@ -146,6 +146,15 @@ class ShardedTensor {
       std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
       const ShardedTensorOptions& options = {});
 
+  // InitFromLocalShardsAndGlobalMetadata for a layout `spec` produced:
+  // sharding_spec() reports `spec` rather than the metadata's
+  // EnumerableShardingSpec. The constructor of the operations that lay a
+  // tensor out by a spec (shard_tensor, reshard, to); `metadata` must be
+  // BuildMetadata(spec, ...)'s.
+  static absl::StatusOr<ShardedTensor> InitFromLocalShardsWithSpec(
+      std::vector<Shard> local_shards, ShardedTensorMetadata metadata,
+      ShardingSpec spec, const ShardedTensorOptions& options = {});
+
   // ShardedTensor._init_from_local_tensor: each rank passes the tensor of
   // the shard `spec` places on it (collective only with init_rrefs).
   // INVALID_ARGUMENT "local_tensor is not a contiguous Tensor.", the spec's

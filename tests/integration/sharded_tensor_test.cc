@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sharded_tensor.h"
+#include "tests/integration/device_ranks_test.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -29,78 +30,6 @@ namespace {
 
 using ::tessera::testing::StatusIs;
 using ::testing::HasSubstr;
-
-using Sizes = std::vector<int64_t>;
-
-// A multi-rank test for one device kind: "cpu" or "cuda".
-class DeviceRanksTest : public testing::MultiProcessTest,
-                        public ::testing::WithParamInterface<std::string> {
- public:
-  bool cuda() const { return GetParam() == "cuda"; }
-  // The device of rank r's shards: "cpu" or "cuda:<r>".
-  std::string DeviceText(int r) const {
-    return cuda() ? absl::StrCat("cuda:", r) : "cpu";
-  }
-  std::string Placement(int r) const {
-    return absl::StrCat("rank:", r, "/", DeviceText(r));
-  }
-  Device DeviceOf(int r) const {
-    return cuda() ? Device::Cuda(r) : Device::Cpu();
-  }
-  std::vector<std::string> Placements(std::vector<int> ranks) const {
-    std::vector<std::string> out;
-    for (int r : ranks) out.push_back(Placement(r));
-    return out;
-  }
-  ShardMetadata Md(Sizes offsets, Sizes sizes, const std::string& placement) {
-    auto md = ShardMetadata::Create(std::move(offsets), std::move(sizes),
-                                    absl::string_view(placement));
-    EXPECT_TRUE(md.ok()) << md.status();
-    return *md;
-  }
-  // The 2x2 grid of 5x5 shards over a 10x10 tensor, shard r on rank r.
-  absl::StatusOr<ShardingSpec> GridSpec(bool worker_names = false) {
-    std::vector<ShardMetadata> shards;
-    for (int r = 0; r < 4; ++r) {
-      std::string owner =
-          worker_names ? absl::StrCat("worker", r) : absl::StrCat("rank:", r);
-      shards.push_back(Md({r / 2 * 5, r % 2 * 5}, {5, 5},
-                          absl::StrCat(owner, "/", DeviceText(r))));
-    }
-    ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
-                     EnumerableShardingSpec::Create(std::move(shards)));
-    return ShardingSpec(spec);
-  }
-  absl::StatusOr<ShardingSpec> Chunk(int64_t dim, std::vector<int> ranks) {
-    ASSIGN_OR_RETURN(ChunkShardingSpec spec,
-                     ChunkShardingSpec::Create(dim, Placements(ranks)));
-    return ShardingSpec(spec);
-  }
-};
-
-// The first statement of every test: skip the CUDA variant without enough
-// devices (in the launcher, before any process starts), then fork out.
-#define RANKS_TEST_BEGIN()                                              \
-  do {                                                                  \
-    if (cuda() && CudaDeviceCount() < kWorldSize) {                     \
-      GTEST_SKIP() << "needs " << kWorldSize << " CUDA devices, found " \
-                   << CudaDeviceCount();                                \
-    }                                                                   \
-    TESSERA_RUN_IN_RANKS();                                             \
-  } while (false)
-
-// Every remote shard's owner and fetched shard, checked by `check`.
-template <typename Check>
-void ForEachFetched(const RemoteShardMap& remote, Check check) {
-  for (const auto& [owner, shards] : remote) {
-    for (const RemoteShard& remote_shard : shards) {
-      EXPECT_EQ(owner, remote_shard.owner().id);
-      auto shard = remote_shard.to_here();
-      ASSERT_TRUE(shard.ok()) << shard.status();
-      check(owner, *shard);
-    }
-  }
-}
 
 class TestShardedTensorChunked : public DeviceRanksTest {};
 class TestShardedTensorEnumerable : public DeviceRanksTest {};
@@ -113,10 +42,6 @@ template <typename T>
 struct HasRequiresGradSetter<
     T, std::void_t<decltype(std::declval<T&>().set_requires_grad(true))>>
     : std::true_type {};
-
-ShardedTensorOptions Rrefs() {
-  return ShardedTensorOptions().WithInitRrefs(true);
-}
 
 // test_sharded_tensor_metadata of both suites: the default properties,
 // requires_grad, dtype, and pin_memory (on `cpu_spec`).
@@ -683,7 +608,9 @@ TEST_P(TestShardedTensorChunked, GatherKeepsValuesAndDType) {
         out, Tensor::Zeros({3, 5}, TensorOptions().WithDType(DType::kInt64)));
   }
   ASSERT_OK(st.Gather(2, out));
-  if (rank() == 2) EXPECT_TRUE(Equal(all, out));
+  if (rank() == 2) {
+    EXPECT_TRUE(Equal(all, out));
+  }
 }
 
 TEST_P(TestShardedTensorChunked, GatherArgumentErrors) {
@@ -1273,13 +1200,6 @@ TEST_P(TestShardedTensorFromLocalTensor, InitFromLocalTensorErrors) {
                        HasSubstr("local_tensor is not a contiguous Tensor.")));
 }
 
-std::string DeviceName(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
-}
-
-#define TESSERA_INSTANTIATE_FOR_DEVICES(suite)                               \
-  INSTANTIATE_TEST_SUITE_P(Devices, suite, ::testing::Values("cpu", "cuda"), \
-                           DeviceName)
 TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorChunked);
 TESSERA_INSTANTIATE_FOR_DEVICES(TestShardedTensorEnumerable);
 TESSERA_INSTANTIATE_FOR_DEVICES(TestLocalTensor);
