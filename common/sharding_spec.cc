@@ -97,6 +97,15 @@ absl::StatusOr<EnumerableShardingSpec> EnumerableShardingSpec::Create(
   return EnumerableShardingSpec(std::move(shards));
 }
 
+absl::StatusOr<EnumerableShardingSpec> EnumerableShardingSpec::CreateTiling(
+    std::vector<ShardMetadata> shards, absl::Span<const int64_t> tensor_sizes) {
+  if (shards.empty()) {
+    return absl::InvalidArgumentError("Empty shard list provided: []");
+  }
+  RETURN_IF_ERROR(ValidateShardLayout(shards, tensor_sizes));
+  return EnumerableShardingSpec(std::move(shards));
+}
+
 absl::StatusOr<ShardedTensorMetadata> EnumerableShardingSpec::BuildMetadata(
     absl::Span<const int64_t> tensor_sizes,
     const TensorProperties& properties) const {

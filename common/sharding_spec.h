@@ -70,6 +70,12 @@ class EnumerableShardingSpec {
   // ShardMetadata(...) and ShardMetadata(...) overlap"). O(n log n).
   static absl::StatusOr<EnumerableShardingSpec> Create(
       std::vector<ShardMetadata> shards);
+  // Create for shards that must tile a tensor of `tensor_sizes` exactly:
+  // one sweep checks overlaps and coverage (ValidateShardLayout), so a
+  // layout of a million shards is validated once rather than twice.
+  static absl::StatusOr<EnumerableShardingSpec> CreateTiling(
+      std::vector<ShardMetadata> shards,
+      absl::Span<const int64_t> tensor_sizes);
 
   const std::vector<ShardMetadata>& shards() const { return shards_; }
 

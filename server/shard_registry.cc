@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -17,17 +16,18 @@ namespace {
 absl::Status ValidateLocalShards(absl::string_view tensor_id,
                                  const RegisteredTensor& tensor) {
   const auto& shards = tensor.metadata.shards_metadata;
-  absl::flat_hash_set<int64_t> seen;
+  int64_t previous = -1;
   for (const LocalShard& local : tensor.local_shards) {
     if (local.index < 0 || local.index >= static_cast<int64_t>(shards.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": local shard index ", local.index,
           " is out of range [0, ", shards.size(), ")"));
     }
-    if (!seen.insert(local.index).second) {
+    if (local.index == previous) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " registered twice"));
     }
+    previous = local.index;
     if (!local.shard.tensor.defined()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " has no tensor"));
@@ -43,13 +43,30 @@ absl::Status ValidateLocalShards(absl::string_view tensor_id,
   return absl::OkStatus();
 }
 
+// `tensor`, or a copy with its local shards in increasing index order
+// (FindShard's binary search needs it; callers usually register in order).
+std::shared_ptr<const RegisteredTensor> SortedByIndex(
+    std::shared_ptr<const RegisteredTensor> tensor) {
+  auto by_index = [](const LocalShard& a, const LocalShard& b) {
+    return a.index < b.index;
+  };
+  if (std::is_sorted(tensor->local_shards.begin(), tensor->local_shards.end(),
+                     by_index)) {
+    return tensor;
+  }
+  auto sorted = std::make_shared<RegisteredTensor>(*tensor);
+  std::sort(sorted->local_shards.begin(), sorted->local_shards.end(), by_index);
+  return sorted;
+}
+
 }  // namespace
 
 const LocalShard* RegisteredTensor::FindShard(int64_t index) const {
-  for (const LocalShard& local : local_shards) {
-    if (local.index == index) return &local;
-  }
-  return nullptr;
+  auto it = std::lower_bound(
+      local_shards.begin(), local_shards.end(), index,
+      [](const LocalShard& local, int64_t i) { return local.index < i; });
+  if (it == local_shards.end() || it->index != index) return nullptr;
+  return &*it;
 }
 
 absl::Status ShardRegistry::Register(
@@ -61,6 +78,7 @@ absl::Status ShardRegistry::Register(
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", tensor_id, ": null registration"));
   }
+  tensor = SortedByIndex(std::move(tensor));
   RETURN_IF_ERROR(ValidateLocalShards(tensor_id, *tensor));
   absl::MutexLock lock(&mu_);
   if (retired_.contains(tensor_id)) {

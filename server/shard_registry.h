@@ -42,6 +42,9 @@ struct LocalShard {
 
 struct RegisteredTensor {
   ShardedTensorMetadata metadata;
+  // Registered in increasing index order (Register sorts a copy when they
+  // are not), so that a lookup stays O(log n) for ranks holding hundreds of
+  // thousands of shards.
   std::vector<LocalShard> local_shards;
 
   // The local shard with global index `index`, or null.
@@ -51,8 +54,8 @@ struct RegisteredTensor {
 class ShardRegistry {
  public:
   // ALREADY_EXISTS when `tensor_id` is registered; INVALID_ARGUMENT when a
-  // local shard's index is out of range or its tensor does not match its
-  // metadata's sizes.
+  // local shard's index is out of range or repeated, or its tensor does not
+  // match its metadata's sizes.
   absl::Status Register(std::string tensor_id,
                         std::shared_ptr<const RegisteredTensor> tensor);
   // True when the id was registered (live or retired).

@@ -318,6 +318,7 @@ class ShardedTensorBuilder {
     }
     auto registered = std::make_shared<RegisteredTensor>();
     registered->metadata = state->metadata;
+    registered->local_shards.reserve(state->local_shards.size());
     size_t next_local = 0;
     for (size_t i = 0; i < placements.size(); ++i) {
       if (placements[i].first != rank.rank()) continue;
@@ -363,15 +364,20 @@ class ShardedTensorBuilder {
     ShardedTensorMetadata global;
     global.size = ranks.front().metadata.size;
     global.tensor_properties = ranks.front().metadata.tensor_properties;
+    size_t total = 0;
     for (const RankShards& r : ranks) {
       RETURN_IF_ERROR(CompareRanks(ranks.front(), r));
-      for (const ShardMetadata& m : r.metadata.shards_metadata) {
-        global.shards_metadata.push_back(m);
+      total += r.metadata.shards_metadata.size();
+    }
+    global.shards_metadata.reserve(total);
+    for (RankShards& r : ranks) {
+      for (ShardMetadata& m : r.metadata.shards_metadata) {
+        global.shards_metadata.push_back(std::move(m));
       }
     }
-    RETURN_IF_ERROR(ValidateShardLayout(global.shards_metadata, global.size));
     ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
-                     EnumerableShardingSpec::Create(global.shards_metadata));
+                     EnumerableShardingSpec::CreateTiling(
+                         global.shards_metadata, global.size));
 
     auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
     state->rank = context.rank;
@@ -390,11 +396,10 @@ class ShardedTensorBuilder {
       const ShardedTensorOptions& options) {
     RETURN_IF_ERROR(ValidateFormat(metadata.tensor_properties.layout,
                                    metadata.tensor_properties.memory_format));
-    RETURN_IF_ERROR(
-        ValidateShardLayout(metadata.shards_metadata, metadata.size));
-    for (const Shard& shard : local_shards) RETURN_IF_ERROR(shard.Validate());
     ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
-                     EnumerableShardingSpec::Create(metadata.shards_metadata));
+                     EnumerableShardingSpec::CreateTiling(
+                         metadata.shards_metadata, metadata.size));
+    for (const Shard& shard : local_shards) RETURN_IF_ERROR(shard.Validate());
     auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
     state->init_rrefs = options.init_rrefs;
     std::shared_ptr<Rank> rank =
