@@ -14,6 +14,7 @@ packages=(
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   clang-format
+  libeigen3-dev
 )
 
 missing=()

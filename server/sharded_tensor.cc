@@ -28,6 +28,21 @@ struct ShardedTensor::State {
   bool registered = false;
 
   State(ShardingSpec spec) : spec(std::move(spec)) {}
+  // Exchanges every member (keep the list complete): Reshard replaces a
+  // tensor's contents under all of its handles.
+  void Swap(State& other) {
+    using std::swap;
+    swap(rank, other.rank);
+    swap(group, other.group);
+    swap(tensor_id, other.tensor_id);
+    swap(spec, other.spec);
+    swap(metadata, other.metadata);
+    swap(local_shards, other.local_shards);
+    swap(owners, other.owners);
+    swap(init_rrefs, other.init_rrefs);
+    swap(remote_shards, other.remote_shards);
+    swap(registered, other.registered);
+  }
   ~State() {
     if (!registered) return;
     // Peers may hold remote shards of this tensor only with init_rrefs;
@@ -41,20 +56,10 @@ struct ShardedTensor::State {
   }
 };
 
-namespace {
-
-using ShardFactory = std::function<absl::StatusOr<Tensor>(
-    absl::Span<const int64_t> sizes, const TensorOptions& options)>;
-
-// The rank and group a tensor is created on.
-struct Context {
-  std::shared_ptr<Rank> rank;
-  std::shared_ptr<ProcessGroup> group;
-};
-
-absl::StatusOr<Context> ResolveContext(const ShardedTensorOptions& options) {
-  Context context{options.rank != nullptr ? options.rank : DefaultRank(),
-                  options.process_group};
+absl::StatusOr<RankAndGroup> ResolveRankAndGroup(
+    const ShardedTensorOptions& options) {
+  RankAndGroup context{options.rank != nullptr ? options.rank : DefaultRank(),
+                       options.process_group};
   if (context.rank == nullptr) {
     return absl::FailedPreconditionError(
         "Default process group has not been initialized, please make sure to "
@@ -63,6 +68,13 @@ absl::StatusOr<Context> ResolveContext(const ShardedTensorOptions& options) {
   if (context.group == nullptr) context.group = context.rank->default_group();
   return context;
 }
+
+namespace {
+
+using ShardFactory = std::function<absl::StatusOr<Tensor>(
+    absl::Span<const int64_t> sizes, const TensorOptions& options)>;
+
+using Context = RankAndGroup;
 
 absl::Status ValidateFormat(Layout layout, MemoryFormat memory_format) {
   if (layout != Layout::kStrided) {
@@ -267,7 +279,7 @@ class ShardedTensorBuilder {
   static absl::StatusOr<ShardedTensor> Create(
       const ShardingSpec& spec, absl::Span<const int64_t> sizes,
       const ShardedTensorOptions& options, const ShardFactory& make) {
-    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ASSIGN_OR_RETURN(Context context, ResolveRankAndGroup(options));
     RETURN_IF_ERROR(ValidateFormat(options.layout, options.memory_format));
     TensorProperties properties;
     properties.dtype = options.dtype;
@@ -336,7 +348,7 @@ class ShardedTensorBuilder {
   static absl::StatusOr<ShardedTensor> FromLocalShards(
       std::vector<Shard> local_shards, absl::Span<const int64_t> global_sizes,
       const ShardedTensorOptions& options) {
-    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ASSIGN_OR_RETURN(Context context, ResolveRankAndGroup(options));
     ProcessGroup& group = *context.group;
     if (!group.is_member()) {
       return absl::FailedPreconditionError(
@@ -414,7 +426,7 @@ class ShardedTensorBuilder {
       state->metadata = std::move(metadata);
       return ShardedTensor(std::move(state));
     }
-    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ASSIGN_OR_RETURN(Context context, ResolveRankAndGroup(options));
     if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*rank));
     ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
     ASSIGN_OR_RETURN(std::vector<Shard> ordered,
@@ -442,7 +454,7 @@ class ShardedTensorBuilder {
     properties.pin_memory = local_tensor.is_pinned();
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      BuildMetadata(spec, global_sizes, properties));
-    ASSIGN_OR_RETURN(Context context, ResolveContext(options));
+    ASSIGN_OR_RETURN(Context context, ResolveRankAndGroup(options));
     ASSIGN_OR_RETURN(auto placements, ResolvePlacements(context, metadata));
     std::vector<Shard> local_shards;
     for (size_t i = 0; i < placements.size(); ++i) {
@@ -560,6 +572,18 @@ absl::StatusOr<ShardedTensor> ShardedTensor::InitFromLocalShardsWithSpec(
     ShardingSpec spec, const ShardedTensorOptions& options) {
   return ShardedTensorBuilder::WithSpec(
       std::move(local_shards), std::move(metadata), std::move(spec), options);
+}
+
+absl::Status ShardedTensor::ReplaceShards(std::vector<Shard> local_shards,
+                                          ShardedTensorMetadata metadata,
+                                          ShardingSpec spec) {
+  ASSIGN_OR_RETURN(
+      ShardedTensor replacement,
+      ShardedTensorBuilder::WithSpec(
+          std::move(local_shards), std::move(metadata), std::move(spec),
+          ShardedTensorBuilder::OptionsOf(*this, std::nullopt)));
+  state_->Swap(*replacement.state_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ShardedTensor> ShardedTensor::Empty(
@@ -895,6 +919,9 @@ const std::shared_ptr<ProcessGroup>& ShardedTensor::process_group() const {
 }
 const std::shared_ptr<Rank>& ShardedTensor::rank() const {
   return state_->rank;
+}
+ShardedTensorOptions ShardedTensor::options() const {
+  return ShardedTensorBuilder::OptionsOf(*this, std::nullopt);
 }
 
 }  // namespace tessera

@@ -75,6 +75,17 @@ struct ShardedTensorOptions {
   }
 };
 
+// The rank and group `options` designate: options.rank, else DefaultRank();
+// options.process_group, else that rank's default group.
+// FAILED_PRECONDITION "Default process group has not been initialized"
+// when there is no rank.
+struct RankAndGroup {
+  std::shared_ptr<Rank> rank;
+  std::shared_ptr<ProcessGroup> group;
+};
+absl::StatusOr<RankAndGroup> ResolveRankAndGroup(
+    const ShardedTensorOptions& options);
+
 // Owner rank -> that rank's shards, in shard order.
 using RemoteShardMap = std::map<int, std::vector<RemoteShard>>;
 
@@ -212,6 +223,83 @@ class ShardedTensor {
   // new CPU tensor of this dtype: one AllGather.
   absl::StatusOr<Tensor> GatherAll() const;
 
+  // st.reshard(spec) (collective over the group; sharded_tensor_reshard.cc),
+  // in place: every handle of this tensor sees the new local shards,
+  // metadata and spec, under a new tensor id (the old shards leave the
+  // registry). UNIMPLEMENTED "Only ChunkShardingSpec supported for
+  // reshard." unless both this tensor's spec and `spec` are chunk specs,
+  // and "Only single local shard supported for reshard." unless every
+  // member holds exactly one shard (judged from the metadata, so all
+  // members fail together). The new layout may be uneven, have empty
+  // shards or several shards per rank. An equal spec changes nothing. One
+  // AllToAll sends each peer the intersections of this rank's shard with
+  // the peer's new shards. Every member must pass the same spec. Returns a
+  // handle of this tensor.
+  absl::StatusOr<ShardedTensor> Reshard(const ShardingSpec& spec);
+
+  // ---- Conversions: st.to / st.cuda / st.cpu (sharded_tensor_to.cc).
+  // The device argument of To: "cpu", "cuda", "cuda:N", an int N (cuda:N)
+  // or a Device. Parsed when To runs (bad text is INVALID_ARGUMENT).
+  class DeviceArg {
+   public:
+    // Implicit, so that st.To("cpu"), st.To(2) and st.To(device) read as
+    // in PyTorch.
+    DeviceArg(Device device) : device_(device) {}            // NOLINT
+    DeviceArg(int cuda_index) : index_(cuda_index) {}        // NOLINT
+    DeviceArg(const char* text) : text_(text) {}             // NOLINT
+    DeviceArg(std::string text) : text_(std::move(text)) {}  // NOLINT
+    absl::StatusOr<Device> Resolve() const;
+
+   private:
+    std::optional<Device> device_;
+    std::optional<int> index_;
+    std::string text_;
+  };
+  struct ToOptions {
+    std::optional<DType> dtype;       // Unset: keep.
+    std::optional<DeviceArg> device;  // Unset: keep.
+    // Unset: keep the group. A new group is a change (PyTorch ignores it
+    // when dtype and device stay), so To returns a tensor bound to it.
+    std::shared_ptr<ProcessGroup> process_group;
+    bool copy = false;  // Copy local shards even when nothing changes.
+  };
+  // ShardedTensor.to: this very tensor (is_same) when dtype, device and
+  // group stay and `copy` is off; otherwise a new tensor (new tensor id,
+  // same group unless given, same init_rrefs) whose local shards are
+  // converted (a shard that already has the dtype and device is shared)
+  // and whose metadata and spec keep every shard's owner and change its
+  // device type. CUDA means each rank's own device, as PyTorch's "current
+  // device": rank q's shards go to cuda:(q mod visible devices), the
+  // device Rank::Init gives a rank by default; a CUDA index is accepted
+  // and ignored, as in PyTorch (use reshard to move between GPUs). CUDA
+  // without a device is FAILED_PRECONDITION. Every rank of the group calls
+  // it (the new tensor's id is agreed by creation order); no message is
+  // sent.
+  absl::StatusOr<ShardedTensor> To(const ToOptions& options) const;
+  absl::StatusOr<ShardedTensor> To(DType dtype) const;
+  absl::StatusOr<ShardedTensor> To(
+      DeviceArg device, std::optional<DType> dtype = std::nullopt) const;
+  // The dtype and device of `other`.
+  absl::StatusOr<ShardedTensor> To(const Tensor& other) const;
+  // st.cuda(device, process_group): always a new tensor, even when already
+  // on the rank's CUDA device (then sharing the local tensors). A
+  // `device` other than the rank's is INVALID_ARGUMENT "Only device without
+  // device id (e.g. "cpu" or "cuda") is expected for ShardedTensor!".
+  absl::StatusOr<ShardedTensor> Cuda(
+      std::optional<int> device = std::nullopt,
+      std::shared_ptr<ProcessGroup> process_group = nullptr) const;
+  // st.cpu(process_group): this tensor when every shard is on the CPU.
+  absl::StatusOr<ShardedTensor> Cpu(
+      std::shared_ptr<ProcessGroup> process_group = nullptr) const;
+  // Whether both handles are the same tensor (Python's `is`).
+  bool is_same(const ShardedTensor& other) const {
+    return state_ == other.state_;
+  }
+  // What this tensor was created with (dtype, layout, requires_grad,
+  // pin_memory, memory_format, group, rank, init_rrefs): the options of
+  // tensors derived from it (To, sharded ops).
+  ShardedTensorOptions options() const;
+
   const std::string& tensor_id() const;
   const std::shared_ptr<ProcessGroup>& process_group() const;
   const std::shared_ptr<Rank>& rank() const;
@@ -222,6 +310,12 @@ class ShardedTensor {
   struct State;
   explicit ShardedTensor(std::shared_ptr<State> state)
       : state_(std::move(state)) {}
+  // Reshard's last step: builds a tensor of `local_shards` on this tensor's
+  // rank, group and options, and swaps it into this tensor's State, so that
+  // every handle sees it; the swapped-out State releases the old
+  // registration when it dies (once).
+  absl::Status ReplaceShards(std::vector<Shard> local_shards,
+                             ShardedTensorMetadata metadata, ShardingSpec spec);
 
   std::shared_ptr<State> state_;
 };

@@ -35,7 +35,9 @@ void MultiProcessTest::SetUp() {
 }
 
 void MultiProcessTest::TearDown() {
-  if (runtime_ != nullptr) EXPECT_TRUE(DestroyComms().ok());
+  if (runtime_ != nullptr) {
+    EXPECT_TRUE(DestroyComms().ok());
+  }
 }
 
 void MultiProcessTest::RunRanks(absl::Duration deadline) {
