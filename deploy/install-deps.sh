@@ -14,7 +14,7 @@ packages=(
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   clang-format
-  libeigen3-dev
+  libeigen3-dev libspdlog-dev
 )
 
 missing=()

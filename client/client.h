@@ -1,0 +1,198 @@
+// Client: a connection to a Tessera cluster of daemons (`tessera-server`),
+// usable from any process, on any host — not a rank.
+//
+//   auto client = tessera::Client::Connect("10.0.0.1:29600").value();
+//   auto view = client->Create("w", {10, 20}, spec).value();
+//   view.metadata();                          // shards, offsets, placements
+//   auto shard = view.remote_shards()[1].to_here();   // one whole shard
+//   auto box = view.ReadRegion({2, 5}, {6, 10});      // any box
+//   auto all = view.Read();                           // the whole tensor
+//   view.Write({0, 0}, values);                       // any box
+//
+// Connect asks the given daemon for the cluster (ClusterInfo: every
+// daemon's address) and keeps one channel per daemon. Operations that
+// change tensors go through one daemon's ControlService (see
+// proto/tessera/v1/control.proto: the daemons run them together);
+// reads and writes go straight to the shards' owners, in parallel, and only
+// the bytes of the requested box cross the network.
+//
+// Failure: every call has a deadline (ClientOptions::timeout, or the
+// TransferOptions' for reads and writes); a dead daemon gives UNAVAILABLE
+// (or DEADLINE_EXCEEDED) within it, never a hang. Errors carry the daemons'
+// gRPC codes: NOT_FOUND, ALREADY_EXISTS, INVALID_ARGUMENT, OUT_OF_RANGE,
+// FAILED_PRECONDITION, UNAVAILABLE, DATA_LOSS (a checksum mismatch).
+//
+// Thread-safety: a Client and its views are safe to use from many threads
+// at once. A view is a snapshot of a tensor's metadata: after a reshard or
+// a delete, its reads and writes fail (NOT_FOUND or FAILED_PRECONDITION)
+// instead of touching the new layout; Client::Open gets a fresh one.
+// Concurrent writes to overlapping boxes, or reads of a box being written,
+// may see either bytes (no isolation, as with PyTorch's shards).
+#ifndef TESSERA_CLIENT_CLIENT_H_
+#define TESSERA_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/remote_shard.h"
+#include "common/dtype.h"
+#include "common/sharded_tensor_metadata.h"
+#include "common/sharding_spec.h"
+#include "common/tensor.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera {
+
+namespace internal_client {
+// The connections shared by a Client and its views.
+class Cluster;
+}  // namespace internal_client
+
+struct ClientOptions {
+  // Deadline of each control call (create, list, describe, delete, reshard,
+  // save, load) and of connecting.
+  absl::Duration timeout = absl::Seconds(60);
+  // Fetch shard bytes over the daemons' raw-TCP data plane when they have
+  // one (docs/data_plane.md); otherwise over gRPC streams.
+  bool data_plane = true;
+};
+
+// Called as bytes arrive or leave: (bytes done, bytes in all). Calls are
+// serialized (never two at once) but may come from transfer threads; done
+// only grows and the last call has done == total. Keep it cheap.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+struct TransferOptions {
+  // Deadline of the whole transfer.
+  absl::Duration timeout = absl::Seconds(300);
+  // Largest chunk a daemon sends or receives; 0: the daemon's default.
+  int64_t chunk_bytes = 0;
+  // At most this many shard transfers run at once.
+  int parallelism = 16;
+  ProgressFn progress;
+};
+
+// How Client::Create fills a new tensor.
+enum class TensorInit { kEmpty, kZeros, kOnes, kFull, kRand, kRandn };
+
+struct CreateOptions {
+  DType dtype = DType::kFloat32;
+  TensorInit init = TensorInit::kEmpty;
+  double fill_value = 0;  // kFull
+  uint64_t seed = 0;      // kRand, kRandn: same seed, same values
+};
+
+// A named sharded tensor of the cluster: its metadata and where each shard
+// lives. Cheap to copy (shares the client's connections).
+class ShardedTensorView {
+ public:
+  const std::string& name() const { return info_.name(); }
+  // Changes when the tensor is resharded or re-created.
+  const std::string& tensor_id() const { return info_.tensor_id(); }
+  const ShardedTensorMetadata& metadata() const { return metadata_; }
+  const std::vector<int64_t>& sizes() const { return metadata_.size; }
+  DType dtype() const { return metadata_.tensor_properties.dtype; }
+  // The rank owning shard i of metadata().shards_metadata.
+  int owner_rank(size_t shard) const { return info_.shard_ranks(shard); }
+  const v1::TensorInfo& info() const { return info_; }
+
+  // One RemoteShard per shard, in metadata order (to_here() fetches it
+  // whole from its owner).
+  std::vector<RemoteShard> remote_shards() const;
+
+  // The box [offsets, offsets + sizes) of the tensor, as a new contiguous
+  // CPU tensor: each shard that overlaps it sends only the overlap, all
+  // owners at once. OUT_OF_RANGE for a box outside the tensor,
+  // INVALID_ARGUMENT for a wrong rank (number of dims) or negative sizes.
+  absl::StatusOr<Tensor> ReadRegion(absl::Span<const int64_t> offsets,
+                                    absl::Span<const int64_t> sizes,
+                                    const TransferOptions& options = {}) const;
+  // Same, into `destination` (a CPU tensor of the box's sizes and the
+  // tensor's dtype, any strides), written in place.
+  absl::Status ReadRegionInto(absl::Span<const int64_t> offsets,
+                              const Tensor& destination,
+                              const TransferOptions& options = {}) const;
+  // The whole tensor.
+  absl::StatusOr<Tensor> Read(const TransferOptions& options = {}) const;
+
+  // Writes `data` (the tensor's dtype, any strides, CPU) at `offsets`: each
+  // owner receives the part its shards hold, all at once. Errors as
+  // ReadRegion, plus INVALID_ARGUMENT for a dtype mismatch. A failed write
+  // may have written some shards.
+  absl::Status Write(absl::Span<const int64_t> offsets, const Tensor& data,
+                     const TransferOptions& options = {}) const;
+
+ private:
+  friend class Client;
+  ShardedTensorView(std::shared_ptr<internal_client::Cluster> cluster,
+                    v1::TensorInfo info, ShardedTensorMetadata metadata);
+
+  std::shared_ptr<internal_client::Cluster> cluster_;
+  v1::TensorInfo info_;
+  ShardedTensorMetadata metadata_;
+};
+
+class Client {
+ public:
+  // Connects to the daemon at `address` and learns the cluster from it
+  // (one GetCluster call). UNAVAILABLE / DEADLINE_EXCEEDED when it cannot
+  // be reached within options.timeout.
+  static absl::StatusOr<std::shared_ptr<Client>> Connect(
+      const std::string& address, const ClientOptions& options = {});
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const v1::ClusterInfo& cluster() const;
+  int world_size() const { return cluster().world_size(); }
+
+  // Creates a named tensor laid out by `spec` (placements name the
+  // cluster's ranks). ALREADY_EXISTS when the name is taken; the
+  // reference's errors for a bad spec (INVALID_ARGUMENT).
+  absl::StatusOr<ShardedTensorView> Create(const std::string& name,
+                                           std::vector<int64_t> sizes,
+                                           const ShardingSpec& spec,
+                                           const CreateOptions& options = {});
+  // Every tensor, sorted by name.
+  absl::StatusOr<std::vector<ShardedTensorView>> List() const;
+  // The tensor named `name`; NOT_FOUND when there is none.
+  absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
+  absl::Status Delete(const std::string& name);
+  // Lays the tensor out by `spec`; returns its new view.
+  absl::StatusOr<ShardedTensorView> Reshard(const std::string& name,
+                                            const ShardingSpec& spec);
+  // The whole tensor gathered by the connected daemon (one collective) and
+  // streamed back; ShardedTensorView::Read fetches the shards directly.
+  absl::StatusOr<Tensor> Gather(const std::string& name,
+                                const TransferOptions& options = {}) const;
+
+  // Saves tensors (empty: all) into `path`, a directory every daemon can
+  // write. Returns the names saved.
+  absl::StatusOr<std::vector<std::string>> Save(
+      const std::string& path, const std::vector<std::string>& names = {});
+  // Loads a checkpoint (request.path; names, as_names, replace, spec as in
+  // control.proto).
+  absl::StatusOr<std::vector<ShardedTensorView>> Load(
+      const v1::LoadCheckpointRequest& request);
+
+  // The health (grpc.health.v1) of every daemon: OK when SERVING,
+  // UNAVAILABLE otherwise, with the daemon's address in the message.
+  std::vector<absl::Status> Health() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal_client::Cluster> cluster);
+
+  std::shared_ptr<internal_client::Cluster> cluster_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_CLIENT_H_
