@@ -1,6 +1,8 @@
 #include "server/rank.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <utility>
@@ -189,12 +191,19 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   ShardServiceOptions service_options;
   service_options.default_chunk_bytes = options.chunk_bytes;
   service_ = std::make_unique<ShardServiceImpl>(registry_, service_options);
+  if (options.health_and_reflection) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &port);
   ConfigureShardServer(&builder);
   builder.RegisterService(service_.get());
+  for (grpc::Service* service : options.services) {
+    builder.RegisterService(service);
+  }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
@@ -270,6 +279,8 @@ std::string Rank::rpc_address() const {
   absl::MutexLock lock(&mu_);
   return rpc_address_;
 }
+
+grpc::Server* Rank::rpc_server() const { return server_.get(); }
 
 std::optional<int> Rank::RankOf(absl::string_view worker_name) const {
   absl::MutexLock lock(&mu_);

@@ -47,6 +47,7 @@
 
 namespace grpc {
 class Server;
+class Service;
 }  // namespace grpc
 
 namespace tessera {
@@ -88,6 +89,14 @@ struct RpcOptions {
   // Serve and fetch shard bytes over the raw-TCP data plane
   // (docs/data_plane.md) rather than gRPC streams. Needs an IPv4 host.
   bool data_plane = true;
+  // More services served on the same gRPC server (the daemon's
+  // ControlService). Not owned: each must outlive Shutdown().
+  std::vector<grpc::Service*> services;
+  // Also serve grpc.health.v1 (the default health service, SERVING once
+  // started; set per service through rpc_server()->GetHealthCheckService())
+  // and server reflection. Process-wide gRPC settings: every server the
+  // process builds afterwards gets them too.
+  bool health_and_reflection = false;
 };
 
 struct NewGroupOptions {
@@ -130,6 +139,9 @@ class Rank : public WorkerResolver {
   int rpc_rank() const;
   // The address the shard server listens on ("" before InitRpc).
   std::string rpc_address() const;
+  // The gRPC server InitRpc started (null before it and after Shutdown);
+  // for its health service. Not owned; valid until Shutdown.
+  grpc::Server* rpc_server() const;
   // WorkerResolver: a worker name's rank (nullopt when unknown or before
   // InitRpc).
   std::optional<int> RankOf(absl::string_view worker_name) const override;
