@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The main job, for now: builds the `tessera` tool and shows the shard plan
-# of a 10x20 tensor chunked over 4 CPU ranks, as a table and as JSON, and
-# of a 2x2 grid. Installs missing Debian packages first.
+# The main job: starts 4 CPU daemons on this machine (`tessera launch`),
+# runs the demo client against them (create a 10x20 tensor, print its shard
+# table, fetch a remote shard, read a region spanning three shards, gather,
+# save and load), shows a few CLI commands, and stops the daemons.
+# Installs missing Debian packages and builds first.
+#
+# Ports: the store on TESSERA_MASTER_PORT (29500), daemons on
+# TESSERA_BASE_PORT + rank (29600..29603).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,17 +14,53 @@ deploy/install-deps.sh
 build_dir=${TESSERA_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja \
   -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}" >/dev/null
-cmake --build "$build_dir" -j "$(nproc)" --target tessera
-tessera="$build_dir/client/cli/tessera"
+cmake --build "$build_dir" -j "$(nproc)" \
+  --target tessera tessera-server tessera-demo
+bin="$build_dir/bin"
+master_port=${TESSERA_MASTER_PORT:-29500}
+base_port=${TESSERA_BASE_PORT:-29600}
+export TESSERA_ADDRESS="127.0.0.1:$base_port"
+
+log=$(mktemp -t tessera-launch.XXXXXX)
+checkpoint=$(mktemp -d -t tessera-demo-checkpoint.XXXXXX)
+launcher=""
+stop() {
+  if [[ -n "$launcher" ]] && kill -0 "$launcher" 2>/dev/null; then
+    kill -INT "$launcher" 2>/dev/null || true
+    wait "$launcher" 2>/dev/null || true
+    echo "daemons stopped"
+  fi
+  rm -rf "$checkpoint"
+}
+trap stop EXIT
+
+echo "\$ tessera launch --nproc 4 --cpu"
+"$bin/tessera" launch --nproc 4 --cpu --host 127.0.0.1 \
+  --master-port "$master_port" --base-port "$base_port" >"$log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 600); do
+  grep -q '^ready' "$log" && break
+  if ! kill -0 "$launcher" 2>/dev/null; then
+    cat "$log" >&2
+    echo "demo: the daemons did not start (see above)" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+grep -q '^ready' "$log" || { cat "$log" >&2; echo "demo: timeout" >&2; exit 1; }
+grep -v '^\[' "$log"
 
 run() {
   echo
-  echo "\$ tessera $*"
-  "$tessera" "$@"
+  echo "\$ $*"
+  "$@"
 }
-run plan --size 10,20 \
-  --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu'
-run plan --size 10,20 --json \
-  --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu'
-run plan --size 10,10 \
-  --spec 'enum:0,0:5,5@rank:0/cpu;0,5:5,5@rank:1/cpu;5,0:5,5@rank:2/cpu;5,5:5,5@rank:3/cpu'
+echo
+echo "\$ tessera-demo --checkpoint $checkpoint"
+"$bin/tessera-demo" --checkpoint "$checkpoint"
+
+run "$bin/tessera" health
+run "$bin/tessera" ls
+run "$bin/tessera" describe demo
+run "$bin/tessera" read demo --offsets 8,0 --sizes 2,6
+run "$bin/tessera" rm demo

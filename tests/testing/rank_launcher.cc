@@ -1,64 +1,32 @@
 #include "tests/testing/rank_launcher.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-extern char** environ;
-
 namespace tessera::testing {
 namespace {
 
-std::vector<char*> ToArgv(std::vector<std::string>& strings) {
-  std::vector<char*> argv;
-  for (std::string& s : strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  return argv;
-}
-
 absl::StatusOr<pid_t> Spawn(int rank, const LaunchOptions& options,
                             const std::string& log_path) {
-  std::vector<std::string> args = {"/proc/self/exe"};
-  args.insert(args.end(), options.args.begin(), options.args.end());
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!absl::StartsWith(*e, "TESSERA_RANK=") &&
-        !absl::StartsWith(*e, "TESSERA_WORLD_SIZE=") &&
-        !absl::StartsWith(*e, "TESSERA_STORE=")) {
-      env.push_back(*e);
-    }
-  }
-  env.push_back(absl::StrCat(kRankEnv, "=", rank));
-  env.push_back(absl::StrCat(kWorldSizeEnv, "=", options.world_size));
-  env.push_back(absl::StrCat(kStoreEnv, "=", options.store_address));
-  std::vector<char*> argv = ToArgv(args);
-  std::vector<char*> envp = ToArgv(env);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = -1;
-  int error = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr,
-                          argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
+  SpawnOptions spawn;
+  spawn.program = "/proc/self/exe";
+  spawn.args = options.args;
+  spawn.env = {{kRankEnv, absl::StrCat(rank)},
+               {kWorldSizeEnv, absl::StrCat(options.world_size)},
+               {kStoreEnv, options.store_address}};
+  spawn.log_path = log_path;
+  absl::StatusOr<pid_t> pid = SpawnProcess(spawn);
+  if (!pid.ok()) {
     return absl::InternalError(
-        absl::StrCat("posix_spawn of rank ", rank, ": ", strerror(error)));
+        absl::StrCat("rank ", rank, ": ", pid.status().message()));
   }
   return pid;
 }
@@ -82,12 +50,9 @@ bool RankResult::ok() const {
 }
 
 std::string RankResult::Describe() const {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("killed by signal ", WTERMSIG(status),
-                        WTERMSIG(status) == SIGKILL ? " (timeout)" : "");
-  }
-  return "unknown status";
+  return absl::StrCat(
+      DescribeWaitStatus(status),
+      WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL ? " (timeout)" : "");
 }
 
 absl::StatusOr<std::vector<RankResult>> LaunchRanks(
@@ -146,14 +111,6 @@ int WorldSizeFromEnv() {
 std::string StoreFromEnv() {
   const char* value = std::getenv(kStoreEnv);
   return value == nullptr ? "" : value;
-}
-
-std::string ReadTail(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string text = buffer.str();
-  return text.size() > max_bytes ? text.substr(text.size() - max_bytes) : text;
 }
 
 }  // namespace tessera::testing

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/testing/subprocess.h"
 
 namespace tessera::testing {
 
@@ -58,9 +59,6 @@ absl::StatusOr<std::vector<RankResult>> LaunchRanks(
 std::optional<int> RankFromEnv();
 int WorldSizeFromEnv();
 std::string StoreFromEnv();
-
-// The last `max_bytes` of a file ("" when unreadable).
-std::string ReadTail(const std::string& path, size_t max_bytes);
 
 }  // namespace tessera::testing
 

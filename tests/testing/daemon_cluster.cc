@@ -1,0 +1,139 @@
+#include "tests/testing/daemon_cluster.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace tessera::testing {
+namespace {
+
+// The address a daemon wrote once serving; nullopt until it did.
+std::optional<std::string> ReadAddressFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line) || line.empty()) return std::nullopt;
+  return std::string(absl::StripAsciiWhitespace(line));
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    int error = errno;
+    close(fd);
+    return absl::InternalError(strerror(error));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
+    DaemonClusterOptions options) {
+  std::unique_ptr<DaemonCluster> cluster(new DaemonCluster());
+  char dir_template[] = "/tmp/tessera-daemons-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+  }
+  cluster->dir_ = dir_template;
+  absl::StatusOr<int> master_port = PickFreePort();
+  if (!master_port.ok()) return master_port.status();
+
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    SpawnOptions spawn;
+    spawn.program = options.server_path;
+    spawn.args = {"--rank",
+                  absl::StrCat(rank),
+                  "--world-size",
+                  absl::StrCat(options.world_size),
+                  "--master-addr",
+                  "127.0.0.1",
+                  "--master-port",
+                  absl::StrCat(*master_port),
+                  "--host",
+                  "127.0.0.1",
+                  "--port",
+                  "0",
+                  "--device",
+                  "cpu",
+                  "--address-file",
+                  absl::StrCat(cluster->dir_, "/rank", rank, ".address")};
+    spawn.args.insert(spawn.args.end(), options.extra_args.begin(),
+                      options.extra_args.end());
+    // The daemons must not pick up a launcher's environment.
+    spawn.unset_env = {"RANK",         "WORLD_SIZE",   "LOCAL_RANK",
+                       "MASTER_ADDR",  "MASTER_PORT",  "SLURM_PROCID",
+                       "SLURM_NTASKS", "SLURM_LOCALID"};
+    spawn.log_path = absl::StrCat(cluster->dir_, "/rank", rank, ".log");
+    absl::StatusOr<Subprocess> daemon = Subprocess::Spawn(std::move(spawn));
+    if (!daemon.ok()) return daemon.status();
+    cluster->daemons_.push_back(*std::move(daemon));
+  }
+
+  cluster->addresses_.resize(options.world_size);
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    const std::string path =
+        absl::StrCat(cluster->dir_, "/rank", rank, ".address");
+    while (true) {
+      if (std::optional<std::string> address = ReadAddressFile(path)) {
+        cluster->addresses_[rank] = *address;
+        break;
+      }
+      Subprocess& daemon = cluster->daemons_[rank];
+      if (std::optional<int> status = daemon.WaitFor(absl::ZeroDuration())) {
+        return absl::InternalError(absl::StrCat(
+            "daemon ", rank, " exited (", DescribeWaitStatus(*status),
+            ") before serving:\n", daemon.LogTail()));
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("daemon ", rank, " did not serve within ",
+                         absl::FormatDuration(options.start_timeout), ":\n",
+                         daemon.LogTail()));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  return cluster;
+}
+
+DaemonCluster::~DaemonCluster() {
+  for (Subprocess& daemon : daemons_) daemon.Signal(SIGTERM);
+  for (Subprocess& daemon : daemons_) {
+    if (!daemon.WaitFor(absl::Seconds(10)).has_value()) daemon.Kill();
+  }
+  std::error_code ignored;
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string DaemonCluster::Log(int rank, size_t max_bytes) const {
+  return daemons_[rank].LogTail(max_bytes);
+}
+
+void DaemonCluster::Kill(int rank) { daemons_[rank].Kill(); }
+
+std::optional<int> DaemonCluster::Terminate(int rank, absl::Duration timeout) {
+  daemons_[rank].Signal(SIGTERM);
+  return daemons_[rank].WaitFor(timeout);
+}
+
+}  // namespace tessera::testing
