@@ -1,0 +1,557 @@
+// End-to-end tests of the service: 4 real `tessera-server` processes on
+// loopback (tests/testing/daemon_cluster.h) and the client library
+// (client/client.h) or the raw generated stubs, in this test process.
+//
+// Covered: every client call; a daemon killed in the middle of a fetch
+// (UNAVAILABLE within the deadline, the others keep serving); bad requests
+// (unknown tensor, regions out of bounds, absurd sizes and ranks, a wrong
+// dtype, a truncated message) get clear gRPC errors and the daemons keep
+// running; two clients creating and deleting at once leave every daemon
+// with the same, consistent listing.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "common/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/control.grpc.pb.h"
+#include "tessera/v1/shard.grpc.pb.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::DaemonClusterOptions;
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+
+absl::StatusOr<std::unique_ptr<DaemonCluster>> StartCluster() {
+  DaemonClusterOptions options;
+  options.world_size = kWorld;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--timeout", "10", "--log-level", "warn"};
+  return DaemonCluster::Start(options);
+}
+
+ShardingSpec RowSpec() {
+  std::vector<std::string> placements;
+  for (int r = 0; r < kWorld; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+ShardingSpec ColumnSpec() {
+  // Placements in reverse: rank 3 holds the first columns.
+  std::vector<std::string> placements;
+  for (int r = kWorld - 1; r >= 0; --r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(1, placements);
+}
+
+// rows x cols float32 holding its row-major index.
+Tensor Iota(int64_t rows, int64_t cols) {
+  std::vector<float> values(rows * cols);
+  std::iota(values.begin(), values.end(), 0.0f);
+  return *Tensor::FromVector<float>(values, {rows, cols});
+}
+
+// Checks that `t` is the box [r0, r0+rows) x [c0, c0+cols) of Iota(*,
+// cols_all).
+void ExpectIotaBox(const Tensor& t, int64_t r0, int64_t c0, int64_t cols_all) {
+  ASSERT_EQ(t.dim(), 2);
+  ASSERT_TRUE(t.is_contiguous());
+  const float* v = t.data<float>();
+  for (int64_t r = 0; r < t.sizes()[0]; ++r) {
+    for (int64_t c = 0; c < t.sizes()[1]; ++c) {
+      ASSERT_EQ(v[r * t.sizes()[1] + c],
+                static_cast<float>((r0 + r) * cols_all + c0 + c))
+          << "at " << r << ", " << c;
+    }
+  }
+}
+
+std::vector<std::string> Names(const std::vector<ShardedTensorView>& views) {
+  std::vector<std::string> names;
+  for (const ShardedTensorView& v : views) names.push_back(v.name());
+  return names;
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<DaemonCluster>> cluster = StartCluster();
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(cluster_->address(0)));
+  }
+
+  // After every test: all daemons still run.
+  void TearDown() override {
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
+          << "daemon " << r << " died:\n"
+          << cluster_->Log(r);
+    }
+  }
+
+  std::unique_ptr<v1::ControlService::Stub> Stub(int rank) {
+    return v1::ControlService::NewStub(grpc::CreateChannel(
+        cluster_->address(rank), grpc::InsecureChannelCredentials()));
+  }
+
+  static DaemonCluster* cluster_;
+  std::shared_ptr<Client> client_;
+};
+
+DaemonCluster* DaemonTest::cluster_ = nullptr;
+
+TEST_F(DaemonTest, ConnectLearnsTheCluster) {
+  const v1::ClusterInfo& info = client_->cluster();
+  EXPECT_EQ(info.world_size(), kWorld);
+  EXPECT_EQ(info.rank(), 0);
+  ASSERT_EQ(info.workers_size(), kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(info.workers(r).rank(), r);
+    EXPECT_EQ(info.workers(r).address(), cluster_->address(r));
+    EXPECT_EQ(info.workers(r).device(), "cpu");
+  }
+  std::vector<absl::Status> health = client_->Health();
+  ASSERT_EQ(health.size(), kWorld);
+  for (const absl::Status& s : health) EXPECT_THAT(s, IsOk());
+}
+
+TEST_F(DaemonTest, EveryClientCallEndToEnd) {
+  CreateOptions zeros;
+  zeros.init = TensorInit::kZeros;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("e2e", {10, 20}, RowSpec(), zeros));
+  EXPECT_EQ(view.sizes(), (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(view.dtype(), DType::kFloat32);
+  const auto& shards = view.metadata().shards_metadata;
+  ASSERT_EQ(shards.size(), 4u);
+  EXPECT_EQ(shards[1].shard_offsets, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(shards[3].shard_sizes, (std::vector<int64_t>{1, 20}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(view.owner_rank(i), i);
+
+  // Write everything, then a region across shards 1..2 again.
+  ASSERT_THAT(view.Write({0, 0}, Iota(10, 20)), IsOk());
+  ASSERT_OK_AND_ASSIGN(Tensor all, view.Read());
+  ExpectIotaBox(all, 0, 0, 20);
+
+  // Each shard whole, fetched from its owner.
+  std::vector<RemoteShard> remote = view.remote_shards();
+  ASSERT_EQ(remote.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(remote[i].owner().id, i);
+    ASSERT_OK_AND_ASSIGN(Shard shard, remote[i].to_here());
+    EXPECT_EQ(shard.metadata, shards[i]);
+    ExpectIotaBox(shard.tensor, shards[i].shard_offsets[0], 0, 20);
+  }
+
+  // A region spanning three shards, with progress.
+  int64_t last_done = -1, total_seen = -1;
+  TransferOptions with_progress;
+  with_progress.progress = [&](int64_t done, int64_t total) {
+    EXPECT_GE(done, last_done);
+    last_done = done;
+    total_seen = total;
+  };
+  ASSERT_OK_AND_ASSIGN(Tensor region,
+                       view.ReadRegion({2, 5}, {6, 10}, with_progress));
+  ExpectIotaBox(region, 2, 5, 20);
+  EXPECT_EQ(total_seen, 6 * 10 * 4);
+  EXPECT_EQ(last_done, total_seen);
+
+  // The same through another daemon's ControlService.ReadRegion.
+  {
+    auto stub = Stub(2);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::ReadRegionRequest request;
+    request.set_name("e2e");
+    for (int64_t x : {2, 5}) request.add_offsets(x);
+    for (int64_t x : {6, 10}) request.add_sizes(x);
+    auto reader = stub->ReadRegion(&context, request);
+    v1::ShardChunk chunk;
+    std::string bytes;
+    while (reader->Read(&chunk)) bytes += chunk.data();
+    ASSERT_TRUE(reader->Finish().ok());
+    ASSERT_EQ(bytes.size(), 6u * 10 * 4);
+    Tensor via_daemon = *Tensor::Empty({6, 10});
+    std::memcpy(via_daemon.data_ptr(), bytes.data(), bytes.size());
+    ExpectIotaBox(via_daemon, 2, 5, 20);
+  }
+
+  // Gather on the connected daemon.
+  ASSERT_OK_AND_ASSIGN(Tensor gathered, client_->Gather("e2e"));
+  ExpectIotaBox(gathered, 0, 0, 20);
+
+  // List and describe on every daemon agree.
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(cluster_->address(r)));
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView again, other->Open("e2e"));
+    EXPECT_EQ(again.tensor_id(), view.tensor_id());
+    EXPECT_EQ(again.metadata(), view.metadata());
+    ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> listed, other->List());
+    EXPECT_THAT(Names(listed), ::testing::Contains("e2e"));
+  }
+
+  // Reshard by columns: the values stay, the layout and id change.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView by_columns,
+                       client_->Reshard("e2e", ColumnSpec()));
+  EXPECT_NE(by_columns.tensor_id(), view.tensor_id());
+  EXPECT_EQ(by_columns.metadata().shards_metadata[0].shard_sizes,
+            (std::vector<int64_t>{10, 5}));
+  EXPECT_EQ(by_columns.owner_rank(0), 3);
+  ASSERT_OK_AND_ASSIGN(Tensor after, by_columns.Read());
+  ExpectIotaBox(after, 0, 0, 20);
+  // The old view is stale: it must not read the new layout.
+  EXPECT_FALSE(view.ReadRegion({0, 0}, {1, 1}).ok());
+
+  // Save, delete, load back (same layout), then load resharded under
+  // another name.
+  const std::string dir = cluster_->scratch_dir() + "/ckpt";
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> saved,
+                       client_->Save(dir, {"e2e"}));
+  EXPECT_THAT(saved, ElementsAre("e2e"));
+  ASSERT_THAT(client_->Delete("e2e"), IsOk());
+  EXPECT_THAT(client_->Open("e2e").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("e2e")));
+  v1::LoadCheckpointRequest load;
+  load.set_path(dir);
+  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> loaded,
+                       client_->Load(load));
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].metadata().shards_metadata,
+            by_columns.metadata().shards_metadata);
+  ASSERT_OK_AND_ASSIGN(Tensor reloaded, loaded[0].Read());
+  ExpectIotaBox(reloaded, 0, 0, 20);
+
+  v1::LoadCheckpointRequest as_rows;
+  as_rows.set_path(dir);
+  as_rows.add_names("e2e");
+  as_rows.add_as_names("e2e_rows");
+  *as_rows.mutable_spec() = ToProto(RowSpec());
+  ASSERT_OK_AND_ASSIGN(loaded, client_->Load(as_rows));
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].name(), "e2e_rows");
+  EXPECT_EQ(loaded[0].metadata().shards_metadata[0].shard_sizes,
+            (std::vector<int64_t>{3, 20}));
+  ASSERT_OK_AND_ASSIGN(Tensor rows, loaded[0].Read());
+  ExpectIotaBox(rows, 0, 0, 20);
+
+  // Loading over an existing name needs `replace`.
+  EXPECT_THAT(client_->Load(load).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("e2e")));
+  load.set_replace(true);
+  EXPECT_THAT(client_->Load(load).status(), IsOk());
+
+  ASSERT_THAT(client_->Delete("e2e"), IsOk());
+  ASSERT_THAT(client_->Delete("e2e_rows"), IsOk());
+}
+
+TEST_F(DaemonTest, CreateFillsAsAsked) {
+  CreateOptions full;
+  full.init = TensorInit::kFull;
+  full.fill_value = 2.5;
+  full.dtype = DType::kFloat64;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView f,
+                       client_->Create("full", {7, 3}, RowSpec(), full));
+  ASSERT_OK_AND_ASSIGN(Tensor t, f.Read());
+  EXPECT_EQ(t.dtype(), DType::kFloat64);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.data<double>()[i], 2.5);
+
+  CreateOptions rand;
+  rand.init = TensorInit::kRandn;
+  rand.seed = 42;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView a,
+                       client_->Create("randn_a", {9, 4}, RowSpec(), rand));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView b,
+                       client_->Create("randn_b", {9, 4}, RowSpec(), rand));
+  ASSERT_OK_AND_ASSIGN(Tensor ta, a.Read());
+  ASSERT_OK_AND_ASSIGN(Tensor tb, b.Read());
+  EXPECT_TRUE(Equal(ta, tb)) << "same seed, same values";
+  bool any_nonzero = false;
+  for (int64_t i = 0; i < ta.numel(); ++i) {
+    any_nonzero = any_nonzero || ta.data<float>()[i] != 0;
+  }
+  EXPECT_TRUE(any_nonzero);
+  for (const char* name : {"full", "randn_a", "randn_b"}) {
+    EXPECT_THAT(client_->Delete(name), IsOk());
+  }
+}
+
+TEST_F(DaemonTest, BadRequestsGetClearErrors) {
+  // Unknown names.
+  EXPECT_THAT(client_->Open("nope").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(client_->Delete("nope"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(client_->Gather("nope").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(client_->Reshard("nope", RowSpec()).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("bad", {10, 20}, RowSpec()));
+  EXPECT_THAT(client_->Create("bad", {10, 20}, RowSpec()).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("bad")));
+
+  // Regions out of bounds, of the wrong rank, negative.
+  EXPECT_THAT(view.ReadRegion({8, 0}, {3, 20}).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_THAT(view.ReadRegion({0}, {1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(view.ReadRegion({0, 0}, {-1, 2}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(view.Write({9, 19}, Iota(2, 2)),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  // A wrong dtype.
+  Tensor doubles =
+      *Tensor::Zeros({2, 2}, TensorOptions().WithDType(DType::kFloat64));
+  EXPECT_THAT(view.Write({0, 0}, doubles),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+
+  // Absurd sizes and ranks.
+  EXPECT_THAT(
+      client_->Create("huge", {int64_t{1} << 40, int64_t{1} << 40}, RowSpec())
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(client_->Create("neg", {-3, 2}, RowSpec()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  auto rank99 = ChunkShardingSpec::Create(
+      0, std::vector<std::string>{"rank:0/cpu", "rank:99/cpu"});
+  ASSERT_TRUE(rank99.ok());
+  EXPECT_THAT(client_->Create("r99", {4, 4}, *rank99).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("99")));
+  EXPECT_THAT(client_->Create("bad name!", {4, 4}, RowSpec()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+
+  // Raw requests: a region with mismatched lengths, a shard index out of
+  // range, and a truncated message.
+  {
+    auto stub = Stub(1);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::ReadRegionRequest request;
+    request.set_name("bad");
+    request.add_offsets(0);
+    request.add_sizes(1);
+    request.add_sizes(1);
+    auto reader = stub->ReadRegion(&context, request);
+    v1::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::INVALID_ARGUMENT);
+  }
+  {
+    auto shard_stub = v1::ShardService::NewStub(grpc::CreateChannel(
+        cluster_->address(1), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::FetchShardRequest request;
+    request.set_tensor_id(view.tensor_id());
+    request.set_shard_index(1000000);
+    auto reader = shard_stub->FetchShard(&context, request);
+    v1::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::NOT_FOUND);
+  }
+  {
+    auto channel = grpc::CreateChannel(cluster_->address(3),
+                                       grpc::InsecureChannelCredentials());
+    grpc::GenericStub generic(channel);
+    v1::CreateTensorRequest request;
+    request.set_name("truncated");
+    request.add_sizes(4);
+    *request.mutable_spec() = ToProto(RowSpec());
+    std::string wire = request.SerializeAsString();
+    wire.resize(wire.size() / 2);  // cut inside the spec
+    grpc::Slice slice(wire);
+    grpc::ByteBuffer send(&slice, 1);
+    grpc::ByteBuffer receive;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/tessera.v1.ControlService/CreateTensor",
+                      grpc::StubOptions(), &send, &receive,
+                      [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(15)));
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.error_code(), grpc::DEADLINE_EXCEEDED);
+  }
+  // Nothing of the above was created; the daemons still answer.
+  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> listed, client_->List());
+  EXPECT_THAT(Names(listed), ::testing::Not(::testing::Contains("truncated")));
+  EXPECT_THAT(client_->Delete("bad"), IsOk());
+  for (const absl::Status& s : client_->Health()) EXPECT_THAT(s, IsOk());
+}
+
+TEST_F(DaemonTest, ConcurrentClientsKeepListingsConsistent) {
+  constexpr int kRounds = 8;
+  std::atomic<int> unexpected{0};
+  auto worker = [&](int id) {
+    auto client = Client::Connect(cluster_->address(id == 0 ? 1 : 3));
+    if (!client.ok()) {
+      ++unexpected;
+      return;
+    }
+    for (int i = 0; i < kRounds; ++i) {
+      // Own names: must always work.
+      const std::string own = absl::StrCat("c", id, "_", i);
+      if (!(*client)->Create(own, {8, 4}, RowSpec()).ok()) ++unexpected;
+      // A contended name: one of the two wins each round.
+      absl::Status created =
+          (*client)->Create("contended", {4, 4}, RowSpec()).status();
+      if (!created.ok() && !absl::IsAlreadyExists(created)) ++unexpected;
+      absl::Status deleted = (*client)->Delete("contended");
+      if (!deleted.ok() && !absl::IsNotFound(deleted)) ++unexpected;
+      if (i % 2 == 1 &&
+          !(*client)->Delete(absl::StrCat("c", id, "_", i - 1)).ok()) {
+        ++unexpected;
+      }
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(unexpected.load(), 0);
+
+  // Every daemon lists exactly the survivors: c{0,1}_{1,3,5,7}.
+  std::set<std::string> expected;
+  for (int id = 0; id < 2; ++id) {
+    for (int i = 1; i < kRounds; i += 2) {
+      expected.insert(absl::StrCat("c", id, "_", i));
+    }
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster_->address(r)));
+    ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> listed, client->List());
+    std::vector<std::string> names = Names(listed);
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected)
+        << "on daemon " << r;
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  }
+  for (const std::string& name : expected) {
+    EXPECT_THAT(client_->Delete(name), IsOk());
+  }
+}
+
+// Its own cluster: one daemon dies.
+TEST(DaemonFailureTest, DaemonKilledMidFetch) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DaemonCluster> cluster, StartCluster());
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  // 4 x 16 MiB of rows; rank 3's shard is the one that dies.
+  const int64_t rows = 4 * 1024, cols = 4096;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("big", {rows, cols}, RowSpec()));
+
+  // Pause the transfer at its first progress report, kill rank 3 then.
+  absl::Notification started, killed;
+  TransferOptions options;
+  options.timeout = absl::Seconds(20);
+  options.chunk_bytes = 64 << 10;
+  options.progress = [&](int64_t done, int64_t total) {
+    if (!started.HasBeenNotified()) {
+      started.Notify();
+      killed.WaitForNotificationWithTimeout(absl::Seconds(10));
+    }
+  };
+  absl::Status read_status;
+  absl::Duration took;
+  std::thread reader([&] {
+    const absl::Time start = absl::Now();
+    read_status = view.Read(options).status();
+    took = absl::Now() - start;
+  });
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  cluster->Kill(3);
+  killed.Notify();
+  reader.join();
+  EXPECT_THAT(read_status,
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_LT(took, options.timeout);
+
+  // The others keep serving their shards.
+  ASSERT_OK_AND_ASSIGN(Tensor first, view.ReadRegion({0, 0}, {3 * 1024, 8}));
+  EXPECT_EQ(first.sizes(), (std::vector<int64_t>{3 * 1024, 8}));
+  ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(cluster->address(1)));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView again, other->Open("big"));
+  EXPECT_EQ(again.tensor_id(), view.tensor_id());
+  std::vector<absl::Status> health = client->Health();
+  ASSERT_EQ(health.size(), 4u);
+  EXPECT_THAT(health[0], IsOk());
+  EXPECT_THAT(health[1], IsOk());
+  EXPECT_THAT(health[2], IsOk());
+  EXPECT_FALSE(health[3].ok());
+
+  // A collective operation now fails within its deadline instead of
+  // hanging: rank 3 cannot take part.
+  const absl::Time start = absl::Now();
+  absl::Status created = client->Create("after", {8, 8}, RowSpec()).status();
+  EXPECT_FALSE(created.ok());
+  EXPECT_THAT(created.code(), AnyOf(absl::StatusCode::kUnavailable,
+                                    absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(65));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(cluster->daemon(r).WaitFor(absl::ZeroDuration()))
+        << "daemon " << r << " died:\n"
+        << cluster->Log(r);
+  }
+}
+
+TEST(DaemonFailureTest, SigtermStopsADaemonPromptly) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DaemonCluster> cluster, StartCluster());
+  std::optional<int> status = cluster->Terminate(2, absl::Seconds(15));
+  ASSERT_TRUE(status.has_value()) << cluster->Log(2);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << testing::DescribeWaitStatus(*status) << "\n"
+      << cluster->Log(2);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  std::vector<absl::Status> health = client->Health();
+  ASSERT_EQ(health.size(), 4u);
+  EXPECT_THAT(health[2], StatusIs(absl::StatusCode::kUnavailable,
+                                  HasSubstr(cluster->address(2))));
+}
+
+}  // namespace
+}  // namespace tessera
