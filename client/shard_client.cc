@@ -8,10 +8,12 @@
 #include "absl/strings/str_join.h"
 #include "client/grpc_status.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
@@ -35,21 +37,18 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
 }
 
-// A FetchShard call read as raw messages, driven by the calling thread on
-// a private completion queue (as gRPC's sync API does), so each read costs
-// no thread hand-off. Ops never outlive the context's deadline, so no wait
-// here can hang past it.
-class RawFetchCall {
+// A server-streaming call read as raw messages, driven by the calling
+// thread on a private completion queue (as gRPC's sync API does), so each
+// read costs no thread hand-off. Ops never outlive the context's deadline,
+// so no wait here can hang past it.
+class RawStreamCall {
  public:
-  using Stub =
-      grpc::TemplatedGenericStub<v1::FetchShardRequest, grpc::ByteBuffer>;
-
   // Starts the call; the request is sent while the first Read waits.
-  RawFetchCall(Stub* stub, grpc::ClientContext* context,
-               const v1::FetchShardRequest& request) {
+  RawStreamCall(grpc::GenericStub* stub, grpc::ClientContext* context,
+                const std::string& method, const grpc::ByteBuffer& request) {
     // Initial metadata, the request and the half-close leave in one batch.
     context->set_initial_metadata_corked(true);
-    call_ = stub->PrepareCall(context, FetchShardMethod(), &cq_);
+    call_ = stub->PrepareCall(context, method, &cq_);
     if (call_ == nullptr) return;
     call_->StartCall(nullptr);
     call_->Write(request, grpc::WriteOptions().set_last_message(), &write_);
@@ -58,7 +57,7 @@ class RawFetchCall {
   // Every op has completed once Finish() returned, but some completions
   // (typically the request's write) may still sit in the queue, and
   // dequeuing one touches the op set inside call_: drain first, then free.
-  ~RawFetchCall() {
+  ~RawStreamCall() {
     cq_.Shutdown();
     void* tag;
     bool ok;
@@ -86,12 +85,6 @@ class RawFetchCall {
   }
 
  private:
-  static const std::string& FetchShardMethod() {
-    static const auto* method = new std::string(absl::StrCat(
-        "/", v1::ShardService::service_full_name(), "/FetchShard"));
-    return *method;
-  }
-
   // Waits for the op tagged `tag`. Other completions are the request's
   // write, whose failure Finish() reports.
   bool Await(const void* tag) {
@@ -104,12 +97,16 @@ class RawFetchCall {
   }
 
   grpc::CompletionQueue cq_;
-  std::unique_ptr<
-      grpc::ClientAsyncReaderWriter<v1::FetchShardRequest, grpc::ByteBuffer>>
-      call_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
   // Distinct addresses that tag the three kinds of op.
   char write_ = 0, read_ = 0, finish_ = 0;
 };
+
+const std::string& FetchShardMethod() {
+  static const auto* method = new std::string(
+      absl::StrCat("/", v1::ShardService::service_full_name(), "/FetchShard"));
+  return *method;
+}
 
 // ---- Wire parsing ----------------------------------------------------------
 
@@ -271,7 +268,14 @@ ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
       shard_index_(shard_index),
       allocate_(TensorOptions().WithDevice(device).WithPinMemory(pin_memory)) {}
 
+void ShardAssembler::ExpectRegion(absl::Span<const int64_t> offsets,
+                                  absl::Span<const int64_t> sizes) {
+  region_offsets_.emplace(offsets.begin(), offsets.end());
+  region_sizes_.assign(sizes.begin(), sizes.end());
+}
+
 std::string ShardAssembler::ShardName() const {
+  if (!name_.empty()) return name_;
   return absl::StrCat("shard ", shard_index_, " of tensor ", tensor_id_);
 }
 
@@ -315,6 +319,7 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
         absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
   }
   received_bytes_ += chunk.data_size;
+  if (on_chunk_ && chunk.data_size > 0) on_chunk_(chunk.data_size);
   return absl::OkStatus();
 }
 
@@ -337,7 +342,18 @@ absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
   if (!dtype.ok()) return Malformed(what, dtype.status());
   const std::vector<int64_t> sizes(header.sizes().begin(),
                                    header.sizes().end());
-  if (sizes != metadata->shard_sizes()) {
+  if (region_offsets_.has_value()) {
+    if (sizes != region_sizes_) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": sizes [", absl::StrJoin(sizes, ", "),
+                       "] differ from the requested region's [",
+                       absl::StrJoin(region_sizes_, ", "), "]"));
+    }
+    const absl::Status inside =
+        ValidateRegion(*region_offsets_, region_sizes_, metadata->shard_sizes(),
+                       ShardName(), "shard");
+    if (!inside.ok()) return Malformed(what, inside);
+  } else if (sizes != metadata->shard_sizes()) {
     return absl::DataLossError(
         absl::StrCat(what, ": sizes [", absl::StrJoin(sizes, ", "),
                      "] differ from its metadata's [",
@@ -419,6 +435,7 @@ absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
         absl::StrCat(ChunkName(offset), ": checksum mismatch"));
   }
   received_bytes_ += length;
+  if (on_chunk_) on_chunk_(length);
   return absl::OkStatus();
 }
 
@@ -454,34 +471,27 @@ absl::Status ShardAssembler::Finish() {
 
 // ---- ShardClient ------------------------------------------------------------
 
-std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address,
-                                                 std::string bulk_address) {
+std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
-  return std::make_shared<ShardClient>(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                args),
-      std::move(bulk_address));
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
 }
 
-ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
-                         std::string bulk_address)
-    : channel_(std::move(channel)),
-      bulk_address_(std::move(bulk_address)),
-      stub_(v1::ShardService::NewStub(channel_)),
-      fetch_stub_(channel_) {}
-
-absl::Status ShardClient::Stream(absl::string_view tensor_id,
-                                 int64_t shard_index,
-                                 const FetchOptions& options,
-                                 ShardAssembler* assembler) const {
+absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& method,
+                                const google::protobuf::MessageLite& request,
+                                absl::Time deadline, absl::string_view what,
+                                ShardAssembler* assembler) {
+  grpc::ByteBuffer serialized;
+  bool own_buffer;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+          request, &serialized, &own_buffer)));
+  grpc::GenericStub stub(channel);
   grpc::ClientContext context;
-  context.set_deadline(DeadlineAfter(options.timeout));
-  v1::FetchShardRequest request;
-  request.set_tensor_id(std::string(tensor_id));
-  request.set_shard_index(shard_index);
-  request.set_chunk_bytes(options.chunk_bytes);
-  RawFetchCall call(&fetch_stub_, &context, request);
+  context.set_deadline(absl::ToChronoTime(deadline));
+  RawStreamCall call(&stub, &context, method, serialized);
   grpc::ByteBuffer message;
   absl::Status status;
   while (status.ok() && call.Read(&message)) {
@@ -494,10 +504,61 @@ absl::Status ShardClient::Stream(absl::string_view tensor_id,
   }
   const absl::Status rpc_status = FromGrpcStatus(call.Finish());
   RETURN_IF_ERROR(status);
-  RETURN_IF_ERROR(Annotate(
-      rpc_status,
-      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id)));
+  RETURN_IF_ERROR(Annotate(rpc_status, what));
   return assembler->Finish();
+}
+
+std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address,
+                                                 std::string bulk_address) {
+  return std::make_shared<ShardClient>(NewShardChannel(address),
+                                       std::move(bulk_address));
+}
+
+ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
+                         std::string bulk_address)
+    : channel_(std::move(channel)),
+      bulk_address_(std::move(bulk_address)),
+      stub_(v1::ShardService::NewStub(channel_)) {}
+
+namespace {
+
+v1::FetchShardRequest FetchRequest(absl::string_view tensor_id,
+                                   int64_t shard_index,
+                                   const FetchOptions& options) {
+  v1::FetchShardRequest request;
+  request.set_tensor_id(std::string(tensor_id));
+  request.set_shard_index(shard_index);
+  request.set_chunk_bytes(options.chunk_bytes);
+  return request;
+}
+
+std::string FetchWhat(const v1::FetchShardRequest& request) {
+  std::string what = absl::StrCat("fetching shard ", request.shard_index(),
+                                  " of tensor ", request.tensor_id());
+  if (!request.region_sizes().empty()) {
+    absl::StrAppend(&what, " (region offsets [",
+                    absl::StrJoin(request.region_offsets(), ", "), "] sizes [",
+                    absl::StrJoin(request.region_sizes(), ", "), "])");
+  }
+  return what;
+}
+
+}  // namespace
+
+absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
+                                const FetchOptions& options,
+                                ShardAssembler* assembler) const {
+  assembler->set_on_chunk(options.on_chunk);
+  return bulk_address_.empty() ? Stream(request, options, assembler)
+                               : BulkStream(request, options, assembler);
+}
+
+absl::Status ShardClient::Stream(const v1::FetchShardRequest& request,
+                                 const FetchOptions& options,
+                                 ShardAssembler* assembler) const {
+  return ReceiveChunkStream(channel_, FetchShardMethod(), request,
+                            absl::Now() + options.timeout, FetchWhat(request),
+                            assembler);
 }
 
 absl::StatusOr<Shard> ShardClient::FetchShard(
@@ -505,10 +566,8 @@ absl::StatusOr<Shard> ShardClient::FetchShard(
     const FetchOptions& options) const {
   ShardAssembler assembler(tensor_id, shard_index, options.device,
                            options.pin_memory);
-  RETURN_IF_ERROR(
-      bulk_address_.empty()
-          ? Stream(tensor_id, shard_index, options, &assembler)
-          : BulkStream(tensor_id, shard_index, options, &assembler));
+  RETURN_IF_ERROR(Fetch(FetchRequest(tensor_id, shard_index, options), options,
+                        &assembler));
   return Shard{assembler.destination(), *assembler.metadata()};
 }
 
@@ -520,10 +579,25 @@ absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
     return absl::InvalidArgumentError("FetchShardInto: undefined destination");
   }
   ShardAssembler assembler(tensor_id, shard_index, destination);
-  if (!bulk_address_.empty()) {
-    return BulkStream(tensor_id, shard_index, options, &assembler);
+  return Fetch(FetchRequest(tensor_id, shard_index, options), options,
+               &assembler);
+}
+
+absl::Status ShardClient::FetchRegionInto(
+    absl::string_view tensor_id, int64_t shard_index,
+    absl::Span<const int64_t> region_offsets, const Tensor& destination,
+    const FetchOptions& options) const {
+  if (!destination.defined()) {
+    return absl::InvalidArgumentError("FetchRegionInto: undefined destination");
   }
-  return Stream(tensor_id, shard_index, options, &assembler);
+  v1::FetchShardRequest request = FetchRequest(tensor_id, shard_index, options);
+  request.mutable_region_offsets()->Add(region_offsets.begin(),
+                                        region_offsets.end());
+  request.mutable_region_sizes()->Add(destination.sizes().begin(),
+                                      destination.sizes().end());
+  ShardAssembler assembler(tensor_id, shard_index, destination);
+  assembler.ExpectRegion(region_offsets, destination.sizes());
+  return Fetch(request, options, &assembler);
 }
 
 absl::StatusOr<Socket> ShardClient::TakeConnection(absl::Time deadline,
@@ -553,17 +627,11 @@ void ShardClient::DropIdleConnections() const {
   closing.swap(idle_);
 }
 
-absl::Status ShardClient::BulkStream(absl::string_view tensor_id,
-                                     int64_t shard_index,
+absl::Status ShardClient::BulkStream(const v1::FetchShardRequest& request,
                                      const FetchOptions& options,
                                      ShardAssembler* assembler) const {
-  const std::string what =
-      absl::StrCat("fetching shard ", shard_index, " of tensor ", tensor_id);
+  const std::string what = FetchWhat(request);
   const absl::Time deadline = absl::Now() + options.timeout;
-  v1::FetchShardRequest request;
-  request.set_tensor_id(std::string(tensor_id));
-  request.set_shard_index(shard_index);
-  request.set_chunk_bytes(options.chunk_bytes);
   // A pooled connection may have been closed by the server meanwhile; a
   // fresh one is tried once before giving up. The retry must not take
   // another pooled connection: those idled at least as long, so after a

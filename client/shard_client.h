@@ -6,10 +6,15 @@
 // a deadline (FetchOptions::timeout); a dead or stalled peer gives
 // UNAVAILABLE or DEADLINE_EXCEEDED, never a hang.
 //
+// FetchRegionInto fetches only a box of a shard (the server sends just
+// those bytes), over either transport.
+//
 // Errors: NOT_FOUND for an unknown tensor or shard (as the server says),
 // DATA_LOSS for a checksum or framing mismatch (the destination may then
 // hold partial or corrupt bytes), INVALID_ARGUMENT when the destination does
-// not match the shard's dtype and sizes.
+// not match the shard's (or the region's) dtype and sizes, or the region
+// does not have the shard's rank; OUT_OF_RANGE for a region that leaves
+// the shard.
 //
 // Thread-safety: a ShardClient is safe to use from many threads at once;
 // calls share the channel (HTTP/2 multiplexes them). A ShardAssembler
@@ -18,6 +23,7 @@
 #define TESSERA_CLIENT_SHARD_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,12 +35,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/socket_io.h"
 #include "common/device.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/tensor.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "google/protobuf/message_lite.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tessera/v1/shard.pb.h"
@@ -53,6 +61,9 @@ struct FetchOptions {
   // Where a fetched shard is allocated (FetchShard only).
   Device device = Device::Cpu();
   bool pin_memory = false;
+  // Called on the fetching thread after each chunk was verified and
+  // written, with its size in bytes. Keep it cheap.
+  std::function<void(int64_t bytes)> on_chunk;
 };
 
 struct TensorDescription {
@@ -77,6 +88,19 @@ class ShardAssembler {
   // Allocates the destination from the header's dtype and sizes.
   ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
                  Device device, bool pin_memory);
+
+  // Expects the stream of a region fetch: the header's sizes must be
+  // `sizes` and the box must lie inside the shard its metadata describes
+  // (DATA_LOSS otherwise). Call before the first chunk.
+  void ExpectRegion(absl::Span<const int64_t> offsets,
+                    absl::Span<const int64_t> sizes);
+  // Names the stream in error messages instead of "shard i of tensor t"
+  // (e.g. "region [0, 2] of tensor w" for the daemons' ReadRegion).
+  void set_name(std::string name) { name_ = std::move(name); }
+  // Called after each chunk was verified, with its size in bytes.
+  void set_on_chunk(std::function<void(int64_t bytes)> on_chunk) {
+    on_chunk_ = std::move(on_chunk);
+  }
 
   // Verifies one serialized ShardChunk and writes its bytes. The first
   // chunk must carry the header: INVALID_ARGUMENT when its dtype or sizes
@@ -126,6 +150,11 @@ class ShardAssembler {
 
   std::string tensor_id_;
   int64_t shard_index_;
+  std::string name_;
+  // The expected region (ExpectRegion), when fetching one.
+  std::optional<std::vector<int64_t>> region_offsets_;
+  std::vector<int64_t> region_sizes_;
+  std::function<void(int64_t)> on_chunk_;
   Tensor destination_;
   // For an allocating assembler: where to allocate.
   std::optional<TensorOptions> allocate_;
@@ -159,18 +188,31 @@ class ShardClient {
   absl::Status FetchShardInto(absl::string_view tensor_id, int64_t shard_index,
                               const Tensor& destination,
                               const FetchOptions& options = {}) const;
+  // Fetches the box of the shard at `region_offsets` (relative to the
+  // shard's own offsets) with destination's sizes into `destination` (a
+  // view of any strides, CPU or CUDA, written in place). Only the box's
+  // bytes cross the network. An empty region_offsets with a destination of
+  // the shard's rank 0 fetches a 0-d shard.
+  absl::Status FetchRegionInto(absl::string_view tensor_id, int64_t shard_index,
+                               absl::Span<const int64_t> region_offsets,
+                               const Tensor& destination,
+                               const FetchOptions& options = {}) const;
   absl::StatusOr<TensorDescription> DescribeTensor(
       absl::string_view tensor_id,
       absl::Duration timeout = absl::Seconds(10)) const;
 
  private:
-  // Runs one FetchShard call, feeding every chunk to `assembler`.
-  absl::Status Stream(absl::string_view tensor_id, int64_t shard_index,
+  // Runs one fetch over the data plane when there is one, else over gRPC,
+  // feeding every chunk to `assembler`.
+  absl::Status Fetch(const v1::FetchShardRequest& request,
+                     const FetchOptions& options,
+                     ShardAssembler* assembler) const;
+  // One FetchShard call over gRPC.
+  absl::Status Stream(const v1::FetchShardRequest& request,
                       const FetchOptions& options,
                       ShardAssembler* assembler) const;
-
   // The same over the raw data plane.
-  absl::Status BulkStream(absl::string_view tensor_id, int64_t shard_index,
+  absl::Status BulkStream(const v1::FetchShardRequest& request,
                           const FetchOptions& options,
                           ShardAssembler* assembler) const;
   absl::Status ReceiveChunks(int fd, absl::Time deadline,
@@ -185,12 +227,25 @@ class ShardClient {
   mutable absl::Mutex pool_mu_;
   mutable std::vector<Socket> idle_ ABSL_GUARDED_BY(pool_mu_);
   std::unique_ptr<v1::ShardService::Stub> stub_;
-  // FetchShard reads raw messages, for ShardAssembler's zero-copy parse.
-  // Mutable because PrepareCall is non-const; the stub is only a channel
-  // and is safe to use concurrently.
-  mutable grpc::TemplatedGenericStub<v1::FetchShardRequest, grpc::ByteBuffer>
-      fetch_stub_;
 };
+
+// A channel to a Tessera daemon or shard server that accepts any chunk a
+// server sends (larger than gRPC's default 4 MiB receive limit).
+std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address);
+
+// Runs one server-streaming call of `method` (such as
+// "/tessera.v1.ControlService/Gather") whose responses are ShardChunk
+// messages, read raw for ShardAssembler's zero-copy parse: feeds every
+// message to `assembler`, then calls its Finish(). Bounded by `deadline`.
+// The call's own errors (UNAVAILABLE, DEADLINE_EXCEEDED, the server's
+// status) are annotated with `what`; the assembler's (DATA_LOSS,
+// INVALID_ARGUMENT) are returned as they are, after cancelling the call.
+// Thread-safe (the channel is shared; the call is the caller's).
+absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& method,
+                                const google::protobuf::MessageLite& request,
+                                absl::Time deadline, absl::string_view what,
+                                ShardAssembler* assembler);
 
 }  // namespace tessera
 

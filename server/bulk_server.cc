@@ -94,7 +94,27 @@ void BulkServer::Serve(uint64_t id, int fd) {
   while (status.ok()) {
     absl::StatusOr<std::string> frame =
         ReadFrame(fd, absl::Now() + options_.idle_timeout);
-    status = frame.ok() ? Answer(fd, *frame) : frame.status();
+    if (!frame.ok()) break;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+      if (!stopping) busy_.insert(id);
+    }
+    if (stopping) {
+      // Shutdown began after the request left the client: refuse it the way
+      // a stopped gRPC server would.
+      v1::BulkFetchReply reply;
+      reply.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+      reply.set_message("shard server is shutting down");
+      SendReply(fd, reply, absl::Now() + options_.io_timeout, false)
+          .IgnoreError();
+      break;
+    }
+    status = Answer(fd, *frame);
+    absl::MutexLock lock(&mu_);
+    busy_.erase(id);
+    if (stopping_) break;  // Drained: no more requests on this connection.
   }
   absl::MutexLock lock(&mu_);
   connections_.erase(id);  // Closes the socket.
@@ -154,18 +174,24 @@ void BulkServer::JoinFinished() {
   for (std::thread& t : done) t.join();
 }
 
-void BulkServer::Shutdown() {
+void BulkServer::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    for (const auto& [id, socket] : connections_) socket.Interrupt();
+    // Idle connections (between requests) are closed now; busy ones finish
+    // their request first (see Serve).
+    for (const auto& [id, socket] : connections_) {
+      if (busy_.count(id) == 0) socket.Interrupt();
+    }
   }
   listener_.Interrupt();
   if (acceptor_.joinable()) acceptor_.join();
   std::map<uint64_t, std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &BulkServer::Drained), grace);
+    for (const auto& [id, socket] : connections_) socket.Interrupt();
     threads.swap(threads_);
     finished_.clear();
   }

@@ -13,14 +13,18 @@
 // connection only; the server never aborts.
 //
 // Thread-safety: Start/Shutdown from one owner thread; port()/address()
-// from any. Shutdown() (idempotent; also run by the destructor) stops
-// accepting, interrupts every connection and joins all threads.
+// from any. Shutdown(grace) (idempotent; also run by the destructor, with
+// no grace) stops accepting, closes idle connections, answers requests that
+// arrive from then on with UNAVAILABLE, lets requests being answered finish
+// within `grace`, then interrupts every connection left and joins all
+// threads.
 #ifndef TESSERA_SERVER_BULK_SERVER_H_
 #define TESSERA_SERVER_BULK_SERVER_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,7 +62,8 @@ class BulkServer {
   int port() const { return port_; }
   // "host:port" as given to Start.
   std::string address() const;
-  void Shutdown();
+  // Drains for at most `grace` (zero: cuts every connection at once).
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
 
  private:
   BulkServer(std::string host, int port, Socket listener,
@@ -69,6 +74,9 @@ class BulkServer {
   // Answers one request; an error means the connection must be closed.
   absl::Status Answer(int fd, const std::string& frame);
   void JoinFinished();
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return busy_.empty();
+  }
 
   const std::string host_;
   const int port_;
@@ -83,6 +91,8 @@ class BulkServer {
   // Open connections (id -> socket) and their threads; finished threads
   // are joined by the accept loop and Shutdown.
   std::map<uint64_t, Socket> connections_ ABSL_GUARDED_BY(mu_);
+  // Connections answering a request (Shutdown lets these finish).
+  std::set<uint64_t> busy_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
 };

@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
 #include "xxhash.h"
@@ -712,32 +713,6 @@ absl::StatusOr<SavedTensor> ParseSaved(const std::string& name,
   return SavedTensor{name, &entry, *std::move(metadata)};
 }
 
-// The intersection of two shards' boxes, when it holds an element.
-std::optional<ShardMetadata> Intersect(const ShardMetadata& a,
-                                       const ShardMetadata& b) {
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> sizes;
-  for (int64_t d = 0; d < a.dim(); ++d) {
-    const int64_t lo = std::max(a.shard_offsets()[d], b.shard_offsets()[d]);
-    const int64_t hi = std::min(a.shard_offsets()[d] + a.shard_sizes()[d],
-                                b.shard_offsets()[d] + b.shard_sizes()[d]);
-    if (hi <= lo) return std::nullopt;
-    offsets.push_back(lo);
-    sizes.push_back(hi - lo);
-  }
-  absl::StatusOr<ShardMetadata> box =
-      ShardMetadata::Create(std::move(offsets), std::move(sizes));
-  if (!box.ok()) return std::nullopt;
-  return *std::move(box);
-}
-
-std::vector<int64_t> Minus(absl::Span<const int64_t> a,
-                           absl::Span<const int64_t> b) {
-  std::vector<int64_t> out(a.begin(), a.end());
-  for (size_t d = 0; d < out.size(); ++d) out[d] -= b[d];
-  return out;
-}
-
 // Copies `box` (global coordinates) of saved shard `i` into `dst`, the
 // tensor of the shard `target`. Reads the rows of the saved shard the box
 // spans along dimension 0 (a contiguous run), rounded out to whole
@@ -747,7 +722,7 @@ absl::Status CopySavedBox(CheckpointReader& reader, const SavedTensor& saved,
                           const ShardMetadata& target, const Tensor& dst) {
   const ShardMetadata& shard = saved.metadata.shards_metadata[i];
   std::vector<int64_t> src_offsets =
-      Minus(box.shard_offsets(), shard.shard_offsets());
+      OffsetsWithin(box.shard_offsets(), shard.shard_offsets());
   std::vector<int64_t> slab = shard.shard_sizes();
   int64_t first = 0;
   int64_t count = 1;
@@ -764,7 +739,7 @@ absl::Status CopySavedBox(CheckpointReader& reader, const SavedTensor& saved,
                                count, ShardWhat(saved.name, i)));
   ASSIGN_OR_RETURN(Tensor rows, raw.View(slab));
   return CopyBox(rows, src_offsets, dst,
-                 Minus(box.shard_offsets(), target.shard_offsets()),
+                 OffsetsWithin(box.shard_offsets(), target.shard_offsets()),
                  box.shard_sizes());
 }
 

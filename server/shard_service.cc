@@ -1,13 +1,18 @@
 #include "server/shard_service.h"
 
 #include <algorithm>
+#include <string>
+#include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/grpc_status.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -17,13 +22,13 @@
 namespace tessera {
 namespace {
 
-// Everything a stream needs, resolved before its first write.
-
 // A stream that ends with an error before writing anything.
 class FailedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FailedFetch(const absl::Status& status) {
-    Finish(ToGrpcStatus(status));
+    Finish(status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
+                                      "stream failed without an error")
+                       : ToGrpcStatus(status));
   }
   void OnDone() override { delete this; }
 };
@@ -68,22 +73,35 @@ grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header, int64_t offset,
   return grpc::ByteBuffer(slices, 2);
 }
 
-// Streams one prepared shard. Exactly one write is in flight from
-// construction until the last chunk, which is sent together with the
-// status, so every path (success, client cancellation, server shutdown)
-// reaches Finish exactly once and then OnDone, which frees the reactor.
-class FetchShardReactor final
+// Streams one prepared fetch. Exactly one write is in flight from Start
+// until the last chunk, which is sent together with the status, so every
+// path (success, client cancellation, server shutdown) reaches Finish
+// exactly once and then OnDone, which frees the reactor.
+class ChunkStreamReactor final
     : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchShardReactor(PreparedFetch prepared, int64_t chunk_bytes,
-                    std::shared_ptr<std::atomic<int64_t>> active)
-      : active_(std::move(active)),
-        tensor_(std::move(prepared.tensor)),
-        bytes_(std::move(prepared.bytes)),
-        header_(std::move(prepared.header)),
-        chunk_bytes_(chunk_bytes) {
-    active_->fetch_add(1);
+  ChunkStreamReactor(int64_t chunk_bytes,
+                     std::shared_ptr<std::atomic<int64_t>> active)
+      : active_(std::move(active)), chunk_bytes_(chunk_bytes) {
+    if (active_ != nullptr) active_->fetch_add(1);
+  }
+
+  // Streams `prepared`, or finishes with its error. Called once.
+  void Start(absl::StatusOr<PreparedFetch> prepared) {
+    if (!prepared.ok()) {
+      Finish(ToGrpcStatus(prepared.status()));
+      return;
+    }
+    tensor_ = std::move(prepared->tensor);
+    bytes_ = std::move(prepared->bytes);
+    header_ = std::move(prepared->header);
     NextWrite();
+  }
+
+  // Runs `prepare` on a thread of this reactor's, then Start()s with its
+  // result.
+  void StartDeferred(std::function<absl::StatusOr<PreparedFetch>()> prepare) {
+    thread_.Start([this, prepare = std::move(prepare)] { Start(prepare()); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -97,7 +115,8 @@ class FetchShardReactor final
   }
 
   void OnDone() override {
-    active_->fetch_sub(1);
+    thread_.Join();
+    if (active_ != nullptr) active_->fetch_sub(1);
     delete this;
   }
 
@@ -118,13 +137,14 @@ class FetchShardReactor final
   }
 
   const std::shared_ptr<std::atomic<int64_t>> active_;
-  const std::shared_ptr<const RegisteredTensor> tensor_;
-  const Tensor bytes_;
-  const v1::ShardHeader header_;
   const int64_t chunk_bytes_;
+  std::shared_ptr<const RegisteredTensor> tensor_;
+  Tensor bytes_;
+  v1::ShardHeader header_;
   int64_t offset_ = 0;
   // The message being written; gRPC reads it until OnWriteDone.
   grpc::ByteBuffer message_;
+  ReactorThread thread_;
 };
 
 absl::Status UnknownTensor(absl::string_view tensor_id) {
@@ -171,6 +191,29 @@ absl::StatusOr<Tensor> HostBytes(const Tensor& shard) {
   return shard.To(Device::Cpu(), /*pin_memory=*/true);
 }
 
+// What a request sends of `shard`: all of it, or the view of its region.
+absl::StatusOr<Tensor> SourceOf(const v1::FetchShardRequest& request,
+                                const Tensor& shard) {
+  if (request.region_offsets().empty() && request.region_sizes().empty()) {
+    return shard;
+  }
+  const std::string of = absl::StrCat("shard ", request.shard_index(),
+                                      " of tensor ", request.tensor_id());
+  RETURN_IF_ERROR(ValidateRegion(request.region_offsets(),
+                                 request.region_sizes(), shard.sizes(), of,
+                                 "shard"));
+  return RegionView(shard, request.region_offsets(), request.region_sizes());
+}
+
+v1::ShardHeader HeaderOf(const Tensor& source, v1::ShardMetadata metadata) {
+  v1::ShardHeader header;
+  *header.mutable_metadata() = std::move(metadata);
+  header.set_dtype(ToProto(source.dtype()));
+  header.mutable_sizes()->Add(source.sizes().begin(), source.sizes().end());
+  header.set_total_bytes(static_cast<int64_t>(source.nbytes()));
+  return header;
+}
+
 }  // namespace
 
 absl::StatusOr<PreparedFetch> PrepareFetch(
@@ -186,14 +229,23 @@ absl::StatusOr<PreparedFetch> PrepareFetch(
         " is not served by this rank (it has ",
         prepared.tensor->metadata.shards_metadata.size(), " shards)"));
   }
-  const Tensor& shard = local->shard.tensor;
-  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(shard));
-  v1::ShardHeader& header = prepared.header;
-  *header.mutable_metadata() =
-      ToProto(prepared.tensor->metadata.shards_metadata[local->index]);
-  header.set_dtype(ToProto(shard.dtype()));
-  header.mutable_sizes()->Add(shard.sizes().begin(), shard.sizes().end());
-  header.set_total_bytes(static_cast<int64_t>(shard.nbytes()));
+  ASSIGN_OR_RETURN(const Tensor source, SourceOf(request, local->shard.tensor));
+  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(source));
+  prepared.header = HeaderOf(
+      source, ToProto(prepared.tensor->metadata.shards_metadata[local->index]));
+  return prepared;
+}
+
+absl::StatusOr<PreparedFetch> PrepareTensorFetch(
+    const Tensor& box, const ShardMetadata& metadata) {
+  if (!box.defined() || box.sizes() != metadata.shard_sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", box.DebugString(),
+                                                   " does not hold the box ",
+                                                   metadata.ToString()));
+  }
+  PreparedFetch prepared;
+  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(box));
+  prepared.header = HeaderOf(box, ToProto(metadata));
   return prepared;
 }
 
@@ -209,6 +261,48 @@ ShardServiceOptions Clamped(ShardServiceOptions options) {
 }
 
 }  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewChunkStreamReactor(
+    PreparedFetch prepared, int64_t chunk_bytes,
+    std::shared_ptr<std::atomic<int64_t>> active) {
+  auto* reactor = new ChunkStreamReactor(chunk_bytes, std::move(active));
+  reactor->Start(std::move(prepared));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
+    const absl::Status& status) {
+  return new FailedFetch(status);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
+    std::function<absl::StatusOr<PreparedFetch>()> prepare,
+    int64_t chunk_bytes) {
+  auto* reactor = new ChunkStreamReactor(chunk_bytes, nullptr);
+  reactor->StartDeferred(std::move(prepare));
+  return reactor;
+}
+
+void ReactorThread::Start(std::function<void()> work) {
+  // Held until thread_ is assigned, so that a Join() (which cannot come
+  // before the work finished the call) always sees it.
+  absl::MutexLock lock(&mu_);
+  thread_ = std::thread([this, work = std::move(work)] {
+    { absl::MutexLock lock(&mu_); }
+    work();
+    // The reactor, and this object with it, may be gone from here on.
+  });
+}
+
+void ReactorThread::Join() {
+  absl::MutexLock lock(&mu_);
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
 
 void ConfigureShardServer(grpc::ServerBuilder* builder) {
   builder->SetMaxSendMessageSize(-1);
@@ -235,7 +329,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
   if (!parsed.ok()) return new FailedFetch(parsed.status());
   absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, *parsed);
   if (!prepared.ok()) return new FailedFetch(prepared.status());
-  return new FetchShardReactor(std::move(*prepared),
+  return NewChunkStreamReactor(std::move(*prepared),
                                ChunkBytesFor(parsed->chunk_bytes()),
                                active_fetches_);
 }

@@ -21,10 +21,17 @@
 // when the stream starts; that copy runs on the gRPC thread that starts
 // the call.
 //
-// Errors (as gRPC status codes): INVALID_ARGUMENT for an empty tensor id or
-// a negative shard_index / chunk_bytes; NOT_FOUND "unknown tensor <id>" and
-// NOT_FOUND for a shard this rank does not own; FAILED_PRECONDITION for a
-// shard without bytes (meta device); allocation errors as Storage.
+// A request may name a region of the shard (FetchShardRequest.region_*):
+// only that box is sent, as if it were the shard (its header's sizes and
+// total_bytes are the box's; its metadata stays the shard's). A strided box
+// is staged contiguous like any strided shard.
+//
+// Errors (as gRPC status codes): INVALID_ARGUMENT for an empty tensor id, a
+// negative shard_index / chunk_bytes, or a region that does not have the
+// shard's rank or holds a negative number; OUT_OF_RANGE for a region that
+// leaves the shard; NOT_FOUND "unknown tensor <id>" and NOT_FOUND for a
+// shard this rank does not own; FAILED_PRECONDITION for a shard without
+// bytes (meta device); allocation errors as Storage.
 //
 // Thread-safety: the service is safe for any number of concurrent calls.
 // It shares ownership of the registry; shutting the grpc::Server down
@@ -34,8 +41,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/shard_metadata.h"
+#include "common/tensor.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -53,25 +67,89 @@ struct ShardServiceOptions {
   int64_t max_chunk_bytes = 16 << 20;
 };
 
-// One fetch, validated and ready to stream (shared by FetchShard and the
-// raw data plane, bulk_server.h).
+// One fetch, validated and ready to stream (shared by FetchShard, the raw
+// data plane, bulk_server.h, and the daemon's ReadRegion and Gather).
 struct PreparedFetch {
   // Keeps the registration (and so the shard's storage) alive for the
-  // whole stream, even if the tensor is unregistered meanwhile.
+  // whole stream, even if the tensor is unregistered meanwhile. Null for a
+  // fetch of a tensor that is no registered shard (PrepareTensorFetch).
   std::shared_ptr<const RegisteredTensor> tensor;
-  // The shard's bytes, contiguous in host memory.
+  // The bytes to send, contiguous in host memory; the stream holds a
+  // reference to their storage.
   Tensor bytes;
   v1::ShardHeader header;
 };
 
-// Validates `request` and finds its shard: INVALID_ARGUMENT for a malformed
-// request, NOT_FOUND for an unknown tensor or a shard this rank does not
-// serve, FAILED_PRECONDITION for a meta shard (no bytes).
+// Validates `request` and finds its shard (and its region, when it names
+// one): INVALID_ARGUMENT for a malformed request or region, OUT_OF_RANGE
+// for a region that leaves the shard, NOT_FOUND for an unknown tensor or a
+// shard this rank does not serve, FAILED_PRECONDITION for a meta shard (no
+// bytes).
 absl::StatusOr<PreparedFetch> PrepareFetch(
     const ShardRegistry& registry, const v1::FetchShardRequest& request);
 
+// A fetch of `box`, a tensor holding the region `metadata` describes (its
+// offsets and sizes in some sharded tensor, and where it was assembled):
+// the results of the daemon's ReadRegion and Gather. The header carries
+// `metadata`, the box's dtype and sizes. INVALID_ARGUMENT when box's sizes
+// differ from metadata's or box is undefined; FAILED_PRECONDITION for a
+// meta tensor. A strided or CUDA box is staged into contiguous host memory
+// (on the calling thread); a contiguous host box is sent from its own
+// storage, which must not be written while it streams.
+absl::StatusOr<PreparedFetch> PrepareTensorFetch(const Tensor& box,
+                                                 const ShardMetadata& metadata);
+
 // The chunk size a request for `requested` bytes (0: the default) gets.
 int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested);
+
+// Server streams of ShardChunk messages, for raw callback methods whose
+// responses are ShardChunks (ShardService.FetchShard, ControlService.
+// ReadRegion and Gather). Each returned reactor is owned by gRPC and frees
+// itself once done; return it from the method handler. It writes every
+// chunk of at most `chunk_bytes` (pass ChunkBytesFor's result) as
+// FetchShard does: the header in the first, one write in flight, payload
+// slices referencing the bytes (no copy). A client that cancels or
+// disappears ends the stream cleanly. `active`, when given, counts the
+// stream while it is not done.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewChunkStreamReactor(
+    PreparedFetch prepared, int64_t chunk_bytes,
+    std::shared_ptr<std::atomic<int64_t>> active = nullptr);
+// A stream that ends at once with `status` (an error; OK is treated as
+// INTERNAL, since a stream without a header is no answer).
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
+    const absl::Status& status);
+// A stream whose bytes take a while to prepare (fetches from other ranks,
+// a collective): `prepare` runs on a thread of the reactor's own, so no
+// gRPC callback thread blocks on it, then its result is streamed (or its
+// error returned). The reactor joins that thread when the call is done.
+// `prepare` must be bounded by a deadline: the call (and a server
+// shutdown waiting for it) lasts at least as long as it runs, even when
+// the client has gone.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
+    std::function<absl::StatusOr<PreparedFetch>()> prepare,
+    int64_t chunk_bytes);
+
+// A thread owned by a gRPC server reactor, for work that must not block
+// gRPC's callback threads (fetches from other ranks, forwarded writes).
+// Start() it at most once; the work must end by calling the reactor's
+// Finish (or starting its last write), directly or not, and touch nothing
+// of the reactor after that. Join() from the reactor's OnDone: it waits
+// for the thread to end (or detaches it when gRPC runs OnDone on that very
+// thread).
+class ReactorThread {
+ public:
+  ReactorThread() = default;
+  ReactorThread(const ReactorThread&) = delete;
+  ReactorThread& operator=(const ReactorThread&) = delete;
+  ~ReactorThread() { Join(); }
+
+  void Start(std::function<void()> work);
+  void Join();
+
+ private:
+  absl::Mutex mu_;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+};
 
 // Sets the server-wide arguments a shard server needs: no limit on the size
 // of sent messages (gRPC's server default, made explicit because a chunk

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/region.h"
 #include "common/status_macros.h"
 #include "server/sharded_tensor.h"
 
@@ -52,27 +53,6 @@ struct Piece {
   int64_t send_offset = 0;
   int64_t recv_offset = 0;
 };
-
-// The common box of two shards; nullopt when it holds no element.
-std::optional<Piece> Intersect(const ShardMetadata& a, const ShardMetadata& b) {
-  Piece piece;
-  for (int64_t d = 0; d < a.dim(); ++d) {
-    const int64_t begin = std::max(a.shard_offsets()[d], b.shard_offsets()[d]);
-    const int64_t end = std::min(a.shard_offsets()[d] + a.shard_sizes()[d],
-                                 b.shard_offsets()[d] + b.shard_sizes()[d]);
-    if (end <= begin) return std::nullopt;
-    piece.offsets.push_back(begin);
-    piece.sizes.push_back(end - begin);
-  }
-  return piece;
-}
-
-std::vector<int64_t> Minus(const std::vector<int64_t>& a,
-                           const std::vector<int64_t>& b) {
-  std::vector<int64_t> out(a.size());
-  for (size_t d = 0; d < a.size(); ++d) out[d] = a[d] - b[d];
-  return out;
-}
 
 int64_t Numel(const std::vector<int64_t>& sizes) {
   int64_t n = 1;
@@ -130,22 +110,25 @@ void PlanPieces(const ShardedTensorMetadata& old_metadata, ReshardPlan& plan,
       const int from = plan.old_owners.group_rank[i];
       const int to = plan.new_owners.group_rank[j];
       if (from != plan.me && to != plan.me) continue;
-      std::optional<Piece> piece = Intersect(olds[i], news[j]);
-      if (!piece.has_value()) continue;
-      piece->source = i;
-      piece->target = j;
-      piece->from = from;
-      piece->to = to;
-      const int64_t n = Numel(piece->sizes);
+      std::optional<ShardMetadata> box = Intersect(olds[i], news[j]);
+      if (!box.has_value()) continue;
+      Piece piece;
+      piece.source = i;
+      piece.target = j;
+      piece.from = from;
+      piece.to = to;
+      piece.offsets = box->shard_offsets();
+      piece.sizes = box->shard_sizes();
+      const int64_t n = Numel(piece.sizes);
       if (from == plan.me) {
-        piece->send_offset = plan.send_elems[to];
+        piece.send_offset = plan.send_elems[to];
         plan.send_elems[to] += n;
       }
       if (to == plan.me) {
-        piece->recv_offset = plan.recv_elems[from];
+        piece.recv_offset = plan.recv_elems[from];
         plan.recv_elems[from] += n;
       }
-      plan.pieces.push_back(std::move(*piece));
+      plan.pieces.push_back(std::move(piece));
     }
   }
 }
@@ -258,10 +241,10 @@ absl::StatusOr<ShardedTensor> ShardedTensor::Reshard(const ShardingSpec& spec) {
     if (piece.from != plan.me) continue;
     ASSIGN_OR_RETURN(Tensor view, PieceView(send.per_rank[piece.to],
                                             piece.send_offset, piece));
-    RETURN_IF_ERROR(
-        CopyBox(*old_local[piece.source],
-                Minus(piece.offsets, olds[piece.source].shard_offsets()), view,
-                std::vector<int64_t>(piece.sizes.size(), 0), piece.sizes));
+    RETURN_IF_ERROR(CopyBox(
+        *old_local[piece.source],
+        OffsetsWithin(piece.offsets, olds[piece.source].shard_offsets()), view,
+        std::vector<int64_t>(piece.sizes.size(), 0), piece.sizes));
   }
   RETURN_IF_ERROR(group.AllToAll(send.per_rank, recv.per_rank));
 
@@ -281,7 +264,8 @@ absl::StatusOr<ShardedTensor> ShardedTensor::Reshard(const ShardingSpec& spec) {
     RETURN_IF_ERROR(CopyBox(
         view, std::vector<int64_t>(piece.sizes.size(), 0),
         by_target[piece.target],
-        Minus(piece.offsets, news[piece.target].shard_offsets()), piece.sizes));
+        OffsetsWithin(piece.offsets, news[piece.target].shard_offsets()),
+        piece.sizes));
   }
   RETURN_IF_ERROR(
       ReplaceShards(std::move(new_local), std::move(plan.new_metadata), spec));

@@ -352,6 +352,53 @@ TEST_F(BulkServerTest, AgreesWithTheGrpcPlane) {
   }
 }
 
+TEST_F(BulkServerTest, FetchesRegionsLikeTheGrpcPlane) {
+  const Tensor tensor = Serve("t", Filled({64, 33}, DType::kInt64));
+  const std::string grpc_address = StartGrpcServer();
+  const auto grpc_only = ShardClient::Create(grpc_address);
+  ASSERT_OK_AND_ASSIGN(Tensor box, tensor.Narrow(0, 5, 50));
+  ASSERT_OK_AND_ASSIGN(box, box.Narrow(1, 3, 27));
+  const std::string expected = RowMajorBytes(box);
+  const TensorOptions int64 = TensorOptions().WithDType(DType::kInt64);
+  for (const ShardClient* client : {client_.get(), grpc_only.get()}) {
+    ASSERT_OK_AND_ASSIGN(Tensor into, Tensor::Zeros({50, 27}, int64));
+    int64_t reported = 0;
+    FetchOptions options = Chunked(4096);
+    options.on_chunk = [&reported](int64_t bytes) { reported += bytes; };
+    ASSERT_OK(client->FetchRegionInto("t", 1, {5, 3}, into, options));
+    EXPECT_EQ(RowMajorBytes(into), expected);
+    EXPECT_EQ(reported, 50 * 27 * 8);
+  }
+  // Errors are the same on both planes, and the data-plane connection
+  // stays usable after each.
+  ASSERT_OK_AND_ASSIGN(Tensor ten_rows, Tensor::Zeros({10, 33}, int64));
+  ASSERT_OK_AND_ASSIGN(Tensor row, Tensor::Zeros({33}, int64));
+  struct Case {
+    std::vector<int64_t> offsets;
+    const Tensor* destination;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{60, 0},
+       &ten_rows,
+       absl::StatusCode::kOutOfRange,
+       "leaves the shard (sizes [64, 33])"},
+      {{0},
+       &row,
+       absl::StatusCode::kInvalidArgument,
+       "1 offsets and 1 sizes for a shard of 2 dimensions"},
+      {{0, -3}, &ten_rows, absl::StatusCode::kInvalidArgument, "negative"},
+  };
+  for (const Case& c : cases) {
+    for (const ShardClient* client : {client_.get(), grpc_only.get()}) {
+      EXPECT_THAT(client->FetchRegionInto("t", 1, c.offsets, *c.destination),
+                  StatusIs(c.code, HasSubstr(c.message)));
+    }
+    EXPECT_OK(FetchMatches(*client_, "t", tensor, 1, 4096));
+  }
+}
+
 // ---- raw sockets ------------------------------------------------------------
 
 TEST_F(BulkServerTest, WrongMagicClosesTheConnection) {
@@ -483,6 +530,59 @@ TEST_F(BulkServerTest, ShutdownInterruptsEveryConnectionPromptly) {
   EXPECT_THAT(
       client_->FetchShard("probe", 1, Chunked(0, absl::Seconds(2))),
       StatusIs(absl::StatusCode::kUnavailable, HasSubstr("tensor probe")));
+}
+
+TEST_F(BulkServerTest, ShutdownWithGraceLetsRunningFetchesFinish) {
+  // Bigger than the loopback socket buffers, so the server blocks writing.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor huge,
+      Tensor::Zeros({32 << 20}, TensorOptions().WithDType(DType::kUInt8)));
+  Serve("huge", huge);
+  Socket idle = Dial(server_->address());
+  Socket busy = Dial(server_->address());
+  ASSERT_OK(
+      WriteFrame(busy.fd(), RequestFrame("huge", 1), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(busy.fd()));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  absl::SleepFor(absl::Milliseconds(50));  // Let the socket buffers fill.
+
+  const absl::Time start = absl::Now();
+  std::thread stopper([this] { server_->Shutdown(absl::Seconds(20)); });
+  // Idle connections close at once; new ones are refused.
+  EXPECT_THAT(ReadAfterClose(idle.fd()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_THAT(
+      client_->FetchShard("probe", 1, Chunked(0, absl::Seconds(2))),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("tensor probe")));
+  // The running fetch completes, then its connection closes and Shutdown
+  // returns without waiting out the grace period.
+  ASSERT_OK_AND_ASSIGN(std::string bytes, ReadChunks(busy.fd(), reply));
+  EXPECT_EQ(bytes.size(), size_t{32} << 20);
+  EXPECT_THAT(ReadAfterClose(busy.fd()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  stopper.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(BulkServerTest, ShutdownGraceIsBoundedByStalledReaders) {
+  ASSERT_OK_AND_ASSIGN(
+      Tensor huge,
+      Tensor::Zeros({32 << 20}, TensorOptions().WithDType(DType::kUInt8)));
+  Serve("huge", huge);
+  Socket stalled = Dial(server_->address());
+  ASSERT_OK(
+      WriteFrame(stalled.fd(), RequestFrame("huge", 1), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(stalled.fd()));
+  absl::SleepFor(absl::Milliseconds(50));
+
+  // Nobody reads: the server is stuck writing until the grace ends.
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(250));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_THAT(ReadChunks(stalled.fd(), reply),
+              StatusIs(absl::StatusCode::kUnavailable, _));
 }
 
 // ---- deadlines, unreachable servers, the pool -------------------------------

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "client/remote_shard.h"
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -739,6 +741,152 @@ TEST_F(ShardServiceTest, RemoteShardToHere) {
                                          HasSubstr("unknown tensor t")));
 }
 
+// ---- Region fetches ---------------------------------------------------------
+
+v1::FetchShardRequest RegionRequest(const std::string& id, int64_t index,
+                                    std::vector<int64_t> offsets,
+                                    std::vector<int64_t> sizes) {
+  v1::FetchShardRequest request;
+  request.set_tensor_id(id);
+  request.set_shard_index(index);
+  request.mutable_region_offsets()->Add(offsets.begin(), offsets.end());
+  request.mutable_region_sizes()->Add(sizes.begin(), sizes.end());
+  return request;
+}
+
+TEST_F(ShardServiceTest, RegionHeaderHasTheBoxSizesAndTheShardMetadata) {
+  const Tensor tensor = Pattern({8, 20}, DType::kInt32);
+  auto registered = Serve("t", tensor);
+  ASSERT_OK_AND_ASSIGN(
+      PreparedFetch prepared,
+      PrepareFetch(*registry_, RegionRequest("t", 1, {2, 3}, {4, 12})));
+  EXPECT_THAT(prepared.header.sizes(), ElementsAre(4, 12));
+  EXPECT_EQ(prepared.header.total_bytes(), 4 * 12 * 4);
+  ASSERT_OK_AND_ASSIGN(ShardMetadata metadata,
+                       FromProto(prepared.header.metadata()));
+  EXPECT_EQ(metadata, registered->metadata.shards_metadata[1]);
+  ASSERT_OK_AND_ASSIGN(Tensor box, RegionView(tensor, {2, 3}, {4, 12}));
+  EXPECT_EQ(Bytes(prepared.bytes), Bytes(box));
+  // No region: the whole shard, as before.
+  ASSERT_OK_AND_ASSIGN(prepared,
+                       PrepareFetch(*registry_, RegionRequest("t", 1, {}, {})));
+  EXPECT_THAT(prepared.header.sizes(), ElementsAre(8, 20));
+  EXPECT_EQ(Bytes(prepared.bytes), Bytes(tensor));
+}
+
+TEST_F(ShardServiceTest, FetchesRegionsIntoAnyDestination) {
+  // 64 x 300 int64: a 40 x 250 box is 80 KB, 20 chunks of 4 KiB.
+  const Tensor tensor = Pattern({64, 300}, DType::kInt64);
+  Serve("t", tensor);
+  ASSERT_OK_AND_ASSIGN(Tensor expected,
+                       RegionView(tensor, {10, 25}, {40, 250}));
+  const TensorOptions int64 = TensorOptions().WithDType(DType::kInt64);
+  ASSERT_OK_AND_ASSIGN(Tensor into, Tensor::Zeros({40, 250}, int64));
+  int64_t reported = 0;
+  int chunks = 0;
+  FetchOptions options = WithChunks(4096);
+  options.on_chunk = [&](int64_t bytes) {
+    reported += bytes;
+    ++chunks;
+  };
+  ASSERT_OK(client_->FetchRegionInto("t", 1, {10, 25}, into, options));
+  EXPECT_EQ(Bytes(into), Bytes(expected));
+  EXPECT_EQ(reported, 40 * 250 * 8);
+  EXPECT_EQ(chunks, 20);
+  // A transposed destination.
+  ASSERT_OK_AND_ASSIGN(Tensor tall, Tensor::Zeros({250, 40}, int64));
+  ASSERT_OK_AND_ASSIGN(Tensor transposed, tall.T());
+  ASSERT_OK(client_->FetchRegionInto("t", 1, {10, 25}, transposed));
+  EXPECT_EQ(Bytes(transposed), Bytes(expected));
+  // Edge boxes: one element in the last corner, an empty box at the end.
+  ASSERT_OK_AND_ASSIGN(Tensor corner, Tensor::Zeros({1, 1}, int64));
+  ASSERT_OK(client_->FetchRegionInto("t", 1, {63, 299}, corner));
+  ASSERT_OK_AND_ASSIGN(Tensor last, RegionView(tensor, {63, 299}, {1, 1}));
+  EXPECT_EQ(Bytes(corner), Bytes(last));
+  ASSERT_OK_AND_ASSIGN(Tensor empty, Tensor::Zeros({0, 300}, int64));
+  EXPECT_OK(client_->FetchRegionInto("t", 1, {64, 0}, empty));
+}
+
+TEST_F(ShardServiceTest, RegionOutsideTheShardIsOutOfRange) {
+  Serve("t", Pattern({8, 20}, DType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(Tensor four_rows, Tensor::Zeros({4, 20}));
+  EXPECT_THAT(client_->FetchRegionInto("t", 1, {6, 0}, four_rows),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       HasSubstr("region offsets [6, 0] sizes [4, 20] of shard "
+                                 "1 of tensor t leaves the shard (sizes [8, "
+                                 "20])")));
+  ASSERT_OK_AND_ASSIGN(Tensor wide, Tensor::Zeros({1, 21}));
+  EXPECT_THAT(client_->FetchRegionInto("t", 1, {0, 0}, wide),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
+  // Offsets so large that offset + size overflows int64.
+  EXPECT_THAT(client_->FetchRegionInto(
+                  "t", 1, {0, std::numeric_limits<int64_t>::max()}, wide),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
+}
+
+TEST_F(ShardServiceTest, MalformedRegionsAreInvalidArgument) {
+  Serve("t", Pattern({8, 20}, DType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(Tensor row, Tensor::Zeros({20}));
+  EXPECT_THAT(client_->FetchRegionInto("t", 1, {0}, row),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 offsets and 1 sizes for a shard of 2 "
+                                 "dimensions")));
+  ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({2, 2}));
+  EXPECT_THAT(client_->FetchRegionInto("t", 1, {1}, box),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 offsets and 2 sizes")));
+  EXPECT_THAT(client_->FetchRegionInto("t", 1, {-1, 0}, box),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("negative offsets or sizes")));
+  // Sizes without offsets is a region of the wrong rank, not the shard.
+  EXPECT_THAT(PrepareFetch(*registry_, RegionRequest("t", 1, {}, {8, 20})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("0 offsets and 2 sizes")));
+  EXPECT_THAT(
+      PrepareFetch(*registry_, RegionRequest("t", 1, {0, 0}, {-2, 1})),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+  EXPECT_TRUE(AllFetchesDone());
+}
+
+TEST_F(ShardAssemblerTest, RegionStreamMustMatchTheRequestedRegion) {
+  // A server that sends a 3 x 10 box of the 6 x 10 shard.
+  std::vector<v1::ShardChunk> chunks =
+      Chunks(metadata_, DType::kFloat32, bytes_.substr(0, 3 * 10 * 4), 64);
+  v1::ShardHeader* header = chunks[0].mutable_header();
+  header->set_sizes(0, 3);
+  {
+    ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({3, 10}));
+    ShardAssembler assembler("t", 1, box);
+    assembler.ExpectRegion({0, 0}, {3, 10});
+    ASSERT_OK(Assemble(chunks, assembler));
+    EXPECT_EQ(Bytes(box), bytes_.substr(0, 3 * 10 * 4));
+  }
+  {
+    // Without ExpectRegion the box is not the shard the metadata names.
+    ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({3, 10}));
+    ShardAssembler assembler("t", 1, box);
+    EXPECT_THAT(Assemble(chunks, assembler),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("differ")));
+  }
+  {
+    // A box other than the one asked for.
+    ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({2, 10}));
+    ShardAssembler assembler("t", 1, box);
+    assembler.ExpectRegion({0, 0}, {2, 10});
+    EXPECT_THAT(Assemble(chunks, assembler),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr("differ from the requested region's")));
+  }
+  {
+    // A requested region the shard cannot hold.
+    ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({3, 10}));
+    ShardAssembler assembler("t", 1, box);
+    assembler.ExpectRegion({4, 0}, {3, 10});
+    EXPECT_THAT(Assemble(chunks, assembler),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("leaves")));
+  }
+}
+
 TEST_F(ShardServiceTest, CudaShardsAndDestinations) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible";
   const Tensor host = Pattern({300, 70}, DType::kFloat32);
@@ -760,6 +908,12 @@ TEST_F(ShardServiceTest, CudaShardsAndDestinations) {
   ASSERT_OK_AND_ASSIGN(Shard pinned, client_->FetchShard("t", 1, pinned_host));
   EXPECT_TRUE(pinned.tensor.is_pinned());
   EXPECT_EQ(Bytes(pinned.tensor), Bytes(host));
+  // A region of the CUDA shard into a region of a CUDA destination.
+  ASSERT_OK_AND_ASSIGN(Tensor region, wide.Narrow(0, 100, 50));
+  ASSERT_OK_AND_ASSIGN(region, region.Narrow(1, 0, 30));
+  ASSERT_OK(client_->FetchRegionInto("t", 1, {7, 40}, region));
+  ASSERT_OK_AND_ASSIGN(Tensor expected, RegionView(host, {7, 40}, {50, 30}));
+  EXPECT_EQ(Bytes(region), Bytes(expected));
 }
 
 }  // namespace

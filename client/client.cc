@@ -1,0 +1,512 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/grpc_status.h"
+#include "client/region_transfer.h"
+#include "client/shard_client.h"
+#include "common/proto_convert.h"
+#include "common/region.h"
+#include "common/status_macros.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "tessera/v1/control.grpc.pb.h"
+
+namespace tessera {
+namespace internal_client {
+
+// One daemon: a channel shared by its control stub, its health stub and
+// its shard client.
+struct Worker {
+  v1::WorkerAddress address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ControlService::Stub> control;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  std::shared_ptr<ShardClient> shards;
+};
+
+// The connections of a Client and its views. Immutable after Connect, so
+// safe to share between threads (stubs and channels are thread-safe).
+class Cluster {
+ public:
+  static absl::StatusOr<std::shared_ptr<Cluster>> Connect(
+      const std::string& address, const ClientOptions& options) {
+    auto cluster = std::shared_ptr<Cluster>(new Cluster(options));
+    const std::shared_ptr<grpc::Channel> channel = NewShardChannel(address);
+    const std::unique_ptr<v1::ControlService::Stub> stub =
+        v1::ControlService::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    RETURN_IF_ERROR(
+        Annotate(FromGrpcStatus(stub->GetCluster(
+                     &context, v1::GetClusterRequest(), &cluster->info_)),
+                 absl::StrCat("connecting to ", address)));
+    const v1::ClusterInfo& info = cluster->info_;
+    if (info.world_size() <= 0 || info.workers_size() != info.world_size() ||
+        info.rank() < 0 || info.rank() >= info.world_size()) {
+      return absl::DataLossError(absl::StrCat(
+          "connecting to ", address, ": malformed cluster description (",
+          info.workers_size(), " workers, world size ", info.world_size(),
+          ", rank ", info.rank(), ")"));
+    }
+    for (int r = 0; r < info.workers_size(); ++r) {
+      const v1::WorkerAddress& worker = info.workers(r);
+      if (worker.rank() != r) {
+        return absl::DataLossError(
+            absl::StrCat("connecting to ", address, ": worker ", r,
+                         " says it is rank ", worker.rank()));
+      }
+      auto connection = std::make_unique<Worker>();
+      connection->address = worker;
+      // The daemon answering is reached where the caller reached it; the
+      // others where they advertise themselves.
+      connection->channel =
+          r == info.rank() ? channel : NewShardChannel(worker.address());
+      connection->control = v1::ControlService::NewStub(connection->channel);
+      connection->health =
+          grpc::health::v1::Health::NewStub(connection->channel);
+      connection->shards = std::make_shared<ShardClient>(
+          connection->channel,
+          options.data_plane ? worker.data_address() : std::string());
+      cluster->workers_.push_back(std::move(connection));
+    }
+    return cluster;
+  }
+
+  const v1::ClusterInfo& info() const { return info_; }
+  const ClientOptions& options() const { return options_; }
+  // The daemon Connect talked to: control calls go there.
+  const Worker& coordinator() const { return *workers_[info_.rank()]; }
+  const std::vector<std::unique_ptr<Worker>>& workers() const {
+    return workers_;
+  }
+  absl::StatusOr<const Worker*> worker(int rank) const {
+    if (rank < 0 || rank >= static_cast<int>(workers_.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " is not in the cluster of ", workers_.size()));
+    }
+    return workers_[rank].get();
+  }
+
+  // A context whose deadline is the control timeout from now.
+  std::unique_ptr<grpc::ClientContext> ControlContext() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    return context;
+  }
+
+ private:
+  explicit Cluster(ClientOptions options) : options_(std::move(options)) {}
+
+  const ClientOptions options_;
+  v1::ClusterInfo info_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace internal_client
+
+namespace {
+
+using internal_client::Cluster;
+using internal_client::Worker;
+
+// Runs one unary control call on the coordinator under the control
+// deadline; errors keep the daemon's code, prefixed with `what`.
+template <typename Request, typename Response>
+absl::Status Control(const Cluster& cluster,
+                     grpc::Status (v1::ControlService::Stub::*method)(
+                         grpc::ClientContext*, const Request&, Response*),
+                     const Request& request, Response* response,
+                     absl::string_view what) {
+  const std::unique_ptr<grpc::ClientContext> context = cluster.ControlContext();
+  return Annotate(FromGrpcStatus(((*cluster.coordinator().control).*method)(
+                      context.get(), request, response)),
+                  what);
+}
+
+// The model of a TensorInfo a daemon sent, checked.
+absl::StatusOr<ShardedTensorMetadata> MetadataOf(const v1::TensorInfo& info) {
+  absl::StatusOr<ShardedTensorMetadata> metadata = FromProto(info.metadata());
+  if (!metadata.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("tensor ", info.name(),
+                     ": malformed metadata: ", metadata.status().message()));
+  }
+  if (static_cast<size_t>(info.shard_ranks_size()) !=
+      metadata->shards_metadata.size()) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor ", info.name(), ": ", info.shard_ranks_size(), " owners for ",
+        metadata->shards_metadata.size(), " shards"));
+  }
+  return metadata;
+}
+
+// A control call answered with one TensorInfo, and the info's model.
+struct Described {
+  v1::TensorInfo info;
+  ShardedTensorMetadata metadata;
+};
+
+template <typename Request>
+absl::StatusOr<Described> Describe(
+    const Cluster& cluster,
+    grpc::Status (v1::ControlService::Stub::*method)(grpc::ClientContext*,
+                                                     const Request&,
+                                                     v1::TensorInfo*),
+    const Request& request, absl::string_view what) {
+  Described described;
+  RETURN_IF_ERROR(Control(cluster, method, request, &described.info, what));
+  ASSIGN_OR_RETURN(described.metadata, MetadataOf(described.info));
+  return described;
+}
+
+v1::InitKind InitKindOf(TensorInit init) {
+  switch (init) {
+    case TensorInit::kEmpty:
+      return v1::INIT_KIND_EMPTY;
+    case TensorInit::kZeros:
+      return v1::INIT_KIND_ZEROS;
+    case TensorInit::kOnes:
+      return v1::INIT_KIND_ONES;
+    case TensorInit::kFull:
+      return v1::INIT_KIND_FULL;
+    case TensorInit::kRand:
+      return v1::INIT_KIND_RAND;
+    case TensorInit::kRandn:
+      return v1::INIT_KIND_RANDN;
+  }
+  return v1::INIT_KIND_UNSPECIFIED;
+}
+
+absl::Status CheckDType(const Tensor& tensor, DType dtype,
+                        absl::string_view what) {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": undefined tensor"));
+  }
+  if (tensor.dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", tensor.DebugString(),
+                     " is not of the tensor's dtype ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+// A region's bytes: product(sizes) * element size (the region is inside
+// the tensor, so this cannot overflow for a real tensor).
+int64_t RegionBytes(absl::Span<const int64_t> sizes, DType dtype) {
+  return CheckedProduct(sizes).value_or(0) *
+         static_cast<int64_t>(ElementSize(dtype));
+}
+
+}  // namespace
+
+// ---- ShardedTensorView ------------------------------------------------------
+
+ShardedTensorView::ShardedTensorView(std::shared_ptr<Cluster> cluster,
+                                     v1::TensorInfo info,
+                                     ShardedTensorMetadata metadata)
+    : cluster_(std::move(cluster)),
+      info_(std::move(info)),
+      metadata_(std::move(metadata)) {}
+
+std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
+  std::vector<RemoteShard> shards;
+  shards.reserve(metadata_.shards_metadata.size());
+  for (size_t i = 0; i < metadata_.shards_metadata.size(); ++i) {
+    const int owner = owner_rank(i);
+    WorkerInfo worker;
+    worker.id = owner;
+    std::shared_ptr<ShardClient> client;
+    absl::StatusOr<const Worker*> connection = cluster_->worker(owner);
+    if (connection.ok()) {
+      worker.name = (*connection)->address.name();
+      worker.address = (*connection)->address.address();
+      if (cluster_->options().data_plane) {
+        worker.bulk_address = (*connection)->address.data_address();
+      }
+      client = (*connection)->shards;
+    }
+    shards.emplace_back(std::move(worker), tensor_id(), static_cast<int64_t>(i),
+                        metadata_.shards_metadata[i], std::move(client));
+  }
+  return shards;
+}
+
+absl::StatusOr<Tensor> ShardedTensorView::ReadRegion(
+    absl::Span<const int64_t> offsets, absl::Span<const int64_t> sizes,
+    const TransferOptions& options) const {
+  RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
+                                 absl::StrCat("tensor ", name()), "tensor"));
+  ASSIGN_OR_RETURN(Tensor destination,
+                   Tensor::Empty(sizes, TensorOptions().WithDType(dtype())));
+  RETURN_IF_ERROR(ReadRegionInto(offsets, destination, options));
+  return destination;
+}
+
+absl::Status ShardedTensorView::ReadRegionInto(
+    absl::Span<const int64_t> offsets, const Tensor& destination,
+    const TransferOptions& options) const {
+  const std::string what = absl::StrCat("reading tensor ", name());
+  RETURN_IF_ERROR(CheckDType(destination, dtype(), what));
+  if (!destination.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the destination ",
+                                                   destination.DebugString(),
+                                                   " is not on the CPU"));
+  }
+  const std::vector<int64_t>& sizes = destination.sizes();
+  RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
+                                 absl::StrCat("tensor ", name()), "tensor"));
+  ASSIGN_OR_RETURN(
+      const ShardMetadata region,
+      ShardMetadata::Create({offsets.begin(), offsets.end()}, sizes));
+  const std::vector<RegionOverlap> overlaps =
+      Overlaps(metadata_.shards_metadata, region);
+  const absl::Time deadline = absl::Now() + options.timeout;
+  ProgressCounter progress(RegionBytes(sizes, dtype()), options.progress);
+  RETURN_IF_ERROR(RunInParallel(
+      overlaps.size(), options.parallelism, [&](size_t k) -> absl::Status {
+        const RegionOverlap& overlap = overlaps[k];
+        const ShardMetadata& shard = metadata_.shards_metadata[overlap.shard];
+        const int owner = owner_rank(overlap.shard);
+        ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
+        ASSIGN_OR_RETURN(
+            Tensor view,
+            RegionView(destination,
+                       OffsetsWithin(overlap.box.shard_offsets(), offsets),
+                       overlap.box.shard_sizes()));
+        FetchOptions fetch;
+        fetch.chunk_bytes = options.chunk_bytes;
+        fetch.timeout = deadline - absl::Now();
+        fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
+        return Annotate(worker->shards->FetchRegionInto(
+                            tensor_id(), static_cast<int64_t>(overlap.shard),
+                            OffsetsWithin(overlap.box.shard_offsets(),
+                                          shard.shard_offsets()),
+                            view, fetch),
+                        absl::StrCat(what, " from rank ", owner, " (",
+                                     worker->address.address(), ")"));
+      }));
+  progress.Finish();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ShardedTensorView::Read(
+    const TransferOptions& options) const {
+  const std::vector<int64_t> origin(metadata_.size.size(), 0);
+  return ReadRegion(origin, metadata_.size, options);
+}
+
+absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
+                                      const Tensor& data,
+                                      const TransferOptions& options) const {
+  const std::string what = absl::StrCat("writing tensor ", name());
+  RETURN_IF_ERROR(CheckDType(data, dtype(), what));
+  RETURN_IF_ERROR(ValidateRegion(offsets, data.sizes(), metadata_.size,
+                                 absl::StrCat("tensor ", name()), "tensor"));
+  ASSIGN_OR_RETURN(
+      const ShardMetadata region,
+      ShardMetadata::Create({offsets.begin(), offsets.end()}, data.sizes()));
+  const std::vector<RegionOverlap> overlaps =
+      Overlaps(metadata_.shards_metadata, region);
+  RegionWriteOptions write;
+  write.chunk_bytes = options.chunk_bytes;
+  write.deadline = absl::Now() + options.timeout;
+  ProgressCounter progress(RegionBytes(data.sizes(), dtype()),
+                           options.progress);
+  write.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
+  RETURN_IF_ERROR(RunInParallel(
+      overlaps.size(), options.parallelism, [&](size_t k) -> absl::Status {
+        const RegionOverlap& overlap = overlaps[k];
+        const int owner = owner_rank(overlap.shard);
+        ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
+        ASSIGN_OR_RETURN(
+            Tensor part,
+            RegionView(data,
+                       OffsetsWithin(overlap.box.shard_offsets(), offsets),
+                       overlap.box.shard_sizes()));
+        // Each owner gets only what its shard holds, pinned to this view's
+        // tensor id, so it writes locally and never into a new layout.
+        return Annotate(WriteRegion(*worker->control, name(), tensor_id(),
+                                    overlap.box.shard_offsets(), part, write)
+                            .status(),
+                        absl::StrCat(what, " on rank ", owner, " (",
+                                     worker->address.address(), ")"));
+      }));
+  progress.Finish();
+  return absl::OkStatus();
+}
+
+// ---- Client -----------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Client>> Client::Connect(
+    const std::string& address, const ClientOptions& options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Cluster> cluster,
+                   Cluster::Connect(address, options));
+  return std::shared_ptr<Client>(new Client(std::move(cluster)));
+}
+
+Client::Client(std::shared_ptr<Cluster> cluster)
+    : cluster_(std::move(cluster)) {}
+
+Client::~Client() = default;
+
+const v1::ClusterInfo& Client::cluster() const { return cluster_->info(); }
+
+absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
+                                                 std::vector<int64_t> sizes,
+                                                 const ShardingSpec& spec,
+                                                 const CreateOptions& options) {
+  v1::CreateTensorRequest request;
+  request.set_name(name);
+  request.mutable_sizes()->Add(sizes.begin(), sizes.end());
+  request.set_dtype(tessera::ToProto(options.dtype));
+  *request.mutable_spec() = tessera::ToProto(spec);
+  request.set_init(InitKindOf(options.init));
+  request.set_fill_value(options.fill_value);
+  request.set_seed(options.seed);
+  ASSIGN_OR_RETURN(Described created,
+                   Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
+                            request, absl::StrCat("creating tensor ", name)));
+  return ShardedTensorView(cluster_, std::move(created.info),
+                           std::move(created.metadata));
+}
+
+absl::StatusOr<std::vector<ShardedTensorView>> Client::List() const {
+  v1::ListTensorsResponse response;
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::ListTensors,
+                          v1::ListTensorsRequest(), &response,
+                          "listing tensors"));
+  std::vector<ShardedTensorView> views;
+  for (v1::TensorInfo& info : *response.mutable_tensors()) {
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(info));
+    views.push_back(
+        ShardedTensorView(cluster_, std::move(info), std::move(metadata)));
+  }
+  std::sort(views.begin(), views.end(),
+            [](const ShardedTensorView& a, const ShardedTensorView& b) {
+              return a.name() < b.name();
+            });
+  return views;
+}
+
+absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
+  v1::DescribeNamedTensorRequest request;
+  request.set_name(name);
+  ASSIGN_OR_RETURN(
+      Described opened,
+      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
+               absl::StrCat("opening tensor ", name)));
+  return ShardedTensorView(cluster_, std::move(opened.info),
+                           std::move(opened.metadata));
+}
+
+absl::Status Client::Delete(const std::string& name) {
+  v1::DeleteTensorRequest request;
+  request.set_name(name);
+  v1::DeleteTensorResponse response;
+  return Control(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
+                 &response, absl::StrCat("deleting tensor ", name));
+}
+
+absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
+                                                  const ShardingSpec& spec) {
+  v1::ReshardRequest request;
+  request.set_name(name);
+  *request.mutable_spec() = tessera::ToProto(spec);
+  ASSIGN_OR_RETURN(Described resharded,
+                   Describe(*cluster_, &v1::ControlService::Stub::Reshard,
+                            request, absl::StrCat("resharding tensor ", name)));
+  return ShardedTensorView(cluster_, std::move(resharded.info),
+                           std::move(resharded.metadata));
+}
+
+absl::StatusOr<Tensor> Client::Gather(const std::string& name,
+                                      const TransferOptions& options) const {
+  static const auto* method = new std::string(
+      absl::StrCat("/", v1::ControlService::service_full_name(), "/Gather"));
+  v1::GatherRequest request;
+  request.set_name(name);
+  request.set_chunk_bytes(options.chunk_bytes);
+  ShardAssembler assembler(name, -1, Device::Cpu(), /*pin_memory=*/false);
+  assembler.set_name(absl::StrCat("gather of tensor ", name));
+  // The size is known once the header arrived.
+  ProgressCounter progress(0, options.progress);
+  assembler.set_on_chunk([&progress, &assembler](int64_t bytes) {
+    progress.SetTotal(assembler.total_bytes());
+    progress.Add(bytes);
+  });
+  RETURN_IF_ERROR(ReceiveChunkStream(cluster_->coordinator().channel, *method,
+                                     request, absl::Now() + options.timeout,
+                                     absl::StrCat("gathering tensor ", name),
+                                     &assembler));
+  progress.SetTotal(assembler.total_bytes());
+  progress.Finish();
+  return assembler.destination();
+}
+
+absl::StatusOr<std::vector<std::string>> Client::Save(
+    const std::string& path, const std::vector<std::string>& names) {
+  v1::SaveCheckpointRequest request;
+  request.set_path(path);
+  for (const std::string& name : names) request.add_names(name);
+  v1::SaveCheckpointResponse response;
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
+                          request, &response,
+                          absl::StrCat("saving a checkpoint to ", path)));
+  return std::vector<std::string>(response.names().begin(),
+                                  response.names().end());
+}
+
+absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
+    const v1::LoadCheckpointRequest& request) {
+  v1::LoadCheckpointResponse response;
+  RETURN_IF_ERROR(Control(
+      *cluster_, &v1::ControlService::Stub::LoadCheckpoint, request, &response,
+      absl::StrCat("loading the checkpoint ", request.path())));
+  std::vector<ShardedTensorView> views;
+  for (v1::TensorInfo& info : *response.mutable_tensors()) {
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(info));
+    views.push_back(
+        ShardedTensorView(cluster_, std::move(info), std::move(metadata)));
+  }
+  return views;
+}
+
+// Daemons asked at once by Health(): one that hangs costs the timeout once
+// per this many.
+constexpr int kHealthParallelism = 64;
+
+std::vector<absl::Status> Client::Health() const {
+  const auto& workers = cluster_->workers();
+  std::vector<absl::Status> health(workers.size());
+  RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
+    const Worker& worker = *workers[r];
+    const std::string who =
+        absl::StrCat("daemon ", worker.address.name(), " (rank ", r, ") at ",
+                     worker.address.address());
+    const std::unique_ptr<grpc::ClientContext> context =
+        cluster_->ControlContext();
+    grpc::health::v1::HealthCheckResponse response;
+    const absl::Status called = FromGrpcStatus(worker.health->Check(
+        context.get(), grpc::health::v1::HealthCheckRequest(), &response));
+    if (!called.ok()) {
+      health[r] =
+          absl::UnavailableError(absl::StrCat(who, ": ", called.ToString()));
+    } else if (response.status() !=
+               grpc::health::v1::HealthCheckResponse::SERVING) {
+      health[r] = absl::UnavailableError(absl::StrCat(
+          who, ": ",
+          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+              response.status())));
+    }
+    // Always OK, so that every daemon is asked.
+    return absl::OkStatus();
+  }).IgnoreError();
+  return health;
+}
+
+}  // namespace tessera

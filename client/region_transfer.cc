@@ -1,0 +1,128 @@
+#include "client/region_transfer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/grpc_status.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "xxhash.h"
+
+namespace tessera {
+
+absl::Status RunInParallel(size_t n, int parallelism,
+                           const std::function<absl::Status(size_t)>& body) {
+  if (n == 0) return absl::OkStatus();
+  if (n == 1) return body(0);
+  std::vector<absl::Status> results(n);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  const auto work = [&] {
+    for (size_t i = next++; i < n && !failed.load(); i = next++) {
+      results[i] = body(i);
+      if (!results[i].ok()) failed.store(true);
+    }
+  };
+  const size_t threads =
+      std::min(n, static_cast<size_t>(std::max(parallelism, 1)));
+  std::vector<std::thread> workers;
+  workers.reserve(threads);
+  for (size_t t = 0; t < threads; ++t) workers.emplace_back(work);
+  for (std::thread& worker : workers) worker.join();
+  for (const absl::Status& result : results) {
+    RETURN_IF_ERROR(result);
+  }
+  return absl::OkStatus();
+}
+
+ProgressCounter::ProgressCounter(
+    int64_t total, std::function<void(int64_t done, int64_t total)> progress)
+    : total_(total), progress_(std::move(progress)) {}
+
+void ProgressCounter::SetTotal(int64_t total) {
+  absl::MutexLock lock(&mu_);
+  total_ = total;
+}
+
+void ProgressCounter::Add(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  done_ += bytes;
+  reported_done_ = done_ == total_;
+  if (progress_) progress_(done_, total_);
+}
+
+void ProgressCounter::Finish() {
+  absl::MutexLock lock(&mu_);
+  if (reported_done_) return;
+  done_ = total_;
+  reported_done_ = true;
+  if (progress_) progress_(done_, total_);
+}
+
+int64_t WriteChunkBytesFor(int64_t requested) {
+  if (requested <= 0) return kDefaultWriteChunkBytes;
+  return std::clamp(requested, kMinWriteChunkBytes, kMaxWriteChunkBytes);
+}
+
+absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
+                                    const std::string& name,
+                                    const std::string& tensor_id,
+                                    absl::Span<const int64_t> offsets,
+                                    const Tensor& data,
+                                    const RegionWriteOptions& options) {
+  if (!data.defined()) {
+    return absl::InvalidArgumentError("WriteRegion: undefined data");
+  }
+  // The bytes to send, row-major in host memory.
+  ASSIGN_OR_RETURN(const Tensor bytes, data.device().is_cpu()
+                                           ? data.Contiguous()
+                                           : data.To(Device::Cpu()));
+  const int64_t total = static_cast<int64_t>(bytes.nbytes());
+  const int64_t chunk_bytes = WriteChunkBytesFor(options.chunk_bytes);
+  const char* base = static_cast<const char*>(bytes.data_ptr());
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(options.deadline));
+  v1::WriteRegionResponse response;
+  std::unique_ptr<grpc::ClientWriterInterface<v1::WriteRegionChunk>> writer =
+      stub.WriteRegion(&context, &response);
+  v1::WriteRegionChunk chunk;
+  v1::WriteRegionHeader* header = chunk.mutable_header();
+  header->set_name(name);
+  header->set_tensor_id(tensor_id);
+  header->mutable_offsets()->Add(offsets.begin(), offsets.end());
+  header->mutable_sizes()->Add(data.sizes().begin(), data.sizes().end());
+  header->set_dtype(ToProto(data.dtype()));
+  header->set_total_bytes(total);
+  int64_t offset = 0;
+  // One message even for an empty box: it carries the header.
+  do {
+    const int64_t size = std::min(chunk_bytes, total - offset);
+    chunk.set_offset(offset);
+    chunk.set_data(size > 0 ? base + offset : "", static_cast<size_t>(size));
+    chunk.set_checksum(XXH3_64bits(chunk.data().data(), chunk.data().size()));
+    // A failed write means the stream is over (the daemon refused it or
+    // the connection broke): Finish says why.
+    if (!writer->Write(chunk)) break;
+    if (options.on_chunk && size > 0) options.on_chunk(size);
+    chunk.clear_header();
+    offset += size;
+  } while (offset < total);
+  writer->WritesDone();
+  RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  if (offset != total) {
+    // The daemon closed the stream early yet reported success.
+    return absl::DataLossError(absl::StrCat("WriteRegion of tensor ", name,
+                                            ": the daemon accepted ", offset,
+                                            " of ", total, " bytes"));
+  }
+  return response.bytes_written();
+}
+
+}  // namespace tessera

@@ -1,0 +1,96 @@
+// Region transfers: the pieces that both the client library (client.h) and
+// the daemons (server/region_io.h) use to move a box of a named tensor.
+//
+//  - RunInParallel: runs independent transfers (one per shard overlap), a
+//    bounded number at once.
+//  - ProgressCounter: aggregates the bytes of parallel transfers into one
+//    serialized (done, total) progress stream.
+//  - WriteRegion: the client side of ControlService.WriteRegion: a header,
+//    then the box's row-major bytes in chunks, each with its XXH3-64.
+//
+// Thread-safety: the functions are safe to call concurrently; a
+// ProgressCounter is safe to share between the transfers it counts.
+#ifndef TESSERA_CLIENT_REGION_TRANSFER_H_
+#define TESSERA_CLIENT_REGION_TRANSFER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/tensor.h"
+#include "tessera/v1/control.grpc.pb.h"
+
+namespace tessera {
+
+// Runs body(0), ..., body(n - 1), at most `parallelism` (at least 1) at
+// once, on threads of its own (a single task runs on the calling thread).
+// Once a task has failed no new one starts; the call returns when every
+// started task has ended, with the error of the lowest-numbered task that
+// failed, or OK.
+absl::Status RunInParallel(size_t n, int parallelism,
+                           const std::function<absl::Status(size_t)>& body);
+
+// Sums the bytes of concurrent transfers and reports (done, total) to
+// `progress` (which may be empty), one call at a time, under a lock: done
+// only grows. Keep `progress` cheap: transfers wait for it.
+class ProgressCounter {
+ public:
+  ProgressCounter(int64_t total,
+                  std::function<void(int64_t done, int64_t total)> progress);
+  // For a transfer that learns its size late (a Gather's header).
+  void SetTotal(int64_t total);
+  void Add(int64_t bytes);
+  // Reports (total, total) once more unless that was the last report, so
+  // that a completed transfer always ends with done == total (also for
+  // zero bytes). Call on success only.
+  void Finish();
+
+ private:
+  absl::Mutex mu_;
+  int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_ ABSL_GUARDED_BY(mu_);
+  bool reported_done_ ABSL_GUARDED_BY(mu_) = false;
+  const std::function<void(int64_t, int64_t)> progress_;
+};
+
+// Chunks of a WriteRegion stream: the requested size is clamped to
+// [kMinWriteChunkBytes, kMaxWriteChunkBytes] (the maximum leaves room for
+// the header under gRPC's default 4 MiB receive limit); 0 means
+// kDefaultWriteChunkBytes.
+inline constexpr int64_t kMinWriteChunkBytes = 4 << 10;
+inline constexpr int64_t kDefaultWriteChunkBytes = 1 << 20;
+inline constexpr int64_t kMaxWriteChunkBytes = 3 << 20;
+int64_t WriteChunkBytesFor(int64_t requested);
+
+struct RegionWriteOptions {
+  // Largest chunk (see WriteChunkBytesFor).
+  int64_t chunk_bytes = 0;
+  // Deadline of the call.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Called after each chunk was handed to gRPC, with its size in bytes.
+  std::function<void(int64_t bytes)> on_chunk;
+};
+
+// Writes `data` (any strides; on the CPU, or CUDA, staged through host
+// memory) as the box at global `offsets` of the tensor `name` through
+// `stub`'s WriteRegion; with a non-empty `tensor_id`, the daemon refuses
+// the write (FAILED_PRECONDITION) unless the tensor still has that id.
+// Returns the bytes the daemon reports written. Errors are the daemon's
+// (NOT_FOUND, INVALID_ARGUMENT, OUT_OF_RANGE, DATA_LOSS...) or the call's
+// (UNAVAILABLE, DEADLINE_EXCEEDED), as they are: callers add context.
+absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
+                                    const std::string& name,
+                                    const std::string& tensor_id,
+                                    absl::Span<const int64_t> offsets,
+                                    const Tensor& data,
+                                    const RegionWriteOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_REGION_TRANSFER_H_
