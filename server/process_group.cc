@@ -184,6 +184,39 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(
   return result;
 }
 
+absl::StatusOr<std::vector<absl::Status>> AllGatherStatuses(
+    ProcessGroup& group, const absl::Status& local) {
+  // One byte of code, then the message; empty for OK.
+  std::string mine;
+  if (!local.ok()) {
+    mine = absl::StrCat(std::string(1, static_cast<char>(local.code())),
+                        local.message());
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                   AllGatherBytes(group, mine));
+  std::vector<absl::Status> statuses(gathered.size());
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    const std::string& record = gathered[r];
+    if (record.empty()) continue;
+    const auto code =
+        static_cast<absl::StatusCode>(static_cast<unsigned char>(record[0]));
+    statuses[r] = absl::Status(
+        code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+        absl::StrCat("on rank ", group.global_ranks()[r], ": ",
+                     absl::string_view(record).substr(1)));
+  }
+  return statuses;
+}
+
+absl::Status AllGatherStatus(ProcessGroup& group, const absl::Status& local) {
+  ASSIGN_OR_RETURN(std::vector<absl::Status> statuses,
+                   AllGatherStatuses(group, local));
+  for (absl::Status& status : statuses) {
+    if (!status.ok()) return std::move(status);
+  }
+  return absl::OkStatus();
+}
+
 namespace collective {
 namespace {
 

@@ -148,6 +148,18 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateProcessGroup(
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(
     ProcessGroup& group, absl::string_view bytes);
 
+// Agreement on an outcome (collective): exchanges each member's `local`
+// status. AllGatherStatuses returns every member's, in group-rank order,
+// each error's message prefixed "on rank <global rank>: " (code kept).
+// AllGatherStatus returns the same answer on every member: OK when every
+// member is OK, otherwise the lowest failing member's annotated status; so
+// members that went through the same steps agree on whether to commit them.
+// An error of the exchange itself (a dead peer: UNAVAILABLE,
+// DEADLINE_EXCEEDED) is returned as is, and then members may disagree.
+absl::StatusOr<std::vector<absl::Status>> AllGatherStatuses(
+    ProcessGroup& group, const absl::Status& local);
+absl::Status AllGatherStatus(ProcessGroup& group, const absl::Status& local);
+
 // Helpers for backends: argument checks and cross-member agreement, so
 // that every backend rejects the same calls with the same messages.
 namespace collective {

@@ -308,6 +308,40 @@ TEST_P(ProcessGroupTest, AllGatherBytesOfDifferentLengths) {
   });
 }
 
+TEST_P(ProcessGroupTest, AllGatherStatusAgreesOnTheFirstFailure) {
+  RunRanks([&](ProcessGroup& group) {
+    EXPECT_OK(AllGatherStatus(group, absl::OkStatus()));
+    // Member `first` and the last one fail, with different codes; every
+    // member gets the first's error, annotated with its global rank.
+    const int first = std::min(1, group.size() - 1);
+    const int last = group.size() - 1;
+    absl::Status mine = absl::OkStatus();
+    if (group.rank() == first) {
+      mine = absl::NotFoundError("no such thing");
+    } else if (group.rank() == last) {
+      mine = absl::InternalError("broken");
+    }
+    EXPECT_THAT(AllGatherStatus(group, mine),
+                StatusIs(absl::StatusCode::kNotFound,
+                         absl::StrCat("on rank ", group.global_ranks()[first],
+                                      ": no such thing")));
+    ASSERT_OK_AND_ASSIGN(std::vector<absl::Status> all,
+                         AllGatherStatuses(group, mine));
+    ASSERT_EQ(all.size(), static_cast<size_t>(group.size()));
+    for (int r = 0; r < group.size(); ++r) {
+      if (r == first) {
+        EXPECT_THAT(all[r], StatusIs(absl::StatusCode::kNotFound,
+                                     HasSubstr("no such thing")));
+      } else if (r == last) {
+        EXPECT_THAT(all[r],
+                    StatusIs(absl::StatusCode::kInternal, HasSubstr("broken")));
+      } else {
+        EXPECT_OK(all[r]);
+      }
+    }
+  });
+}
+
 TEST_P(ProcessGroupTest, ArgumentErrorsFailOnCallingRankOnly) {
   RunRanks([&](ProcessGroup& group) {
     const TensorOptions f32 = TensorOptions().WithDevice(group.device());
