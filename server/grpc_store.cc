@@ -342,6 +342,9 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
                            &port);
+  // Two stores sharing a port (gRPC's default SO_REUSEPORT) would split the
+  // world: a busy port fails instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -110,7 +111,7 @@ Rank::Rank(RankOptions options)
       registry_(std::make_shared<ShardRegistry>()) {}
 
 Rank::~Rank() {
-  StopServer();
+  StopServer(RankShutdownOptions().grace);
   if (world_ != nullptr) world_->Shutdown();
   absl::MutexLock lock(&mu_);
   for (auto& group : groups_) group->Shutdown();
@@ -199,6 +200,9 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   int port = 0;
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &port);
+  // A busy port must fail here, not be shared with another server (gRPC
+  // sets SO_REUSEPORT by default).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   ConfigureShardServer(&builder);
   builder.RegisterService(service_.get());
   for (grpc::Service* service : options.services) {
@@ -207,8 +211,13 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "shard server could not listen on ", options.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("shard server could not listen on ",
+                     options.listen_address, " (port in use?)"));
+  }
+  // Not serving until the owner says so: its services may need starting.
+  if (options.health_and_reflection) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
   }
   std::string host = options.advertise_host.empty()
                          ? HostOf(options.listen_address)
@@ -223,7 +232,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
     auto bulk = BulkServer::Start(HostOf(options.listen_address), registry_,
                                   bulk_options);
     if (!bulk.ok()) {
-      StopServer();
+      StopServer(absl::ZeroDuration());
       return bulk.status();
     }
     bulk_ = *std::move(bulk);
@@ -236,7 +245,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
                    options_.store->CompareSet(WorkerNameKey(name), "",
                                               absl::StrCat(rpc_rank)));
   if (owner != absl::StrCat(rpc_rank)) {
-    StopServer();
+    StopServer(absl::ZeroDuration());
     return absl::AlreadyExistsError(
         absl::StrCat("worker name ", name, " is taken by RPC rank ", owner));
   }
@@ -319,13 +328,21 @@ std::string Rank::NextTensorId(const ProcessGroup& group) {
   return absl::StrCat(group.name(), "/", tensor_counts_[group.name()]++);
 }
 
-void Rank::StopServer() {
-  if (bulk_ != nullptr) bulk_->Shutdown();
-  if (server_ == nullptr) return;
-  // Fetches still streaming get a short grace period, then are cancelled.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server_->Wait();
-  server_.reset();
+void Rank::StopServer(absl::Duration grace) {
+  // Both planes drain at once: each refuses new work at once, lets running
+  // fetches finish until the deadline, then cancels what is left.
+  const absl::Time deadline = absl::Now() + grace;
+  std::thread bulk_drain;
+  if (bulk_ != nullptr) {
+    bulk_drain =
+        std::thread([bulk = bulk_.get(), grace] { bulk->Shutdown(grace); });
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(deadline));
+    server_->Wait();
+    server_.reset();
+  }
+  if (bulk_drain.joinable()) bulk_drain.join();
 }
 
 absl::Status Rank::Barrier() {
@@ -335,15 +352,15 @@ absl::Status Rank::Barrier() {
   return absl::OkStatus();
 }
 
-absl::Status Rank::Shutdown() {
+absl::Status Rank::Shutdown(const RankShutdownOptions& options) {
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::OkStatus();
     shut_down_ = true;
   }
   // Nobody stops serving while a peer may still fetch from it.
-  absl::Status barrier = Barrier();
-  StopServer();
+  absl::Status barrier = options.barrier ? Barrier() : absl::OkStatus();
+  StopServer(options.grace);
   world_->Shutdown();
   absl::MutexLock lock(&mu_);
   for (auto& group : groups_) group->Shutdown();

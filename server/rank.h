@@ -9,7 +9,8 @@
 //                   shards need it; collectives do not.
 //   NewGroup        sub-groups (dist.new_group), with global <-> group rank
 //                   translation.
-//   Shutdown        barrier, drain the shard server, stop; idempotent.
+//   Shutdown        barrier (optional), drain the shard server, stop;
+//                   idempotent.
 //
 // A process normally holds one Rank and makes it the default
 // (SetDefaultRank), which ShardedTensor factories use when no rank is
@@ -92,11 +93,22 @@ struct RpcOptions {
   // More services served on the same gRPC server (the daemon's
   // ControlService). Not owned: each must outlive Shutdown().
   std::vector<grpc::Service*> services;
-  // Also serve grpc.health.v1 (the default health service, SERVING once
-  // started; set per service through rpc_server()->GetHealthCheckService())
+  // Also serve grpc.health.v1 (the default health service, NOT_SERVING
+  // until the owner sets it through rpc_server()->GetHealthCheckService())
   // and server reflection. Process-wide gRPC settings: every server the
   // process builds afterwards gets them too.
   bool health_and_reflection = false;
+};
+
+struct RankShutdownOptions {
+  // First wait for every rank (a collective), so that no peer is still
+  // fetching from this one: the SPMD ending. A daemon stopping on its own
+  // (SIGTERM) passes false: its peers may never call Shutdown.
+  bool barrier = true;
+  // Once the shard server refuses new calls (gRPC: UNAVAILABLE; data plane:
+  // new connections and requests refused, idle connections closed), how
+  // long fetches already running may go on before they are cancelled.
+  absl::Duration grace = absl::Seconds(2);
 };
 
 struct NewGroupOptions {
@@ -164,18 +176,19 @@ class Rank : public WorkerResolver {
   // retiring): every peer has passed the code that could fetch them.
   absl::Status Barrier();
 
-  // Barrier with every rank (bounded by the timeout), then stops the shard
-  // server (in-flight fetches get a short grace period) and the groups.
-  // Idempotent. Returns the barrier's error, if any; the rank is shut down
-  // either way.
-  absl::Status Shutdown();
+  // Barrier with every rank (bounded by the timeout; skipped when
+  // !options.barrier), then stops the shard server, letting in-flight
+  // fetches finish within options.grace, and the groups. Idempotent.
+  // Returns the barrier's error, if any; the rank is shut down either way.
+  absl::Status Shutdown(const RankShutdownOptions& options = {});
 
  private:
   explicit Rank(RankOptions options);
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(
       const std::string& name, const std::vector<int>& ranks,
       const std::string& backend);
-  void StopServer();
+  // Stops the gRPC server and the data plane, draining both for `grace`.
+  void StopServer(absl::Duration grace);
 
   RankOptions options_;
   std::shared_ptr<ShardRegistry> registry_;

@@ -1,0 +1,187 @@
+#include "server/daemon/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "server/hash_store.h"
+
+namespace tessera::daemon {
+namespace {
+
+// "host:port", bracketing a bare IPv6 host.
+std::string JoinHostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+// Where rank 0 serves the store: only on loopback when the master address
+// is loopback (nobody else could dial it), else on every interface.
+std::string StoreListenAddress(const DaemonOptions& options) {
+  if (!IsLoopbackHost(options.master_addr)) {
+    return JoinHostPort("0.0.0.0", options.master_port);
+  }
+  if (options.master_addr == "localhost") {
+    return JoinHostPort("127.0.0.1", options.master_port);
+  }
+  return JoinHostPort(std::string(absl::StripSuffix(
+                          absl::StripPrefix(options.master_addr, "["), "]")),
+                      options.master_port);
+}
+
+void SetServing(Rank& rank, bool serving) {
+  grpc::Server* server = rank.rpc_server();
+  if (server == nullptr) return;
+  if (grpc::HealthCheckServiceInterface* health =
+          server->GetHealthCheckService()) {
+    health->SetServingStatus(serving);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
+    const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon(options));
+  if (absl::Status status = daemon->Init(); !status.ok()) {
+    daemon->Shutdown(absl::ZeroDuration());
+    return status;
+  }
+  return daemon;
+}
+
+absl::Status Daemon::Init() {
+  const DaemonOptions& o = options_;
+  std::shared_ptr<Store> store;
+  if (o.world_size == 1) {
+    // Nobody to meet: the keys stay in this process.
+    store = std::make_shared<HashStore>();
+  } else if (o.rank == 0) {
+    const std::string listen = StoreListenAddress(o);
+    absl::StatusOr<std::unique_ptr<StoreServer>> server =
+        StoreServer::Start(listen);
+    if (!server.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve the store on ", listen,
+                       ": port in use or address not local (--master-port)"));
+    }
+    store_server_ = *std::move(server);
+    // Rank 0 reads and writes the served keys without RPCs.
+    store = store_server_->service().store();
+    spdlog::info("store serving on {}", listen);
+  } else {
+    spdlog::info("waiting up to {} for the store at {}",
+                 DurationText(o.store_timeout), o.store_address());
+    absl::StatusOr<std::shared_ptr<GrpcStore>> connected =
+        GrpcStore::Connect(o.store_address(), o.store_timeout);
+    if (!connected.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("store at ", o.store_address(), " unreachable after ",
+                       DurationText(o.store_timeout)));
+    }
+    store = *std::move(connected);
+  }
+
+  RankOptions rank_options;
+  rank_options.rank = o.rank;
+  rank_options.world_size = o.world_size;
+  rank_options.store = std::move(store);
+  rank_options.backend = o.backend;
+  rank_options.timeout = o.timeout;
+  rank_options.hostname = o.advertise_host;
+  if (o.device.is_cuda()) rank_options.device_index = *o.device.index();
+  spdlog::debug("joining the world: rank {}/{}, backend {}", o.rank,
+                o.world_size, o.backend);
+  absl::StatusOr<std::shared_ptr<Rank>> rank = Rank::Init(rank_options);
+  if (!rank.ok()) {
+    return absl::Status(
+        rank.status().code(),
+        absl::StrCat("joining the world as rank ", o.rank, "/", o.world_size,
+                     ": ", rank.status().message()));
+  }
+  rank_ = *std::move(rank);
+
+  ControlOptions control_options;
+  control_options.op_timeout = o.timeout;
+  control_options.device = o.device.ToString();
+  control_ = std::make_unique<ControlServiceImpl>(rank_, control_options);
+
+  RpcOptions rpc;
+  rpc.listen_address = JoinHostPort(o.host, o.port);
+  rpc.advertise_host = o.advertise_host;
+  rpc.services = {control_.get()};
+  rpc.health_and_reflection = true;
+  if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
+    return absl::Status(
+        status.code(), absl::StrCat("starting the server: ", status.message()));
+  }
+  address_ = rank_->rpc_address();
+  ASSIGN_OR_RETURN(WorkerInfo me, rank_->Worker(rank_->rpc_rank()));
+  data_address_ = me.bulk_address;
+
+  if (absl::Status status = control_->Start(); !status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("starting the control service: ", status.message()));
+  }
+  SetServing(*rank_, true);
+  return absl::OkStatus();
+}
+
+Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }
+
+void Daemon::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  // Load balancers and clients polling health look elsewhere first.
+  if (rank_ != nullptr) SetServing(*rank_, false);
+  if (control_ != nullptr) control_->Shutdown();
+  if (rank_ != nullptr) {
+    RankShutdownOptions stop;
+    stop.barrier = false;
+    stop.grace = grace;
+    if (absl::Status status = rank_->Shutdown(stop); !status.ok()) {
+      spdlog::warn("stopping the rank: {}", status.ToString());
+    }
+  }
+  if (store_server_ != nullptr) store_server_->Shutdown();
+}
+
+absl::Status WriteAddressFile(const std::string& path,
+                              const std::string& address) {
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  FILE* file = std::fopen(temporary.c_str(), "w");
+  if (file == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot write address file ", temporary, ": ", std::strerror(errno)));
+  }
+  const std::string line = absl::StrCat(address, "\n");
+  const bool written =
+      std::fwrite(line.data(), 1, line.size(), file) == line.size();
+  const bool closed = std::fclose(file) == 0;
+  if (!written || !closed ||
+      std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    return absl::UnavailableError(absl::StrCat(
+        "cannot write address file ", path, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::daemon

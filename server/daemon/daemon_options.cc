@@ -1,0 +1,393 @@
+#include "server/daemon/daemon_options.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "server/process_group.h"
+
+namespace tessera::daemon {
+namespace {
+
+constexpr absl::string_view kLogLevels[] = {"trace", "debug", "info", "warn",
+                                            "error"};
+
+// A setting's value and where it came from ("--rank", "RANK"), for errors.
+struct Setting {
+  std::string source;
+  std::string value;
+};
+
+// The flag when given, else the first of `variables` set to a non-empty
+// value, else nullopt.
+std::optional<Setting> Lookup(const std::optional<std::string>& flag,
+                              absl::string_view flag_name,
+                              std::initializer_list<const char*> variables,
+                              const DaemonEnvironment& env) {
+  if (flag.has_value()) return Setting{std::string(flag_name), *flag};
+  for (const char* name : variables) {
+    std::optional<std::string> value =
+        env.getenv ? env.getenv(name) : std::nullopt;
+    if (value.has_value() && !value->empty()) return Setting{name, *value};
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<int> ParseInt(const Setting& setting, int min, int max) {
+  int value = 0;
+  if (!absl::SimpleAtoi(setting.value, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        setting.source, " must be an integer, got '", setting.value, "'"));
+  }
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        setting.source, " must be in [", min, ", ", max, "], got ", value));
+  }
+  return value;
+}
+
+bool IsWildcardHost(absl::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+// The device and backend for `text` (auto, cpu, cuda, cuda:N).
+absl::Status ResolveDevice(const std::string& text,
+                           const DaemonEnvironment& env,
+                           DaemonOptions& options) {
+  const bool cuda_usable = env.cuda_devices > 0 && env.nccl;
+  if (text == "auto") {
+    options.device = cuda_usable && options.local_rank < env.cuda_devices
+                         ? Device::Cuda(options.local_rank)
+                         : Device::Cpu();
+  } else {
+    absl::StatusOr<Device> device = Device::Parse(text);
+    if (!device.ok() || device->is_meta()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device must be auto, cpu, cuda or cuda:N, got '", text, "'"));
+    }
+    options.device =
+        device->is_cpu()
+            ? Device::Cpu()
+            : Device::Cuda(device->index().value_or(options.local_rank));
+  }
+  if (options.device.is_cpu()) {
+    options.backend = "gloo";
+    return absl::OkStatus();
+  }
+  options.backend = "nccl";
+  if (!env.nccl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", text,
+                     ": this build has no NCCL backend; use --device cpu"));
+  }
+  if (*options.device.index() >= env.cuda_devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", text, ": no CUDA device ", *options.device.index(), " (",
+        env.cuda_devices, " visible)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DaemonOptions::store_address() const {
+  return absl::StrCat(master_addr, ":", master_port);
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
+  if (host == "localhost" || host == "::1") return true;
+  in_addr addr{};
+  const std::string text(host);
+  return inet_pton(AF_INET, text.c_str(), &addr) == 1 &&
+         (ntohl(addr.s_addr) >> 24) == 127;
+}
+
+absl::StatusOr<std::string> LocalAddressFor(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) == 0) {
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(found, freeaddrinfo);
+    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      sockaddr_in local{};
+      socklen_t length = sizeof(local);
+      const bool routed =
+          connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+          getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+      close(fd);
+      char text[INET_ADDRSTRLEN];
+      if (routed && local.sin_addr.s_addr != htonl(INADDR_ANY) &&
+          inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+        return std::string(text);
+      }
+    }
+  }
+  // No route (or an unresolvable master): this host's name, preferring a
+  // non-loopback address.
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0) {
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(name, nullptr, &hints, &found) == 0) {
+      std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(found, freeaddrinfo);
+      std::string best;
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        char text[INET_ADDRSTRLEN];
+        const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+        if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) {
+          continue;
+        }
+        if (!IsLoopbackHost(text)) return std::string(text);
+        if (best.empty()) best = text;
+      }
+      if (!best.empty()) return best;
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot find this host's address towards ", host,
+                   "; pass --advertise-host"));
+}
+
+absl::StatusOr<absl::Duration> ParsePositiveDuration(absl::string_view what,
+                                                     absl::string_view text) {
+  absl::Duration duration;
+  double seconds = 0;
+  bool parsed = absl::ParseDuration(text, &duration);
+  if (!parsed && absl::SimpleAtod(text, &seconds)) {
+    parsed = true;
+    duration = absl::Seconds(seconds);
+  }
+  if (!parsed || duration <= absl::ZeroDuration() ||
+      duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     " must be a positive duration (e.g. 60s, 500ms), "
+                     "got '",
+                     text, "'"));
+  }
+  return duration;
+}
+
+std::string DurationText(absl::Duration duration) {
+  if (duration == absl::Seconds(absl::ToInt64Seconds(duration))) {
+    return absl::StrCat(absl::ToInt64Seconds(duration), "s");
+  }
+  return absl::FormatDuration(duration);
+}
+
+DaemonEnvironment ProcessEnvironment() {
+  DaemonEnvironment env;
+  env.getenv = [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+  env.cuda_devices = CudaDeviceCount();
+  for (const std::string& backend : ProcessGroupBackends()) {
+    if (backend == "nccl") env.nccl = true;
+  }
+  env.local_address = LocalAddressFor;
+  return env;
+}
+
+absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
+    const DaemonFlags& flags, const DaemonEnvironment& env) {
+  constexpr int kMaxPort = 65535;
+  DaemonOptions options;
+
+  std::optional<Setting> world_size = Lookup(
+      flags.world_size, "--world-size", {"WORLD_SIZE", "SLURM_NTASKS"}, env);
+  if (!world_size.has_value()) {
+    return absl::InvalidArgumentError(
+        "no world size: pass --world-size or set WORLD_SIZE (or "
+        "SLURM_NTASKS)");
+  }
+  ASSIGN_OR_RETURN(options.world_size, ParseInt(*world_size, 1, 1 << 20));
+  std::optional<Setting> rank =
+      Lookup(flags.rank, "--rank", {"RANK", "SLURM_PROCID"}, env);
+  if (!rank.has_value()) {
+    return absl::InvalidArgumentError(
+        "no rank: pass --rank or set RANK (or SLURM_PROCID)");
+  }
+  ASSIGN_OR_RETURN(options.rank, ParseInt(*rank, 0, 1 << 20));
+  if (options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " (", rank->source,
+                     ") is outside [0, ", options.world_size, ")"));
+  }
+  if (std::optional<Setting> local =
+          Lookup(flags.local_rank, "--local-rank",
+                 {"LOCAL_RANK", "SLURM_LOCALID"}, env)) {
+    ASSIGN_OR_RETURN(options.local_rank,
+                     ParseInt(*local, 0, kMaxPort - kDefaultBasePort));
+  }
+
+  if (std::optional<Setting> master =
+          Lookup(flags.master_addr, "--master-addr", {"MASTER_ADDR"}, env)) {
+    options.master_addr = master->value;
+  }
+  if (options.master_addr.empty()) {
+    return absl::InvalidArgumentError("--master-addr must not be empty");
+  }
+  if (std::optional<Setting> port =
+          Lookup(flags.master_port, "--master-port", {"MASTER_PORT"}, env)) {
+    ASSIGN_OR_RETURN(options.master_port, ParseInt(*port, 1, kMaxPort));
+  }
+
+  options.host = flags.host.value_or("0.0.0.0");
+  if (options.host.empty()) {
+    return absl::InvalidArgumentError("--host must not be empty");
+  }
+  options.port = kDefaultBasePort + options.local_rank;
+  if (flags.port.has_value()) {
+    ASSIGN_OR_RETURN(options.port,
+                     ParseInt(Setting{"--port", *flags.port}, 0, kMaxPort));
+  }
+
+  ASSIGN_OR_RETURN(
+      options.timeout,
+      ParsePositiveDuration("--timeout", flags.timeout.value_or("60s")));
+  ASSIGN_OR_RETURN(options.store_timeout,
+                   ParsePositiveDuration("--store-timeout",
+                                         flags.store_timeout.value_or("60s")));
+  ASSIGN_OR_RETURN(options.shutdown_grace,
+                   ParsePositiveDuration("--shutdown-grace",
+                                         flags.shutdown_grace.value_or("10s")));
+
+  options.log_level = flags.log_level.value_or("info");
+  bool known_level = false;
+  for (absl::string_view level : kLogLevels) {
+    known_level = known_level || options.log_level == level;
+  }
+  if (!known_level) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-level must be one of ", absl::StrJoin(kLogLevels, ", "),
+        "; got '", options.log_level, "'"));
+  }
+  options.address_file = flags.address_file.value_or("");
+
+  RETURN_IF_ERROR(ResolveDevice(flags.device.value_or("auto"), env, options));
+
+  // Last: the only step that may look at the network.
+  if (flags.advertise_host.has_value() && !flags.advertise_host->empty()) {
+    options.advertise_host = *flags.advertise_host;
+  } else if (!IsWildcardHost(options.host)) {
+    options.advertise_host = options.host;
+  } else if (IsLoopbackHost(options.master_addr)) {
+    options.advertise_host = "127.0.0.1";
+  } else {
+    if (!env.local_address) {
+      return absl::UnavailableError(
+          "cannot find this host's address; pass --advertise-host");
+    }
+    ASSIGN_OR_RETURN(options.advertise_host,
+                     env.local_address(options.master_addr));
+  }
+  return options;
+}
+
+void PrintDaemonError(std::ostream& err, absl::string_view message) {
+  err << "tessera-server: error: "
+      << absl::StrReplaceAll(message, {{"\r\n", " "}, {"\n", " "}, {"\r", " "}})
+      << std::endl;
+}
+
+ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
+                                         const DaemonEnvironment& env,
+                                         std::ostream& out, std::ostream& err) {
+  DaemonFlags flags;
+  CLI::App app(
+      "tessera-server: one Tessera shard-server daemon (one per GPU or CPU "
+      "rank).\nServes ShardService, ControlService, grpc.health.v1 and "
+      "reflection on --port;\nrank 0 also serves the rendezvous store on "
+      "--master-port. SIGTERM/SIGINT drain\nand stop it (a second signal "
+      "exits at once). Flags override the environment.",
+      "tessera-server");
+  app.get_formatter()->column_width(34);
+  auto add = [&app](const char* name, std::optional<std::string>& field,
+                    const std::string& help) {
+    return app.add_option_function<std::string>(
+        name, [&field](const std::string& value) { field = value; }, help);
+  };
+  add("--rank", flags.rank, "global rank [env RANK, SLURM_PROCID]")
+      ->type_name("N");
+  add("--world-size", flags.world_size,
+      "number of daemons [env WORLD_SIZE, SLURM_NTASKS]")
+      ->type_name("N");
+  add("--local-rank", flags.local_rank,
+      "rank on this host [env LOCAL_RANK, SLURM_LOCALID; default 0]")
+      ->type_name("N");
+  add("--master-addr", flags.master_addr,
+      "host of rank 0's store [env MASTER_ADDR; default 127.0.0.1]")
+      ->type_name("HOST");
+  add("--master-port", flags.master_port,
+      "port of rank 0's store [env MASTER_PORT; default 29500]")
+      ->type_name("PORT");
+  add("--host", flags.host, "listen host [default 0.0.0.0]")->type_name("HOST");
+  add("--port", flags.port,
+      "gRPC port; 0 picks a free one [default 29600 + local rank]")
+      ->type_name("PORT");
+  add("--advertise-host", flags.advertise_host,
+      "host peers and clients dial [default: --host if specific, 127.0.0.1 "
+      "for a loopback master, else this host's address]")
+      ->type_name("HOST");
+  add("--device", flags.device,
+      "auto, cpu, cuda or cuda:N [default auto: cuda:<local rank> when "
+      "CUDA is present, else cpu]")
+      ->type_name("DEVICE");
+  add("--timeout", flags.timeout,
+      "rendezvous and collective timeout [default 60s]")
+      ->type_name("DURATION");
+  add("--store-timeout", flags.store_timeout,
+      "how long to wait for the master's store [default 60s]")
+      ->type_name("DURATION");
+  add("--shutdown-grace", flags.shutdown_grace,
+      "how long in-flight fetches may finish after SIGTERM [default 10s]")
+      ->type_name("DURATION");
+  add("--address-file", flags.address_file,
+      "write \"host:port\" here once serving")
+      ->type_name("FILE");
+  add("--log-level", flags.log_level,
+      "trace, debug, info, warn or error [default info]")
+      ->type_name("LEVEL");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    app.exit(e, out, err);
+    return ParsedCommandLine{std::nullopt, kExitOk};
+  } catch (const CLI::ParseError& e) {
+    PrintDaemonError(err,
+                     absl::StrCat(e.what(), "; run 'tessera-server --help'"));
+    return ParsedCommandLine{std::nullopt, kExitUsage};
+  }
+  absl::StatusOr<DaemonOptions> options = ResolveDaemonOptions(flags, env);
+  if (!options.ok()) {
+    PrintDaemonError(err, options.status().message());
+    return ParsedCommandLine{
+        std::nullopt,
+        options.status().code() == absl::StatusCode::kInvalidArgument
+            ? kExitUsage
+            : kExitFailure};
+  }
+  return ParsedCommandLine{*std::move(options), kExitOk};
+}
+
+}  // namespace tessera::daemon

@@ -1,0 +1,146 @@
+// The configuration of a `tessera-server` daemon: its command line, the
+// environment variables torchrun and Slurm set, and how the two combine.
+//
+//   flag               environment fallback                 default
+//   --rank             RANK, SLURM_PROCID                   (required)
+//   --world-size       WORLD_SIZE, SLURM_NTASKS             (required)
+//   --local-rank       LOCAL_RANK, SLURM_LOCALID            0
+//   --master-addr      MASTER_ADDR                          127.0.0.1
+//   --master-port      MASTER_PORT                          29500
+//   --host                                                  0.0.0.0
+//   --port                                                  29600 + local rank
+//   --advertise-host                                        see below
+//   --device                                                auto
+//   --timeout, --store-timeout, --shutdown-grace            60s, 60s, 10s
+//   --address-file, --log-level                             none, info
+//
+// A flag wins over its variables, the first variable set (non-empty) over
+// the next. The host peers and clients dial (--advertise-host) defaults to
+// --host when that is a specific address, else 127.0.0.1 when the master is
+// loopback, else this host's address on the route to the master.
+// --device auto is cuda:<local rank> when that CUDA device exists and NCCL
+// is built in, else cpu; cpu ranks use Gloo, cuda ranks NCCL.
+//
+// Parsing only reads the environment through DaemonEnvironment, so tests
+// supply their own. Thread-compatible; nothing here opens a socket except
+// ProcessEnvironment().local_address.
+#ifndef TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
+#define TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/device.h"
+
+namespace tessera::daemon {
+
+// Exit codes of `tessera-server`.
+inline constexpr int kExitOk = 0;
+// Startup failed (busy port, unreachable store, rendezvous timeout...).
+inline constexpr int kExitFailure = 1;
+// A bad command line or configuration.
+inline constexpr int kExitUsage = 2;
+
+inline constexpr int kDefaultMasterPort = 29500;
+inline constexpr int kDefaultBasePort = 29600;
+
+struct DaemonOptions {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = kDefaultMasterPort;
+  // The gRPC server (and data plane) listen on host:port; port 0 picks one.
+  std::string host = "0.0.0.0";
+  int port = kDefaultBasePort;
+  // What peers and clients dial; never empty once resolved.
+  std::string advertise_host;
+  Device device;
+  // "gloo" for a cpu device, "nccl" for cuda.
+  std::string backend = "gloo";
+  // Rendezvous and collectives.
+  absl::Duration timeout = absl::Seconds(60);
+  // How long a rank other than 0 waits for the master's store.
+  absl::Duration store_timeout = absl::Seconds(60);
+  // How long in-flight fetches may run on after SIGTERM.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+  // Written with "host:port\n" once serving; empty: none.
+  std::string address_file;
+  // trace, debug, info, warn or error.
+  std::string log_level = "info";
+
+  // "host:port" of the master's store.
+  std::string store_address() const;
+};
+
+// The command line as given: a field is set when its flag was.
+struct DaemonFlags {
+  std::optional<std::string> rank, world_size, local_rank, master_addr,
+      master_port, host, port, advertise_host, device, timeout, store_timeout,
+      shutdown_grace, address_file, log_level;
+};
+
+// What resolution needs from the process.
+struct DaemonEnvironment {
+  // The value of a variable; nullopt when unset.
+  std::function<std::optional<std::string>(const std::string&)> getenv;
+  // Visible CUDA devices, and whether the NCCL backend is built in.
+  int cuda_devices = 0;
+  bool nccl = false;
+  // This host's address as seen from `master_addr` (a non-loopback master).
+  std::function<absl::StatusOr<std::string>(const std::string& master_addr)>
+      local_address;
+};
+
+// The real process: getenv, CudaDeviceCount(), the registered backends, and
+// LocalAddressFor.
+DaemonEnvironment ProcessEnvironment();
+
+// Combines flags, environment and defaults, and validates the result.
+// INVALID_ARGUMENT with a one-line message naming the flag or variable: a
+// missing rank or world size, a rank outside [0, world size), a bad number,
+// port, duration, device or log level. UNAVAILABLE when the advertise host
+// had to be found and could not be.
+absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
+    const DaemonFlags& flags, const DaemonEnvironment& env);
+
+// Parses `argv` (CLI11) and resolves it. Returns the options, or the exit
+// code to leave with: kExitOk after --help (printed to `out`), kExitUsage
+// after "tessera-server: error: <message>" on one line to `err`, or
+// kExitFailure (also one line) when the advertise host could not be found.
+struct ParsedCommandLine {
+  std::optional<DaemonOptions> options;
+  int exit_code = kExitOk;
+};
+ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
+                                         const DaemonEnvironment& env,
+                                         std::ostream& out, std::ostream& err);
+
+// Prints "tessera-server: error: <message>" with newlines made spaces.
+void PrintDaemonError(std::ostream& err, absl::string_view message);
+
+// "localhost", 127.0.0.0/8 or ::1 (bracketed or not); purely textual.
+bool IsLoopbackHost(absl::string_view host);
+
+// The local IPv4 address of the route to `host` (a UDP connect, which
+// sends nothing), else the address this host's name resolves to.
+// UNAVAILABLE when neither works.
+absl::StatusOr<std::string> LocalAddressFor(const std::string& host);
+
+// "60s", "1.5s", "1m30s", "250ms", or a plain number of seconds; must be
+// positive. INVALID_ARGUMENT naming `what` otherwise.
+absl::StatusOr<absl::Duration> ParsePositiveDuration(absl::string_view what,
+                                                     absl::string_view text);
+
+// A duration as people write it: whole seconds as "60s", else
+// absl::FormatDuration ("1.5s", "250ms").
+std::string DurationText(absl::Duration duration);
+
+}  // namespace tessera::daemon
+
+#endif  // TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_

@@ -1,0 +1,412 @@
+// tessera-server's configuration: flags, the torchrun and Slurm
+// environment, defaults and validation, with a fake environment.
+#include "server/daemon/daemon_options.h"
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera::daemon {
+namespace {
+
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using ::testing::StartsWith;
+
+class DaemonOptionsTest : public ::testing::Test {
+ protected:
+  DaemonEnvironment Env() {
+    DaemonEnvironment env;
+    env.getenv = [this](const std::string& name) -> std::optional<std::string> {
+      auto it = vars_.find(name);
+      if (it == vars_.end()) return std::nullopt;
+      return it->second;
+    };
+    env.cuda_devices = cuda_devices_;
+    env.nccl = nccl_;
+    env.local_address =
+        [this](const std::string& master) -> absl::StatusOr<std::string> {
+      asked_for_.push_back(master);
+      return local_address_;
+    };
+    return env;
+  }
+  absl::StatusOr<DaemonOptions> Resolve(const DaemonFlags& flags) {
+    return ResolveDaemonOptions(flags, Env());
+  }
+  static DaemonFlags RankOf(int rank, int world_size) {
+    DaemonFlags flags;
+    flags.rank = std::to_string(rank);
+    flags.world_size = std::to_string(world_size);
+    return flags;
+  }
+
+  std::map<std::string, std::string> vars_;
+  int cuda_devices_ = 0;
+  bool nccl_ = false;
+  absl::StatusOr<std::string> local_address_ = std::string("10.0.0.7");
+  std::vector<std::string> asked_for_;
+};
+
+TEST_F(DaemonOptionsTest, DefaultsWithRankAndWorldSizeFlags) {
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(RankOf(1, 4)));
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.local_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.store_address(), "127.0.0.1:29500");
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_EQ(o.port, 29600);
+  // A loopback master: everything is on this host.
+  EXPECT_EQ(o.advertise_host, "127.0.0.1");
+  EXPECT_THAT(asked_for_, IsEmpty());
+  EXPECT_EQ(o.device, Device::Cpu());
+  EXPECT_EQ(o.backend, "gloo");
+  EXPECT_EQ(o.timeout, absl::Seconds(60));
+  EXPECT_EQ(o.store_timeout, absl::Seconds(60));
+  EXPECT_EQ(o.shutdown_grace, absl::Seconds(10));
+  EXPECT_EQ(o.address_file, "");
+  EXPECT_EQ(o.log_level, "info");
+}
+
+TEST_F(DaemonOptionsTest, TorchrunEnvironment) {
+  vars_ = {{"RANK", "3"},           {"WORLD_SIZE", "8"},
+           {"LOCAL_RANK", "1"},     {"MASTER_ADDR", "10.0.0.1"},
+           {"MASTER_PORT", "1234"}, {"SLURM_PROCID", "6"}};
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve({}));
+  EXPECT_EQ(o.rank, 3);  // RANK wins over SLURM_PROCID.
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.store_address(), "10.0.0.1:1234");
+  EXPECT_EQ(o.port, 29601);  // 29600 + local rank.
+  // A remote master: this host's address towards it.
+  EXPECT_EQ(o.advertise_host, "10.0.0.7");
+  EXPECT_THAT(asked_for_, ::testing::ElementsAre("10.0.0.1"));
+}
+
+TEST_F(DaemonOptionsTest, SlurmEnvironment) {
+  vars_ = {
+      {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}};
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve({}));
+  EXPECT_EQ(o.rank, 5);
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(o.local_rank, 2);
+  EXPECT_EQ(o.port, 29602);
+}
+
+TEST_F(DaemonOptionsTest, EmptyVariablesCountAsUnset) {
+  vars_ = {{"RANK", ""},
+           {"SLURM_PROCID", "2"},
+           {"WORLD_SIZE", "4"},
+           {"MASTER_ADDR", ""},
+           {"MASTER_PORT", ""}};
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve({}));
+  EXPECT_EQ(o.rank, 2);
+  EXPECT_EQ(o.store_address(), "127.0.0.1:29500");
+}
+
+TEST_F(DaemonOptionsTest, FlagsOverrideEnvironment) {
+  vars_ = {{"RANK", "3"},
+           {"WORLD_SIZE", "8"},
+           {"LOCAL_RANK", "3"},
+           {"MASTER_ADDR", "10.0.0.1"},
+           {"MASTER_PORT", "1234"}};
+  DaemonFlags flags = RankOf(0, 2);
+  flags.local_rank = "1";
+  flags.master_addr = "127.0.0.1";
+  flags.master_port = "4321";
+  flags.port = "0";
+  flags.host = "127.0.0.1";
+  flags.timeout = "1m30s";
+  flags.store_timeout = "2";
+  flags.shutdown_grace = "250ms";
+  flags.address_file = "/tmp/a";
+  flags.log_level = "debug";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_EQ(o.world_size, 2);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.store_address(), "127.0.0.1:4321");
+  EXPECT_EQ(o.port, 0);  // Any free port.
+  EXPECT_EQ(o.advertise_host, "127.0.0.1");
+  EXPECT_EQ(o.timeout, absl::Seconds(90));
+  EXPECT_EQ(o.store_timeout, absl::Seconds(2));
+  EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(250));
+  EXPECT_EQ(o.address_file, "/tmp/a");
+  EXPECT_EQ(o.log_level, "debug");
+}
+
+TEST_F(DaemonOptionsTest, AdvertiseHost) {
+  DaemonFlags flags = RankOf(0, 1);
+  flags.master_addr = "node0";
+  flags.host = "10.1.2.3";  // A specific listen address is what peers dial.
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.advertise_host, "10.1.2.3");
+  flags.advertise_host = "node1.example";
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.advertise_host, "node1.example");
+  flags.host = "0.0.0.0";
+  flags.advertise_host = "";  // Empty (an unset shell variable): default.
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.advertise_host, "10.0.0.7");
+  EXPECT_THAT(asked_for_, ::testing::ElementsAre("node0"));
+
+  local_address_ = absl::UnavailableError("no route");
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kUnavailable, "no route"));
+}
+
+TEST_F(DaemonOptionsTest, MissingRankOrWorldSize) {
+  DaemonFlags flags;
+  flags.rank = "0";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "no world size: pass --world-size or set WORLD_SIZE "
+                       "(or SLURM_NTASKS)"));
+  flags = {};
+  flags.world_size = "2";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "no rank: pass --rank or set RANK (or SLURM_PROCID)"));
+}
+
+TEST_F(DaemonOptionsTest, RankOutsideWorld) {
+  EXPECT_THAT(Resolve(RankOf(4, 4)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank 4 (--rank) is outside [0, 4)"));
+  vars_ = {{"RANK", "-1"}, {"WORLD_SIZE", "4"}};
+  EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "RANK must be in [0, 1048576], got -1"));
+  vars_ = {{"SLURM_PROCID", "2"}, {"WORLD_SIZE", "2"}};
+  EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("(SLURM_PROCID)")));
+  EXPECT_THAT(Resolve(RankOf(0, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--world-size must be in [1, 1048576], got 0"));
+}
+
+TEST_F(DaemonOptionsTest, BadNumbersNameTheirSource) {
+  DaemonFlags flags = RankOf(0, 1);
+  flags.rank = "one";
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "--rank must be an integer, got 'one'"));
+  vars_ = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "x"}};
+  EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "LOCAL_RANK must be an integer, got 'x'"));
+}
+
+TEST_F(DaemonOptionsTest, Ports) {
+  DaemonFlags flags = RankOf(0, 1);
+  flags.port = "65536";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--port must be in [0, 65535], got 65536"));
+  flags.port = "http";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--port must be an integer, got 'http'"));
+  flags.port = std::nullopt;
+  flags.master_port = "0";  // Peers could not find it.
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--master-port must be in [1, 65535], got 0"));
+  flags.master_port = std::nullopt;
+  vars_ = {{"MASTER_PORT", "29500x"}};
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "MASTER_PORT must be an integer, got '29500x'"));
+}
+
+TEST_F(DaemonOptionsTest, DeviceAuto) {
+  DaemonFlags flags = RankOf(1, 2);
+  flags.local_rank = "1";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cpu());  // No GPU.
+  cuda_devices_ = 2;
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cpu());  // GPUs but no NCCL in this build.
+  nccl_ = true;
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(1));
+  EXPECT_EQ(o.backend, "nccl");
+  flags.local_rank = "2";  // More daemons than GPUs on this host.
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cpu());
+  EXPECT_EQ(o.backend, "gloo");
+}
+
+TEST_F(DaemonOptionsTest, DeviceExplicit) {
+  cuda_devices_ = 2;
+  nccl_ = true;
+  DaemonFlags flags = RankOf(0, 1);
+  flags.local_rank = "1";
+  flags.device = "cuda";  // This host's local rank.
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(1));
+  flags.device = "cuda:0";
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(0));
+  EXPECT_EQ(o.backend, "nccl");
+  flags.device = "cpu";
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cpu());
+  EXPECT_EQ(o.backend, "gloo");
+
+  flags.device = "cuda:2";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--device cuda:2: no CUDA device 2 (2 visible)"));
+  for (const char* bad : {"gpu", "meta", "cuda:-1", ""}) {
+    flags.device = bad;
+    EXPECT_THAT(Resolve(flags),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         StartsWith("--device must be auto, cpu, cuda or "
+                                    "cuda:N")))
+        << bad;
+  }
+  cuda_devices_ = 0;
+  flags.device = "cuda";
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("(0 visible)")));
+  nccl_ = false;
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("no NCCL backend")));
+}
+
+TEST_F(DaemonOptionsTest, DurationsAndLogLevels) {
+  DaemonFlags flags = RankOf(0, 1);
+  for (const char* bad : {"0s", "-1s", "soon", "inf", ""}) {
+    flags.timeout = bad;
+    EXPECT_THAT(Resolve(flags),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         StartsWith("--timeout must be a positive duration")))
+        << bad;
+  }
+  flags.timeout = std::nullopt;
+  flags.store_timeout = "1.5";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.store_timeout, absl::Milliseconds(1500));
+  for (const char* level : {"trace", "debug", "info", "warn", "error"}) {
+    flags.log_level = level;
+    EXPECT_OK(Resolve(flags).status()) << level;
+  }
+  flags.log_level = "verbose";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--log-level must be one of trace, debug, info, warn, "
+                       "error; got 'verbose'"));
+}
+
+TEST(DaemonOptionsHelpersTest, IsLoopbackHost) {
+  for (const char* host :
+       {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"10.0.0.1", "0.0.0.0", "node0", "128.0.0.1", ""}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
+TEST(DaemonOptionsHelpersTest, DurationText) {
+  EXPECT_EQ(DurationText(absl::Seconds(60)), "60s");
+  EXPECT_EQ(DurationText(absl::Seconds(2)), "2s");
+  EXPECT_EQ(DurationText(absl::Milliseconds(1500)), "1.5s");
+  EXPECT_EQ(DurationText(absl::Milliseconds(250)), "250ms");
+}
+
+TEST(DaemonOptionsHelpersTest, LocalAddressForLoopbackIsLoopback) {
+  ASSERT_OK_AND_ASSIGN(std::string address, LocalAddressFor("127.0.0.1"));
+  EXPECT_EQ(address, "127.0.0.1");
+}
+
+// ---- the command line -------------------------------------------------------
+
+struct CommandLineResult {
+  ParsedCommandLine parsed;
+  std::string out;
+  std::string err;
+};
+
+CommandLineResult Parse(std::vector<std::string> args,
+                        const DaemonEnvironment& env) {
+  std::vector<const char*> argv = {"tessera-server"};
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  std::ostringstream out, err;
+  CommandLineResult result;
+  result.parsed = ParseDaemonCommandLine(static_cast<int>(argv.size()),
+                                         argv.data(), env, out, err);
+  result.out = out.str();
+  result.err = err.str();
+  return result;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+TEST_F(DaemonOptionsTest, CommandLineParses) {
+  vars_ = {{"WORLD_SIZE", "4"}};
+  CommandLineResult r = Parse(
+      {"--rank", "2", "--port=0", "--device", "cpu", "--store-timeout", "2s"},
+      Env());
+  ASSERT_TRUE(r.parsed.options.has_value()) << r.err;
+  EXPECT_EQ(r.parsed.options->rank, 2);
+  EXPECT_EQ(r.parsed.options->world_size, 4);
+  EXPECT_EQ(r.parsed.options->port, 0);
+  EXPECT_EQ(r.parsed.options->store_timeout, absl::Seconds(2));
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(DaemonOptionsTest, CommandLineErrorsAreOneLineAndExitTwo) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--rank", "0", "--world-size", "1", "--bogus"},
+      {"--rank", "0", "--world-size", "1", "stray"},
+      {"--rank"},
+      {"--world-size", "2"},
+      {"--rank", "2", "--world-size", "2"},
+      {"--rank", "0", "--world-size", "1", "--port", "99999"},
+      {"--rank", "0", "--world-size", "1", "--device", "tpu"},
+  };
+  for (const auto& args : bad) {
+    CommandLineResult r = Parse(args, Env());
+    EXPECT_FALSE(r.parsed.options.has_value());
+    EXPECT_EQ(r.parsed.exit_code, kExitUsage);
+    EXPECT_THAT(Lines(r.err), SizeIs(1)) << r.err;
+    EXPECT_THAT(r.err, StartsWith("tessera-server: error: "));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(DaemonOptionsTest, CommandLineHelp) {
+  CommandLineResult r = Parse({"--help"}, Env());
+  EXPECT_FALSE(r.parsed.options.has_value());
+  EXPECT_EQ(r.parsed.exit_code, kExitOk);
+  for (const char* flag :
+       {"--rank", "--world-size", "--local-rank", "--master-addr",
+        "--master-port", "--host", "--port", "--advertise-host", "--device",
+        "--timeout", "--store-timeout", "--shutdown-grace", "--address-file",
+        "--log-level", "SLURM_PROCID"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+TEST_F(DaemonOptionsTest, CommandLineUnfindableAddressExitsOne) {
+  local_address_ = absl::UnavailableError("cannot find this host's address");
+  CommandLineResult r = Parse(
+      {"--rank", "0", "--world-size", "1", "--master-addr", "node0"}, Env());
+  EXPECT_EQ(r.parsed.exit_code, kExitFailure);
+  EXPECT_EQ(r.err, "tessera-server: error: cannot find this host's address\n");
+}
+
+}  // namespace
+}  // namespace tessera::daemon
