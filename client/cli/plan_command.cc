@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "client/cli/table.h"
 #include "common/dtype.h"
 #include "common/shard_metadata.h"
 #include "common/sharding_spec_text.h"
@@ -78,10 +78,6 @@ std::string FormatCount(int64_t count) {
   return absl::StrCat(count);
 }
 
-std::string FormatDims(absl::Span<const int64_t> dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
-
 std::string Plural(int64_t count, absl::string_view noun) {
   return absl::StrCat(FormatCount(count), " ", noun, count == 1 ? "" : "s");
 }
@@ -94,28 +90,6 @@ std::string OwnerOf(const ShardMetadata& shard) {
   if (device.rank().has_value()) return absl::StrCat("rank ", *device.rank());
   if (device.worker_name().has_value()) return *device.worker_name();
   return "local";
-}
-
-// Rows of cells, left-aligned in columns two spaces apart.
-std::string FormatColumns(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    if (widths.size() < row.size()) widths.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) {
-      widths[i] = std::max(widths[i], row[i].size());
-    }
-  }
-  std::string text;
-  for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) {
-      absl::StrAppend(&text, row[i]);
-      if (i + 1 < row.size()) {
-        text.append(widths[i] - row[i].size() + 2, ' ');
-      }
-    }
-    text.push_back('\n');
-  }
-  return text;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

@@ -3,12 +3,29 @@
 #include <iostream>
 
 #include "client/cli/command.h"
+#include "client/cli/create_command.h"
+#include "client/cli/describe_command.h"
+#include "client/cli/fetch_command.h"
+#include "client/cli/health_command.h"
+#include "client/cli/launch_command.h"
+#include "client/cli/load_command.h"
+#include "client/cli/ls_command.h"
 #include "client/cli/plan_command.h"
+#include "client/cli/read_command.h"
+#include "client/cli/rm_command.h"
+#include "client/cli/save_command.h"
+#include "client/cli/write_command.h"
 
 namespace {
 
+// In the order `tessera --help` lists them.
 constexpr tessera::cli::AddCommandFn kCommands[] = {
-    &tessera::cli::AddPlanCommand,
+    &tessera::cli::AddLaunchCommand, &tessera::cli::AddHealthCommand,
+    &tessera::cli::AddLsCommand,     &tessera::cli::AddDescribeCommand,
+    &tessera::cli::AddCreateCommand, &tessera::cli::AddFetchCommand,
+    &tessera::cli::AddReadCommand,   &tessera::cli::AddWriteCommand,
+    &tessera::cli::AddRmCommand,     &tessera::cli::AddSaveCommand,
+    &tessera::cli::AddLoadCommand,   &tessera::cli::AddPlanCommand,
 };
 
 }  // namespace

@@ -1,30 +1,22 @@
 // Runs the built `tessera` binary as a user would and checks its stdout,
 // stderr and exit code.
-#include <fcntl.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-
-#ifndef TESSERA_CLI_PATH
-#error "TESSERA_CLI_PATH must name the tessera binary"
-#endif
+#include "tests/cli/cli_runner.h"
 
 namespace {
+
+using ::tessera::testing::Lines;
+using ::tessera::testing::RunResult;
+using ::tessera::testing::RunTessera;
+using ::tessera::testing::TempDir;
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -38,95 +30,6 @@ constexpr char kChunk4[] =
 constexpr char kEnum4[] =
     "enum:0,0:5,5@rank:0/cpu;0,5:5,5@rank:1/cpu;5,0:5,5@rank:2/cpu;"
     "5,5:5,5@rank:3/cpu";
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-// A scratch directory under TEST_TMPDIR (or /tmp), removed at exit.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string pattern =
-        absl::StrCat(base != nullptr ? base : "/tmp", "/tessera_cli_XXXXXX");
-    std::vector<char> buffer(pattern.begin(), pattern.end());
-    buffer.push_back('\0');
-    if (mkdtemp(buffer.data()) != nullptr) path_ = buffer.data();
-  }
-  ~TempDir() {
-    for (const std::string& file : files_) unlink(file.c_str());
-    if (!path_.empty()) rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  // A path inside the directory, deleted with it.
-  std::string File(const std::string& name) {
-    files_.push_back(absl::StrCat(path_, "/", name));
-    return files_.back();
-  }
-  std::string Write(const std::string& name, const std::string& contents) {
-    const std::string file = File(name);
-    std::ofstream(file, std::ios::binary) << contents;
-    return file;
-  }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
-// Runs `tessera args...`, stdout and stderr into files (no pipe can fill up
-// and block the child).
-RunResult RunTessera(const std::vector<std::string>& args) {
-  TempDir dir;
-  const std::string out_path = dir.File("stdout");
-  const std::string err_path = dir.File("stderr");
-  RunResult result;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int out_fd =
-        open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err_fd =
-        open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out_fd < 0 || err_fd < 0) _exit(126);
-    dup2(out_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    std::vector<char*> argv;
-    std::string program = TESSERA_CLI_PATH;
-    argv.push_back(program.data());
-    std::vector<std::string> copies = args;
-    for (std::string& arg : copies) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    execv(program.c_str(), argv.data());
-    _exit(127);
-  }
-  if (pid < 0) {
-    ADD_FAILURE() << "fork failed: " << errno;
-    return result;
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.out = ReadAll(out_path);
-  result.err = ReadAll(err_path);
-  return result;
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  return lines;
-}
 
 // A usage error: exit 2, nothing on stdout, one line on stderr.
 void ExpectUsageError(const RunResult& result, const std::string& message) {

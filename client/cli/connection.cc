@@ -1,0 +1,110 @@
+#include "client/cli/connection.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace tessera::cli {
+
+void AddConnectionFlags(CLI::App& app, CLI::App* command,
+                        ConnectionFlags* flags, bool transfers) {
+  const CLI::Option* global = app.get_option_no_throw("--address");
+  if (global == nullptr) {
+    // Stored by the option itself (read back with as<>()), so it needs no
+    // variable that outlives the app.
+    global = app.add_option_function<std::string>(
+                    "-a,--address", [](const std::string&) {},
+                    "Any daemon of the cluster, HOST:PORT (default: "
+                    "$TESSERA_ADDRESS, else 127.0.0.1:29600); also accepted "
+                    "after the command")
+                 ->type_name("HOST:PORT");
+  }
+  flags->global_address = global;
+  command
+      ->add_option("-a,--address", flags->address,
+                   "Any daemon of the cluster, HOST:PORT (default: "
+                   "$TESSERA_ADDRESS, else 127.0.0.1:29600)")
+      ->type_name("HOST:PORT");
+  command
+      ->add_option("--timeout", flags->timeout_seconds,
+                   absl::StrCat("Deadline of each call, in seconds (default ",
+                                flags->default_timeout, ")"))
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+  if (transfers) {
+    command->add_flag("--no-progress", flags->no_progress,
+                      "Never draw a progress bar (drawn on stderr for "
+                      "transfers over 4 MiB when it is a terminal)");
+  }
+}
+
+std::string ResolveAddress(const ConnectionFlags& flags) {
+  if (!flags.address.empty()) return flags.address;
+  if (flags.global_address != nullptr && flags.global_address->count() > 0) {
+    return flags.global_address->as<std::string>();
+  }
+  const char* env = std::getenv(kAddressEnv);
+  if (env != nullptr && *env != '\0') return env;
+  return kDefaultAddress;
+}
+
+absl::Duration Timeout(const ConnectionFlags& flags) {
+  return absl::Seconds(flags.timeout_seconds > 0 ? flags.timeout_seconds
+                                                 : flags.default_timeout);
+}
+
+absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
+    const ConnectionFlags& flags) {
+  const std::string address = ResolveAddress(flags);
+  ClientOptions options;
+  options.timeout = Timeout(flags);
+  absl::StatusOr<std::shared_ptr<Client>> client =
+      Client::Connect(address, options);
+  if (client.ok()) return client;
+  std::string message = absl::StrCat("cannot connect to ", address, ": ",
+                                     client.status().message());
+  if (absl::IsUnavailable(client.status()) ||
+      absl::IsDeadlineExceeded(client.status())) {
+    absl::StrAppend(&message,
+                    " (is a daemon running there? start some with 'tessera "
+                    "launch', or choose one with --address or $",
+                    kAddressEnv, ")");
+  }
+  return absl::Status(client.status().code(), message);
+}
+
+bool ProgressWanted(const ConnectionFlags& flags, const std::ostream& err) {
+  return !flags.no_progress && &err == &std::cerr && ::isatty(STDERR_FILENO);
+}
+
+TransferOptions MakeTransferOptions(const ConnectionFlags& flags,
+                                    ProgressBar* bar) {
+  TransferOptions options;
+  // Transfers of big tensors take longer than control calls: 300 s unless
+  // --timeout says otherwise.
+  options.timeout = flags.timeout_seconds > 0
+                        ? absl::Seconds(flags.timeout_seconds)
+                        : std::max(absl::Seconds(300), Timeout(flags));
+  if (bar != nullptr && bar->enabled()) options.progress = bar->Callback();
+  return options;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseNameList(absl::string_view text,
+                                                       absl::string_view flag) {
+  std::vector<std::string> names = absl::StrSplit(text, ',');
+  for (const std::string& name : names) {
+    if (name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid ", flag, " '", text,
+                       "': expected names separated by commas (e.g. a,b)"));
+    }
+  }
+  return names;
+}
+
+}  // namespace tessera::cli

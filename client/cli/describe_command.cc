@@ -1,0 +1,122 @@
+#include "client/cli/describe_command.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/table.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera::cli {
+namespace {
+
+constexpr absl::string_view kCommand = "describe";
+
+std::string AddressOf(const v1::ClusterInfo& cluster, int rank) {
+  for (const v1::WorkerAddress& worker : cluster.workers()) {
+    if (worker.rank() == rank) return worker.address();
+  }
+  return "?";
+}
+
+std::string PlacementOf(const ShardMetadata& shard) {
+  return shard.placement().has_value() ? shard.placement()->ToString() : "-";
+}
+
+}  // namespace
+
+std::string FormatShardTable(const ShardedTensorView& view,
+                             const v1::ClusterInfo& cluster) {
+  const ShardedTensorMetadata& metadata = view.metadata();
+  const size_t count = metadata.shards_metadata.size();
+  std::string text = absl::StrCat(
+      "Tensor ", view.name(), ": ", DescribeArray(view.dtype(), view.sizes()),
+      " in ", count, count == 1 ? " shard" : " shards", ", id ",
+      view.tensor_id(), "\n");
+  std::vector<std::vector<std::string>> rows = {
+      {"SHARD", "OFFSETS", "SIZES", "PLACEMENT", "RANK", "ADDRESS"}};
+  for (size_t i = 0; i < count; ++i) {
+    const ShardMetadata& shard = metadata.shards_metadata[i];
+    const int rank = view.owner_rank(i);
+    rows.push_back({absl::StrCat(i), FormatDims(shard.shard_offsets()),
+                    FormatDims(shard.shard_sizes()), PlacementOf(shard),
+                    absl::StrCat(rank), AddressOf(cluster, rank)});
+  }
+  absl::StrAppend(&text, FormatColumns(rows));
+  return text;
+}
+
+std::string ShardTableToJson(const ShardedTensorView& view,
+                             const v1::ClusterInfo& cluster) {
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  const ShardedTensorMetadata& metadata = view.metadata();
+  for (size_t i = 0; i < metadata.shards_metadata.size(); ++i) {
+    const ShardMetadata& shard = metadata.shards_metadata[i];
+    const int rank = view.owner_rank(i);
+    nlohmann::ordered_json placement = nullptr;
+    if (shard.placement().has_value()) {
+      placement = shard.placement()->ToString();
+    }
+    shards.push_back({{"index", i},
+                      {"offsets", shard.shard_offsets()},
+                      {"sizes", shard.shard_sizes()},
+                      {"placement", placement},
+                      {"rank", rank},
+                      {"address", AddressOf(cluster, rank)}});
+  }
+  nlohmann::ordered_json json = {
+      {"name", view.name()},
+      {"tensor_id", view.tensor_id()},
+      {"dtype", std::string(DTypeName(view.dtype()))},
+      {"sizes", view.sizes()},
+      {"shards", shards}};
+  return json.dump();
+}
+
+int PrintShardTable(const ShardedTensorView& view,
+                    const v1::ClusterInfo& cluster, bool json,
+                    const CommandContext& context) {
+  if (json) {
+    context.out() << ShardTableToJson(view, cluster) << "\n";
+  } else {
+    context.out() << FormatShardTable(view, cluster);
+  }
+  context.out().flush();
+  return context.out().good() ? kExitOk : kExitFailure;
+}
+
+int RunDescribe(const DescribeOptions& options, const CommandContext& context) {
+  absl::StatusOr<std::shared_ptr<Client>> client =
+      ConnectToCluster(options.connection);
+  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
+  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  return PrintShardTable(*view, (*client)->cluster(), options.json, context);
+}
+
+void AddDescribeCommand(CLI::App& app, CommandContext& context) {
+  CLI::App* describe = app.add_subcommand(
+      std::string(kCommand),
+      "Show a tensor's shards: offsets, sizes, placement, owner and its "
+      "address");
+  auto options = std::make_shared<DescribeOptions>();
+  describe->add_option("name", options->name, "The tensor's name")
+      ->required()
+      ->type_name("NAME");
+  AddConnectionFlags(app, describe, &options->connection, /*transfers=*/false);
+  describe->add_flag("--json", options->json,
+                     "Print a JSON object instead of a table");
+  describe->footer(
+      "Examples:\n"
+      "  tessera describe w\n"
+      "  tessera describe w --json\n\n"
+      "Exit status: 0 on success, 1 when the tensor does not exist or the "
+      "cluster cannot be reached, 2 for a usage error.");
+  describe->callback([options, &context] {
+    context.SetAction(std::string(kCommand), [options, &context] {
+      return RunDescribe(*options, context);
+    });
+  });
+}
+
+}  // namespace tessera::cli

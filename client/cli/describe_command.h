@@ -1,0 +1,51 @@
+// `tessera describe NAME`: one tensor's shard table: each shard's index,
+// offsets, sizes, placement, owning rank and that daemon's address.
+//
+//   tessera describe w [--json] [-a HOST:PORT] [--timeout S]
+//
+// --json prints {"name", "tensor_id", "dtype", "sizes", "shards": [{"index",
+// "offsets", "sizes", "placement", "rank", "address"}]}. Exit codes
+// (command.h): 0 ok; 1 when the tensor does not exist or the cluster cannot
+// be reached; 2 for a usage error.
+#ifndef TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
+#define TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "client/cli/command.h"
+#include "client/cli/connection.h"
+#include "client/client.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera::cli {
+
+struct DescribeOptions {
+  ConnectionFlags connection;
+  std::string name;
+  bool json = false;
+};
+
+void AddDescribeCommand(CLI::App& app, CommandContext& context);
+
+int RunDescribe(const DescribeOptions& options, const CommandContext& context);
+
+// A title line ("Tensor w: float32 [10, 20], 4 shards, 800 B, id ...") and
+// one aligned row per shard. Owners' addresses come from `cluster`
+// ("?" for a rank it does not list). Shared with `tessera create`.
+std::string FormatShardTable(const ShardedTensorView& view,
+                             const v1::ClusterInfo& cluster);
+
+// The --json form, on one line.
+std::string ShardTableToJson(const ShardedTensorView& view,
+                             const v1::ClusterInfo& cluster);
+
+// Prints FormatShardTable, or with `json` ShardTableToJson, to
+// context.out(); the exit code (kExitFailure when stdout fails).
+int PrintShardTable(const ShardedTensorView& view,
+                    const v1::ClusterInfo& cluster, bool json,
+                    const CommandContext& context);
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_

@@ -1,0 +1,143 @@
+#include "client/cli/fetch_command.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/progress_bar.h"
+#include "client/cli/table.h"
+#include "client/client.h"
+#include "client/npy.h"
+#include "common/status_macros.h"
+
+namespace tessera::cli {
+namespace {
+
+constexpr absl::string_view kCommand = "fetch";
+
+}  // namespace
+
+absl::StatusOr<DType> NpyOutputDType(DType dtype, const std::string& cast) {
+  DType output = dtype;
+  if (!cast.empty()) {
+    ASSIGN_OR_RETURN(output, ParseDType(cast));
+  }
+  if (!NpyDescr(output).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DTypeName(output),
+        " has no numpy dtype, so a .npy file cannot hold it; add --cast "
+        "float32 (or another dtype)"));
+  }
+  return output;
+}
+
+absl::Status SaveAsNpy(const Tensor& tensor, DType dtype,
+                       const std::string& path) {
+  if (tensor.dtype() == dtype) return WriteNpy(path, tensor);
+  ASSIGN_OR_RETURN(Tensor converted, tensor.ToDType(dtype));
+  return WriteNpy(path, converted);
+}
+
+int RunFetch(const FetchCommandOptions& options,
+             const CommandContext& context) {
+  if (!options.cast.empty()) {
+    // A bad --cast is a usage error even before the tensor is known.
+    absl::StatusOr<DType> cast = ParseDType(options.cast);
+    if (!cast.ok()) return context.ReportUserError(kCommand, cast.status());
+  }
+  absl::StatusOr<std::shared_ptr<Client>> client =
+      ConnectToCluster(options.connection);
+  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
+  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  absl::StatusOr<DType> dtype = NpyOutputDType(view->dtype(), options.cast);
+  if (!dtype.ok()) {
+    return context.ReportUserError(
+        kCommand,
+        Annotate(dtype.status(), absl::StrCat("tensor '", options.name, "'")));
+  }
+
+  Tensor tensor;
+  std::string source;
+  if (options.shard >= 0) {
+    const std::vector<RemoteShard> shards = view->remote_shards();
+    if (options.shard >= static_cast<int64_t>(shards.size())) {
+      return context.ReportUserError(
+          kCommand, absl::OutOfRangeError(absl::StrCat(
+                        "--shard ", options.shard, " is out of range: '",
+                        options.name, "' has ", shards.size(), " shards (0..",
+                        shards.size() - 1, ")")));
+    }
+    const RemoteShard& remote = shards[static_cast<size_t>(options.shard)];
+    FetchOptions fetch;
+    fetch.timeout = MakeTransferOptions(options.connection, nullptr).timeout;
+    absl::StatusOr<Shard> shard = remote.to_here(fetch);
+    if (!shard.ok()) return context.ReportUserError(kCommand, shard.status());
+    tensor = shard->tensor;
+    source = absl::StrCat(
+        "shard ", options.shard, " of ", options.name, " (offsets ",
+        FormatDims(remote.metadata().shard_offsets()), ") from rank ",
+        remote.owner().id, " at ", remote.owner().address);
+  } else {
+    ProgressBar bar(context.err(), absl::StrCat("fetch ", options.name),
+                    ProgressWanted(options.connection, context.err()));
+    absl::StatusOr<Tensor> read =
+        view->Read(MakeTransferOptions(options.connection, &bar));
+    bar.Finish();
+    if (!read.ok()) return context.ReportUserError(kCommand, read.status());
+    tensor = *std::move(read);
+    const size_t count = view->metadata().shards_metadata.size();
+    source = absl::StrCat(options.name, " (", count,
+                          count == 1 ? " shard)" : " shards)");
+  }
+  absl::Status saved = SaveAsNpy(tensor, *dtype, options.output);
+  if (!saved.ok()) {
+    context.PrintError(kCommand, saved.message());
+    return kExitFailure;
+  }
+  context.out() << "wrote " << options.output << ": " << source << ", "
+                << DescribeArray(*dtype, tensor.sizes()) << "\n";
+  context.out().flush();
+  return context.out().good() ? kExitOk : kExitFailure;
+}
+
+void AddFetchCommand(CLI::App& app, CommandContext& context) {
+  CLI::App* fetch = app.add_subcommand(
+      std::string(kCommand),
+      "Fetch a whole tensor, or one shard, into a .npy file");
+  auto options = std::make_shared<FetchCommandOptions>();
+  fetch->add_option("name", options->name, "The tensor's name")
+      ->required()
+      ->type_name("NAME");
+  fetch
+      ->add_option("-o,--output", options->output,
+                   "The .npy file to write (replaced atomically)")
+      ->required()
+      ->type_name("FILE");
+  fetch
+      ->add_option("--shard", options->shard,
+                   "Fetch only shard I (as numbered by 'tessera describe')")
+      ->check(CLI::NonNegativeNumber)
+      ->type_name("I");
+  fetch
+      ->add_option("--cast", options->cast,
+                   "Convert to this dtype before writing (bfloat16 tensors "
+                   "need one: .npy has no bfloat16)")
+      ->type_name("DTYPE");
+  AddConnectionFlags(app, fetch, &options->connection, /*transfers=*/true);
+  fetch->footer(
+      "Examples:\n"
+      "  tessera fetch w -o w.npy          # then numpy.load('w.npy')\n"
+      "  tessera fetch w --shard 2 -o w2.npy\n"
+      "  tessera fetch h -o h.npy --cast float32\n\n"
+      "Exit status: 0 on success, 1 when the tensor does not exist, a daemon "
+      "cannot be reached or the file cannot be written, 2 for a usage "
+      "error.");
+  fetch->callback([options, &context] {
+    context.SetAction(std::string(kCommand), [options, &context] {
+      return RunFetch(*options, context);
+    });
+  });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,55 @@
+#include "client/cli/rm_command.h"
+
+#include <memory>
+
+#include "client/client.h"
+
+namespace tessera::cli {
+namespace {
+
+constexpr absl::string_view kCommand = "rm";
+
+}  // namespace
+
+int RunRm(const RmOptions& options, const CommandContext& context) {
+  absl::StatusOr<std::shared_ptr<Client>> client =
+      ConnectToCluster(options.connection);
+  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  int exit_code = kExitOk;
+  for (const std::string& name : options.names) {
+    const absl::Status status = (*client)->Delete(name);
+    if (status.ok()) {
+      context.out() << "deleted " << name << "\n";
+    } else if (!(options.force && absl::IsNotFound(status))) {
+      context.PrintError(kCommand, status.message());
+      exit_code = kExitFailure;
+    }
+  }
+  context.out().flush();
+  if (!context.out().good()) return kExitFailure;
+  return exit_code;
+}
+
+void AddRmCommand(CLI::App& app, CommandContext& context) {
+  CLI::App* rm =
+      app.add_subcommand(std::string(kCommand),
+                         "Delete tensors (every daemon frees their shards)");
+  auto options = std::make_shared<RmOptions>();
+  rm->add_option("names", options->names, "The tensors' names")
+      ->required()
+      ->type_name("NAME...");
+  rm->add_flag("-f,--force", options->force, "Ignore names that do not exist");
+  AddConnectionFlags(app, rm, &options->connection, /*transfers=*/false);
+  rm->footer(
+      "Examples:\n"
+      "  tessera rm w\n"
+      "  tessera rm -f a b c\n\n"
+      "Exit status: 0 when every tensor was deleted, 1 when one was not (or "
+      "the cluster cannot be reached), 2 for a usage error.");
+  rm->callback([options, &context] {
+    context.SetAction(std::string(kCommand),
+                      [options, &context] { return RunRm(*options, context); });
+  });
+}
+
+}  // namespace tessera::cli
