@@ -52,15 +52,15 @@ grep -v '^\[' "$log"
 
 run() {
   echo
-  echo "\$ $*"
-  "$@"
+  echo "\$ tessera $*"
+  "$bin/tessera" "$@"
 }
 echo
 echo "\$ tessera-demo --checkpoint $checkpoint"
 "$bin/tessera-demo" --checkpoint "$checkpoint"
 
-run "$bin/tessera" health
-run "$bin/tessera" ls
-run "$bin/tessera" describe demo
-run "$bin/tessera" read demo --offsets 8,0 --sizes 2,6
-run "$bin/tessera" rm demo
+run health
+run ls
+run describe demo
+run read demo --offsets 8,0 --sizes 2,6
+run rm demo

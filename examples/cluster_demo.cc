@@ -139,9 +139,9 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < shards.size(); ++i) {
     const int owner = view->owner_rank(i);
     std::cout << "   " << std::left << std::setw(7) << i << std::setw(10)
-              << Join(shards[i].shard_offsets) << std::setw(10)
-              << Join(shards[i].shard_sizes) << std::setw(13)
-              << shards[i].placement.ToString()
+              << Join(shards[i].shard_offsets()) << std::setw(10)
+              << Join(shards[i].shard_sizes()) << std::setw(13)
+              << shards[i].placement()->ToString()
               << cluster.workers(owner).address() << std::right << "\n";
   }
 
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
             << view->owner_rank(remote) << ") with to_here()\n";
   auto fetched = view->remote_shards()[remote].to_here();
   if (!fetched.ok()) return Fail("to_here", fetched.status());
-  Verdict(ShowAndCheck(fetched->tensor, shards[remote].shard_offsets[0], 0),
+  Verdict(ShowAndCheck(fetched->tensor, shards[remote].shard_offsets()[0], 0),
           all_ok);
 
   std::cout << "\n4. read the region offsets [2, 5], sizes [6, 10]: rows 2-7 "

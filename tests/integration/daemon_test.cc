@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/proto_convert.h"
 #include "common/sharding_spec.h"
 #include "common/tensor.h"
 #include "gmock/gmock.h"
@@ -39,6 +40,8 @@ namespace {
 
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -159,8 +162,8 @@ TEST_F(DaemonTest, EveryClientCallEndToEnd) {
   EXPECT_EQ(view.dtype(), DType::kFloat32);
   const auto& shards = view.metadata().shards_metadata;
   ASSERT_EQ(shards.size(), 4u);
-  EXPECT_EQ(shards[1].shard_offsets, (std::vector<int64_t>{3, 0}));
-  EXPECT_EQ(shards[3].shard_sizes, (std::vector<int64_t>{1, 20}));
+  EXPECT_EQ(shards[1].shard_offsets(), (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(shards[3].shard_sizes(), (std::vector<int64_t>{1, 20}));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(view.owner_rank(i), i);
 
   // Write everything, then a region across shards 1..2 again.
@@ -175,7 +178,7 @@ TEST_F(DaemonTest, EveryClientCallEndToEnd) {
     EXPECT_EQ(remote[i].owner().id, i);
     ASSERT_OK_AND_ASSIGN(Shard shard, remote[i].to_here());
     EXPECT_EQ(shard.metadata, shards[i]);
-    ExpectIotaBox(shard.tensor, shards[i].shard_offsets[0], 0, 20);
+    ExpectIotaBox(shard.tensor, shards[i].shard_offsets()[0], 0, 20);
   }
 
   // A region spanning three shards, with progress.
@@ -231,7 +234,7 @@ TEST_F(DaemonTest, EveryClientCallEndToEnd) {
   ASSERT_OK_AND_ASSIGN(ShardedTensorView by_columns,
                        client_->Reshard("e2e", ColumnSpec()));
   EXPECT_NE(by_columns.tensor_id(), view.tensor_id());
-  EXPECT_EQ(by_columns.metadata().shards_metadata[0].shard_sizes,
+  EXPECT_EQ(by_columns.metadata().shards_metadata[0].shard_sizes(),
             (std::vector<int64_t>{10, 5}));
   EXPECT_EQ(by_columns.owner_rank(0), 3);
   ASSERT_OK_AND_ASSIGN(Tensor after, by_columns.Read());
@@ -266,7 +269,7 @@ TEST_F(DaemonTest, EveryClientCallEndToEnd) {
   ASSERT_OK_AND_ASSIGN(loaded, client_->Load(as_rows));
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_EQ(loaded[0].name(), "e2e_rows");
-  EXPECT_EQ(loaded[0].metadata().shards_metadata[0].shard_sizes,
+  EXPECT_EQ(loaded[0].metadata().shards_metadata[0].shard_sizes(),
             (std::vector<int64_t>{3, 20}));
   ASSERT_OK_AND_ASSIGN(Tensor rows, loaded[0].Read());
   ExpectIotaBox(rows, 0, 0, 20);
