@@ -184,28 +184,63 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(
   return result;
 }
 
+namespace {
+
+// An error on the wire: one byte of code, then the message.
+std::string EncodeError(const absl::Status& error) {
+  return absl::StrCat(std::string(1, static_cast<char>(error.code())),
+                      error.message());
+}
+
+// The error `record` (as EncodeError wrote it) of group member `r`.
+absl::Status DecodeError(const ProcessGroup& group, size_t r,
+                         absl::string_view record) {
+  const auto code =
+      static_cast<absl::StatusCode>(static_cast<unsigned char>(record[0]));
+  return absl::Status(
+      code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+      absl::StrCat("on rank ", group.global_ranks()[r], ": ",
+                   record.substr(1)));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<absl::Status>> AllGatherStatuses(
     ProcessGroup& group, const absl::Status& local) {
-  // One byte of code, then the message; empty for OK.
-  std::string mine;
-  if (!local.ok()) {
-    mine = absl::StrCat(std::string(1, static_cast<char>(local.code())),
-                        local.message());
-  }
-  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                   AllGatherBytes(group, mine));
+  // Empty for OK.
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      AllGatherBytes(group, local.ok() ? std::string() : EncodeError(local)));
   std::vector<absl::Status> statuses(gathered.size());
   for (size_t r = 0; r < gathered.size(); ++r) {
-    const std::string& record = gathered[r];
-    if (record.empty()) continue;
-    const auto code =
-        static_cast<absl::StatusCode>(static_cast<unsigned char>(record[0]));
-    statuses[r] = absl::Status(
-        code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-        absl::StrCat("on rank ", group.global_ranks()[r], ": ",
-                     absl::string_view(record).substr(1)));
+    if (!gathered[r].empty()) {
+      statuses[r] = DecodeError(group, r, gathered[r]);
+    }
   }
   return statuses;
+}
+
+absl::StatusOr<std::vector<std::string>> AllGatherOutcomes(
+    ProcessGroup& group, const absl::StatusOr<std::string>& local) {
+  // 'O' and the payload, or 'E' and the error.
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      AllGatherBytes(
+          group, local.ok() ? absl::StrCat("O", *local)
+                            : absl::StrCat("E", EncodeError(local.status()))));
+  RETURN_IF_ERROR(local.status());
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    std::string& record = gathered[r];
+    if (record.size() >= 2 && record[0] == 'E') {
+      return DecodeError(group, r, absl::string_view(record).substr(1));
+    }
+    if (record.empty() || record[0] != 'O') {
+      return absl::DataLossError(absl::StrCat("malformed outcome from rank ",
+                                              group.global_ranks()[r]));
+    }
+    record.erase(0, 1);
+  }
+  return gathered;
 }
 
 absl::Status AllGatherStatus(ProcessGroup& group, const absl::Status& local) {

@@ -160,6 +160,16 @@ absl::StatusOr<std::vector<absl::Status>> AllGatherStatuses(
     ProcessGroup& group, const absl::Status& local);
 absl::Status AllGatherStatus(ProcessGroup& group, const absl::Status& local);
 
+// Exchanges one payload or error per member (collective), so that a local
+// mistake fails every member together instead of leaving the others waiting
+// in the next collective. Returns every member's payload in group-rank
+// order. When any member has an error, every member returns one: its own
+// `local` error first, otherwise the lowest failing member's, with its
+// message prefixed "on rank <global rank>: " (code kept). DATA_LOSS for a
+// record that is neither; errors of the exchange itself as AllGatherBytes.
+absl::StatusOr<std::vector<std::string>> AllGatherOutcomes(
+    ProcessGroup& group, const absl::StatusOr<std::string>& local);
+
 // Helpers for backends: argument checks and cross-member agreement, so
 // that every backend rejects the same calls with the same messages.
 namespace collective {

@@ -108,32 +108,23 @@ std::string SpecRepr(const ShardingSpec& spec) {
       "])");
 }
 
-// What each member contributes to the first exchange: 'E', a status code
-// byte and its message; or 'O', src_rank in decimal, ':' and the spec.
-std::string EncodeArguments(const absl::Status& local, int src_rank,
-                            const ShardingSpec& spec) {
-  if (!local.ok()) {
-    return absl::StrCat("E", std::string(1, static_cast<char>(local.code())),
-                        local.message());
-  }
-  return absl::StrCat("O", src_rank, ":", ToProto(spec).SerializeAsString());
-}
-
 struct Arguments {
   int src_rank = 0;
   std::vector<ShardingSpec> spec;  // One entry; ShardingSpec has no default.
 };
 
+// What each member contributes to the first exchange: src_rank in decimal,
+// ':' and the serialized spec.
+std::string EncodeArguments(int src_rank, const ShardingSpec& spec) {
+  return absl::StrCat(src_rank, ":", ToProto(spec).SerializeAsString());
+}
+
 absl::StatusOr<Arguments> DecodeArguments(absl::string_view bytes, int rank) {
-  if (bytes.size() >= 2 && bytes[0] == 'E') {
-    return absl::Status(static_cast<absl::StatusCode>(bytes[1]),
-                        absl::StrCat("on rank ", rank, ": ", bytes.substr(2)));
-  }
   const size_t colon = bytes.find(':');
   Arguments arguments;
   v1::ShardingSpec proto;
-  if (bytes.empty() || bytes[0] != 'O' || colon == absl::string_view::npos ||
-      !absl::SimpleAtoi(bytes.substr(1, colon - 1), &arguments.src_rank) ||
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(bytes.substr(0, colon), &arguments.src_rank) ||
       !proto.ParseFromArray(bytes.data() + colon + 1,
                             static_cast<int>(bytes.size() - colon - 1))) {
     return absl::DataLossError(
@@ -151,8 +142,9 @@ absl::Status CheckAgreement(ProcessGroup& group, const absl::Status& local,
                             int src_rank, const ShardingSpec& spec) {
   ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
-      AllGatherBytes(group, EncodeArguments(local, src_rank, spec)));
-  RETURN_IF_ERROR(local);
+      AllGatherOutcomes(group, local.ok() ? absl::StatusOr<std::string>(
+                                                EncodeArguments(src_rank, spec))
+                                          : local));
   std::vector<Arguments> all;
   for (size_t r = 0; r < gathered.size(); ++r) {
     ASSIGN_OR_RETURN(Arguments arguments,
@@ -209,11 +201,10 @@ absl::StatusOr<std::vector<Shard>> ScatterShards(const Tensor& tensor,
                                                  const ScatterLayout& layout,
                                                  int src_rank,
                                                  ProcessGroup& group) {
-  // Gloo moves host memory; NCCL the device's.
-  TensorOptions options = TensorOptions().WithDType(tensor.dtype());
-  if (group.device_type() == Device::Type::kCuda) {
-    options.device = tensor.device();
-  }
+  // Buffers on the group's device: Gloo moves host memory, NCCL its own
+  // device's (whatever device the tensor or the shards are on).
+  const TensorOptions options =
+      TensorOptions().WithDType(tensor.dtype()).WithDevice(group.device());
   const int me = group.rank();
   std::vector<Tensor> inputs;
   if (me == src_rank) {

@@ -271,13 +271,7 @@ struct SplitWeight {
   }
 };
 
-// Where collectives move tensors: the host for Gloo, the group's device
-// for NCCL.
-Device CommDevice(const ProcessGroup& group) {
-  return group.device_type() == Device::Type::kCpu ? Device::Cpu()
-                                                   : group.device();
-}
-
+// `tensor` on `device` (a collective's: group.device()), contiguous.
 absl::StatusOr<Tensor> ToDevice(const Tensor& tensor, const Device& device) {
   if (tensor.device() == device) return tensor.Contiguous();
   return tensor.To(device);
@@ -345,11 +339,11 @@ absl::StatusOr<SplitWeight> Split(absl::string_view op,
   return split;
 }
 
-// "S3,30" -> {3, 30}; nullopt when malformed.
+// "3,30" -> {3, 30}; "" -> {} (a 0-d shape); nullopt when malformed.
 std::optional<std::vector<int64_t>> ParseShape(absl::string_view record) {
-  if (record.empty() || record[0] != 'S') return std::nullopt;
   std::vector<int64_t> shape;
-  for (absl::string_view size : absl::StrSplit(record.substr(1), ',')) {
+  if (record.empty()) return shape;
+  for (absl::string_view size : absl::StrSplit(record, ',')) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(size, &value)) return std::nullopt;
     shape.push_back(value);
@@ -361,24 +355,15 @@ std::optional<std::vector<int64_t>> ParseShape(absl::string_view record) {
 // fail every member together.
 absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeShapes(
     ProcessGroup& group, const absl::StatusOr<Tensor>& input) {
-  std::string mine =
-      input.ok()
-          ? absl::StrCat("S", absl::StrJoin(input->sizes(), ","))
-          : absl::StrCat(
-                "E", std::string(1, static_cast<char>(input.status().code())),
-                input.status().message());
-  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                   AllGatherBytes(group, mine));
-  RETURN_IF_ERROR(input.status());
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      AllGatherOutcomes(group, input.ok()
+                                   ? absl::StatusOr<std::string>(
+                                         absl::StrJoin(input->sizes(), ","))
+                                   : input.status()));
   std::vector<std::vector<int64_t>> shapes;
   for (size_t r = 0; r < gathered.size(); ++r) {
-    absl::string_view record = gathered[r];
-    if (record.size() >= 2 && record[0] == 'E') {
-      return absl::Status(static_cast<absl::StatusCode>(record[1]),
-                          absl::StrCat("on rank ", group.global_ranks()[r],
-                                       ": ", record.substr(2)));
-    }
-    std::optional<std::vector<int64_t>> shape = ParseShape(record);
+    std::optional<std::vector<int64_t>> shape = ParseShape(gathered[r]);
     if (!shape.has_value()) {
       return absl::DataLossError(absl::StrCat(
           "malformed input shape from rank ", group.global_ranks()[r]));
@@ -392,7 +377,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeShapes(
 absl::StatusOr<std::vector<Tensor>> GatherInputs(
     ProcessGroup& group, const Tensor& input,
     const std::vector<std::vector<int64_t>>& shapes) {
-  const Device device = CommDevice(group);
+  const Device device = group.device();
   std::vector<Tensor> gathered;
   for (const std::vector<int64_t>& shape : shapes) {
     ASSIGN_OR_RETURN(
@@ -472,7 +457,7 @@ absl::StatusOr<Tensor> RunPartitioned(const SplitWeight& split,
   ASSIGN_OR_RETURN(auto shapes, ExchangeShapes(group, input));
   ASSIGN_OR_RETURN(std::vector<Tensor> inputs,
                    GatherInputs(group, *input, shapes));
-  const Device device = CommDevice(group);
+  const Device device = group.device();
   const int64_t rows = input->sizes()[0];
   std::vector<Tensor> send;
   std::vector<Tensor> received;

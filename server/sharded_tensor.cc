@@ -209,28 +209,6 @@ absl::StatusOr<ShardedTensorMetadata> LocalMetadata(
   return mine;
 }
 
-// A rank's contribution to the all-gather: 'M' + serialized metadata, or
-// 'E' + status code byte + message.
-std::string EncodeOutcome(const absl::StatusOr<ShardedTensorMetadata>& mine) {
-  if (mine.ok()) return absl::StrCat("M", SerializeMetadata(*mine));
-  return absl::StrCat("E",
-                      std::string(1, static_cast<char>(mine.status().code())),
-                      mine.status().message());
-}
-
-absl::StatusOr<ShardedTensorMetadata> DecodeOutcome(absl::string_view bytes,
-                                                    int rank) {
-  if (!bytes.empty() && bytes[0] == 'M') {
-    return DeserializeMetadata(bytes.substr(1));
-  }
-  if (bytes.size() >= 2 && bytes[0] == 'E') {
-    return absl::Status(static_cast<absl::StatusCode>(bytes[1]),
-                        absl::StrCat("on rank ", rank, ": ", bytes.substr(2)));
-  }
-  return absl::DataLossError(absl::StrCat(
-      "init_from_local_shards: malformed contribution from rank ", rank));
-}
-
 // One rank's contribution to init_from_local_shards, as gathered.
 struct RankShards {
   int rank = 0;
@@ -359,13 +337,15 @@ class ShardedTensorBuilder {
     // so every member fails together instead of waiting for the others.
     absl::StatusOr<ShardedTensorMetadata> mine =
         LocalMetadata(local_shards, global_sizes, group, context.rank->rank());
-    ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                     AllGatherBytes(group, EncodeOutcome(mine)));
-    RETURN_IF_ERROR(mine.status());
+    ASSIGN_OR_RETURN(
+        std::vector<std::string> gathered,
+        AllGatherOutcomes(group, mine.ok() ? absl::StatusOr<std::string>(
+                                                 SerializeMetadata(*mine))
+                                           : mine.status()));
     std::vector<RankShards> ranks;
     for (size_t r = 0; r < gathered.size(); ++r) {
       ASSIGN_OR_RETURN(ShardedTensorMetadata theirs,
-                       DecodeOutcome(gathered[r], group.global_ranks()[r]));
+                       DeserializeMetadata(gathered[r]));
       if (theirs.shards_metadata.empty()) continue;
       ranks.push_back(RankShards{group.global_ranks()[r], std::move(theirs)});
     }
@@ -821,11 +801,9 @@ class ShardedTensorGather {
     }
     ASSIGN_OR_RETURN(layout_,
                      Pack(*state_.group, state_.metadata, state_.owners));
-    // Gloo moves host memory; NCCL the device's.
-    if (state_.group->device_type() == Device::Type::kCuda &&
-        !state_.local_shards.empty()) {
-      device_ = state_.local_shards.front().tensor.device();
-    }
+    // Buffers on the group's device: Gloo moves host memory, NCCL its own
+    // device's (also on a rank without shards, which must still take part).
+    device_ = state_.group->device();
     return absl::OkStatus();
   }
 

@@ -227,11 +227,10 @@ absl::StatusOr<ShardedTensor> ShardedTensor::Reshard(const ShardingSpec& spec) {
   }
   ASSIGN_OR_RETURN(ReshardPlan plan, Plan(*this, spec));
   ProcessGroup& group = *process_group();
-  // Gloo moves host memory; NCCL the device's.
-  TensorOptions stream_options = TensorOptions().WithDType(dtype());
-  if (group.device_type() == Device::Type::kCuda) {
-    stream_options.device = device();
-  }
+  // Buffers on the group's device: Gloo moves host memory, NCCL its own
+  // device's.
+  const TensorOptions stream_options =
+      TensorOptions().WithDType(dtype()).WithDevice(group.device());
   ASSIGN_OR_RETURN(Streams send, MakeStreams(plan.send_elems, stream_options));
   ASSIGN_OR_RETURN(Streams recv, MakeStreams(plan.recv_elems, stream_options));
   ASSIGN_OR_RETURN(std::vector<const Tensor*> old_local,

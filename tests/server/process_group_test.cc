@@ -342,6 +342,34 @@ TEST_P(ProcessGroupTest, AllGatherStatusAgreesOnTheFirstFailure) {
   });
 }
 
+TEST_P(ProcessGroupTest, AllGatherOutcomesFailsEveryMemberTogether) {
+  RunRanks([&](ProcessGroup& group) {
+    // Payloads of any bytes (empty, binary) come back in group-rank order.
+    const std::string mine =
+        group.rank() == 0
+            ? std::string()
+            : std::string("O\0E", 3) + "x" + std::to_string(group.rank());
+    ASSERT_OK_AND_ASSIGN(std::vector<std::string> all,
+                         AllGatherOutcomes(group, mine));
+    ASSERT_EQ(all.size(), static_cast<size_t>(group.size()));
+    EXPECT_EQ(all[0], "");
+    for (int r = 1; r < group.size(); ++r) {
+      EXPECT_EQ(all[r], std::string("O\0E", 3) + "x" + std::to_string(r));
+    }
+    // The last member fails: it gets its own error, everyone else its
+    // annotated one.
+    const int last = group.size() - 1;
+    absl::StatusOr<std::string> outcome = std::string("fine");
+    if (group.rank() == last) outcome = absl::OutOfRangeError("too far");
+    const std::string expected =
+        group.rank() == last
+            ? "too far"
+            : absl::StrCat("on rank ", group.global_ranks()[last], ": too far");
+    EXPECT_THAT(AllGatherOutcomes(group, outcome),
+                StatusIs(absl::StatusCode::kOutOfRange, expected));
+  });
+}
+
 TEST_P(ProcessGroupTest, ArgumentErrorsFailOnCallingRankOnly) {
   RunRanks([&](ProcessGroup& group) {
     const TensorOptions f32 = TensorOptions().WithDevice(group.device());
