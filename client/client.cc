@@ -71,7 +71,8 @@ class Cluster {
           grpc::health::v1::Health::NewStub(connection->channel);
       connection->shards = std::make_shared<ShardClient>(
           connection->channel,
-          options.data_plane ? worker.data_address() : std::string());
+          options.data_plane ? worker.data_address() : std::string(),
+          options.local_fast_path ? worker.local_address() : std::string());
       cluster->workers_.push_back(std::move(connection));
     }
     return cluster;
@@ -227,6 +228,9 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
       worker.address = (*connection)->address.address();
       if (cluster_->options().data_plane) {
         worker.bulk_address = (*connection)->address.data_address();
+      }
+      if (cluster_->options().local_fast_path) {
+        worker.local_address = (*connection)->address.local_address();
       }
       client = (*connection)->shards;
     }

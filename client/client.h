@@ -62,6 +62,10 @@ struct ClientOptions {
   // Fetch shard bytes over the daemons' raw-TCP data plane when they have
   // one (docs/data_plane.md); otherwise over gRPC streams.
   bool data_plane = true;
+  // Read the shards of daemons on this host through their same-host fast
+  // path (docs/data_plane.md, "The local path"), falling back to the
+  // streams above when it cannot be taken.
+  bool local_fast_path = true;
 };
 
 // Called as bytes arrive or leave: (bytes done, bytes in all). Calls are

@@ -26,6 +26,9 @@ struct WorkerInfo {
   std::string address;
   // Its raw-TCP data plane ("" when it serves shards over gRPC only).
   std::string bulk_address;
+  // Its same-host fast path, "<host id>/<socket name>" ("" when it has
+  // none); see client/local_fetch.h.
+  std::string local_address;
 };
 
 class RemoteShard {

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/grpc_status.h"
+#include "client/local_fetch.h"
+#include "common/cuda_util.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -197,6 +199,55 @@ struct ParsedChunk {
   int64_t data_size = 0;
 };
 
+// Copies verified byte ranges of a pinned host staging tensor into a
+// contiguous CUDA destination of the same size, asynchronously, on a
+// stream of the destination's device. Holds both tensors, and its
+// destructor waits for the copies in flight before letting them go.
+class DeviceLanding {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceLanding>> Create(
+      const Tensor& staging, const Tensor& destination) {
+    ASSIGN_OR_RETURN(
+        CudaStream stream,
+        CudaStream::Create(destination.device().index().value_or(0)));
+    // The destination may still be being written on the legacy default
+    // stream (a cudaMemset that zeroed it, say), which this stream does not
+    // wait for by itself.
+    RETURN_IF_ERROR(stream.WaitForLegacyStream());
+    return std::unique_ptr<DeviceLanding>(
+        new DeviceLanding(staging, destination, std::move(stream)));
+  }
+
+  // Enqueues the copy of bytes [offset, offset + size); `what` names the
+  // chunk in errors.
+  absl::Status Land(int64_t offset, int64_t size, absl::string_view what) {
+    return Annotate(
+        CudaMemcpyAsync(static_cast<char*>(destination_.data_ptr()) + offset,
+                        static_cast<const char*>(staging_.data_ptr()) + offset,
+                        static_cast<size_t>(size), stream_),
+        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+  }
+
+  // Waits for every copy enqueued; the first error among them.
+  absl::Status Synchronize(absl::string_view what) {
+    return Annotate(
+        stream_.Synchronize(),
+        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+  }
+
+ private:
+  DeviceLanding(Tensor staging, Tensor destination, CudaStream stream)
+      : staging_(std::move(staging)),
+        destination_(std::move(destination)),
+        stream_(std::move(stream)) {}
+
+  const Tensor staging_;
+  const Tensor destination_;
+  // Last, so that it is destroyed first: its destructor waits for the
+  // copies that use the tensors.
+  CudaStream stream_;
+};
+
 }  // namespace internal_shard_client
 
 namespace {
@@ -268,6 +319,9 @@ ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
       shard_index_(shard_index),
       allocate_(TensorOptions().WithDevice(device).WithPinMemory(pin_memory)) {}
 
+// Out of line, where DeviceLanding is complete; waits for its copies.
+ShardAssembler::~ShardAssembler() = default;
+
 void ShardAssembler::ExpectRegion(absl::Span<const int64_t> offsets,
                                   absl::Span<const int64_t> sizes) {
   region_offsets_.emplace(offsets.begin(), offsets.end());
@@ -318,6 +372,10 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
   }
+  if (landing_ != nullptr && chunk.data_size > 0) {
+    RETURN_IF_ERROR(
+        landing_->Land(chunk.offset, chunk.data_size, ChunkName(chunk.offset)));
+  }
   received_bytes_ += chunk.data_size;
   if (on_chunk_ && chunk.data_size > 0) on_chunk_(chunk.data_size);
   return absl::OkStatus();
@@ -335,6 +393,49 @@ absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
   if (metadata_.has_value()) {
     return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
   }
+  ASSIGN_OR_RETURN(CheckedHeader checked, CheckHeader(header));
+  RETURN_IF_ERROR(PrepareDestination(checked.dtype, checked.sizes));
+  total_bytes_ = header.total_bytes();
+  metadata_ = std::move(checked.metadata);
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::CopyFrom(const v1::ShardHeader& header,
+                                      const Tensor& source) {
+  if (metadata_.has_value()) {
+    return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
+  }
+  ASSIGN_OR_RETURN(CheckedHeader checked, CheckHeader(header));
+  if (!source.defined() || source.dtype() != checked.dtype ||
+      source.sizes() != checked.sizes) {
+    return absl::DataLossError(absl::StrCat(
+        "header of ", ShardName(), ": its bytes ", source.DebugString(),
+        " do not match its dtype and sizes"));
+  }
+  Tensor destination = destination_;
+  if (allocate_.has_value()) {
+    ASSIGN_OR_RETURN(
+        destination,
+        Tensor::Empty(checked.sizes,
+                      TensorOptions(*allocate_).WithDType(checked.dtype)));
+  } else if (!destination.defined() || destination.dtype() != checked.dtype ||
+             destination.sizes() != checked.sizes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destination ", destination.DebugString(), " does not match ",
+        ShardName(), ", which is ", DTypeName(checked.dtype), " [",
+        absl::StrJoin(checked.sizes, ", "), "]"));
+  }
+  RETURN_IF_ERROR(CopyInto(source, destination));
+  destination_ = std::move(destination);
+  total_bytes_ = header.total_bytes();
+  received_bytes_ = total_bytes_;
+  metadata_ = std::move(checked.metadata);
+  if (on_chunk_ && total_bytes_ > 0) on_chunk_(total_bytes_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardAssembler::CheckedHeader> ShardAssembler::CheckHeader(
+    const v1::ShardHeader& header) const {
   const std::string what = absl::StrCat("header of ", ShardName());
   absl::StatusOr<ShardMetadata> metadata = FromProto(header.metadata());
   if (!metadata.ok()) return Malformed(what, metadata.status());
@@ -367,10 +468,7 @@ absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
         absl::StrCat(what, ": total_bytes ", header.total_bytes(),
                      " does not match its dtype and sizes"));
   }
-  RETURN_IF_ERROR(PrepareDestination(*dtype, sizes));
-  total_bytes_ = header.total_bytes();
-  metadata_ = *std::move(metadata);
-  return absl::OkStatus();
+  return CheckedHeader{*std::move(metadata), *dtype, sizes};
 }
 
 absl::Status ShardAssembler::PrepareDestination(
@@ -395,6 +493,16 @@ absl::Status ShardAssembler::PrepareDestination(
       Tensor::Empty(sizes, TensorOptions().WithDType(dtype).WithPinMemory(
                                destination_.device().is_cuda())));
   write_base_ = static_cast<char*>(staging_.data_ptr());
+  if (destination_.device().is_cuda() && destination_.is_contiguous() &&
+      destination_.nbytes() > 0) {
+    absl::StatusOr<std::unique_ptr<internal_shard_client::DeviceLanding>>
+        landing = internal_shard_client::DeviceLanding::Create(staging_,
+                                                               destination_);
+    RETURN_IF_ERROR(Annotate(landing.status(),
+                             absl::StrCat(ShardName(), ": preparing copies to ",
+                                          destination_.device().ToString())));
+    landing_ = *std::move(landing);
+  }
   return absl::OkStatus();
 }
 
@@ -434,6 +542,9 @@ absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
     return absl::DataLossError(
         absl::StrCat(ChunkName(offset), ": checksum mismatch"));
   }
+  if (landing_ != nullptr) {
+    RETURN_IF_ERROR(landing_->Land(offset, length, ChunkName(offset)));
+  }
   received_bytes_ += length;
   if (on_chunk_) on_chunk_(length);
   return absl::OkStatus();
@@ -465,6 +576,7 @@ absl::Status ShardAssembler::Finish() {
         absl::StrCat(ShardName(), ": stream ended after ", received_bytes_,
                      " of ", total_bytes_, " bytes"));
   }
+  if (landing_ != nullptr) return landing_->Synchronize(ShardName());
   if (staging_.defined()) return CopyInto(staging_, destination_);
   return absl::OkStatus();
 }
@@ -509,16 +621,23 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
 }
 
 std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address,
-                                                 std::string bulk_address) {
+                                                 std::string bulk_address,
+                                                 std::string local_address) {
   return std::make_shared<ShardClient>(NewShardChannel(address),
-                                       std::move(bulk_address));
+                                       std::move(bulk_address),
+                                       std::move(local_address));
 }
 
 ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
-                         std::string bulk_address)
+                         std::string bulk_address, std::string local_address)
     : channel_(std::move(channel)),
       bulk_address_(std::move(bulk_address)),
+      local_(local_address.empty()
+                 ? nullptr
+                 : std::make_unique<LocalFetcher>(std::move(local_address))),
       stub_(v1::ShardService::NewStub(channel_)) {}
+
+ShardClient::~ShardClient() = default;
 
 namespace {
 
@@ -549,6 +668,35 @@ absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
                                 const FetchOptions& options,
                                 ShardAssembler* assembler) const {
   assembler->set_on_chunk(options.on_chunk);
+  const bool required = options.local_path == LocalPath::kRequired;
+  if (options.local_path == LocalPath::kOff ||
+      (!required && (local_ == nullptr || !local_->same_host()))) {
+    return FetchStream(request, options, assembler);
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const LocalAttempt local =
+      local_ != nullptr
+          ? local_->Fetch(request, deadline,
+                          /*skip_after_failure=*/!required, assembler)
+          : LocalAttempt{absl::FailedPreconditionError(
+                             "the owner publishes no local address"),
+                         true};
+  if (!local.fall_back) return local.status;
+  if (required) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(FetchWhat(request),
+                     ": the local path is required but cannot be taken: ",
+                     local.status.message()));
+  }
+  // The stream gets what is left of the fetch's time.
+  FetchOptions rest = options;
+  rest.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  return FetchStream(request, rest, assembler);
+}
+
+absl::Status ShardClient::FetchStream(const v1::FetchShardRequest& request,
+                                      const FetchOptions& options,
+                                      ShardAssembler* assembler) const {
   return bulk_address_.empty() ? Stream(request, options, assembler)
                                : BulkStream(request, options, assembler);
 }

@@ -9,6 +9,13 @@
 // FetchRegionInto fetches only a box of a shard (the server sends just
 // those bytes), over either transport.
 //
+// When the owner runs on this host (it publishes a local address), a fetch
+// first tries the local path (client/local_fetch.h): the owner lends the
+// shard's memory and the box is copied straight out of it, no socket
+// carrying bytes. FetchOptions::local_path says whether it may (kAuto:
+// falling back to the stream on any failure of the path), must not (kOff)
+// or must (kRequired) be taken.
+//
 // Errors: NOT_FOUND for an unknown tensor or shard (as the server says),
 // DATA_LOSS for a checksum or framing mismatch (the destination may then
 // hold partial or corrupt bytes), INVALID_ARGUMENT when the destination does
@@ -48,10 +55,30 @@
 #include "tessera/v1/shard.pb.h"
 
 namespace tessera {
+
+class LocalFetcher;
+
 namespace internal_shard_client {
 // A received ShardChunk whose payload still lies in the message's slices.
 struct ParsedChunk;
+// Host -> device copies of verified chunks into a CUDA destination.
+class DeviceLanding;
 }  // namespace internal_shard_client
+
+// Whether a fetch may take the same-host fast path (docs/data_plane.md,
+// "The local path"): mapping the owner's memory instead of receiving its
+// bytes over a socket.
+enum class LocalPath {
+  // Taken when the owner publishes a local address of this host; any
+  // local failure (no such socket, memory that cannot be shared, a mapping
+  // or CUDA IPC failure) silently falls back to the stream.
+  kAuto,
+  // Never taken.
+  kOff,
+  // Taken or the fetch fails with FAILED_PRECONDITION saying why (tests and
+  // benchmarks use it to prove the fast path was taken).
+  kRequired,
+};
 
 struct FetchOptions {
   // Largest chunk the server should send; 0 = the server's default.
@@ -62,8 +89,10 @@ struct FetchOptions {
   Device device = Device::Cpu();
   bool pin_memory = false;
   // Called on the fetching thread after each chunk was verified and
-  // written, with its size in bytes. Keep it cheap.
+  // written, with its size in bytes (once, with all of them, when the
+  // bytes came over the local path). Keep it cheap.
   std::function<void(int64_t bytes)> on_chunk;
+  LocalPath local_path = LocalPath::kAuto;
 };
 
 struct TensorDescription {
@@ -79,7 +108,14 @@ struct TensorDescription {
 // which is then written at its offset in one pass (hashing as it goes):
 // straight into the destination when it is contiguous host memory,
 // otherwise into a contiguous host staging buffer (pinned for a CUDA
-// destination) that Finish() copies into the destination in one go.
+// destination). For a contiguous CUDA destination, each chunk's bytes are
+// copied host -> device as soon as the chunk is verified (cudaMemcpyAsync
+// on a stream of the destination's device, after the work already queued
+// on its legacy default stream), so that the copy overlaps receiving the
+// next chunk; Finish() waits for those copies and reports their CUDA
+// errors. Other (strided) destinations get the staging buffer's bytes in
+// one copy in Finish(). Destroying an assembler waits for its copies in
+// flight, so an abandoned stream never leaves a copy reading freed memory.
 class ShardAssembler {
  public:
   // Writes into `destination`, a view of any strides on the CPU or CUDA.
@@ -88,6 +124,7 @@ class ShardAssembler {
   // Allocates the destination from the header's dtype and sizes.
   ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
                  Device device, bool pin_memory);
+  ~ShardAssembler();
 
   // Expects the stream of a region fetch: the header's sizes must be
   // `sizes` and the box must lie inside the shard its metadata describes
@@ -120,13 +157,27 @@ class ShardAssembler {
   // returns where its bytes go; Verify hashes them there (DATA_LOSS on a
   // mismatch) and advances.
   absl::Status Start(const v1::ShardHeader& header);
+  // Instead of chunks, all bytes at once from `source`, a view holding the
+  // header's elements (the local path's mapping of the owner's memory, on
+  // the CPU or CUDA): the header is checked as by Start, then `source` is
+  // copied into the destination (allocated first when allocating) and the
+  // stream counts as complete (Finish() is not needed). DATA_LOSS when the
+  // header is malformed or `source` does not hold its dtype and sizes;
+  // INVALID_ARGUMENT when the destination does not match; the copy's own
+  // errors otherwise. The assembler is unchanged unless this succeeds
+  // (the destination may then hold part of the bytes), so a failed
+  // attempt can be followed by a stream into the same assembler.
+  absl::Status CopyFrom(const v1::ShardHeader& header, const Tensor& source);
   absl::StatusOr<char*> Place(int64_t offset, int64_t length);
   absl::Status Verify(int64_t offset, int64_t length, uint64_t checksum);
   int64_t received_bytes() const { return received_bytes_; }
   int64_t total_bytes() const { return total_bytes_; }
 
   // Called once the stream ended: DATA_LOSS unless a header and exactly
-  // total_bytes arrived; then completes the copy into the destination.
+  // total_bytes arrived; then completes the copy into the destination
+  // (for a CUDA destination: waits for the chunks' device copies; a CUDA
+  // error, as from Consume/Verify when a copy cannot be enqueued, is
+  // INTERNAL, UNAVAILABLE or RESOURCE_EXHAUSTED with CUDA's description).
   absl::Status Finish();
 
   // The destination (allocated once the header arrived, when allocating).
@@ -137,6 +188,15 @@ class ShardAssembler {
  private:
   using ParsedChunk = internal_shard_client::ParsedChunk;
 
+  // A header's fields, checked against the expected region or its own
+  // metadata (the validation of Start and CopyFrom).
+  struct CheckedHeader {
+    ShardMetadata metadata;
+    DType dtype;
+    std::vector<int64_t> sizes;
+  };
+  absl::StatusOr<CheckedHeader> CheckHeader(
+      const v1::ShardHeader& header) const;
   absl::Status StartFromHeader(const ParsedChunk& chunk);
   absl::Status PrepareDestination(DType dtype,
                                   const std::vector<int64_t>& sizes);
@@ -160,6 +220,9 @@ class ShardAssembler {
   std::optional<TensorOptions> allocate_;
   // Defined when chunks cannot be written into the destination directly.
   Tensor staging_;
+  // Set for a contiguous CUDA destination: lands each verified chunk of
+  // staging_ in it.
+  std::unique_ptr<internal_shard_client::DeviceLanding> landing_;
   char* write_base_ = nullptr;
   std::optional<ShardMetadata> metadata_;
   int64_t total_bytes_ = 0;
@@ -173,11 +236,17 @@ class ShardClient {
   // With a `bulk_address` (the server's raw data plane, see
   // docs/data_plane.md), shards are fetched over it; gRPC still carries
   // DescribeTensor. Data-plane connections are pooled, one per concurrent
-  // fetch, and dropped after any error.
+  // fetch, and dropped after any error. With a `local_address` (the
+  // server's local share server, "<host id>/<socket name>") that names
+  // this host, fetches first try the local path (FetchOptions::local_path;
+  // see local_fetch.h); an address of another host is ignored.
   static std::shared_ptr<ShardClient> Create(const std::string& address,
-                                             std::string bulk_address = "");
+                                             std::string bulk_address = "",
+                                             std::string local_address = "");
   explicit ShardClient(std::shared_ptr<grpc::Channel> channel,
-                       std::string bulk_address = "");
+                       std::string bulk_address = "",
+                       std::string local_address = "");
+  ~ShardClient();
 
   // Fetches shard `shard_index` of `tensor_id` into a new tensor on
   // options.device; returns it with its metadata.
@@ -202,11 +271,16 @@ class ShardClient {
       absl::Duration timeout = absl::Seconds(10)) const;
 
  private:
-  // Runs one fetch over the data plane when there is one, else over gRPC,
+  // Runs one fetch: over the local path when options allow and it can be
+  // taken, else over the data plane when there is one, else over gRPC,
   // feeding every chunk to `assembler`.
   absl::Status Fetch(const v1::FetchShardRequest& request,
                      const FetchOptions& options,
                      ShardAssembler* assembler) const;
+  // The stream part of Fetch.
+  absl::Status FetchStream(const v1::FetchShardRequest& request,
+                           const FetchOptions& options,
+                           ShardAssembler* assembler) const;
   // One FetchShard call over gRPC.
   absl::Status Stream(const v1::FetchShardRequest& request,
                       const FetchOptions& options,
@@ -224,6 +298,8 @@ class ShardClient {
 
   std::shared_ptr<grpc::Channel> channel_;
   std::string bulk_address_;
+  // Null without a local address.
+  std::unique_ptr<LocalFetcher> local_;
   mutable absl::Mutex pool_mu_;
   mutable std::vector<Socket> idle_ ABSL_GUARDED_BY(pool_mu_);
   std::unique_ptr<v1::ShardService::Stub> stub_;

@@ -1,10 +1,12 @@
 #include "common/tensor.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <complex>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda_util.h"
 #include "common/status_macros.h"
 
 #if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
@@ -77,31 +80,6 @@ absl::Status CudaError(absl::string_view what, cudaError_t error) {
   return absl::InternalError(message);
 }
 
-// Makes `device` current for its lifetime; restores the previous one.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      status_ = cudaSetDevice(device);
-      if (status_ != cudaSuccess) cudaGetLastError();
-    }
-  }
-  ~CudaDeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
 #endif  // TESSERA_TENSOR_CUDA
 
 absl::Status CudaUnavailableError() {
@@ -433,6 +411,67 @@ absl::StatusOr<int64_t> WrapDim(int64_t d, int64_t ndim, bool wrap_scalar) {
 // ---- Storage
 // -------------------------------------------------------------------
 
+namespace {
+
+// Shareable host memory (SetHostMemorySharing): the threshold (-1 while
+// off), the live shared storages and how many may live, since each holds a
+// file descriptor.
+std::atomic<int64_t> g_sharing_min_bytes{-1};
+std::atomic<int64_t> g_shared_storages{0};
+std::atomic<int64_t> g_shared_storage_limit{0};
+
+// Maps `rounded` bytes (a multiple of the page size) of a new sealed
+// memory file; null (and no descriptor spent) when any step fails, for the
+// caller to fall back to the heap.
+void* MapSharedMemory(size_t rounded, int* fd_out) {
+  if (g_shared_storages.fetch_add(1) >= g_shared_storage_limit.load()) {
+    g_shared_storages.fetch_sub(1);
+    return nullptr;
+  }
+  const int fd =
+      memfd_create("tessera-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void* data = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(rounded)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (data == MAP_FAILED) {
+    if (fd >= 0) close(fd);
+    g_shared_storages.fetch_sub(1);
+    return nullptr;
+  }
+  *fd_out = fd;
+  return data;
+}
+
+}  // namespace
+
+void SetHostMemorySharing(int64_t min_bytes) {
+  struct rlimit rlim;
+  int64_t limit = int64_t{1} << 20;
+  if (getrlimit(RLIMIT_NOFILE, &rlim) == 0 && rlim.rlim_cur != RLIM_INFINITY) {
+    limit = static_cast<int64_t>(rlim.rlim_cur / 2);
+  }
+  g_shared_storage_limit.store(limit);
+  g_sharing_min_bytes.store(std::max<int64_t>(min_bytes, 1));
+}
+
+void DisableHostMemorySharing() { g_sharing_min_bytes.store(-1); }
+
+std::optional<int64_t> HostMemorySharingMinBytes() {
+  const int64_t min_bytes = g_sharing_min_bytes.load();
+  if (min_bytes < 0) return std::nullopt;
+  return min_bytes;
+}
+
+std::shared_ptr<Storage> Storage::Wrap(void* data, size_t nbytes, Device device,
+                                       std::function<void()> release) {
+  std::shared_ptr<Storage> storage(
+      new Storage(data, nbytes, device, false, Allocator::kForeign));
+  storage->release_ = std::move(release);
+  return storage;
+}
+
 absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
                                                            Device device,
                                                            bool pinned) {
@@ -466,9 +505,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
           new Storage(nullptr, 0, resolved, false, Allocator::kNone));
     }
     CudaDeviceGuard guard(index);
-    if (guard.status() != cudaSuccess) {
-      return CudaError("cudaSetDevice", guard.status());
-    }
+    if (!guard.status().ok()) return guard.status();
     void* data = nullptr;
     const cudaError_t error = cudaMalloc(&data, nbytes);
     if (error != cudaSuccess) {
@@ -490,6 +527,20 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
         new Storage(nullptr, 0, device, pinned, Allocator::kNone));
   }
   if (!pinned) {
+    const int64_t share_min_bytes = g_sharing_min_bytes.load();
+    size_t page_rounded;
+    if (share_min_bytes >= 0 &&
+        nbytes >= static_cast<uint64_t>(share_min_bytes) &&
+        RoundUp(nbytes, PageSize(), &page_rounded)) {
+      int fd = -1;
+      // Page-aligned, so 64-byte aligned too.
+      if (void* data = MapSharedMemory(page_rounded, &fd); data != nullptr) {
+        std::shared_ptr<Storage> storage(
+            new Storage(data, nbytes, device, false, Allocator::kSharedMemory));
+        storage->shared_memory_fd_ = fd;
+        return storage;
+      }
+    }
     size_t rounded;
     if (!RoundUp(nbytes, kHostAlignment, &rounded)) {
       return HostAllocError(nbytes, ENOMEM);
@@ -564,6 +615,17 @@ Storage::~Storage() {
       free(data_);
       break;
     }
+    case Allocator::kSharedMemory: {
+      size_t rounded = nbytes_;
+      RoundUp(nbytes_, PageSize(), &rounded);
+      munmap(data_, rounded);
+      close(shared_memory_fd_);
+      g_shared_storages.fetch_sub(1);
+      break;
+    }
+    case Allocator::kForeign:
+      if (release_) release_();
+      break;
     case Allocator::kCudaHost:
 #if TESSERA_TENSOR_CUDA
       if (cudaFreeHost(data_) != cudaSuccess) cudaGetLastError();
@@ -691,6 +753,59 @@ absl::StatusOr<Tensor> Tensor::Empty(absl::Span<const int64_t> sizes,
   tensor.strides_ = ContiguousStrides(sizes);
   tensor.dtype_ = options.dtype;
   tensor.requires_grad_ = options.requires_grad;
+  return tensor;
+}
+
+absl::StatusOr<Tensor> Tensor::FromStorage(std::shared_ptr<Storage> storage,
+                                           DType dtype, int64_t storage_offset,
+                                           absl::Span<const int64_t> sizes,
+                                           absl::Span<const int64_t> strides) {
+  if (storage == nullptr) {
+    return absl::InvalidArgumentError("FromStorage: null storage");
+  }
+  if (sizes.size() != strides.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FromStorage: ", sizes.size(), " sizes but ",
+                     strides.size(), " strides"));
+  }
+  if (storage_offset < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FromStorage: negative storage offset ", storage_offset));
+  }
+  for (int64_t stride : strides) {
+    if (stride < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FromStorage: negative stride in ", SizesString(strides)));
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t numel, CheckedNumel(sizes));
+  if (numel > 0) {
+    // One past the last element's byte, overflow-checked.
+    int64_t last = storage_offset;
+    bool overflow = false;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      int64_t span;
+      overflow |= __builtin_mul_overflow(sizes[d] - 1, strides[d], &span) ||
+                  __builtin_add_overflow(last, span, &last);
+    }
+    int64_t end;
+    overflow |= __builtin_add_overflow(last, int64_t{1}, &end) ||
+                __builtin_mul_overflow(
+                    end, static_cast<int64_t>(ElementSize(dtype)), &end);
+    if (overflow || static_cast<uint64_t>(end) > storage->nbytes()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("FromStorage: a view of sizes ", SizesString(sizes),
+                       ", strides ", SizesString(strides), " at offset ",
+                       storage_offset, " of ", DTypeName(dtype),
+                       " leaves a storage of ", storage->nbytes(), " bytes"));
+    }
+  }
+  Tensor tensor;
+  tensor.storage_ = std::move(storage);
+  tensor.storage_offset_ = storage_offset;
+  tensor.sizes_.assign(sizes.begin(), sizes.end());
+  tensor.strides_.assign(strides.begin(), strides.end());
+  tensor.dtype_ = dtype;
   return tensor;
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,14 @@
 namespace tessera {
 
 // Owns one allocation. Frees it with the allocator that made it.
+//
+// Shareable host memory: while host memory sharing is on (see
+// SetHostMemorySharing), non-pinned CPU allocations of at least its
+// min_bytes are backed by an anonymous memory file (memfd) mapped
+// MAP_SHARED, so that another process on the same host can map the same
+// pages (the local fast path of docs/data_plane.md). shared_memory_fd()
+// is that file; its size is sealed (it can neither shrink nor grow), so a
+// process that maps it cannot fault past its end.
 class Storage {
  public:
   // Allocates `nbytes` on `device`. For the CPU, `pinned` asks for
@@ -47,6 +56,12 @@ class Storage {
   static absl::StatusOr<std::shared_ptr<Storage>> Allocate(size_t nbytes,
                                                            Device device,
                                                            bool pinned);
+  // Memory this storage does not own, such as another process's shared
+  // memory mapped here or a CUDA IPC mapping: `release` (may be empty) runs
+  // once when the storage is destroyed and must not fail. `data` must stay
+  // valid until then; null only with zero bytes.
+  static std::shared_ptr<Storage> Wrap(void* data, size_t nbytes, Device device,
+                                       std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -55,9 +70,20 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // The memory file behind shareable host memory; -1 for every other
+  // storage. Owned by the storage: do not close it (dup it to keep it).
+  int shared_memory_fd() const { return shared_memory_fd_; }
 
  private:
-  enum class Allocator { kNone, kHeap, kHeapLocked, kCudaHost, kCudaDevice };
+  enum class Allocator {
+    kNone,
+    kHeap,
+    kHeapLocked,
+    kCudaHost,
+    kCudaDevice,
+    kSharedMemory,
+    kForeign,
+  };
   Storage(void* data, size_t nbytes, Device device, bool pinned,
           Allocator allocator)
       : data_(data),
@@ -71,7 +97,26 @@ class Storage {
   Device device_;
   bool pinned_;
   Allocator allocator_;
+  int shared_memory_fd_ = -1;      // kSharedMemory
+  std::function<void()> release_;  // kForeign
 };
+
+// The process-wide switch for shareable host memory (see Storage). Off by
+// default. While on, non-pinned CPU allocations of at least `min_bytes`
+// bytes are memfd-backed; smaller ones, pinned ones and device ones are
+// not. Sharing is an optimisation: when a memory file cannot be had (no
+// memfd support, descriptors exhausted, a mapping refused) the allocation
+// silently uses the heap, as with sharing off. Each shared storage holds
+// one file descriptor while it lives; at most half of the process's
+// RLIMIT_NOFILE soft limit (as it was when sharing was turned on) is spent
+// on them, later allocations use the heap. First touch of shared memory
+// faults in small pages, where large heap buffers use huge pages.
+// Thread-safe; storages already allocated keep their kind.
+inline constexpr int64_t kDefaultHostSharingMinBytes = int64_t{64} << 10;
+void SetHostMemorySharing(int64_t min_bytes = kDefaultHostSharingMinBytes);
+void DisableHostMemorySharing();
+// The current threshold; nullopt while sharing is off.
+std::optional<int64_t> HostMemorySharingMinBytes();
 
 // How to create a tensor.
 struct TensorOptions {
@@ -166,6 +211,16 @@ class Tensor {
   template <typename T>
   static absl::StatusOr<Tensor> FromVector(absl::Span<const T> values,
                                            absl::Span<const int64_t> sizes);
+  // A view of `storage` (torch.as_strided): element 0 at `storage_offset`
+  // elements of `dtype` from the storage's start, with the given sizes and
+  // strides (in elements). INVALID_ARGUMENT for a null storage, negative
+  // numbers or mismatched sizes/strides counts; OUT_OF_RANGE when an
+  // element of a non-empty view would lie outside the storage's bytes
+  // (checked on the meta device too, against nbytes()).
+  static absl::StatusOr<Tensor> FromStorage(std::shared_ptr<Storage> storage,
+                                            DType dtype, int64_t storage_offset,
+                                            absl::Span<const int64_t> sizes,
+                                            absl::Span<const int64_t> strides);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "server/chunk_source.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -138,23 +139,39 @@ absl::Status BulkServer::Answer(int fd, const std::string& frame) {
   }
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
-  const int64_t total = prepared->header.total_bytes();
+  // The first chunk is had before the reply, so that a source that cannot
+  // even start (a CUDA error) is answered with its error; later errors can
+  // only cut the stream (the connection closes).
+  absl::StatusOr<std::unique_ptr<ChunkSource>> source = NewChunkSource(
+      prepared->bytes, chunk_bytes, options_.chunks.staging_depth);
+  absl::Status started = source.status();
+  HostChunk chunk;  // Zero bytes: none.
+  if (started.ok() && !(*source)->done()) {
+    absl::StatusOr<HostChunk> first = (*source)->Next();
+    started = first.status();
+    if (first.ok()) chunk = *std::move(first);
+  }
+  if (!started.ok()) {
+    reply.set_code(static_cast<int>(started.code()));
+    reply.set_message(std::string(started.message()));
+    return SendReply(fd, reply, deadline, false);
+  }
   *reply.mutable_header() = prepared->header;
   reply.set_chunk_bytes(chunk_bytes);
-  RETURN_IF_ERROR(SendReply(fd, reply, deadline, total > 0));
-  const char* base = static_cast<const char*>(prepared->bytes.data_ptr());
+  RETURN_IF_ERROR(SendReply(fd, reply, deadline, chunk.size > 0));
   char prefix[kBulkChunkPrefixBytes];
-  for (int64_t offset = 0; offset < total; offset += chunk_bytes) {
-    const int64_t length = std::min(chunk_bytes, total - offset);
-    StoreLe64(static_cast<uint64_t>(offset), prefix);
-    StoreLe64(static_cast<uint64_t>(length), prefix + 8);
-    StoreLe64(XXH3_64bits(base + offset, static_cast<size_t>(length)),
-              prefix + 16);
+  while (chunk.size > 0) {
+    StoreLe64(static_cast<uint64_t>(chunk.offset), prefix);
+    StoreLe64(chunk.size, prefix + 8);
+    StoreLe64(XXH3_64bits(chunk.data, chunk.size), prefix + 16);
     const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
     RETURN_IF_ERROR(
         WriteFull(fd, prefix, sizeof(prefix), chunk_deadline, /*more=*/true));
-    RETURN_IF_ERROR(WriteFull(fd, base + offset, static_cast<size_t>(length),
-                              chunk_deadline));
+    // While this chunk is written, the copies of the next ones run.
+    RETURN_IF_ERROR(WriteFull(fd, chunk.data, chunk.size, chunk_deadline));
+    if ((*source)->done()) break;
+    chunk = HostChunk();  // Written: its staging buffer may take a copy.
+    ASSIGN_OR_RETURN(chunk, (*source)->Next());
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,17 @@
 // HTTP/2 framing, so that a client receives each chunk's payload straight
 // into its destination tensor. gRPC remains the control plane.
 //
+// Chunks come from a ChunkSource (chunk_source.h): a host shard is written
+// from its own memory; a CUDA shard (made contiguous on its device first,
+// when strided) is staged device -> pinned host chunk by chunk on a CUDA
+// stream, `chunks.staging_depth` chunks ahead, so that the copy of the next
+// chunks overlaps writing this one to the socket. The first chunk is staged
+// before the reply, so a CUDA error at the start is answered with its code
+// and message (INTERNAL, UNAVAILABLE or RESOURCE_EXHAUSTED); one later in
+// the stream can only close the connection, which the client sees as a
+// stream cut short (UNAVAILABLE). Copies in flight are waited for before
+// their buffers are freed, also when the client goes away mid-stream.
+//
 // One thread accepts; each connection gets a thread that serves its
 // requests one after another (a client uses one connection per concurrent
 // fetch). Every read and write is bounded: a connection idle for

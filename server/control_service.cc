@@ -1131,6 +1131,7 @@ absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
     address->set_name(worker.name);
     address->set_address(worker.address);
     address->set_data_address(worker.bulk_address);
+    address->set_local_address(worker.local_address);
     if (r < static_cast<int>(devices.size())) address->set_device(devices[r]);
   }
   return info;

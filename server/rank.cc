@@ -14,13 +14,16 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "server/bulk_server.h"
+#include "server/local_share_server.h"
 #include "server/prefix_store.h"
 #include "server/shard_service.h"
 
 namespace tessera {
 namespace {
 
-// Store keys of the RPC agent: one per worker, holding "name\naddress".
+// Store keys of the RPC agent: one per worker, holding its record
+// "name\naddress\nbulk_address\nlocal_address" (records of three fields,
+// without the local address, are accepted too).
 std::string WorkerKey(int rpc_rank) {
   return absl::StrCat("rpc/worker/", rpc_rank);
 }
@@ -238,6 +241,17 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
     bulk_ = *std::move(bulk);
     bulk_address = absl::StrCat(host, ":", bulk_->port());
   }
+  std::string local_address;
+  if (options.local_fast_path) {
+    SetHostMemorySharing();
+    // An optimisation only: without it, clients on this host use the
+    // streams like everyone else.
+    auto local = LocalShareServer::Start(registry_);
+    if (local.ok()) {
+      local_ = *std::move(local);
+      local_address = local_->address();
+    }
+  }
 
   // Claim the name first: two workers with one name would make placements
   // ambiguous.
@@ -250,19 +264,20 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
         absl::StrCat("worker name ", name, " is taken by RPC rank ", owner));
   }
   RETURN_IF_ERROR(options_.store->Set(
-      WorkerKey(rpc_rank),
-      absl::StrCat(name, "\n", address, "\n", bulk_address)));
+      WorkerKey(rpc_rank), absl::StrCat(name, "\n", address, "\n", bulk_address,
+                                        "\n", local_address)));
 
   std::vector<WorkerInfo> workers(rpc_world);
   for (int r = 0; r < rpc_world; ++r) {
     ASSIGN_OR_RETURN(std::string value,
                      options_.store->Get(WorkerKey(r), options_.timeout));
     std::vector<std::string> parts = absl::StrSplit(value, '\n');
-    if (parts.size() != 3) {
+    if (parts.size() != 3 && parts.size() != 4) {
       return absl::DataLossError(absl::StrCat(
           "malformed worker record for RPC rank ", r, ": ", value));
     }
-    workers[r] = WorkerInfo{parts[0], r, parts[1], parts[2]};
+    workers[r] = WorkerInfo{parts[0], r, parts[1], parts[2],
+                            parts.size() == 4 ? parts[3] : std::string()};
   }
   absl::MutexLock lock(&mu_);
   rpc_rank_ = rpc_rank;
@@ -318,7 +333,8 @@ absl::StatusOr<std::shared_ptr<ShardClient>> Rank::ClientFor(
   // shards, so a rank holds at most one channel per peer.
   if (clients_[rpc_rank] == nullptr) {
     clients_[rpc_rank] = ShardClient::Create(workers_[rpc_rank].address,
-                                             workers_[rpc_rank].bulk_address);
+                                             workers_[rpc_rank].bulk_address,
+                                             workers_[rpc_rank].local_address);
   }
   return clients_[rpc_rank];
 }
@@ -337,12 +353,18 @@ void Rank::StopServer(absl::Duration grace) {
     bulk_drain =
         std::thread([bulk = bulk_.get(), grace] { bulk->Shutdown(grace); });
   }
+  std::thread local_drain;
+  if (local_ != nullptr) {
+    local_drain =
+        std::thread([local = local_.get(), grace] { local->Shutdown(grace); });
+  }
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
     server_.reset();
   }
   if (bulk_drain.joinable()) bulk_drain.join();
+  if (local_drain.joinable()) local_drain.join();
 }
 
 absl::Status Rank::Barrier() {

@@ -54,6 +54,7 @@ class Service;
 namespace tessera {
 
 class BulkServer;
+class LocalShareServer;
 class ShardServiceImpl;
 
 struct RankOptions {
@@ -90,6 +91,12 @@ struct RpcOptions {
   // Serve and fetch shard bytes over the raw-TCP data plane
   // (docs/data_plane.md) rather than gRPC streams. Needs an IPv4 host.
   bool data_plane = true;
+  // Serve the same-host fast path (server/local_share_server.h): clients on
+  // this host map shard memory instead of receiving it over a socket. Turns
+  // on host memory sharing for the whole process (SetHostMemorySharing with
+  // its default threshold), so that CPU shards allocated from then on can
+  // be lent. When its socket cannot be made the rank serves without it.
+  bool local_fast_path = true;
   // More services served on the same gRPC server (the daemon's
   // ControlService). Not owned: each must outlive Shutdown().
   std::vector<grpc::Service*> services;
@@ -142,7 +149,8 @@ class Rank : public WorkerResolver {
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewGroup(
       std::vector<int> ranks, const NewGroupOptions& options = {});
 
-  // Starts the shard server and exchanges worker names and addresses with
+  // Starts the shard server (gRPC, and the data plane and local share
+  // server as options say) and exchanges worker names and addresses with
   // all `world_size` RPC ranks (collective). FAILED_PRECONDITION when
   // already initialised; ALREADY_EXISTS when two workers share a name.
   absl::Status InitRpc(const RpcOptions& options = {});
@@ -187,7 +195,8 @@ class Rank : public WorkerResolver {
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(
       const std::string& name, const std::vector<int>& ranks,
       const std::string& backend);
-  // Stops the gRPC server and the data plane, draining both for `grace`.
+  // Stops the gRPC server, the data plane and the local share server,
+  // draining them for `grace`.
   void StopServer(absl::Duration grace);
 
   RankOptions options_;
@@ -210,6 +219,7 @@ class Rank : public WorkerResolver {
   std::unique_ptr<ShardServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<BulkServer> bulk_;
+  std::unique_ptr<LocalShareServer> local_;
 };
 
 // The process's default rank, used by ShardedTensor factories when no rank

@@ -33,29 +33,30 @@ class FailedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-// A slice of `size` bytes at `data` inside `bytes`' storage, which the
-// slice keeps alive until gRPC is done with it (possibly after the stream).
-grpc::Slice SliceOf(const Tensor& bytes, const char* data, size_t size) {
+// A slice of a chunk's bytes that holds the chunk's owner (the shard's
+// storage, or a staging buffer) until gRPC is done with it, possibly after
+// the stream.
+grpc::Slice SliceOf(const HostChunk& chunk) {
   return grpc::Slice(
-      const_cast<char*>(data), size,
-      [](void* storage) {
-        delete static_cast<std::shared_ptr<Storage>*>(storage);
+      const_cast<char*>(chunk.data), chunk.size,
+      [](void* owner) {
+        delete static_cast<std::shared_ptr<const void>*>(owner);
       },
-      new std::shared_ptr<Storage>(bytes.storage()));
+      new std::shared_ptr<const void>(chunk.owner));
 }
 
 // The serialized ShardChunk {header (first chunk only), offset, checksum,
 // data}: protobuf serializes everything but the payload into a small
 // prefix slice that ends with the data field's tag and length, and the
-// payload follows as a slice of the shard itself. (Fields may come in any
-// order on the wire.)
-grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header, int64_t offset,
-                                const Tensor& bytes, const char* data,
-                                size_t size) {
+// payload follows as a slice of the chunk's memory. (Fields may come in
+// any order on the wire.)
+grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header,
+                                const HostChunk& chunk) {
+  const size_t size = chunk.size;
   v1::ShardChunk fields;
   if (header != nullptr) *fields.mutable_header() = *header;
-  fields.set_offset(offset);
-  fields.set_checksum(XXH3_64bits(size > 0 ? data : nullptr, size));
+  fields.set_offset(chunk.offset);
+  fields.set_checksum(XXH3_64bits(size > 0 ? chunk.data : nullptr, size));
   std::string prefix = fields.SerializeAsString();
   if (size == 0) {
     grpc::Slice only(prefix);
@@ -68,8 +69,7 @@ grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header, int64_t offset,
       (v1::ShardChunk::kDataFieldNumber << 3) | kLengthDelimited, framing);
   end = CodedOutputStream::WriteVarint64ToArray(size, end);
   prefix.append(reinterpret_cast<const char*>(framing), end - framing);
-  const grpc::Slice slices[] = {grpc::Slice(prefix),
-                                SliceOf(bytes, data, size)};
+  const grpc::Slice slices[] = {grpc::Slice(prefix), SliceOf(chunk)};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -80,9 +80,11 @@ grpc::ByteBuffer SerializeChunk(const v1::ShardHeader* header, int64_t offset,
 class ChunkStreamReactor final
     : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ChunkStreamReactor(int64_t chunk_bytes,
+  ChunkStreamReactor(int64_t chunk_bytes, int staging_depth,
                      std::shared_ptr<std::atomic<int64_t>> active)
-      : active_(std::move(active)), chunk_bytes_(chunk_bytes) {
+      : active_(std::move(active)),
+        chunk_bytes_(chunk_bytes),
+        staging_depth_(staging_depth) {
     if (active_ != nullptr) active_->fetch_add(1);
   }
 
@@ -92,8 +94,14 @@ class ChunkStreamReactor final
       Finish(ToGrpcStatus(prepared.status()));
       return;
     }
+    absl::StatusOr<std::unique_ptr<ChunkSource>> source =
+        NewChunkSource(prepared->bytes, chunk_bytes_, staging_depth_);
+    if (!source.ok()) {
+      Finish(ToGrpcStatus(source.status()));
+      return;
+    }
     tensor_ = std::move(prepared->tensor);
-    bytes_ = std::move(prepared->bytes);
+    source_ = *std::move(source);
     header_ = std::move(prepared->header);
     NextWrite();
   }
@@ -116,20 +124,30 @@ class ChunkStreamReactor final
 
   void OnDone() override {
     thread_.Join();
+    // Waits for the staging copies still in flight (a stream cut short).
+    source_.reset();
     if (active_ != nullptr) active_->fetch_sub(1);
     delete this;
   }
 
  private:
   void NextWrite() {
-    const int64_t total_bytes = header_.total_bytes();
-    const int64_t size = std::min(chunk_bytes_, total_bytes - offset_);
-    const char* base = static_cast<const char*>(bytes_.data_ptr());
-    message_ = SerializeChunk(offset_ == 0 ? &header_ : nullptr, offset_,
-                              bytes_, size > 0 ? base + offset_ : nullptr,
-                              static_cast<size_t>(size));
-    offset_ += size;
-    if (offset_ == total_bytes) {
+    // Lets go of the previous chunk first, so that its staging buffer can
+    // serve the next copy unless gRPC still holds it.
+    message_.Clear();
+    HostChunk chunk;  // Zero bytes: the header alone.
+    if (!source_->done()) {
+      // For CUDA bytes: enqueues the copies ahead, then waits for this
+      // chunk's, which was enqueued at least one write earlier.
+      absl::StatusOr<HostChunk> next = source_->Next();
+      if (!next.ok()) {
+        Finish(ToGrpcStatus(next.status()));
+        return;
+      }
+      chunk = *std::move(next);
+    }
+    message_ = SerializeChunk(chunk.offset == 0 ? &header_ : nullptr, chunk);
+    if (source_->done()) {
       StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       StartWrite(&message_);
@@ -138,10 +156,10 @@ class ChunkStreamReactor final
 
   const std::shared_ptr<std::atomic<int64_t>> active_;
   const int64_t chunk_bytes_;
+  const int staging_depth_;
   std::shared_ptr<const RegisteredTensor> tensor_;
-  Tensor bytes_;
+  std::unique_ptr<ChunkSource> source_;
   v1::ShardHeader header_;
-  int64_t offset_ = 0;
   // The message being written; gRPC reads it until OnWriteDone.
   grpc::ByteBuffer message_;
   ReactorThread thread_;
@@ -179,16 +197,16 @@ absl::Status ValidateRequest(const v1::FetchShardRequest& request) {
   return absl::OkStatus();
 }
 
-// The shard's bytes as contiguous host memory: the shard itself when it
-// already is, otherwise a staged copy (pinned, for a fast device copy).
-absl::StatusOr<Tensor> HostBytes(const Tensor& shard) {
+// The shard's bytes, contiguous where they live: the shard itself when it
+// already is, otherwise a contiguous copy on its own device (a CUDA shard
+// is staged to the host later, chunk by chunk, by the stream).
+absl::StatusOr<Tensor> ContiguousBytes(const Tensor& shard) {
   if (shard.numel() == 0) return shard;
   if (shard.device().is_meta()) {
     return absl::FailedPreconditionError(
         "shard is on the meta device and has no bytes to send");
   }
-  if (shard.device().is_cpu()) return shard.Contiguous();
-  return shard.To(Device::Cpu(), /*pin_memory=*/true);
+  return shard.Contiguous();
 }
 
 // What a request sends of `shard`: all of it, or the view of its region.
@@ -216,23 +234,33 @@ v1::ShardHeader HeaderOf(const Tensor& source, v1::ShardMetadata metadata) {
 
 }  // namespace
 
-absl::StatusOr<PreparedFetch> PrepareFetch(
+absl::StatusOr<FetchView> PrepareFetchView(
     const ShardRegistry& registry, const v1::FetchShardRequest& request) {
   RETURN_IF_ERROR(ValidateRequest(request));
-  PreparedFetch prepared;
-  prepared.tensor = registry.Find(request.tensor_id());
-  if (prepared.tensor == nullptr) return UnknownTensor(request.tensor_id());
-  const LocalShard* local = prepared.tensor->FindShard(request.shard_index());
+  FetchView found;
+  found.tensor = registry.Find(request.tensor_id());
+  if (found.tensor == nullptr) return UnknownTensor(request.tensor_id());
+  const LocalShard* local = found.tensor->FindShard(request.shard_index());
   if (local == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "shard ", request.shard_index(), " of tensor ", request.tensor_id(),
         " is not served by this rank (it has ",
-        prepared.tensor->metadata.shards_metadata.size(), " shards)"));
+        found.tensor->metadata.shards_metadata.size(), " shards)"));
   }
-  ASSIGN_OR_RETURN(const Tensor source, SourceOf(request, local->shard.tensor));
-  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(source));
-  prepared.header = HeaderOf(
-      source, ToProto(prepared.tensor->metadata.shards_metadata[local->index]));
+  ASSIGN_OR_RETURN(found.view, SourceOf(request, local->shard.tensor));
+  found.header =
+      HeaderOf(found.view,
+               ToProto(found.tensor->metadata.shards_metadata[local->index]));
+  return found;
+}
+
+absl::StatusOr<PreparedFetch> PrepareFetch(
+    const ShardRegistry& registry, const v1::FetchShardRequest& request) {
+  ASSIGN_OR_RETURN(FetchView found, PrepareFetchView(registry, request));
+  PreparedFetch prepared;
+  ASSIGN_OR_RETURN(prepared.bytes, ContiguousBytes(found.view));
+  prepared.tensor = std::move(found.tensor);
+  prepared.header = std::move(found.header);
   return prepared;
 }
 
@@ -244,7 +272,7 @@ absl::StatusOr<PreparedFetch> PrepareTensorFetch(
                                                    metadata.ToString()));
   }
   PreparedFetch prepared;
-  ASSIGN_OR_RETURN(prepared.bytes, HostBytes(box));
+  ASSIGN_OR_RETURN(prepared.bytes, ContiguousBytes(box));
   prepared.header = HeaderOf(box, ToProto(metadata));
   return prepared;
 }
@@ -257,6 +285,8 @@ ShardServiceOptions Clamped(ShardServiceOptions options) {
   options.default_chunk_bytes =
       std::clamp(options.default_chunk_bytes,
                  ShardServiceOptions::kMinChunkBytes, options.max_chunk_bytes);
+  options.staging_depth =
+      std::clamp(options.staging_depth, 1, kMaxStagingDepth);
   return options;
 }
 
@@ -264,8 +294,9 @@ ShardServiceOptions Clamped(ShardServiceOptions options) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewChunkStreamReactor(
     PreparedFetch prepared, int64_t chunk_bytes,
-    std::shared_ptr<std::atomic<int64_t>> active) {
-  auto* reactor = new ChunkStreamReactor(chunk_bytes, std::move(active));
+    std::shared_ptr<std::atomic<int64_t>> active, int staging_depth) {
+  auto* reactor =
+      new ChunkStreamReactor(chunk_bytes, staging_depth, std::move(active));
   reactor->Start(std::move(prepared));
   return reactor;
 }
@@ -276,9 +307,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
-    std::function<absl::StatusOr<PreparedFetch>()> prepare,
-    int64_t chunk_bytes) {
-  auto* reactor = new ChunkStreamReactor(chunk_bytes, nullptr);
+    std::function<absl::StatusOr<PreparedFetch>()> prepare, int64_t chunk_bytes,
+    int staging_depth) {
+  auto* reactor = new ChunkStreamReactor(chunk_bytes, staging_depth, nullptr);
   reactor->StartDeferred(std::move(prepare));
   return reactor;
 }
@@ -331,7 +362,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
   if (!prepared.ok()) return new FailedFetch(prepared.status());
   return NewChunkStreamReactor(std::move(*prepared),
                                ChunkBytesFor(parsed->chunk_bytes()),
-                               active_fetches_);
+                               active_fetches_, options_.staging_depth);
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::DescribeTensor(

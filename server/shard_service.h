@@ -8,23 +8,35 @@
 // XXH3-64 (seed 0) of its data. One write is in flight per stream, so a
 // slow reader holds at most one chunk of server memory. FetchShard is served
 // raw (grpc::ByteBuffer): a chunk's payload is a slice that references the
-// shard's memory, so it reaches the socket without a user-space copy (this
-// doubled loopback throughput). A stream holds a reference to its
-// RegisteredTensor and its payload slices to the shard's storage:
-// unregistering a tensor mid-stream is safe (the stream completes from the
-// bytes it holds), and a client that cancels or disappears ends the stream
-// cleanly. Bytes are read while they are sent: a shard written concurrently
-// may reach the client torn, which its checksum check reports as DATA_LOSS.
+// shard's memory (or, for a CUDA shard, the chunk's staging buffer), so it
+// reaches the socket without a user-space copy (this doubled loopback
+// throughput). A stream holds a reference to its RegisteredTensor and its
+// payload slices to the shard's storage: unregistering a tensor mid-stream
+// is safe (the stream completes from the bytes it holds), and a client
+// that cancels or disappears ends the stream cleanly. Bytes are read while
+// they are sent: a shard written concurrently may reach the client torn,
+// which its checksum check reports as DATA_LOSS.
 //
-// Shards that are not contiguous host memory (strided views, CUDA tensors)
-// are first copied whole into a contiguous host buffer (pinned for CUDA)
-// when the stream starts; that copy runs on the gRPC thread that starts
-// the call.
+// A strided shard is first made contiguous where it lives: a host copy for
+// a host shard, a device-to-device copy for a CUDA shard (never a whole
+// copy to the host), on the thread that starts the call. CUDA bytes then
+// reach the host chunk by chunk (chunk_source.h): each chunk is copied
+// device -> pinned staging buffer on a CUDA stream of the shard's device,
+// `staging_depth` chunks ahead of the one being sent, so the copy of the
+// next chunks overlaps the send of this one, and the chunk's payload slice
+// references its staging buffer (which returns to the stream's small pool
+// once gRPC lets go of the slice). The gRPC callback thread that writes
+// chunk k waits for chunk k's copy event only: that copy was enqueued a
+// chunk (or more) earlier, so the wait is short (at most one chunk's copy
+// time). A CUDA error ends the stream with it (INTERNAL, or UNAVAILABLE /
+// RESOURCE_EXHAUSTED, with CUDA's description), after the chunks already
+// sent. A stream that ends early (client gone, error) waits for its copies
+// in flight before freeing their buffers.
 //
 // A request may name a region of the shard (FetchShardRequest.region_*):
 // only that box is sent, as if it were the shard (its header's sizes and
 // total_bytes are the box's; its metadata stays the shard's). A strided box
-// is staged contiguous like any strided shard.
+// is made contiguous like any strided shard.
 //
 // Errors (as gRPC status codes): INVALID_ARGUMENT for an empty tensor id, a
 // negative shard_index / chunk_bytes, or a region that does not have the
@@ -53,6 +65,7 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "server/chunk_source.h"
 #include "server/shard_registry.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tessera/v1/shard.pb.h"
@@ -65,6 +78,11 @@ struct ShardServiceOptions {
   // room for other streams on the same HTTP/2 connection.
   int64_t default_chunk_bytes = 4 << 20;
   int64_t max_chunk_bytes = 16 << 20;
+  // How many chunks of a CUDA shard are staged to the host ahead of the
+  // one being sent (clamped to [1, kMaxStagingDepth]); each stream pins
+  // depth + 2 chunk-sized buffers at most (plus transient ones while the
+  // transport holds more).
+  int staging_depth = kDefaultStagingDepth;
 };
 
 // One fetch, validated and ready to stream (shared by FetchShard, the raw
@@ -74,11 +92,26 @@ struct PreparedFetch {
   // whole stream, even if the tensor is unregistered meanwhile. Null for a
   // fetch of a tensor that is no registered shard (PrepareTensorFetch).
   std::shared_ptr<const RegisteredTensor> tensor;
-  // The bytes to send, contiguous in host memory; the stream holds a
-  // reference to their storage.
+  // The bytes to send, contiguous, in host memory or on a CUDA device
+  // (staged to the host chunk by chunk, see NewChunkSource); the stream
+  // holds a reference to their storage.
   Tensor bytes;
   v1::ShardHeader header;
 };
+
+// A fetch's elements where they lie: the shard, or the view of its region,
+// in the shard's own storage (not staged, any device), with the
+// registration that keeps that storage alive and the header a stream would
+// send. For the same-host fast path (server/local_share_server.h), which
+// lends the storage itself. Errors as PrepareFetch, except that a meta
+// shard is returned (its storage has no bytes to lend).
+struct FetchView {
+  std::shared_ptr<const RegisteredTensor> tensor;
+  Tensor view;
+  v1::ShardHeader header;
+};
+absl::StatusOr<FetchView> PrepareFetchView(
+    const ShardRegistry& registry, const v1::FetchShardRequest& request);
 
 // Validates `request` and finds its shard (and its region, when it names
 // one): INVALID_ARGUMENT for a malformed request or region, OUT_OF_RANGE
@@ -93,9 +126,9 @@ absl::StatusOr<PreparedFetch> PrepareFetch(
 // the results of the daemon's ReadRegion and Gather. The header carries
 // `metadata`, the box's dtype and sizes. INVALID_ARGUMENT when box's sizes
 // differ from metadata's or box is undefined; FAILED_PRECONDITION for a
-// meta tensor. A strided or CUDA box is staged into contiguous host memory
-// (on the calling thread); a contiguous host box is sent from its own
-// storage, which must not be written while it streams.
+// meta tensor. A strided box is made contiguous on its own device (on the
+// calling thread); a contiguous box is sent from its own storage (staged
+// chunk by chunk for CUDA), which must not be written while it streams.
 absl::StatusOr<PreparedFetch> PrepareTensorFetch(const Tensor& box,
                                                  const ShardMetadata& metadata);
 
@@ -108,12 +141,14 @@ int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested);
 // itself once done; return it from the method handler. It writes every
 // chunk of at most `chunk_bytes` (pass ChunkBytesFor's result) as
 // FetchShard does: the header in the first, one write in flight, payload
-// slices referencing the bytes (no copy). A client that cancels or
-// disappears ends the stream cleanly. `active`, when given, counts the
-// stream while it is not done.
+// slices referencing the bytes (no copy; staging buffers for CUDA bytes,
+// `staging_depth` chunks ahead). A client that cancels or disappears ends
+// the stream cleanly. `active`, when given, counts the stream while it is
+// not done.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewChunkStreamReactor(
     PreparedFetch prepared, int64_t chunk_bytes,
-    std::shared_ptr<std::atomic<int64_t>> active = nullptr);
+    std::shared_ptr<std::atomic<int64_t>> active = nullptr,
+    int staging_depth = kDefaultStagingDepth);
 // A stream that ends at once with `status` (an error; OK is treated as
 // INTERNAL, since a stream without a header is no answer).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
@@ -126,8 +161,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
 // shutdown waiting for it) lasts at least as long as it runs, even when
 // the client has gone.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
-    std::function<absl::StatusOr<PreparedFetch>()> prepare,
-    int64_t chunk_bytes);
+    std::function<absl::StatusOr<PreparedFetch>()> prepare, int64_t chunk_bytes,
+    int staging_depth = kDefaultStagingDepth);
 
 // A thread owned by a gRPC server reactor, for work that must not block
 // gRPC's callback threads (fetches from other ranks, forwarded writes).
@@ -167,7 +202,8 @@ using ShardServiceBase = v1::ShardService::WithRawCallbackMethod_FetchShard<
 class ShardServiceImpl final : public ShardServiceBase {
  public:
   // Option values are clamped: chunk sizes to at least kMinChunkBytes, the
-  // default to at most max_chunk_bytes.
+  // default to at most max_chunk_bytes, the staging depth to
+  // [1, kMaxStagingDepth].
   explicit ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,
                             ShardServiceOptions options = {});
 

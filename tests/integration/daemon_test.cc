@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/local_socket.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
 #include "common/tensor.h"
@@ -284,6 +285,40 @@ TEST_F(DaemonTest, EveryClientCallEndToEnd) {
   ASSERT_THAT(client_->Delete("e2e_rows"), IsOk());
 }
 
+TEST_F(DaemonTest, SameHostReadsTakeTheLocalPath) {
+  const v1::ClusterInfo& info = client_->cluster();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_THAT(info.workers(r).local_address(),
+                ::testing::StartsWith(HostId() + "/"));
+  }
+  // Shards of 128 KiB: above the daemons' sharing threshold.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("local", {512, 256}, RowSpec()));
+  ASSERT_THAT(view.Write({0, 0}, Iota(512, 256)), IsOk());
+  FetchOptions required;
+  required.local_path = LocalPath::kRequired;
+  std::vector<RemoteShard> remote = view.remote_shards();
+  ASSERT_EQ(remote.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(Shard shard, remote[i].to_here(required));
+    ExpectIotaBox(shard.tensor, 128 * i, 0, 256);
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor all, view.Read());
+  ExpectIotaBox(all, 0, 0, 256);
+  // A client that opts out never takes it.
+  ClientOptions streams;
+  streams.local_fast_path = false;
+  ASSERT_OK_AND_ASSIGN(auto other,
+                       Client::Connect(cluster_->address(1), streams));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView same, other->Open("local"));
+  EXPECT_THAT(same.remote_shards()[2].to_here(required).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no local address")));
+  ASSERT_OK_AND_ASSIGN(Shard shard, same.remote_shards()[2].to_here());
+  ExpectIotaBox(shard.tensor, 256, 0, 256);
+  EXPECT_THAT(client_->Delete("local"), IsOk());
+}
+
 TEST_F(DaemonTest, CreateFillsAsAsked) {
   CreateOptions full;
   full.init = TensorInit::kFull;
@@ -482,7 +517,13 @@ TEST_F(DaemonTest, ConcurrentClientsKeepListingsConsistent) {
 // Its own cluster: one daemon dies.
 TEST(DaemonFailureTest, DaemonKilledMidFetch) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<DaemonCluster> cluster, StartCluster());
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  // Streams only: the same-host fast path copies a whole shard at once (the
+  // first progress report comes after it), and a dead owner's lent memory
+  // stays readable, so there is no "mid-fetch" to cut there.
+  ClientOptions streams;
+  streams.local_fast_path = false;
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), streams));
   // 4 x 16 MiB of rows; rank 3's shard is the one that dies.
   const int64_t rows = 4 * 1024, cols = 4096;
   ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
