@@ -538,15 +538,26 @@ DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
   const std::string master = MasterAddress(options.host);
   const int port = options.base_port > 0 ? options.base_port + rank : 0;
   command.address_file = absl::StrCat(address_dir, "/rank", rank, ".address");
-  command.args = {"--rank",         absl::StrCat(rank),
-                  "--world-size",   absl::StrCat(options.nproc),
-                  "--local-rank",   absl::StrCat(rank),
-                  "--master-addr",  master,
-                  "--master-port",  absl::StrCat(options.master_port),
-                  "--host",         options.host,
-                  "--port",         absl::StrCat(port),
-                  "--device",       options.cpu ? "cpu" : "auto",
-                  "--address-file", command.address_file};
+  command.args = {"--rank",
+                  absl::StrCat(rank),
+                  "--world-size",
+                  absl::StrCat(options.nproc),
+                  "--local-rank",
+                  absl::StrCat(rank),
+                  "--local-world-size",
+                  absl::StrCat(options.nproc),
+                  "--master-addr",
+                  master,
+                  "--master-port",
+                  absl::StrCat(options.master_port),
+                  "--host",
+                  options.host,
+                  "--port",
+                  absl::StrCat(port),
+                  "--device",
+                  options.cpu ? "cpu" : "auto",
+                  "--address-file",
+                  command.address_file};
   if (!options.log_level.empty()) {
     command.args.push_back("--log-level");
     command.args.push_back(options.log_level);
@@ -556,6 +567,7 @@ DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
   command.env = {{"RANK", absl::StrCat(rank)},
                  {"WORLD_SIZE", absl::StrCat(options.nproc)},
                  {"LOCAL_RANK", absl::StrCat(rank)},
+                 {"LOCAL_WORLD_SIZE", absl::StrCat(options.nproc)},
                  {"MASTER_ADDR", master},
                  {"MASTER_PORT", absl::StrCat(options.master_port)}};
   return command;

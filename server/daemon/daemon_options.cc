@@ -70,8 +70,12 @@ absl::Status ResolveDevice(const std::string& text,
                            const DaemonEnvironment& env,
                            DaemonOptions& options) {
   const bool cuda_usable = env.cuda_devices > 0 && env.nccl;
+  // Whether this host has more daemons than GPUs, as far as it can tell:
+  // local ranks are dense, so local rank N means N + 1 of them.
+  const bool outnumbered = options.local_rank >= env.cuda_devices ||
+                           options.local_world_size > env.cuda_devices;
   if (text == "auto") {
-    options.device = cuda_usable && options.local_rank < env.cuda_devices
+    options.device = cuda_usable && !outnumbered
                          ? Device::Cuda(options.local_rank)
                          : Device::Cpu();
   } else {
@@ -80,16 +84,18 @@ absl::Status ResolveDevice(const std::string& text,
       return absl::InvalidArgumentError(absl::StrCat(
           "--device must be auto, cpu, cuda or cuda:N, got '", text, "'"));
     }
-    options.device =
-        device->is_cpu()
-            ? Device::Cpu()
-            : Device::Cuda(device->index().value_or(options.local_rank));
+    // "cuda" spreads local ranks over the GPUs as Rank::Init does.
+    const int spread = env.cuda_devices > 0
+                           ? options.local_rank % env.cuda_devices
+                           : options.local_rank;
+    options.device = device->is_cpu()
+                         ? Device::Cpu()
+                         : Device::Cuda(device->index().value_or(spread));
   }
   if (options.device.is_cpu()) {
     options.backend = "gloo";
     return absl::OkStatus();
   }
-  options.backend = "nccl";
   if (!env.nccl) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", text,
@@ -100,6 +106,18 @@ absl::Status ResolveDevice(const std::string& text,
         "--device ", text, ": no CUDA device ", *options.device.index(), " (",
         env.cuda_devices, " visible)"));
   }
+  if (!outnumbered) {
+    options.backend = "nccl";
+    return absl::OkStatus();
+  }
+  if (options.local_world_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", text, ": local rank ", options.local_rank,
+        " shares a GPU (", env.cuda_devices,
+        " visible) and NCCL needs one per rank; pass --local-world-size (or "
+        "set LOCAL_WORLD_SIZE) so that every rank on this host uses gloo"));
+  }
+  options.backend = "gloo";
   return absl::OkStatus();
 }
 
@@ -238,6 +256,18 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     ASSIGN_OR_RETURN(options.local_rank,
                      ParseInt(*local, 0, kMaxPort - kDefaultBasePort));
   }
+  if (std::optional<Setting> local_world =
+          Lookup(flags.local_world_size, "--local-world-size",
+                 {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}, env)) {
+    ASSIGN_OR_RETURN(
+        options.local_world_size,
+        ParseInt(*local_world, 1, kMaxPort - kDefaultBasePort + 1));
+    if (options.local_rank >= options.local_world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local rank ", options.local_rank, " is outside [0, ",
+          options.local_world_size, ") (", local_world->source, ")"));
+    }
+  }
 
   if (std::optional<Setting> master =
           Lookup(flags.master_addr, "--master-addr", {"MASTER_ADDR"}, env)) {
@@ -334,6 +364,10 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   add("--local-rank", flags.local_rank,
       "rank on this host [env LOCAL_RANK, SLURM_LOCALID; default 0]")
       ->type_name("N");
+  add("--local-world-size", flags.local_world_size,
+      "daemons on this host [env LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE; "
+      "default unknown]")
+      ->type_name("N");
   add("--master-addr", flags.master_addr,
       "host of rank 0's store [env MASTER_ADDR; default 127.0.0.1]")
       ->type_name("HOST");
@@ -350,7 +384,7 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       ->type_name("HOST");
   add("--device", flags.device,
       "auto, cpu, cuda or cuda:N [default auto: cuda:<local rank> when "
-      "CUDA is present, else cpu]")
+      "every local rank has a GPU, else cpu]; ranks sharing a GPU use gloo")
       ->type_name("DEVICE");
   add("--timeout", flags.timeout,
       "rendezvous and collective timeout [default 60s]")

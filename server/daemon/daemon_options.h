@@ -5,6 +5,7 @@
 //   --rank             RANK, SLURM_PROCID                   (required)
 //   --world-size       WORLD_SIZE, SLURM_NTASKS             (required)
 //   --local-rank       LOCAL_RANK, SLURM_LOCALID            0
+//   --local-world-size LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE  unknown
 //   --master-addr      MASTER_ADDR                          127.0.0.1
 //   --master-port      MASTER_PORT                          29500
 //   --host                                                  0.0.0.0
@@ -18,8 +19,16 @@
 // the next. The host peers and clients dial (--advertise-host) defaults to
 // --host when that is a specific address, else 127.0.0.1 when the master is
 // loopback, else this host's address on the route to the master.
-// --device auto is cuda:<local rank> when that CUDA device exists and NCCL
-// is built in, else cpu; cpu ranks use Gloo, cuda ranks NCCL.
+// --device auto is cuda:<local rank> when NCCL is built in and every local
+// rank has a GPU of its own (the local world size, or when unknown this
+// local rank, fits the visible devices), else cpu. --device cuda is
+// cuda:<local rank % visible devices>. cpu ranks use Gloo; cuda ranks use
+// NCCL, except when local ranks outnumber the GPUs: NCCL cannot put two
+// ranks of a communicator on one GPU, so then every rank of the host uses
+// Gloo with host staging (and says so in its startup line). That needs the
+// local world size: a rank that finds itself sharing a GPU without knowing
+// it is INVALID_ARGUMENT, since its peers with GPUs of their own would pick
+// NCCL and the world could not agree on a backend.
 //
 // Parsing only reads the environment through DaemonEnvironment, so tests
 // supply their own. Thread-compatible; nothing here opens a socket except
@@ -53,6 +62,8 @@ struct DaemonOptions {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Daemons on this host; 0 when unknown.
+  int local_world_size = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;
   // The gRPC server (and data plane) listen on host:port; port 0 picks one.
@@ -61,7 +72,8 @@ struct DaemonOptions {
   // What peers and clients dial; never empty once resolved.
   std::string advertise_host;
   Device device;
-  // "gloo" for a cpu device, "nccl" for cuda.
+  // "gloo" for a cpu device or a GPU shared by several local ranks, "nccl"
+  // for a GPU of the rank's own.
   std::string backend = "gloo";
   // Rendezvous and collectives.
   absl::Duration timeout = absl::Seconds(60);
@@ -80,9 +92,9 @@ struct DaemonOptions {
 
 // The command line as given: a field is set when its flag was.
 struct DaemonFlags {
-  std::optional<std::string> rank, world_size, local_rank, master_addr,
-      master_port, host, port, advertise_host, device, timeout, store_timeout,
-      shutdown_grace, address_file, log_level;
+  std::optional<std::string> rank, world_size, local_rank, local_world_size,
+      master_addr, master_port, host, port, advertise_host, device, timeout,
+      store_timeout, shutdown_grace, address_file, log_level;
 };
 
 // What resolution needs from the process.
@@ -103,9 +115,10 @@ DaemonEnvironment ProcessEnvironment();
 
 // Combines flags, environment and defaults, and validates the result.
 // INVALID_ARGUMENT with a one-line message naming the flag or variable: a
-// missing rank or world size, a rank outside [0, world size), a bad number,
-// port, duration, device or log level. UNAVAILABLE when the advertise host
-// had to be found and could not be.
+// missing rank or world size, a rank outside [0, world size) or a local rank
+// outside [0, local world size), a bad number, port, duration, device or log
+// level, a shared GPU with an unknown local world size. UNAVAILABLE when the
+// advertise host had to be found and could not be.
 absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     const DaemonFlags& flags, const DaemonEnvironment& env);
 

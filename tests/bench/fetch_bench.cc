@@ -31,6 +31,7 @@
 #include "server/grpc_store.h"
 #include "server/rank.h"
 #include "server/sharded_tensor.h"
+#include "tests/bench/bench_util.h"
 #include "tests/testing/rank_launcher.h"
 
 namespace tessera {
@@ -44,14 +45,8 @@ struct Config {
   std::vector<int64_t> scale_shards = {10000, 100000, 1000000};
 };
 
-double Percentile(std::vector<double> samples, double q) {
-  if (samples.empty()) return 0;
-  std::sort(samples.begin(), samples.end());
-  size_t index = static_cast<size_t>(q * (samples.size() - 1) + 0.5);
-  return samples[index];
-}
-
-double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+using bench::Percentile;
+using bench::Seconds;
 
 // Plain TCP: rank 1 sends `bytes` to rank 0 in 4 MiB writes; rank 0 reads
 // into one reused buffer (iperf3's method), with the data plane's socket

@@ -257,17 +257,18 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   options.server_flags = {"--timeout", "30s"};
   const DaemonCommand command = BuildDaemonCommand(options, 2, "/tmp/a");
   EXPECT_EQ(command.address_file, "/tmp/a/rank2.address");
-  EXPECT_THAT(
-      command.args,
-      ElementsAre("--rank", "2", "--world-size", "4", "--local-rank", "2",
-                  "--master-addr", "127.0.0.1", "--master-port", "29500",
-                  "--host", "127.0.0.1", "--port", "29602", "--device", "auto",
-                  "--address-file", "/tmp/a/rank2.address", "--log-level",
-                  "debug", "--timeout", "30s"));
+  EXPECT_THAT(command.args,
+              ElementsAre("--rank", "2", "--world-size", "4", "--local-rank",
+                          "2", "--local-world-size", "4", "--master-addr",
+                          "127.0.0.1", "--master-port", "29500", "--host",
+                          "127.0.0.1", "--port", "29602", "--device", "auto",
+                          "--address-file", "/tmp/a/rank2.address",
+                          "--log-level", "debug", "--timeout", "30s"));
   EXPECT_THAT(
       command.env,
       ElementsAre(Pair("RANK", "2"), Pair("WORLD_SIZE", "4"),
-                  Pair("LOCAL_RANK", "2"), Pair("MASTER_ADDR", "127.0.0.1"),
+                  Pair("LOCAL_RANK", "2"), Pair("LOCAL_WORLD_SIZE", "4"),
+                  Pair("MASTER_ADDR", "127.0.0.1"),
                   Pair("MASTER_PORT", "29500")));
 
   LaunchOptions cpu = Options(2);
@@ -276,8 +277,15 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   cpu.host = "0.0.0.0";
   const DaemonCommand any = BuildDaemonCommand(cpu, 1, "/d");
   EXPECT_THAT(any.args, ::testing::IsSupersetOf({"cpu", "0.0.0.0"}));
-  EXPECT_EQ(any.args[13], "0");         // --port 0: any free port
-  EXPECT_EQ(any.args[7], "127.0.0.1");  // a wildcard host is no master
+  // The value after `flag` in the daemon's arguments.
+  auto value_of = [&](absl::string_view flag) {
+    auto it = std::find(any.args.begin(), any.args.end(), flag);
+    return it == any.args.end() || it + 1 == any.args.end() ? std::string()
+                                                            : *(it + 1);
+  };
+  EXPECT_EQ(value_of("--port"), "0");                 // any free port
+  EXPECT_EQ(value_of("--master-addr"), "127.0.0.1");  // a wildcard is no master
+  EXPECT_EQ(value_of("--local-world-size"), "2");
   EXPECT_EQ(MasterAddress("10.1.2.3"), "10.1.2.3");
   EXPECT_EQ(MasterAddress("::"), "127.0.0.1");
 }

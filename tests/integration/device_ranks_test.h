@@ -1,7 +1,12 @@
 // DeviceRanksTest: the fixture of the multi-rank ShardedTensor ports. A
 // test runs in 4 real rank processes on loopback (real gRPC store, real
 // Gloo, real shard servers) and is instantiated for "cpu" placements and
-// for "cuda:N" placements, which skip without 4 GPUs:
+// for "cuda:N" placements, which need one visible GPU. Rank r's shards go
+// on cuda:(r % device count), the device Rank::Init gives rank r, so on a
+// one-GPU machine the 4 ranks share cuda:0: collectives still run over Gloo
+// with host staging and remote shards still cross the shard servers, only
+// the device ordinals coincide. A test must therefore compare devices with
+// DeviceOf(r), never assume device index == rank.
 //
 //   class TestShardTensor : public DeviceRanksTest {};
 //   TEST_P(TestShardTensor, ShardTensor) {
@@ -24,6 +29,7 @@
 #include "common/shard_metadata.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
+#include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "server/sharded_tensor.h"
 #include "tests/testing/multi_process.h"
@@ -37,15 +43,21 @@ class DeviceRanksTest : public testing::MultiProcessTest,
                         public ::testing::WithParamInterface<std::string> {
  public:
   bool cuda() const { return GetParam() == "cuda"; }
-  // The device of rank r's shards: "cpu" or "cuda:<r>".
+  // The CUDA ordinal of rank r's shards: r % the visible device count (r
+  // when none is visible, for a variant that is about to skip).
+  static int CudaIndexOf(int r) {
+    const int count = CudaDeviceCount();
+    return count > 0 ? r % count : r;
+  }
+  // The device of rank r's shards: "cpu" or "cuda:<CudaIndexOf(r)>".
   std::string DeviceText(int r) const {
-    return cuda() ? absl::StrCat("cuda:", r) : "cpu";
+    return cuda() ? absl::StrCat("cuda:", CudaIndexOf(r)) : "cpu";
   }
   std::string Placement(int r) const {
     return absl::StrCat("rank:", r, "/", DeviceText(r));
   }
   Device DeviceOf(int r) const {
-    return cuda() ? Device::Cuda(r) : Device::Cpu();
+    return cuda() ? Device::Cuda(CudaIndexOf(r)) : Device::Cpu();
   }
   std::vector<std::string> Placements(std::vector<int> ranks) const {
     std::vector<std::string> out;
@@ -78,15 +90,16 @@ class DeviceRanksTest : public testing::MultiProcessTest,
   }
 };
 
-// The first statement of every test: skip the CUDA variant without enough
-// devices (in the launcher, before any process starts), then fork out.
-#define RANKS_TEST_BEGIN()                                              \
-  do {                                                                  \
-    if (cuda() && CudaDeviceCount() < kWorldSize) {                     \
-      GTEST_SKIP() << "needs " << kWorldSize << " CUDA devices, found " \
-                   << CudaDeviceCount();                                \
-    }                                                                   \
-    TESSERA_RUN_IN_RANKS();                                             \
+// The first statement of every test: skip the CUDA variant without a
+// device (in the launcher, before any process starts), then start the rank
+// processes. Ranks are spawned executables, not forks, so probing CUDA in
+// the launcher leaves them a clean CUDA state.
+#define RANKS_TEST_BEGIN()                                                \
+  do {                                                                    \
+    if (cuda() && CudaDeviceCount() < 1) {                                \
+      GTEST_SKIP() << "needs a CUDA device, found " << CudaDeviceCount(); \
+    }                                                                     \
+    TESSERA_RUN_IN_RANKS();                                               \
   } while (false)
 
 // Every remote shard's owner and fetched shard, checked by `check`.

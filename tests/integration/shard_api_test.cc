@@ -3,8 +3,8 @@
 // ShardedTensor::Reshard beyond them (dimension changes, uneven and empty
 // shards, permuted placements, several shards per rank, dtypes, handles,
 // the registry). Each test runs in 4 real rank processes on loopback and is
-// instantiated for "cpu" and "cuda:N" placements (the latter skip without 4
-// GPUs).
+// instantiated for "cpu" and "cuda:N" placements (the latter skip without a
+// GPU; see device_ranks_test.h).
 //
 // Every rank builds the same dense source tensor from the same seeded
 // Generator, so each rank can check its shards, and GatherAll the whole

@@ -2,8 +2,8 @@
 // and tests of the dispatch order and the built-in sharded ops (asin,
 // linear, embedding_bag), each checked against the dense op on the whole
 // tensor. Each test runs in 4 real rank processes on loopback and is
-// instantiated for "cpu" and "cuda:N" placements (the latter skip without 4
-// GPUs).
+// instantiated for "cpu" and "cuda:N" placements (the latter skip without a
+// GPU; see device_ranks_test.h).
 //
 // Weights are drawn from the same seeded Generator on every rank, so every
 // rank can compute the dense result itself; inputs differ per rank, as each

@@ -4,7 +4,7 @@
 // are checked whole before anything changes, and mistakes made on one rank
 // only. Each test runs in 4 real rank processes on loopback and is
 // instantiated for "cpu" and "cuda:N" placements (the latter skip without
-// 4 GPUs).
+// a GPU; see device_ranks_test.h).
 //
 // Every rank builds its model from the same seeded Generator, so a rank
 // checks sharded parameters (gathered whole) and sharded outputs against

@@ -282,6 +282,69 @@ TEST_F(DaemonOptionsTest, DeviceExplicit) {
                                        HasSubstr("no NCCL backend")));
 }
 
+// Four daemons on a one-GPU host (tests/integration/daemon_cuda_test.cc):
+// NCCL cannot put two ranks on one GPU, so they all share cuda:0 over Gloo.
+TEST_F(DaemonOptionsTest, LocalRanksSharingGpusUseGloo) {
+  cuda_devices_ = 1;
+  nccl_ = true;
+  for (int local = 0; local < 4; ++local) {
+    DaemonFlags flags = RankOf(local, 4);
+    flags.local_rank = std::to_string(local);
+    flags.local_world_size = "4";
+    flags.device = "cuda";
+    ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+    EXPECT_EQ(o.local_world_size, 4);
+    EXPECT_EQ(o.device, Device::Cuda(0)) << local;
+    EXPECT_EQ(o.backend, "gloo") << local;
+    // auto keeps every rank of the host on the CPU rather than give some a
+    // GPU and the backend the others cannot join.
+    flags.device = "auto";
+    ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+    EXPECT_EQ(o.device, Device::Cpu()) << local;
+    EXPECT_EQ(o.backend, "gloo") << local;
+  }
+
+  // Two GPUs, four ranks: spread round-robin, still Gloo; from torchrun's
+  // environment too.
+  cuda_devices_ = 2;
+  DaemonFlags flags = RankOf(3, 4);
+  flags.device = "cuda";
+  vars_ = {{"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"}};
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(1));
+  EXPECT_EQ(o.backend, "gloo");
+  // As many GPUs as local ranks: each its own, over NCCL.
+  cuda_devices_ = 4;
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(3));
+  EXPECT_EQ(o.backend, "nccl");
+  flags.device = "auto";
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.device, Device::Cuda(3));
+  EXPECT_EQ(o.backend, "nccl");
+
+  // Sharing without knowing the local world size: the ranks could not
+  // agree on a backend, so this one refuses to start.
+  cuda_devices_ = 1;
+  vars_ = {{"LOCAL_RANK", "3"}};
+  flags.device = "cuda";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("local rank 3 shares a GPU (1 visible)")));
+  flags.device = "cuda:0";
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("--local-world-size")));
+
+  flags.local_world_size = "3";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "local rank 3 is outside [0, 3) (--local-world-size)"));
+  flags.local_world_size = "0";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--local-world-size must be in [1, ")));
+}
+
 TEST_F(DaemonOptionsTest, DurationsAndLogLevels) {
   DaemonFlags flags = RankOf(0, 1);
   for (const char* bad : {"0s", "-1s", "soon", "inf", ""}) {
@@ -392,10 +455,10 @@ TEST_F(DaemonOptionsTest, CommandLineHelp) {
   EXPECT_FALSE(r.parsed.options.has_value());
   EXPECT_EQ(r.parsed.exit_code, kExitOk);
   for (const char* flag :
-       {"--rank", "--world-size", "--local-rank", "--master-addr",
-        "--master-port", "--host", "--port", "--advertise-host", "--device",
-        "--timeout", "--store-timeout", "--shutdown-grace", "--address-file",
-        "--log-level", "SLURM_PROCID"}) {
+       {"--rank", "--world-size", "--local-rank", "--local-world-size",
+        "--master-addr", "--master-port", "--host", "--port",
+        "--advertise-host", "--device", "--timeout", "--store-timeout",
+        "--shutdown-grace", "--address-file", "--log-level", "SLURM_PROCID"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }

@@ -72,16 +72,22 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
                   "127.0.0.1",
                   "--port",
                   "0",
+                  "--local-rank",
+                  absl::StrCat(rank),
+                  "--local-world-size",
+                  absl::StrCat(options.world_size),
                   "--device",
-                  "cpu",
+                  options.device,
                   "--address-file",
                   absl::StrCat(cluster->dir_, "/rank", rank, ".address")};
     spawn.args.insert(spawn.args.end(), options.extra_args.begin(),
                       options.extra_args.end());
     // The daemons must not pick up a launcher's environment.
-    spawn.unset_env = {"RANK",         "WORLD_SIZE",   "LOCAL_RANK",
-                       "MASTER_ADDR",  "MASTER_PORT",  "SLURM_PROCID",
-                       "SLURM_NTASKS", "SLURM_LOCALID"};
+    spawn.unset_env = {"RANK",          "WORLD_SIZE",
+                       "LOCAL_RANK",    "LOCAL_WORLD_SIZE",
+                       "MASTER_ADDR",   "MASTER_PORT",
+                       "SLURM_PROCID",  "SLURM_NTASKS",
+                       "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
     spawn.log_path = absl::StrCat(cluster->dir_, "/rank", rank, ".log");
     absl::StatusOr<Subprocess> daemon = Subprocess::Spawn(std::move(spawn));
     if (!daemon.ok()) return daemon.status();

@@ -23,6 +23,11 @@ struct DaemonClusterOptions {
   int world_size = 4;
   // The tessera-server executable.
   std::string server_path;
+  // --device of every daemon. All run on this host, so each also gets its
+  // index as --local-rank and world_size as --local-world-size: with
+  // "cuda" they spread over the visible GPUs, sharing them (over Gloo)
+  // when there are fewer GPUs than daemons.
+  std::string device = "cpu";
   // More flags for every daemon.
   std::vector<std::string> extra_args;
   // Bounds the wait for every daemon to serve.

@@ -1,0 +1,569 @@
+// GPU benchmark: how fast bytes move between a CUDA shard and its readers,
+// next to what the hardware gives. One JSON object per line:
+//   {"bench":"gpu","op":"memcpy_d2h_pinned|memcpy_h2d_pinned|memcpy_d2d",
+//    "bytes":N,"seconds":s,"gbps":x,"reps":R}
+//        cudaMemcpyAsync timed with CUDA events, median of R reps;
+//   {"bench":"gpu","op":"fetch_grpc|fetch_data_plane|fetch_local", ...}
+//        FetchShardInto of a CUDA shard served by ANOTHER process (this
+//        binary re-executed with --serve, a one-rank world holding one
+//        shard per size on cuda:0) into a tensor on cuda:0, over the gRPC
+//        stream, the raw data plane, or the same-host fast path (CUDA IPC,
+//        required: an error rather than a fallback), wall-clock median;
+//   {"bench":"gpu","op":"nccl_gather|nccl_allgather", ..., "d2d_gbps":y}
+//        a one-rank NcclBackend Gather/AllGather of the same bytes, wall
+//        clock, with a synchronous device-to-device copy of the same bytes
+//        timed the same way for comparison.
+// Without a CUDA device it prints {"bench":"gpu","skipped":"no CUDA device"}
+// and exits 0. A step that fails prints {"bench":"gpu","op":...,"error":...}
+// and makes the exit code 1, after the other steps ran.
+//
+//   gpu_bench [--sizes-mib 64,256,1024] [--reps 5] [--quick]
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/remote_shard.h"
+#include "client/shard_client.h"
+#include "common/cuda_util.h"
+#include "common/device.h"
+#include "common/sharding_spec.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "server/hash_store.h"
+#include "server/process_group.h"
+#include "server/rank.h"
+#include "server/sharded_tensor.h"
+#include "tests/bench/bench_util.h"
+#include "tests/testing/subprocess.h"
+
+#if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tessera {
+namespace {
+
+using bench::Gbps;
+using bench::JsonLine;
+using bench::Median;
+using bench::PrintJsonLine;
+using bench::Seconds;
+
+constexpr int kDevice = 0;
+// Bounds every fetch and collective; a stuck peer fails a step, never
+// hangs the bench.
+constexpr absl::Duration kStepTimeout = absl::Minutes(2);
+constexpr char kReady[] = "gpu_bench_serve_ready";
+
+struct Config {
+  std::vector<int64_t> sizes_mib = {64, 256, 1024};
+  int reps = 5;
+  bool quick = false;
+  // --serve: how long the server process may live at most.
+  int serve_seconds = 900;
+};
+
+JsonLine Line(absl::string_view op, int64_t bytes) {
+  JsonLine line;
+  line["bench"] = "gpu";
+  line["op"] = std::string(op);
+  line["bytes"] = bytes;
+  return line;
+}
+
+// Prints a measurement: median seconds of `samples` for `bytes`.
+void Report(absl::string_view op, int64_t bytes,
+            const std::vector<double>& samples, JsonLine extra = {}) {
+  JsonLine line = Line(op, bytes);
+  const double seconds = Median(samples);
+  line["seconds"] = seconds;
+  line["gbps"] = Gbps(static_cast<double>(bytes), seconds);
+  line["reps"] = samples.size();
+  if (extra.is_object()) line.update(extra);
+  PrintJsonLine(line);
+}
+
+// Prints a step that could not run; false so callers can fold it into
+// the exit code.
+bool ReportError(absl::string_view op, int64_t bytes,
+                 const absl::Status& status) {
+  JsonLine line = Line(op, bytes);
+  line["error"] = status.ToString();
+  PrintJsonLine(line);
+  return false;
+}
+
+absl::StatusOr<Tensor> DeviceBytes(int64_t bytes) {
+  return Tensor::Empty({bytes}, TensorOptions()
+                                    .WithDType(DType::kUInt8)
+                                    .WithDevice(Device::Cuda(kDevice)));
+}
+
+// ---- cudaMemcpy throughput, timed with CUDA events.
+
+#if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
+// A CUDA event that records timestamps (CudaEvent does not). Move-only.
+class TimingEvent {
+ public:
+  static absl::StatusOr<TimingEvent> Create() {
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&event), "cudaEventCreate"));
+    return TimingEvent(event);
+  }
+  TimingEvent(TimingEvent&& other) noexcept
+      : event_(std::exchange(other.event_, nullptr)) {}
+  TimingEvent& operator=(TimingEvent&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  ~TimingEvent() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  explicit TimingEvent(cudaEvent_t event) : event_(event) {}
+  cudaEvent_t event_ = nullptr;
+};
+
+// Seconds of one copy of `bytes` on `stream`, between two events.
+absl::StatusOr<double> TimeCopy(void* dst, const void* src, int64_t bytes,
+                                const CudaStream& stream,
+                                const TimingEvent& start,
+                                const TimingEvent& stop) {
+  auto native = static_cast<cudaStream_t>(stream.native());
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(start.get(), native), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      CudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), stream));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(stop.get(), native), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+  float ms = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()),
+                             "cudaEventElapsedTime"));
+  return ms / 1e3;
+}
+
+// One warm-up copy, then `reps` timed ones.
+absl::StatusOr<std::vector<double>> TimeCopies(void* dst, const void* src,
+                                               int64_t bytes, int reps) {
+  ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create(kDevice));
+  ASSIGN_OR_RETURN(TimingEvent start, TimingEvent::Create());
+  ASSIGN_OR_RETURN(TimingEvent stop, TimingEvent::Create());
+  RETURN_IF_ERROR(TimeCopy(dst, src, bytes, stream, start, stop).status());
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i) {
+    ASSIGN_OR_RETURN(double seconds,
+                     TimeCopy(dst, src, bytes, stream, start, stop));
+    samples.push_back(seconds);
+  }
+  return samples;
+}
+#endif  // TESSERA_WITH_CUDA
+
+// memcpy_d2h_pinned, memcpy_h2d_pinned and memcpy_d2d for `bytes`.
+bool MemcpyThroughput(int64_t bytes, int reps) {
+#if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
+  absl::StatusOr<Tensor> device = DeviceBytes(bytes);
+  absl::StatusOr<Tensor> other = DeviceBytes(bytes);
+  absl::StatusOr<Tensor> pinned = Tensor::Empty(
+      {bytes}, TensorOptions().WithDType(DType::kUInt8).WithPinMemory(true));
+  for (const absl::StatusOr<Tensor>* t : {&device, &other, &pinned}) {
+    if (!t->ok()) return ReportError("memcpy", bytes, t->status());
+  }
+  bool ok = true;
+  const struct {
+    const char* op;
+    void* dst;
+    const void* src;
+  } copies[] = {
+      {"memcpy_d2h_pinned", pinned->data_ptr(), device->data_ptr()},
+      {"memcpy_h2d_pinned", device->data_ptr(), pinned->data_ptr()},
+      {"memcpy_d2d", other->data_ptr(), device->data_ptr()},
+  };
+  for (const auto& copy : copies) {
+    absl::StatusOr<std::vector<double>> samples =
+        TimeCopies(copy.dst, copy.src, bytes, reps);
+    if (!samples.ok()) {
+      ok = ReportError(copy.op, bytes, samples.status());
+      continue;
+    }
+    Report(copy.op, bytes, *samples);
+  }
+  return ok;
+#else
+  return ReportError("memcpy", bytes,
+                     absl::FailedPreconditionError("built without CUDA"));
+#endif
+}
+
+// ---- NCCL with one rank against a device-to-device copy.
+
+// Wall-clock seconds of `body` (which returns once its work is done):
+// one warm-up, then `reps` timed calls.
+template <typename Body>
+absl::StatusOr<std::vector<double>> TimeWall(int reps, Body body) {
+  RETURN_IF_ERROR(body());
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(body());
+    samples.push_back(Seconds(absl::Now() - start));
+  }
+  return samples;
+}
+
+bool NcclThroughput(int64_t bytes, int reps) {
+  ProcessGroupOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.rank = 0;
+  options.global_ranks = {0};
+  options.name = "gpu_bench";
+  options.timeout = kStepTimeout;
+  options.device_index = kDevice;
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> group =
+      CreateProcessGroup("nccl", options);
+  if (!group.ok()) return ReportError("nccl", bytes, group.status());
+  absl::StatusOr<Tensor> input = DeviceBytes(bytes);
+  absl::StatusOr<Tensor> output = DeviceBytes(bytes);
+  if (!input.ok()) return ReportError("nccl", bytes, input.status());
+  if (!output.ok()) return ReportError("nccl", bytes, output.status());
+
+  // The same bytes through one synchronous device-to-device copy.
+  absl::StatusOr<CudaStream> stream = CudaStream::Create(kDevice);
+  if (!stream.ok()) return ReportError("nccl", bytes, stream.status());
+  absl::StatusOr<std::vector<double>> d2d = TimeWall(reps, [&] {
+    RETURN_IF_ERROR(CudaMemcpyAsync(output->data_ptr(), input->data_ptr(),
+                                    static_cast<size_t>(bytes), *stream));
+    return stream->Synchronize();
+  });
+  if (!d2d.ok()) return ReportError("nccl", bytes, d2d.status());
+  JsonLine compare;
+  compare["d2d_gbps"] = Gbps(static_cast<double>(bytes), Median(*d2d));
+  compare["ranks"] = 1;
+
+  bool ok = true;
+  std::vector<Tensor> outputs = {*output};
+  absl::StatusOr<std::vector<double>> gather = TimeWall(
+      reps, [&] { return (*group)->Gather(*input, outputs, /*root=*/0); });
+  if (gather.ok()) {
+    Report("nccl_gather", bytes, *gather, compare);
+  } else {
+    ok = ReportError("nccl_gather", bytes, gather.status());
+  }
+  absl::StatusOr<std::vector<double>> all_gather =
+      TimeWall(reps, [&] { return (*group)->AllGather(*input, outputs); });
+  if (all_gather.ok()) {
+    Report("nccl_allgather", bytes, *all_gather, compare);
+  } else {
+    ok = ReportError("nccl_allgather", bytes, all_gather.status());
+  }
+  (*group)->Shutdown();
+  return ok;
+}
+
+// ---- Fetches of a CUDA shard served by another process.
+
+// What the --serve process publishes: its worker and one tensor per size.
+struct Served {
+  std::string address;
+  std::string bulk_address;
+  std::string local_address;
+  std::vector<std::pair<int64_t, std::string>> tensors;  // bytes, id
+};
+
+// (a) and (b): never the same-host fast path, whatever the client would
+// pick.
+FetchOptions SocketOptions(FetchOptions options) {
+  options.local_path = LocalPath::kOff;
+  return options;
+}
+
+// (c): the same-host fast path (CUDA IPC for a CUDA shard) or an error,
+// never a silent fallback to a socket.
+absl::StatusOr<std::pair<std::shared_ptr<ShardClient>, FetchOptions>>
+SameHostClient(const Served& served, FetchOptions options) {
+  if (served.local_address.empty()) {
+    return absl::FailedPreconditionError(
+        "the serving rank published no same-host address");
+  }
+  options.local_path = LocalPath::kRequired;
+  return std::make_pair(ShardClient::Create(served.address, served.bulk_address,
+                                            served.local_address),
+                        options);
+}
+
+// Every element of `tensor` (float32, any device) is `value`.
+absl::Status CheckFilled(const Tensor& tensor, float value) {
+  ASSIGN_OR_RETURN(Tensor host, tensor.To(Device::Cpu()));
+  const float* data = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (data[i] != value) {
+      return absl::DataLossError(absl::StrCat("fetched element ", i, " is ",
+                                              data[i], ", not ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool FetchThroughput(const Served& served, int reps) {
+  FetchOptions options;
+  options.timeout = kStepTimeout;
+  bool ok = true;
+  for (const auto& [bytes, id] : served.tensors) {
+    // The shard's dtype and sizes (float32, 1-d), on this process's GPU.
+    absl::StatusOr<Tensor> destination =
+        Tensor::Empty({bytes / 4}, TensorOptions()
+                                       .WithDType(DType::kFloat32)
+                                       .WithDevice(Device::Cuda(kDevice)));
+    absl::StatusOr<Tensor> zeros =
+        Tensor::Zeros({bytes / 4}, TensorOptions()
+                                       .WithDType(DType::kFloat32)
+                                       .WithDevice(Device::Cuda(kDevice)));
+    if (!destination.ok() || !zeros.ok()) {
+      ok =
+          ReportError("fetch", bytes,
+                      destination.ok() ? zeros.status() : destination.status());
+      continue;
+    }
+    JsonLine where;
+    where["dest"] = destination->device().ToString();
+    where["src"] = "cuda:0, another process";
+    struct Path {
+      const char* op;
+      absl::StatusOr<std::pair<std::shared_ptr<ShardClient>, FetchOptions>>
+          client;
+    };
+    Path paths[] = {
+        {"fetch_grpc", std::make_pair(ShardClient::Create(served.address),
+                                      SocketOptions(options))},
+        {"fetch_data_plane",
+         std::make_pair(
+             ShardClient::Create(served.address, served.bulk_address),
+             SocketOptions(options))},
+        {"fetch_local", SameHostClient(served, options)},
+    };
+    for (const Path& path : paths) {
+      if (!path.client.ok()) {
+        ok = ReportError(path.op, bytes, path.client.status());
+        continue;
+      }
+      const auto& [client, fetch_options] = *path.client;
+      // Cleared first, so that the check after the runs sees this path's
+      // bytes (the server's shards are full of 1.5).
+      absl::StatusOr<std::vector<double>> samples =
+          [&]() -> absl::StatusOr<std::vector<double>> {
+        RETURN_IF_ERROR(CopyInto(*zeros, *destination));
+        ASSIGN_OR_RETURN(std::vector<double> runs, TimeWall(reps, [&] {
+                           return client->FetchShardInto(id, 0, *destination,
+                                                         fetch_options);
+                         }));
+        RETURN_IF_ERROR(CheckFilled(*destination, 1.5f));
+        return runs;
+      }();
+      if (!samples.ok()) {
+        ok = ReportError(path.op, bytes, samples.status());
+        continue;
+      }
+      Report(path.op, bytes, *samples, where);
+    }
+  }
+  return ok;
+}
+
+// The server side: a one-rank world (Gloo over an in-process store) whose
+// shard server holds one CUDA shard per size, each full of 1.5. Prints
+// the ready line with its addresses, then serves until SIGTERM/SIGINT, its
+// parent's death, or serve_seconds.
+int Serve(const Config& config) {
+  // Before any thread starts, so that every thread inherits the mask and
+  // sigtimedwait below receives the signals.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const pid_t parent = getppid();
+
+  auto fail = [](const absl::Status& status) {
+    std::cerr << "gpu_bench --serve: " << status << std::endl;
+    return 1;
+  };
+  RankOptions options;
+  options.store = std::make_shared<HashStore>();
+  options.device_index = kDevice;
+  options.timeout = kStepTimeout;
+  absl::StatusOr<std::shared_ptr<Rank>> rank = Rank::Init(options);
+  if (!rank.ok()) return fail(rank.status());
+  SetDefaultRank(*rank);
+  if (absl::Status status = (*rank)->InitRpc(); !status.ok()) {
+    return fail(status);
+  }
+  absl::StatusOr<WorkerInfo> worker = (*rank)->Worker(0);
+  if (!worker.ok()) return fail(worker.status());
+  absl::StatusOr<ChunkShardingSpec> spec = ChunkShardingSpec::Create(
+      0, std::vector<std::string>{absl::StrCat("rank:0/cuda:", kDevice)});
+  if (!spec.ok()) return fail(spec.status());
+
+  JsonLine ready;
+  ready["serve"] = kReady;
+  ready["address"] = worker->address;
+  ready["bulk"] = worker->bulk_address;
+  ready["local"] = worker->local_address;
+  ready["tensors"] = JsonLine::array();
+  std::vector<ShardedTensor> held;
+  for (int64_t mib : config.sizes_mib) {
+    const int64_t bytes = mib << 20;
+    absl::StatusOr<ShardedTensor> st =
+        ShardedTensor::Full(ShardingSpec(*spec), {bytes / 4}, 1.5);
+    if (!st.ok()) return fail(st.status());
+    ready["tensors"].push_back({{"bytes", bytes}, {"id", st->tensor_id()}});
+    held.push_back(*std::move(st));
+  }
+  PrintJsonLine(ready);
+
+  const absl::Time end = absl::Now() + absl::Seconds(config.serve_seconds);
+  while (absl::Now() < end && getppid() == parent) {
+    timespec wait = {1, 0};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) break;
+  }
+  held.clear();
+  SetDefaultRank(nullptr);
+  RankShutdownOptions shutdown;
+  shutdown.barrier = false;  // A world of one.
+  (*rank)->Shutdown(shutdown).IgnoreError();
+  return 0;
+}
+
+// The --serve process (killed and reaped when this goes away) and what it
+// serves.
+struct ServerProcess {
+  testing::Subprocess process;
+  Served served;
+};
+
+// Reads the ready line from `log`, if it is there yet.
+std::optional<Served> ParseReady(const std::string& log) {
+  for (absl::string_view text : absl::StrSplit(log, '\n')) {
+    if (text.find(kReady) == absl::string_view::npos) continue;
+    const JsonLine line = JsonLine::parse(text, nullptr, false);
+    if (line.is_discarded() || !line.is_object()) return std::nullopt;
+    Served served;
+    served.address = line.value("address", "");
+    served.bulk_address = line.value("bulk", "");
+    served.local_address = line.value("local", "");
+    if (line.contains("tensors") && line["tensors"].is_array()) {
+      for (const JsonLine& tensor : line["tensors"]) {
+        served.tensors.emplace_back(tensor.value("bytes", int64_t{0}),
+                                    tensor.value("id", ""));
+      }
+    }
+    return served;
+  }
+  return std::nullopt;
+}
+
+// Starts this binary with --serve and waits for its ready line.
+absl::StatusOr<ServerProcess> StartServer(const Config& config) {
+  char self[PATH_MAX];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    return absl::InternalError(
+        absl::StrCat("readlink /proc/self/exe: ", std::strerror(errno)));
+  }
+  testing::SpawnOptions spawn;
+  spawn.program = std::string(self, length);
+  spawn.args = {"--serve", "--serve-seconds",
+                absl::StrCat(config.serve_seconds), "--sizes-mib"};
+  for (int64_t mib : config.sizes_mib) spawn.args.push_back(absl::StrCat(mib));
+  spawn.log_path =
+      absl::StrCat("/tmp/tessera_gpu_bench_serve_", getpid(), ".log");
+  ASSIGN_OR_RETURN(testing::Subprocess process,
+                   testing::Subprocess::Spawn(std::move(spawn)));
+
+  // Allocating and filling the largest shards takes a moment.
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (absl::Now() < deadline) {
+    if (process.WaitFor(absl::Milliseconds(100)).has_value()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the --serve process exited early:\n", process.LogTail()));
+    }
+    // A line still being written fails to parse: try again.
+    if (std::optional<Served> served = ParseReady(process.LogTail(1 << 16))) {
+      return ServerProcess{std::move(process), *std::move(served)};
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the --serve process was not ready in 120s:\n", process.LogTail()));
+}
+
+int Run(const Config& config) {
+  if (CudaDeviceCount() == 0) {
+    PrintJsonLine({{"bench", "gpu"}, {"skipped", "no CUDA device"}});
+    return 0;
+  }
+  CudaDeviceGuard guard(kDevice);
+  if (!guard.status().ok()) {
+    ReportError("set_device", 0, guard.status());
+    return 1;
+  }
+  bool ok = true;
+  for (int64_t mib : config.sizes_mib) {
+    ok &= MemcpyThroughput(mib << 20, config.reps);
+    ok &= NcclThroughput(mib << 20, config.reps);
+  }
+  absl::StatusOr<ServerProcess> server = StartServer(config);
+  if (!server.ok()) {
+    ok = ReportError("fetch", 0, server.status());
+  } else {
+    ok &= FetchThroughput(server->served, config.reps);
+    server->process.Signal(SIGTERM);
+    if (!server->process.WaitFor(absl::Seconds(30)).has_value()) {
+      server->process.Kill();
+    }
+    std::remove(server->process.log_path().c_str());
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  tessera::Config config;
+  bool serve = false;
+  CLI::App app{"GPU copy, fetch and NCCL benchmark (JSON lines on stdout)"};
+  app.add_option("--sizes-mib", config.sizes_mib, "Sizes in MiB")
+      ->delimiter(',');
+  app.add_option("--reps", config.reps, "Timed repetitions per measurement")
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--quick", config.quick, "8 MiB, 2 reps: a smoke run");
+  app.add_flag("--serve", serve, "Internal: serve CUDA shards for the fetches");
+  app.add_option("--serve-seconds", config.serve_seconds,
+                 "Internal: the --serve process's longest life")
+      ->check(CLI::Range(1, 86400));
+  CLI11_PARSE(app, argc, argv);
+  if (config.quick) {
+    config.sizes_mib = {8};
+    config.reps = 2;
+  }
+  if (serve) return tessera::Serve(config);
+  return tessera::Run(config);
+}

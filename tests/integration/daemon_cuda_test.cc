@@ -1,0 +1,191 @@
+// The service end to end with CUDA shards: 4 real `tessera-server`
+// processes started with `--device cuda` on loopback, spread over the
+// visible GPUs. On a one-GPU machine all four share cuda:0, so their
+// options pick the gloo backend (NCCL needs a GPU per rank) and collectives
+// stage through the host, while shard bytes still cross the daemons' gRPC
+// servers and data planes. Skips without a CUDA device.
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "common/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::IsOk;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+
+// The device daemon `rank` serves its shards from: its local rank spread
+// over the visible GPUs (DaemonCluster gives daemon r local rank r).
+std::string DeviceText(int rank) {
+  return absl::StrCat("cuda:", rank % CudaDeviceCount());
+}
+
+// Rows chunked over the ranks, every shard on its owner's GPU; placements
+// in reverse when `reversed`, so that rank 3 holds the first rows.
+ShardingSpec RowSpec(bool reversed) {
+  std::vector<std::string> placements;
+  for (int i = 0; i < kWorld; ++i) {
+    const int r = reversed ? kWorld - 1 - i : i;
+    placements.push_back(absl::StrCat("rank:", r, "/", DeviceText(r)));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+ShardingSpec ColumnSpec() {
+  std::vector<std::string> placements;
+  for (int r = 0; r < kWorld; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/", DeviceText(r)));
+  }
+  return *ChunkShardingSpec::Create(1, placements);
+}
+
+// rows x cols float32 holding its row-major index (exact in float32).
+Tensor Iota(int64_t rows, int64_t cols) {
+  std::vector<float> values(rows * cols);
+  std::iota(values.begin(), values.end(), 0.0f);
+  return *Tensor::FromVector<float>(values, {rows, cols});
+}
+
+// `t` (on any device) is the box at (r0, c0) of Iota(*, cols_all).
+void ExpectIotaBox(const Tensor& t, int64_t r0, int64_t c0, int64_t cols_all) {
+  ASSERT_EQ(t.dim(), 2);
+  ASSERT_OK_AND_ASSIGN(Tensor host, t.To(Device::Cpu()));
+  const float* v = host.data<float>();
+  for (int64_t r = 0; r < host.sizes()[0]; ++r) {
+    for (int64_t c = 0; c < host.sizes()[1]; ++c) {
+      ASSERT_EQ(v[r * host.sizes()[1] + c],
+                static_cast<float>((r0 + r) * cols_all + c0 + c))
+          << "at " << r << ", " << c;
+    }
+  }
+}
+
+class DaemonCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) {
+      GTEST_SKIP() << "needs a CUDA device, found 0";
+    }
+    DaemonClusterOptions options;
+    options.world_size = kWorld;
+    options.server_path = TESSERA_SERVER_PATH;
+    options.device = "cuda";
+    options.extra_args = {"--timeout", "20", "--log-level", "info"};
+    ASSERT_OK_AND_ASSIGN(cluster_, DaemonCluster::Start(options));
+    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(cluster_->address(0)));
+  }
+
+  // After the test: every daemon still runs.
+  void TearDown() override {
+    if (cluster_ == nullptr) return;
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
+          << "daemon " << r << " died:\n"
+          << cluster_->Log(r);
+    }
+  }
+
+  std::unique_ptr<DaemonCluster> cluster_;
+  std::shared_ptr<Client> client_;
+};
+
+TEST_F(DaemonCudaTest, DaemonsServeFromTheirGpus) {
+  const v1::ClusterInfo& info = client_->cluster();
+  ASSERT_EQ(info.workers_size(), kWorld);
+  // Fewer GPUs than daemons: they share them over Gloo.
+  const std::string backend =
+      CudaDeviceCount() < kWorld ? "backend gloo" : "backend nccl";
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(info.workers(r).device(), DeviceText(r));
+    EXPECT_THAT(
+        cluster_->Log(r, 1 << 16),
+        HasSubstr(absl::StrCat("device ", DeviceText(r), ", ", backend)));
+  }
+  for (const absl::Status& s : client_->Health()) EXPECT_THAT(s, IsOk());
+}
+
+TEST_F(DaemonCudaTest, CreateWriteReadGatherOnCudaShards) {
+  CreateOptions zeros;
+  zeros.init = TensorInit::kZeros;
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensorView view,
+      client_->Create("gpu", {10, 20}, RowSpec(/*reversed=*/true), zeros));
+  const auto& shards = view.metadata().shards_metadata;
+  ASSERT_EQ(shards.size(), 4u);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    EXPECT_EQ(view.owner_rank(i), kWorld - 1 - static_cast<int>(i));
+    EXPECT_EQ(shards[i].placement()->device().ToString(),
+              DeviceText(view.owner_rank(i)));
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor before, view.Read());
+  ASSERT_OK_AND_ASSIGN(Tensor zeros_host, Tensor::Zeros({10, 20}));
+  EXPECT_TRUE(Equal(zeros_host, before));
+
+  // Write everything, then a box across shards 1..2 over it.
+  ASSERT_THAT(view.Write({0, 0}, Iota(10, 20)), IsOk());
+  ASSERT_OK_AND_ASSIGN(Tensor all, view.Read());
+  ExpectIotaBox(all, 0, 0, 20);
+  ASSERT_OK_AND_ASSIGN(Tensor patch, Tensor::Full({4, 6}, -1.0));
+  ASSERT_THAT(view.Write({2, 7}, patch), IsOk());
+  ASSERT_OK_AND_ASSIGN(Tensor region, view.ReadRegion({1, 5}, {6, 10}));
+  ASSERT_OK_AND_ASSIGN(Tensor host, region.To(Device::Cpu()));
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t c = 0; c < 10; ++c) {
+      const int64_t i = 1 + r;
+      const int64_t j = 5 + c;
+      const bool patched = i >= 2 && i < 6 && j >= 7 && j < 13;
+      ASSERT_EQ(host.data<float>()[r * 10 + c],
+                patched ? -1.0f : static_cast<float>(i * 20 + j))
+          << "at " << i << ", " << j;
+    }
+  }
+  // Put the box back from the same rows and columns of Iota.
+  ASSERT_OK_AND_ASSIGN(Tensor rows, Iota(10, 20).Narrow(0, 2, 4));
+  ASSERT_OK_AND_ASSIGN(Tensor box, rows.Narrow(1, 7, 6));
+  ASSERT_OK_AND_ASSIGN(box, box.Contiguous());
+  ASSERT_THAT(view.Write({2, 7}, box), IsOk());
+
+  // Each shard whole, fetched from its owner's GPU.
+  std::vector<RemoteShard> remote = view.remote_shards();
+  ASSERT_EQ(remote.size(), 4u);
+  for (size_t i = 0; i < remote.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(Shard shard, remote[i].to_here());
+    EXPECT_EQ(shard.metadata, shards[i]);
+    ExpectIotaBox(shard.tensor, shards[i].shard_offsets()[0], 0, 20);
+  }
+
+  // Gather on two daemons (a collective over the shared GPU), then
+  // reshard by columns: values kept.
+  ASSERT_OK_AND_ASSIGN(Tensor gathered, client_->Gather("gpu"));
+  ExpectIotaBox(gathered, 0, 0, 20);
+  ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(cluster_->address(2)));
+  ASSERT_OK_AND_ASSIGN(gathered, other->Gather("gpu"));
+  ExpectIotaBox(gathered, 0, 0, 20);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView by_columns,
+                       client_->Reshard("gpu", ColumnSpec()));
+  EXPECT_EQ(by_columns.metadata().shards_metadata[0].shard_sizes(),
+            (std::vector<int64_t>{10, 5}));
+  ASSERT_OK_AND_ASSIGN(Tensor after, by_columns.Read());
+  ExpectIotaBox(after, 0, 0, 20);
+  ASSERT_OK_AND_ASSIGN(Tensor columns, by_columns.ReadRegion({3, 4}, {5, 9}));
+  ExpectIotaBox(columns, 3, 4, 20);
+  EXPECT_THAT(client_->Delete("gpu"), IsOk());
+}
+
+}  // namespace
+}  // namespace tessera
