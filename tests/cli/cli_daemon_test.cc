@@ -194,24 +194,24 @@ TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
-// Waits until `log` holds a line starting with "ready"; false when the
-// launcher exited or `timeout` passed.
-bool WaitForReady(Subprocess& launcher, absl::Duration timeout) {
+// The address of the "ready: export TESSERA_ADDRESS=HOST:PORT" line once
+// the launcher printed it; "" when the launcher exited or `timeout` passed.
+std::string WaitForReady(Subprocess& launcher, absl::Duration timeout) {
+  constexpr absl::string_view kReady = "ready: export TESSERA_ADDRESS=";
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     for (absl::string_view line :
          absl::StrSplit(launcher.LogTail(1 << 16), '\n')) {
-      if (absl::StartsWith(line, "ready")) return true;
+      if (absl::ConsumePrefix(&line, kReady)) return std::string(line);
     }
-    if (launcher.WaitFor(absl::ZeroDuration()).has_value()) return false;
+    if (launcher.WaitFor(absl::ZeroDuration()).has_value()) return "";
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return false;
+  return "";
 }
 
 struct Launched {
   std::unique_ptr<Subprocess> launcher;
-  std::string address;
   std::string dir;
 };
 
@@ -221,42 +221,33 @@ Launched Launch(int nproc) {
   if (mkdtemp(dir) == nullptr) return launched;
   launched.dir = dir;
   const int master = *testing::PickFreePort();
-  const int base = *testing::PickFreePort();
   testing::SpawnOptions spawn;
   spawn.program = TESSERA_CLI_PATH;
-  spawn.args = {"launch",
-                "--nproc",
-                absl::StrCat(nproc),
-                "--cpu",
-                "--host",
-                "127.0.0.1",
-                "--master-port",
-                absl::StrCat(master),
-                "--base-port",
-                absl::StrCat(base),
-                "--server",
-                TESSERA_SERVER_PATH};
+  spawn.args = {"launch", "--nproc", absl::StrCat(nproc), "--cpu", "--host",
+                "127.0.0.1", "--master-port", absl::StrCat(master),
+                // Every daemon binds a free port: a picked base port says
+                // nothing about base + 1, which another test may hold.
+                "--base-port", "0", "--server", TESSERA_SERVER_PATH};
   spawn.log_path = absl::StrCat(launched.dir, "/launch.log");
   spawn.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                      "MASTER_PORT"};
   auto process = Subprocess::Spawn(spawn);
   if (!process.ok()) return launched;
   launched.launcher = std::make_unique<Subprocess>(*std::move(process));
-  launched.address = absl::StrCat("127.0.0.1:", base);
   return launched;
 }
 
 TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
   Launched launched = Launch(2);
   ASSERT_NE(launched.launcher, nullptr);
-  ASSERT_TRUE(WaitForReady(*launched.launcher, absl::Seconds(60)))
-      << launched.launcher->LogTail();
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
   const std::string log = launched.launcher->LogTail();
-  EXPECT_THAT(log, HasSubstr("rank 0: "));
+  EXPECT_THAT(log, HasSubstr("rank 0: " + address));
   EXPECT_THAT(log, HasSubstr("rank 1: "));
 
-  CliResult health =
-      RunCli(launched.address, {"health"}, launched.dir + "/health.log");
+  CliResult health = RunCli(address, {"health"}, launched.dir + "/health.log");
   EXPECT_EQ(health.exit_code, 0) << health.output;
 
   launched.launcher->Signal(SIGINT);
@@ -265,7 +256,7 @@ TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << testing::DescribeWaitStatus(*status) << "\n"
       << launched.launcher->LogTail();
-  CliResult after = RunCli(launched.address, {"health", "--timeout", "2"},
+  CliResult after = RunCli(address, {"health", "--timeout", "2"},
                            launched.dir + "/after.log");
   EXPECT_EQ(after.exit_code, 1) << after.output;
 }
@@ -273,8 +264,9 @@ TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
 TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
   Launched launched = Launch(2);
   ASSERT_NE(launched.launcher, nullptr);
-  ASSERT_TRUE(WaitForReady(*launched.launcher, absl::Seconds(60)))
-      << launched.launcher->LogTail();
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
   // "rank 1: HOST:PORT (pid P)": kill that daemon.
   const std::string log = launched.launcher->LogTail();
   const size_t at = log.find("rank 1: ");
@@ -287,9 +279,12 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
   std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
   ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
-      << testing::DescribeWaitStatus(*status);
-  EXPECT_THAT(launched.launcher->LogTail(), HasSubstr("rank 1"));
-  CliResult after = RunCli(launched.address, {"health", "--timeout", "2"},
+      << testing::DescribeWaitStatus(*status) << "\n"
+      << launched.launcher->LogTail();
+  EXPECT_THAT(
+      launched.launcher->LogTail(),
+      HasSubstr(absl::StrCat("rank 1 (pid ", pid, ") exited with signal 9")));
+  CliResult after = RunCli(address, {"health", "--timeout", "2"},
                            launched.dir + "/after.log");
   EXPECT_EQ(after.exit_code, 1) << after.output;
 }
