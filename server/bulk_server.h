@@ -18,10 +18,10 @@
 //
 // One thread accepts; each connection gets a thread that serves its
 // requests one after another (a client uses one connection per concurrent
-// fetch). Every read and write is bounded: a connection idle for
-// `idle_timeout` or stalled mid-write for `io_timeout` is closed. Malformed
-// input (wrong magic, oversized or unparsable frames) closes that
-// connection only; the server never aborts.
+// fetch; ConnectionServer keeps the books). Every read and write is bounded: a
+// connection idle for `idle_timeout` or stalled mid-write for `io_timeout` is
+// closed. Malformed input (wrong magic, oversized or unparsable frames) closes
+// that connection only; the server never aborts.
 //
 // Thread-safety: Start/Shutdown from one owner thread; port()/address()
 // from any. Shutdown(grace) (idempotent; also run by the destructor, with
@@ -32,19 +32,12 @@
 #ifndef TESSERA_SERVER_BULK_SERVER_H_
 #define TESSERA_SERVER_BULK_SERVER_H_
 
-#include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/socket_io.h"
+#include "server/connection_server.h"
 #include "server/shard_registry.h"
 #include "server/shard_service.h"
 
@@ -77,35 +70,18 @@ class BulkServer {
   void Shutdown(absl::Duration grace = absl::ZeroDuration());
 
  private:
-  BulkServer(std::string host, int port, Socket listener,
+  BulkServer(std::string host, int port,
              std::shared_ptr<ShardRegistry> registry,
              BulkServerOptions options);
-  void AcceptLoop();
-  void Serve(uint64_t id, int fd);
+  void Serve(ConnectionServer::Connection& connection);
   // Answers one request; an error means the connection must be closed.
   absl::Status Answer(int fd, const std::string& frame);
-  void JoinFinished();
-  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return busy_.empty();
-  }
 
   const std::string host_;
   const int port_;
-  Socket listener_;
   const std::shared_ptr<ShardRegistry> registry_;
   const BulkServerOptions options_;
-  std::thread acceptor_;
-
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  // Open connections (id -> socket) and their threads; finished threads
-  // are joined by the accept loop and Shutdown.
-  std::map<uint64_t, Socket> connections_ ABSL_GUARDED_BY(mu_);
-  // Connections answering a request (Shutdown lets these finish).
-  std::set<uint64_t> busy_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ConnectionServer> connections_;
 };
 
 }  // namespace tessera

@@ -1,8 +1,6 @@
 #include "server/local_share_server.h"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +36,12 @@ absl::StatusOr<Socket> ReopenReadOnly(int fd) {
         "reopening its memory file read-only failed: ", std::strerror(errno)));
   }
   return readonly;
+}
+
+// Answers a request with `error`, ending it.
+absl::Status SendError(int fd, const absl::Status& error, absl::Time deadline) {
+  return SendLocalMessage(
+      fd, ErrorReply<v1::LocalFetchReply>(error).SerializeAsString(), deadline);
 }
 
 // Fills the CUDA_IPC part of `reply` for the allocation of `storage`.
@@ -77,70 +81,28 @@ absl::StatusOr<std::unique_ptr<LocalShareServer>> LocalShareServer::Start(
         "the local fast path needs this host's boot id, which cannot be read");
   }
   ASSIGN_OR_RETURN(auto listening, ListenLocal());
-  Socket wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) {
-    return absl::UnavailableError(
-        absl::StrCat("eventfd: ", std::strerror(errno)));
-  }
   std::unique_ptr<LocalShareServer> server(new LocalShareServer(
-      LocalAddress(host, listening.second), std::move(listening.first),
-      std::move(wake), std::move(registry), options));
-  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+      LocalAddress(host, listening.second), std::move(registry), options));
+  ASSIGN_OR_RETURN(server->connections_,
+                   ConnectionServer::Start(
+                       std::move(listening.first), options.max_connections,
+                       [s = server.get()](ConnectionServer::Connection& c) {
+                         s->Serve(c);
+                       }));
   return server;
 }
 
-LocalShareServer::LocalShareServer(std::string address, Socket listener,
-                                   Socket wake,
+LocalShareServer::LocalShareServer(std::string address,
                                    std::shared_ptr<ShardRegistry> registry,
                                    LocalShareServerOptions options)
     : address_(std::move(address)),
-      listener_(std::move(listener)),
-      wake_(std::move(wake)),
       registry_(std::move(registry)),
       options_(options) {}
 
 LocalShareServer::~LocalShareServer() { Shutdown(); }
 
-void LocalShareServer::AcceptLoop() {
-  while (true) {
-    pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
-    const int ready = poll(fds, 2, -1);
-    const int poll_errno = errno;
-    JoinFinished();
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-    }
-    if (ready <= 0) {
-      if (ready < 0 && poll_errno != EINTR) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      continue;
-    }
-    const int fd =
-        accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      // A peer that gave up before the accept is harmless; anything else
-      // (EMFILE...) is retried after a pause rather than spun on.
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-          errno != ECONNABORTED) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      continue;
-    }
-    Socket socket(fd);
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-      continue;  // Refused: the socket closes here.
-    }
-    const uint64_t id = next_id_++;
-    connections_.emplace(id, std::move(socket));
-    threads_.emplace(id, std::thread([this, id, fd] { Serve(id, fd); }));
-  }
-}
-
-void LocalShareServer::Serve(uint64_t id, int fd) {
+void LocalShareServer::Serve(ConnectionServer::Connection& connection) {
+  const int fd = connection.fd();
   absl::StatusOr<std::string> magic =
       ReceiveLocalMessage(fd, absl::Now() + options_.io_timeout);
   bool open = magic.ok() && *magic == kLocalMagic;
@@ -153,21 +115,11 @@ void LocalShareServer::Serve(uint64_t id, int fd) {
     absl::StatusOr<std::string> message =
         ReceiveLocalMessage(fd, absl::Now() + options_.idle_timeout);
     if (!message.ok()) break;
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stopping_;
-      if (!stopping) busy_.insert(id);
-    }
-    if (stopping) {
+    if (!connection.BeginRequest()) {
       // Shutdown began after the request left the client: refuse it the way
       // a stopped shard server would; the client's stream attempt then
       // hears the same.
-      v1::LocalFetchReply reply;
-      reply.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-      reply.set_message("shard server is shutting down");
-      SendLocalMessage(fd, reply.SerializeAsString(),
-                       absl::Now() + options_.io_timeout)
+      SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
           .IgnoreError();
       break;
     }
@@ -183,34 +135,26 @@ void LocalShareServer::Serve(uint64_t id, int fd) {
       lent->reset();
       active_leases_.fetch_sub(1);
     }
-    absl::MutexLock lock(&mu_);
-    busy_.erase(id);
-    if (stopping_) break;  // Drained: no more requests on this connection.
+    // Once drained: no more requests on this connection.
+    if (!connection.EndRequest()) break;
   }
-  absl::MutexLock lock(&mu_);
-  connections_.erase(id);  // Closes the socket.
-  finished_.push_back(id);
 }
 
 absl::StatusOr<std::shared_ptr<const FetchView>> LocalShareServer::Answer(
     int fd, const std::string& message, bool same_user) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;
   v1::LocalFetchRequest request;
-  v1::LocalFetchReply reply;
   if (!request.ParseFromString(message)) {
-    reply.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
-    reply.set_message("FetchShard: malformed request");
-    RETURN_IF_ERROR(SendLocalMessage(fd, reply.SerializeAsString(), deadline));
+    RETURN_IF_ERROR(SendError(fd, MalformedFetchError(), deadline));
     return nullptr;
   }
   absl::StatusOr<FetchView> found =
       PrepareFetchView(*registry_, request.request());
   if (!found.ok()) {
-    reply.set_code(static_cast<int>(found.status().code()));
-    reply.set_message(std::string(found.status().message()));
-    RETURN_IF_ERROR(SendLocalMessage(fd, reply.SerializeAsString(), deadline));
+    RETURN_IF_ERROR(SendError(fd, found.status(), deadline));
     return nullptr;
   }
+  v1::LocalFetchReply reply;
   auto lent = std::make_shared<const FetchView>(*std::move(found));
   *reply.mutable_header() = lent->header;
   if (lent->header.total_bytes() == 0) {
@@ -254,14 +198,12 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalShareServer::Answer(
         "sharing threshold, or without bytes)");
   }
   if (!shareable.ok()) {
-    v1::LocalFetchReply refusal;
-    refusal.set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
-    refusal.set_message(
-        absl::StrCat("shard ", request.request().shard_index(), " of tensor ",
-                     request.request().tensor_id(),
-                     " cannot be shared: ", shareable.message()));
-    RETURN_IF_ERROR(
-        SendLocalMessage(fd, refusal.SerializeAsString(), deadline));
+    RETURN_IF_ERROR(SendError(fd,
+                              absl::FailedPreconditionError(absl::StrCat(
+                                  "shard ", request.request().shard_index(),
+                                  " of tensor ", request.request().tensor_id(),
+                                  " cannot be shared: ", shareable.message())),
+                              deadline));
     return nullptr;
   }
   // Counted before the client can see the reply; Serve ends the count.
@@ -277,48 +219,8 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalShareServer::Answer(
   return lent;
 }
 
-void LocalShareServer::JoinFinished() {
-  std::vector<std::thread> done;
-  {
-    absl::MutexLock lock(&mu_);
-    for (uint64_t id : finished_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      done.push_back(std::move(it->second));
-      threads_.erase(it);
-    }
-    finished_.clear();
-  }
-  for (std::thread& t : done) t.join();
-}
-
 void LocalShareServer::Shutdown(absl::Duration grace) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    // Idle connections (between requests) are closed now; busy ones finish
-    // their request and lease first (see Serve).
-    for (const auto& [id, socket] : connections_) {
-      if (busy_.count(id) == 0) socket.Interrupt();
-    }
-  }
-  const uint64_t one = 1;
-  while (write(wake_.fd(), &one, sizeof(one)) < 0 && errno == EINTR) {
-  }
-  if (acceptor_.joinable()) acceptor_.join();
-  // Unbinds the name: new clients are refused at once and use a stream.
-  listener_ = Socket();
-  std::map<uint64_t, std::thread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &LocalShareServer::Drained),
-                         grace);
-    for (const auto& [id, socket] : connections_) socket.Interrupt();
-    threads.swap(threads_);
-    finished_.clear();
-  }
-  for (auto& [id, thread] : threads) thread.join();
+  if (connections_ != nullptr) connections_->Shutdown(grace);
 }
 
 }  // namespace tessera

@@ -23,11 +23,12 @@
 //
 // One thread accepts; each connection gets a thread serving its requests
 // one after another (clients pool connections, one per concurrent fetch),
-// at most `max_connections` at once. Every read and write is bounded: a
-// connection idle for `idle_timeout`, stalled for `io_timeout` or holding
-// a lease past `lease_timeout` is closed. Malformed input (a wrong magic,
-// an oversized or unparsable message, an unexpected message instead of
-// "done") closes that connection only; the server never aborts.
+// at most `max_connections` at once (ConnectionServer keeps the books). Every
+// read and write is bounded: a connection idle for `idle_timeout`, stalled for
+// `io_timeout` or holding a lease past `lease_timeout` is closed. Malformed
+// input (a wrong magic, an oversized or unparsable message, an unexpected
+// message instead of "done") closes that connection only; the server never
+// aborts.
 //
 // Thread-safety: Start/Shutdown from one owner thread; address() and
 // active_leases() from any. Shutdown(grace) (idempotent; also run by the
@@ -40,18 +41,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/socket_io.h"
+#include "server/connection_server.h"
 #include "server/shard_registry.h"
 #include "server/shard_service.h"
 
@@ -89,41 +84,21 @@ class LocalShareServer {
   void Shutdown(absl::Duration grace = absl::ZeroDuration());
 
  private:
-  LocalShareServer(std::string address, Socket listener, Socket wake,
-                   std::shared_ptr<ShardRegistry> registry,
+  LocalShareServer(std::string address, std::shared_ptr<ShardRegistry> registry,
                    LocalShareServerOptions options);
-  void AcceptLoop();
-  void Serve(uint64_t id, int fd);
+  // A lease counts as part of its request: Shutdown's grace covers it.
+  void Serve(ConnectionServer::Connection& connection);
   // Answers one request. Returns what the client was lent (to hold until
   // it is done; null when nothing was), or an error meaning the connection
   // must be closed.
   absl::StatusOr<std::shared_ptr<const FetchView>> Answer(
       int fd, const std::string& message, bool same_user);
-  void JoinFinished();
-  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return busy_.empty();
-  }
 
   const std::string address_;
-  Socket listener_;
-  // An eventfd that wakes the accept loop for Shutdown.
-  Socket wake_;
   const std::shared_ptr<ShardRegistry> registry_;
   const LocalShareServerOptions options_;
-  std::thread acceptor_;
   std::atomic<int64_t> active_leases_{0};
-
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  // Open connections (id -> socket) and their threads; finished threads
-  // are joined by the accept loop and Shutdown.
-  std::map<uint64_t, Socket> connections_ ABSL_GUARDED_BY(mu_);
-  // Connections answering a request or holding a lease (Shutdown lets
-  // these finish within its grace).
-  std::set<uint64_t> busy_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ConnectionServer> connections_;
 };
 
 }  // namespace tessera

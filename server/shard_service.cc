@@ -176,7 +176,7 @@ absl::StatusOr<v1::FetchShardRequest> ParseRequest(
   if (!grpc::SerializationTraits<v1::FetchShardRequest>::Deserialize(&buffer,
                                                                      &request)
            .ok()) {
-    return absl::InvalidArgumentError("FetchShard: malformed request");
+    return MalformedFetchError();
   }
   return request;
 }
@@ -342,6 +342,14 @@ void ConfigureShardServer(grpc::ServerBuilder* builder) {
 ShardServiceImpl::ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,
                                    ShardServiceOptions options)
     : registry_(std::move(registry)), options_(Clamped(options)) {}
+
+absl::Status MalformedFetchError() {
+  return absl::InvalidArgumentError("FetchShard: malformed request");
+}
+
+absl::Status ShuttingDownError() {
+  return absl::UnavailableError("shard server is shutting down");
+}
 
 int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested) {
   const ShardServiceOptions clamped = Clamped(options);

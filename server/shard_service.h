@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -131,6 +132,22 @@ absl::StatusOr<PreparedFetch> PrepareFetch(
 // chunk by chunk for CUDA), which must not be written while it streams.
 absl::StatusOr<PreparedFetch> PrepareTensorFetch(const Tensor& box,
                                                  const ShardMetadata& metadata);
+
+// What every transport answers a FetchShardRequest that does not parse.
+absl::Status MalformedFetchError();
+// What the socket transports (data plane, local path) answer a request
+// arriving once their server is shutting down, as a stopped gRPC server
+// would (UNAVAILABLE).
+absl::Status ShuttingDownError();
+// `status` (not OK) as the code and message of a socket transport's reply
+// (v1::BulkFetchReply, v1::LocalFetchReply).
+template <typename Reply>
+Reply ErrorReply(const absl::Status& status) {
+  Reply reply;
+  reply.set_code(static_cast<int>(status.code()));
+  reply.set_message(std::string(status.message()));
+  return reply;
+}
 
 // The chunk size a request for `requested` bytes (0: the default) gets.
 int64_t ChunkBytesFor(const ShardServiceOptions& options, int64_t requested);

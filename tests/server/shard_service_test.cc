@@ -725,7 +725,7 @@ TEST_F(ShardServiceTest, DescribeTensor) {
 TEST_F(ShardServiceTest, RemoteShardToHere) {
   const Tensor tensor = Pattern({5, 5}, DType::kFloat64);
   auto registered = Serve("t", tensor);
-  const WorkerInfo owner{"worker1", 1, address_};
+  const WorkerInfo owner{"worker1", 1, address_, "", ""};
   RemoteShard remote(owner, "t", 1, registered->metadata.shards_metadata[1],
                      client_);
   EXPECT_EQ(remote.owner().name, "worker1");

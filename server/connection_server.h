@@ -1,0 +1,108 @@
+// ConnectionServer: the connection bookkeeping shared by the shard
+// server's socket transports, the raw-TCP data plane (BulkServer) and the
+// same-host path (LocalShareServer).
+//
+// It owns a listening socket (TCP or Unix, any kind accept(2) takes), one
+// accept thread and one thread per connection, which runs the owner's
+// handler with that connection. The handler serves requests one after
+// another and brackets each with BeginRequest/EndRequest, so that Shutdown
+// can tell idle connections (closed at once) from busy ones (given a grace
+// to finish). At most `max_connections` are open at once; more are closed
+// as soon as they are accepted. Accepted sockets are non-blocking and
+// close-on-exec: handlers do bounded I/O with deadlines (socket_io.h,
+// local_socket.h).
+//
+// Thread-safety: Start/Shutdown from one owner thread; Connection's
+// methods from its handler's thread. The handler may run until Shutdown
+// returns, so everything it uses must outlive Shutdown (owners call it
+// first in their destructor).
+//
+// Shutdown(grace) (idempotent; also run by the destructor, with no grace):
+// stops accepting and closes the listener (new clients are refused at
+// once), interrupts idle connections, waits up to `grace` for the busy
+// ones to end their request (BeginRequest refuses new ones meanwhile),
+// then interrupts every connection left and joins all threads.
+#ifndef TESSERA_SERVER_CONNECTION_SERVER_H_
+#define TESSERA_SERVER_CONNECTION_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/socket_io.h"
+
+namespace tessera {
+
+class ConnectionServer {
+ public:
+  // One accepted connection, handed to the handler for its lifetime.
+  class Connection {
+   public:
+    int fd() const { return fd_; }
+    // Marks the connection busy with a request. False once Shutdown has
+    // begun: the handler then refuses the request and returns.
+    bool BeginRequest();
+    // Ends the request BeginRequest began. False once Shutdown has begun:
+    // the handler serves no more requests and returns.
+    bool EndRequest();
+
+   private:
+    friend class ConnectionServer;
+    Connection(ConnectionServer* server, uint64_t id, int fd)
+        : server_(server), id_(id), fd_(fd) {}
+    ConnectionServer* const server_;
+    const uint64_t id_;
+    const int fd_;
+  };
+  using Handler = std::function<void(Connection&)>;
+
+  // Serves `listener` (already listening) until Shutdown. UNAVAILABLE when
+  // the wake-up descriptor cannot be made.
+  static absl::StatusOr<std::unique_ptr<ConnectionServer>> Start(
+      Socket listener, int max_connections, Handler handler);
+  ~ConnectionServer();
+  ConnectionServer(const ConnectionServer&) = delete;
+  ConnectionServer& operator=(const ConnectionServer&) = delete;
+
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
+
+ private:
+  ConnectionServer(Socket listener, Socket wake, int max_connections,
+                   Handler handler);
+  void AcceptLoop();
+  void Serve(uint64_t id, int fd);
+  void JoinFinished();
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return busy_.empty();
+  }
+
+  Socket listener_;
+  // An eventfd that wakes the accept loop for Shutdown.
+  const Socket wake_;
+  const int max_connections_;
+  const Handler handler_;
+  std::thread acceptor_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open connections (id -> socket) and their threads; finished threads
+  // are joined by the accept loop and Shutdown.
+  std::map<uint64_t, Socket> connections_ ABSL_GUARDED_BY(mu_);
+  // Connections between BeginRequest and EndRequest.
+  std::set<uint64_t> busy_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CONNECTION_SERVER_H_

@@ -1,0 +1,271 @@
+// ConnectionServer on a real TCP listener on 127.0.0.1, with real client
+// sockets: a one-byte echo handler whose requests can be held open, to see
+// the limit on connections and what Shutdown does to idle and busy ones.
+#include "server/connection_server.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/socket_io.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+// How an EchoServer's requests behave.
+struct EchoOptions {
+  int max_connections = 8;
+  // A request waits for this before answering.
+  absl::Notification* gate = nullptr;
+  // A byte read waits for this before its request begins.
+  absl::Notification* before_begin = nullptr;
+  // A request reads a second byte (blocking in the socket) and answers
+  // with that one.
+  bool two_bytes = false;
+};
+
+EchoOptions Gated(absl::Notification* gate) {
+  EchoOptions options;
+  options.gate = gate;
+  return options;
+}
+
+// Echoes each byte it reads, one request per byte (see EchoOptions).
+class EchoServer {
+ public:
+  explicit EchoServer(EchoOptions options = {}) : options_(options) {
+    absl::StatusOr<std::pair<Socket, int>> listening = ListenTcp("127.0.0.1");
+    EXPECT_OK(listening.status());
+    port_ = listening->second;
+    absl::StatusOr<std::unique_ptr<ConnectionServer>> server =
+        ConnectionServer::Start(
+            std::move(listening->first), options.max_connections,
+            [this](ConnectionServer::Connection& c) { Serve(c); });
+    EXPECT_OK(server.status());
+    server_ = *std::move(server);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  ConnectionServer& server() { return *server_; }
+  // Requests that began (BeginRequest true), refused (false) and ended
+  // with EndRequest false.
+  int begun() const { return begun_.load(); }
+  int refused() const { return refused_.load(); }
+  int ended_stopping() const { return ended_stopping_.load(); }
+  absl::Notification& in_request() { return in_request_; }
+  absl::Notification& read_one() { return read_one_; }
+
+ private:
+  void Serve(ConnectionServer::Connection& connection) {
+    while (true) {
+      char byte = 0;
+      if (!ReadFull(connection.fd(), &byte, 1, absl::Now() + kWait).ok()) {
+        return;
+      }
+      if (!read_one_.HasBeenNotified()) read_one_.Notify();
+      if (options_.before_begin != nullptr) {
+        options_.before_begin->WaitForNotificationWithTimeout(kWait);
+      }
+      if (!connection.BeginRequest()) {
+        refused_.fetch_add(1);
+        const char no = '!';
+        WriteFull(connection.fd(), &no, 1, absl::Now() + kWait).IgnoreError();
+        return;
+      }
+      begun_.fetch_add(1);
+      if (!in_request_.HasBeenNotified()) in_request_.Notify();
+      if (options_.gate != nullptr) {
+        options_.gate->WaitForNotificationWithTimeout(kWait);
+      }
+      if (options_.two_bytes &&
+          !ReadFull(connection.fd(), &byte, 1, absl::Now() + kWait).ok()) {
+        connection.EndRequest();
+        return;
+      }
+      WriteFull(connection.fd(), &byte, 1, absl::Now() + kWait).IgnoreError();
+      if (!connection.EndRequest()) {
+        ended_stopping_.fetch_add(1);
+        return;
+      }
+    }
+  }
+
+  const EchoOptions options_;
+  absl::Notification in_request_;
+  absl::Notification read_one_;
+  std::atomic<int> begun_{0};
+  std::atomic<int> refused_{0};
+  std::atomic<int> ended_stopping_{0};
+  int port_ = 0;
+  std::unique_ptr<ConnectionServer> server_;
+};
+
+// One request: sends `byte`, returns what came back (or the error).
+absl::StatusOr<char> Echo(const Socket& socket, char byte) {
+  absl::Status sent = WriteFull(socket.fd(), &byte, 1, absl::Now() + kWait);
+  if (!sent.ok()) return sent;
+  char back = 0;
+  absl::Status read = ReadFull(socket.fd(), &back, 1, absl::Now() + kWait);
+  if (!read.ok()) return read;
+  return back;
+}
+
+Socket Connect(const EchoServer& server) {
+  absl::StatusOr<Socket> socket =
+      ConnectTcp(server.address(), absl::Now() + kWait);
+  EXPECT_OK(socket.status());
+  return socket.ok() ? *std::move(socket) : Socket();
+}
+
+TEST(ConnectionServerTest, ServesConnectionsConcurrently) {
+  absl::Notification gate;
+  EchoServer server(Gated(&gate));
+  // Both requests begin while the gate holds them: each connection has its
+  // own thread.
+  Socket sockets[2] = {Connect(server), Connect(server)};
+  absl::StatusOr<char> back[2];
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] { back[i] = Echo(sockets[i], 'a' + i); });
+  }
+  const absl::Time deadline = absl::Now() + kWait;
+  while (server.begun() < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(server.begun(), 2);
+  gate.Notify();
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(back[i].status());
+    EXPECT_EQ(*back[i], 'a' + i);
+  }
+  // A connection serves its requests one after another.
+  for (char c : std::string("xyz")) {
+    absl::StatusOr<char> again = Echo(sockets[0], c);
+    ASSERT_OK(again.status());
+    EXPECT_EQ(*again, c);
+  }
+}
+
+TEST(ConnectionServerTest, ConnectionsBeyondTheLimitAreClosed) {
+  EchoOptions options;
+  options.max_connections = 1;
+  EchoServer server(options);
+  Socket first = Connect(server);
+  ASSERT_OK(Echo(first, 'a').status());  // Accepted and served.
+  Socket second = Connect(server);       // The backlog takes it...
+  char byte = 0;
+  // ...and the server closes it once accepted.
+  EXPECT_FALSE(ReadFull(second.fd(), &byte, 1, absl::Now() + kWait).ok());
+  absl::StatusOr<char> still = Echo(first, 'b');
+  ASSERT_OK(still.status());
+  EXPECT_EQ(*still, 'b');
+  // A closed connection frees its place.
+  first = Socket();
+  const absl::Time deadline = absl::Now() + kWait;
+  bool served = false;
+  while (!served && absl::Now() < deadline) {
+    Socket next = Connect(server);
+    served = Echo(next, 'c').ok();
+    if (!served) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+}
+
+TEST(ConnectionServerTest, ShutdownClosesIdleConnectionsAtOnce) {
+  EchoServer server;
+  Socket idle = Connect(server);
+  ASSERT_OK(Echo(idle, 'a').status());
+  const absl::Time start = absl::Now();
+  server.server().Shutdown(absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  char byte = 0;
+  EXPECT_FALSE(ReadFull(idle.fd(), &byte, 1, absl::Now() + kWait).ok());
+  // The listener is closed: new clients are refused at once.
+  EXPECT_FALSE(ConnectTcp(server.address(), absl::Now() + kWait).ok());
+}
+
+TEST(ConnectionServerTest, ShutdownLetsABusyRequestFinishWithinTheGrace) {
+  absl::Notification gate;
+  EchoServer server(Gated(&gate));
+  Socket busy = Connect(server);
+  absl::StatusOr<char> back;
+  std::thread client([&] { back = Echo(busy, 'q'); });
+  ASSERT_TRUE(server.in_request().WaitForNotificationWithTimeout(kWait));
+  std::thread stopper([&] { server.server().Shutdown(absl::Seconds(30)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  gate.Notify();  // The request ends well within the grace.
+  client.join();
+  stopper.join();
+  ASSERT_OK(back.status());
+  EXPECT_EQ(*back, 'q');
+  // EndRequest said the server was stopping; the handler served no more.
+  EXPECT_EQ(server.ended_stopping(), 1);
+  EXPECT_EQ(server.refused(), 0);
+}
+
+TEST(ConnectionServerTest, ShutdownCutsARequestPastTheGrace) {
+  EchoOptions options;
+  options.two_bytes = true;
+  EchoServer server(options);
+  Socket busy = Connect(server);
+  // Half a request: the handler waits inside it for the second byte.
+  const char byte = 'q';
+  ASSERT_OK(WriteFull(busy.fd(), &byte, 1, absl::Now() + kWait));
+  ASSERT_TRUE(server.in_request().WaitForNotificationWithTimeout(kWait));
+  const absl::Time start = absl::Now();
+  server.server().Shutdown(absl::Milliseconds(200));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(5));  // Not the handler's own 10 s wait.
+  char back = 0;
+  EXPECT_FALSE(ReadFull(busy.fd(), &back, 1, absl::Now() + kWait).ok());
+}
+
+TEST(ConnectionServerTest, ARequestArrivingDuringShutdownIsRefused) {
+  absl::Notification before_begin;
+  EchoOptions options;
+  options.before_begin = &before_begin;
+  EchoServer server(options);
+  Socket socket = Connect(server);
+  const char byte = 'q';
+  ASSERT_OK(WriteFull(socket.fd(), &byte, 1, absl::Now() + kWait));
+  // The request was read but has not begun when Shutdown starts.
+  ASSERT_TRUE(server.read_one().WaitForNotificationWithTimeout(kWait));
+  std::thread stopper([&] { server.server().Shutdown(absl::Seconds(30)); });
+  // Once new clients are refused, Shutdown is under way.
+  const absl::Time deadline = absl::Now() + kWait;
+  while (absl::Now() < deadline &&
+         ConnectTcp(server.address(), absl::Now() + kWait).ok()) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  before_begin.Notify();
+  stopper.join();
+  EXPECT_EQ(server.refused(), 1);
+  EXPECT_EQ(server.begun(), 0);
+}
+
+TEST(ConnectionServerTest, ShutdownIsIdempotentAndRunsInTheDestructor) {
+  auto server = std::make_unique<EchoServer>();
+  Socket idle = Connect(*server);
+  ASSERT_OK(Echo(idle, 'a').status());
+  server->server().Shutdown();
+  server->server().Shutdown(absl::Seconds(5));
+  server.reset();
+  char byte = 0;
+  EXPECT_FALSE(ReadFull(idle.fd(), &byte, 1, absl::Now() + kWait).ok());
+}
+
+}  // namespace
+}  // namespace tessera
