@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -175,20 +176,51 @@ absl::StatusOr<Tensor> OpenCudaView(const v1::LocalFetchReply& reply,
 }
 #endif  // TESSERA_LOCAL_FETCH_CUDA
 
-// The view the reply lends: a mapping of `fd` (SHM), an opened IPC handle
-// (CUDA_IPC), or an empty meta tensor (nothing to copy).
-absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
-                                DType dtype) {
-  if (reply.transport() == v1::LOCAL_TRANSPORT_NONE) {
-    if (reply.header().total_bytes() != 0) {
-      return absl::DataLossError("no transport for a non-empty shard");
-    }
-    const std::vector<int64_t> sizes(reply.header().sizes().begin(),
-                                     reply.header().sizes().end());
-    return Tensor::Empty(
-        sizes, TensorOptions().WithDType(dtype).WithDevice(Device::Meta()));
+// Whether the view is one dense run of bytes, [first_byte, end_byte) in
+// row-major order.
+bool IsDense(const CheckedLayout& layout) {
+  int64_t expected = 1;
+  for (size_t d = layout.sizes.size(); d-- > 0;) {
+    if (layout.sizes[d] != 1 && layout.strides[d] != expected) return false;
+    expected *= layout.sizes[d];
   }
-  ASSIGN_OR_RETURN(const CheckedLayout layout, CheckLayout(reply, dtype));
+  return true;
+}
+
+// Reads the view's bytes from memory file `fd` into `destination`, one
+// contiguous block of host memory of exactly that many bytes: one copy, by
+// the kernel, without the page-table work of a mapping. DATA_LOSS when the
+// file ends early.
+absl::Status ReadDenseView(int fd, const CheckedLayout& layout,
+                           const Tensor& destination) {
+  char* out = static_cast<char*>(destination.data_ptr());
+  int64_t offset = layout.first_byte;
+  int64_t left = layout.end_byte - layout.first_byte;
+  while (left > 0) {
+    const ssize_t n =
+        pread(fd, out, static_cast<size_t>(std::min<int64_t>(left, 1 << 30)),
+              static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("pread: ", std::strerror(errno)));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("memory file ends at byte ",
+                                              offset, ", before the view's ",
+                                              layout.end_byte));
+    }
+    out += n;
+    offset += n;
+    left -= n;
+  }
+  return absl::OkStatus();
+}
+
+// The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
+// handle (CUDA_IPC).
+absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
+                                const CheckedLayout& layout, DType dtype) {
   switch (reply.transport()) {
     case v1::LOCAL_TRANSPORT_SHM:
       if (fd < 0) return absl::DataLossError("no memory file attached");
@@ -343,21 +375,41 @@ LocalAttempt LocalFetcher::Fetch(const v1::FetchShardRequest& request,
       return Final(answer);
     }
     const bool leased = reply.transport() != v1::LOCAL_TRANSPORT_NONE;
-    absl::Status unmappable;  // The lent memory could not be mapped.
+    // The lent memory could not be reached (worth a stream).
+    absl::Status unreachable;
     absl::Status copied;
     {
       absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
-      absl::StatusOr<Tensor> view =
-          dtype.ok() ? LentView(reply, attached.fd(), *dtype) : dtype.status();
-      attached = Socket();  // A mapping does not need the descriptor.
-      if (view.ok()) {
-        copied = assembler->CopyFrom(reply.header(), *view);
-        if (copied.ok() && view->device().is_cuda()) copied = AwaitCopies();
-      } else {
-        unmappable = Annotate(view.status(), what);
+      absl::StatusOr<CheckedLayout> layout =
+          !dtype.ok() ? dtype.status()
+          : leased    ? CheckLayout(reply, *dtype)
+                      : absl::StatusOr<CheckedLayout>(CheckedLayout());
+      if (!leased && reply.header().total_bytes() != 0) {
+        layout = absl::DataLossError("no transport for a non-empty shard");
       }
-      // The view (the mapping, the IPC handle) goes here, before "done"
-      // lets the owner free the memory.
+      if (!layout.ok()) unreachable = Annotate(layout.status(), what);
+      auto fill = [&](const Tensor& destination) -> absl::Status {
+        if (!leased) return absl::OkStatus();  // No bytes.
+        if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
+            IsDense(*layout) && destination.device().is_cpu() &&
+            destination.is_contiguous() &&
+            static_cast<int64_t>(destination.nbytes()) ==
+                layout->end_byte - layout->first_byte) {
+          return ReadDenseView(attached.fd(), *layout, destination);
+        }
+        absl::StatusOr<Tensor> view =
+            LentView(reply, attached.fd(), *layout, *dtype);
+        if (!view.ok()) {
+          unreachable = Annotate(view.status(), what);
+          return unreachable;
+        }
+        // The view (the mapping, the IPC handle) goes on return, before
+        // "done" lets the owner free the memory.
+        RETURN_IF_ERROR(CopyInto(*view, destination));
+        return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
+      };
+      if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
+      attached = Socket();
     }
     if (leased) {
       const char done = kLocalDone;
@@ -367,7 +419,7 @@ LocalAttempt LocalFetcher::Fetch(const v1::FetchShardRequest& request,
       }
     }
     if (socket->valid()) ReturnConnection(*std::move(socket));
-    if (!unmappable.ok()) return FallBack(unmappable);
+    if (!unreachable.ok()) return FallBack(unreachable);
     if (copied.ok() || IsFinalAssemblerError(copied) ||
         absl::IsDeadlineExceeded(copied)) {
       return Final(copied);

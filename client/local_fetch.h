@@ -5,9 +5,12 @@
 // When a shard's owner runs on this host, its bytes need not cross the TCP
 // stack: the owner lends the shard's memory (a read-only descriptor of a
 // shared host memory file, or a CUDA IPC handle) and the client copies the
-// requested box straight from it into the destination (CopyBox: any
-// strides, CPU or CUDA), then tells the owner it is done, which ends the
-// owner's lease on the memory. The mapping is gone before "done" is sent.
+// requested box straight from it into the destination, then tells the
+// owner it is done, which ends the owner's lease on the memory. A dense
+// run of a memory file bound for a contiguous host destination is read
+// with pread(2); anything else is mapped (or its IPC handle opened) and
+// copied with CopyBox (any strides, CPU or CUDA). The mapping is gone
+// before "done" is sent.
 //
 // Any failure that is about the path rather than the request (another
 // host, no socket under that name, memory the owner cannot share, a

@@ -400,18 +400,12 @@ absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
   return absl::OkStatus();
 }
 
-absl::Status ShardAssembler::CopyFrom(const v1::ShardHeader& header,
-                                      const Tensor& source) {
+absl::Status ShardAssembler::FillFrom(const v1::ShardHeader& header,
+                                      const Fill& fill) {
   if (metadata_.has_value()) {
     return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
   }
   ASSIGN_OR_RETURN(CheckedHeader checked, CheckHeader(header));
-  if (!source.defined() || source.dtype() != checked.dtype ||
-      source.sizes() != checked.sizes) {
-    return absl::DataLossError(absl::StrCat(
-        "header of ", ShardName(), ": its bytes ", source.DebugString(),
-        " do not match its dtype and sizes"));
-  }
   Tensor destination = destination_;
   if (allocate_.has_value()) {
     ASSIGN_OR_RETURN(
@@ -425,7 +419,7 @@ absl::Status ShardAssembler::CopyFrom(const v1::ShardHeader& header,
         ShardName(), ", which is ", DTypeName(checked.dtype), " [",
         absl::StrJoin(checked.sizes, ", "), "]"));
   }
-  RETURN_IF_ERROR(CopyInto(source, destination));
+  RETURN_IF_ERROR(fill(destination));
   destination_ = std::move(destination);
   total_bytes_ = header.total_bytes();
   received_bytes_ = total_bytes_;

@@ -157,17 +157,18 @@ class ShardAssembler {
   // returns where its bytes go; Verify hashes them there (DATA_LOSS on a
   // mismatch) and advances.
   absl::Status Start(const v1::ShardHeader& header);
-  // Instead of chunks, all bytes at once from `source`, a view holding the
-  // header's elements (the local path's mapping of the owner's memory, on
-  // the CPU or CUDA): the header is checked as by Start, then `source` is
-  // copied into the destination (allocated first when allocating) and the
-  // stream counts as complete (Finish() is not needed). DATA_LOSS when the
-  // header is malformed or `source` does not hold its dtype and sizes;
-  // INVALID_ARGUMENT when the destination does not match; the copy's own
-  // errors otherwise. The assembler is unchanged unless this succeeds
-  // (the destination may then hold part of the bytes), so a failed
-  // attempt can be followed by a stream into the same assembler.
-  absl::Status CopyFrom(const v1::ShardHeader& header, const Tensor& source);
+  // Instead of chunks, all bytes at once (the local path, which reads the
+  // owner's memory where it lies): the header is checked as by Start, then
+  // `fill` writes the header's elements into the destination (allocated
+  // first when allocating; a view of the header's dtype and sizes, of any
+  // strides, on the CPU or CUDA) and the stream counts as complete
+  // (Finish() is not needed). DATA_LOSS when the header is malformed;
+  // INVALID_ARGUMENT when the destination does not match; fill's errors
+  // otherwise. The assembler is unchanged unless this succeeds (the
+  // destination may then hold part of the bytes), so a failed attempt can
+  // be followed by a stream into the same assembler.
+  using Fill = std::function<absl::Status(const Tensor& destination)>;
+  absl::Status FillFrom(const v1::ShardHeader& header, const Fill& fill);
   absl::StatusOr<char*> Place(int64_t offset, int64_t length);
   absl::Status Verify(int64_t offset, int64_t length, uint64_t checksum);
   int64_t received_bytes() const { return received_bytes_; }
@@ -189,7 +190,7 @@ class ShardAssembler {
   using ParsedChunk = internal_shard_client::ParsedChunk;
 
   // A header's fields, checked against the expected region or its own
-  // metadata (the validation of Start and CopyFrom).
+  // metadata (the validation of Start and FillFrom).
   struct CheckedHeader {
     ShardMetadata metadata;
     DType dtype;

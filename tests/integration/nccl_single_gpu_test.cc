@@ -70,7 +70,9 @@ class NcclSingleGpuTest : public ::testing::Test {
 
   void TearDown() override {
     SetDefaultRank(nullptr);
-    if (rank_ != nullptr) EXPECT_OK(rank_->Shutdown());
+    if (rank_ != nullptr) {
+      EXPECT_OK(rank_->Shutdown());
+    }
     rank_.reset();
     if (store_server_ != nullptr) store_server_->Shutdown();
   }

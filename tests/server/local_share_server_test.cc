@@ -678,6 +678,28 @@ TEST_F(LocalPeerTest, WholeShardOverTheLocalPath) {
   EXPECT_EQ(progress, std::vector<int64_t>({expected.numel() * 8}));
 }
 
+TEST_F(LocalPeerTest, RowRangesIntoContiguousDestinations) {
+  // Whole rows of a row-major shard are one run of bytes of the memory
+  // file, read straight into a contiguous host destination; a column range
+  // is not, and is mapped and copied instead. Both give the same bytes.
+  const Tensor expected = PeerExpected(kSharedId);
+  const std::vector<std::vector<int64_t>> boxes[] = {
+      {{0, 0}, {1, 160}},    // the first row
+      {{37, 0}, {29, 160}},  // rows from the middle of a page
+      {{95, 0}, {1, 160}},   // the last row, ending at the file's end
+      {{3, 1}, {50, 159}},   // not whole rows
+  };
+  for (const auto& box : boxes) {
+    ASSERT_OK_AND_ASSIGN(
+        Tensor destination,
+        Tensor::Zeros(box[1], TensorOptions().WithDType(DType::kInt64)));
+    ASSERT_OK(client_->FetchRegionInto(kSharedId, 0, box[0], destination,
+                                       Local(LocalPath::kRequired)));
+    EXPECT_TRUE(Equal(destination, RegionOf(expected, box[0], box[1])))
+        << "offsets " << box[0][0] << "," << box[0][1];
+  }
+}
+
 TEST_F(LocalPeerTest, RegionIntoAStridedDestination) {
   const Tensor expected = PeerExpected(kSharedId);
   const std::vector<int64_t> offsets = {5, 17}, sizes = {40, 70};
