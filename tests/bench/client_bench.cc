@@ -1,0 +1,220 @@
+// The service end to end, as a user's process sees it: 4 real
+// tessera-server daemons on this host (tests/testing/daemon_cluster.h) and
+// the client library in this process. JSON lines:
+//   {"bench":"client_read", "transport":T, "mib":N, ...}   whole tensor
+//       read into a preallocated host tensor, every owner at once; T is
+//       "local" (same-host path), "data_plane" or "grpc"
+//   {"bench":"client_write", "mib":N, ...}                 whole tensor
+//   {"bench":"client_region_latency", "transport":T, "bytes":B, "p50_us",
+//       "p99_us"}  a box of 4 KiB, 64 KiB or 1 MiB inside one shard
+//   {"bench":"client_open_latency", "p50_us", "p99_us"}    Open (metadata)
+// Every read is checked against the bytes written first.
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "tests/bench/bench_util.h"
+#include "tests/testing/daemon_cluster.h"
+
+namespace tessera {
+namespace {
+
+using bench::Gbps;
+using bench::JsonLine;
+using bench::Median;
+using bench::Percentile;
+using bench::PrintJsonLine;
+using bench::Seconds;
+
+struct Config {
+  std::string server = TESSERA_SERVER_PATH;
+  std::vector<int64_t> mib = {64, 256};
+  int reps = 5;
+  int latency_iterations = 2000;
+};
+
+struct Transport {
+  const char* name;
+  bool data_plane;
+  bool local_fast_path;
+};
+constexpr Transport kTransports[] = {
+    {"local", true, true}, {"data_plane", true, false}, {"grpc", false, false}};
+
+constexpr int64_t kColumns = 1024;  // float32: 4 KiB rows
+
+absl::StatusOr<std::shared_ptr<Client>> ConnectWith(
+    const std::string& address, const Transport& transport) {
+  ClientOptions options;
+  options.data_plane = transport.data_plane;
+  options.local_fast_path = transport.local_fast_path;
+  return Client::Connect(address, options);
+}
+
+// A float32 [rows, 1024] tensor cut by rows over every rank, written from
+// a host tensor of distinct values (returned, to check reads against).
+absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
+                                      int64_t mib) {
+  std::vector<std::string> placements;
+  for (int rank = 0; rank < client.world_size(); ++rank) {
+    placements.push_back(absl::StrCat("rank:", rank, "/cpu"));
+  }
+  ASSIGN_OR_RETURN(ChunkShardingSpec spec,
+                   ChunkShardingSpec::Create(0, placements));
+  const int64_t rows = mib * (int64_t{1} << 20) / (kColumns * 4);
+  ASSIGN_OR_RETURN(ShardedTensorView view,
+                   client.Create(name, {rows, kColumns}, spec));
+  ASSIGN_OR_RETURN(Tensor data, Tensor::Empty({rows, kColumns}));
+  float* values = data.data<float>();
+  for (int64_t i = 0; i < data.numel(); ++i) {
+    values[i] = static_cast<float>(i % 1000003);
+  }
+  std::vector<double> seconds;
+  for (int rep = 0; rep < 3; ++rep) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(view.Write({0, 0}, data));
+    seconds.push_back(Seconds(absl::Now() - start));
+  }
+  const double median = Median(seconds);
+  PrintJsonLine(
+      JsonLine{{"bench", "client_write"},
+               {"mib", mib},
+               {"p50_ms", median * 1e3},
+               {"gbps", Gbps(static_cast<double>(data.nbytes()), median)}});
+  return data;
+}
+
+absl::Status MeasureReads(const std::string& address, const std::string& name,
+                          const Tensor& expected, int64_t mib,
+                          const Config& config) {
+  for (const Transport& transport : kTransports) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
+                     ConnectWith(address, transport));
+    ASSIGN_OR_RETURN(ShardedTensorView view, client->Open(name));
+    ASSIGN_OR_RETURN(Tensor destination, Tensor::Empty(expected.sizes()));
+    std::vector<double> seconds;
+    for (int rep = -1; rep < config.reps; ++rep) {  // rep -1 warms up.
+      std::memset(destination.data_ptr(), 0, destination.nbytes());
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(view.ReadRegionInto({0, 0}, destination));
+      if (rep >= 0) seconds.push_back(Seconds(absl::Now() - start));
+      if (std::memcmp(destination.data_ptr(), expected.data_ptr(),
+                      expected.nbytes()) != 0) {
+        return absl::DataLossError(
+            absl::StrCat(transport.name, ": read bytes differ"));
+      }
+    }
+    const double median = Median(seconds);
+    PrintJsonLine(JsonLine{
+        {"bench", "client_read"},
+        {"transport", transport.name},
+        {"mib", mib},
+        {"p50_ms", median * 1e3},
+        {"best_ms", Percentile(seconds, 0) * 1e3},
+        {"gbps", Gbps(static_cast<double>(expected.nbytes()), median)}});
+  }
+  return absl::OkStatus();
+}
+
+// Boxes of `rows` whole rows inside shard 0 of a 16 MiB tensor (1024 rows
+// per shard), at offsets that move from one read to the next.
+absl::Status MeasureLatency(const std::string& address, const Config& config) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> setup,
+                   ConnectWith(address, kTransports[0]));
+  ASSIGN_OR_RETURN(Tensor expected, CreateAndWrite(*setup, "bench_small", 16));
+  const int64_t shard_rows = expected.sizes()[0] / setup->world_size();
+  for (const int64_t rows : {1, 16, 256}) {
+    for (const Transport& transport : kTransports) {
+      ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
+                       ConnectWith(address, transport));
+      ASSIGN_OR_RETURN(ShardedTensorView view, client->Open("bench_small"));
+      ASSIGN_OR_RETURN(Tensor box, Tensor::Empty({rows, kColumns}));
+      std::vector<double> micros;
+      for (int i = -1; i < config.latency_iterations; ++i) {
+        const int64_t r = (int64_t{37} * (i + 1)) % (shard_rows - rows + 1);
+        const absl::Time start = absl::Now();
+        RETURN_IF_ERROR(view.ReadRegionInto({r, 0}, box));
+        if (i >= 0) {
+          micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        }
+        if (std::memcmp(box.data_ptr(), expected.data<float>() + r * kColumns,
+                        box.nbytes()) != 0) {
+          return absl::DataLossError("read bytes differ");
+        }
+      }
+      PrintJsonLine(JsonLine{{"bench", "client_region_latency"},
+                             {"transport", transport.name},
+                             {"bytes", rows * kColumns * 4},
+                             {"p50_us", Percentile(micros, 0.5)},
+                             {"p99_us", Percentile(micros, 0.99)}});
+    }
+  }
+  std::vector<double> micros;
+  for (int i = 0; i < config.latency_iterations; ++i) {
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(ShardedTensorView view, setup->Open("bench_small"));
+    micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  PrintJsonLine(JsonLine{{"bench", "client_open_latency"},
+                         {"p50_us", Percentile(micros, 0.5)},
+                         {"p99_us", Percentile(micros, 0.99)}});
+  return setup->Delete("bench_small");
+}
+
+absl::Status Run(const Config& config) {
+  testing::DaemonClusterOptions options;
+  options.server_path = config.server;
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::DaemonCluster> cluster,
+                   testing::DaemonCluster::Start(options));
+  const std::string address = cluster->address(0);
+  RETURN_IF_ERROR(MeasureLatency(address, config));
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> client, Client::Connect(address));
+  for (int64_t mib : config.mib) {
+    const std::string name = absl::StrCat("bench_", mib, "mib");
+    ASSIGN_OR_RETURN(Tensor expected, CreateAndWrite(*client, name, mib));
+    RETURN_IF_ERROR(MeasureReads(address, name, expected, mib, config));
+    RETURN_IF_ERROR(client->Delete(name));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "The client library against 4 real daemons on this host: reads over "
+      "each transport, writes, small-region and metadata latency");
+  tessera::Config config;
+  bool quick = false;
+  app.add_flag("--quick", quick, "small run for ctest");
+  app.add_option("--server", config.server, "the tessera-server executable")
+      ->capture_default_str();
+  app.add_option("--mib", config.mib, "tensor sizes in MiB")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--reps", config.reps, "reads per size and transport")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (quick) {
+    config.mib = {4};
+    config.reps = 2;
+    config.latency_iterations = 50;
+  }
+  const absl::Status status = tessera::Run(config);
+  if (!status.ok()) {
+    std::cerr << "client_bench: " << status << std::endl;
+    return 1;
+  }
+  return 0;
+}
