@@ -284,6 +284,7 @@ absl::Status ShardedTensorView::ReadRegionInto(
                        overlap.box.shard_sizes()));
         FetchOptions fetch;
         fetch.chunk_bytes = options.chunk_bytes;
+        fetch.local_min_bytes = cluster_->options().local_min_bytes;
         fetch.timeout = deadline - absl::Now();
         fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
         return Annotate(worker->shards->FetchRegionInto(

@@ -66,6 +66,9 @@ struct ClientOptions {
   // path (docs/data_plane.md, "The local path"), falling back to the
   // streams above when it cannot be taken.
   bool local_fast_path = true;
+  // Boxes smaller than this take the stream even so (see
+  // kLocalPathMinBytes, client/shard_client.h).
+  int64_t local_min_bytes = kLocalPathMinBytes;
 };
 
 // Called as bytes arrive or leave: (bytes done, bytes in all). Calls are

@@ -663,8 +663,12 @@ absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
                                 ShardAssembler* assembler) const {
   assembler->set_on_chunk(options.on_chunk);
   const bool required = options.local_path == LocalPath::kRequired;
+  const Tensor& destination = assembler->destination();
+  const bool small =
+      destination.defined() &&
+      static_cast<int64_t>(destination.nbytes()) < options.local_min_bytes;
   if (options.local_path == LocalPath::kOff ||
-      (!required && (local_ == nullptr || !local_->same_host()))) {
+      (!required && (local_ == nullptr || !local_->same_host() || small))) {
     return FetchStream(request, options, assembler);
   }
   const absl::Time deadline = absl::Now() + options.timeout;

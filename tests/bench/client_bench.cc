@@ -3,7 +3,7 @@
 // the client library in this process. JSON lines:
 //   {"bench":"client_read", "transport":T, "mib":N, ...}   whole tensor
 //       read into a preallocated host tensor, every owner at once; T is
-//       "local" (same-host path), "data_plane" or "grpc"
+//       "local" (same-host path, whatever the size), "data_plane" or "grpc"
 //   {"bench":"client_write", "mib":N, ...}                 whole tensor
 //   {"bench":"client_region_latency", "transport":T, "bytes":B, "p50_us",
 //       "p99_us"}  a box of 4 KiB, 64 KiB or 1 MiB inside one shard
@@ -57,6 +57,8 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectWith(
   ClientOptions options;
   options.data_plane = transport.data_plane;
   options.local_fast_path = transport.local_fast_path;
+  // "local" means the local path for every size, small boxes included.
+  if (transport.local_fast_path) options.local_min_bytes = 0;
   return Client::Connect(address, options);
 }
 

@@ -609,6 +609,7 @@ Tensor RegionOf(const Tensor& tensor, const std::vector<int64_t>& offsets,
 FetchOptions Local(LocalPath path) {
   FetchOptions options;
   options.local_path = path;
+  options.local_min_bytes = 0;  // The test shards are small.
   options.timeout = kWait;
   return options;
 }
@@ -784,6 +785,26 @@ TEST_F(LocalPeerTest, UnreachableOrForeignAddressesFallBack) {
       plain->FetchShard(kSharedId, 0, Local(LocalPath::kRequired)).status(),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                HasSubstr("no local address")));
+}
+
+TEST_F(LocalPeerTest, SmallDestinationsTakeTheStreamUnderAuto) {
+  // The stream reaches nothing here, so which path a fetch took shows.
+  const auto client =
+      ShardClient::Create(kNoGrpc, "127.0.0.1:1", local_address_);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor box,
+      Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kInt64)));
+  FetchOptions options = Local(LocalPath::kAuto);
+  options.local_min_bytes = kLocalPathMinBytes;  // The default.
+  EXPECT_THAT(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+  // At the threshold, and for an allocating fetch (size unknown), the
+  // local path is taken.
+  options.local_min_bytes = static_cast<int64_t>(box.nbytes());
+  EXPECT_OK(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options));
+  EXPECT_TRUE(Equal(box, RegionOf(PeerExpected(kSharedId), {3, 4}, {10, 10})));
+  options.local_min_bytes = kLocalPathMinBytes;
+  EXPECT_OK(client->FetchShard(kSharedId, 0, options).status());
 }
 
 TEST_F(LocalPeerTest, TheOwnersVerdictIsNotMaskedByAFallback) {
