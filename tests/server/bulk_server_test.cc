@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "server/shard_registry.h"
 #include "server/shard_service.h"
+#include "tests/testing/local_shard.h"
 #include "tests/testing/status_matchers.h"
 #include "xxhash.h"
 
@@ -71,28 +72,6 @@ std::string RowMajorBytes(const Tensor& tensor) {
   EXPECT_OK(contiguous.status());
   return std::string(static_cast<const char*>(contiguous->data_ptr()),
                      contiguous->nbytes());
-}
-
-// `tensor` as shard `index` of a tensor cut along dim 0 into `num_shards`
-// shards of its shape, shard i on rank i; only shard `index` is local.
-std::shared_ptr<RegisteredTensor> AsShard(const Tensor& tensor, int64_t index,
-                                          int num_shards) {
-  auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
-  metadata.tensor_properties.dtype = tensor.dtype();
-  metadata.size = tensor.sizes();
-  metadata.size[0] *= num_shards;
-  for (int rank = 0; rank < num_shards; ++rank) {
-    std::vector<int64_t> offsets(tensor.dim(), 0);
-    offsets[0] = rank * tensor.sizes()[0];
-    absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
-        offsets, tensor.sizes(), RemoteDevice::ForRank(rank, Device::Cpu()));
-    EXPECT_OK(shard.status());
-    metadata.shards_metadata.push_back(*shard);
-  }
-  registered->local_shards.push_back(
-      LocalShard{index, Shard{tensor, metadata.shards_metadata[index]}});
-  return registered;
 }
 
 FetchOptions Chunked(int64_t chunk_bytes,
@@ -226,7 +205,8 @@ class BulkServerTest : public ::testing::Test {
   // Registers `tensor` as shard `index` of `num_shards` of `id`.
   Tensor Serve(const std::string& id, Tensor tensor, int64_t index = 1,
                int num_shards = 3) {
-    EXPECT_OK(registry_->Register(id, AsShard(tensor, index, num_shards)));
+    EXPECT_OK(registry_->Register(
+        id, testing::AsLocalShard(tensor, index, num_shards)));
     return tensor;
   }
 
@@ -740,8 +720,8 @@ class MisbehavingPeerTest : public ::testing::Test {
   v1::BulkFetchReply Reply() const {
     v1::BulkFetchReply reply;
     v1::ShardHeader* header = reply.mutable_header();
-    *header->mutable_metadata() =
-        ToProto(AsShard(source_, 0, 1)->metadata.shards_metadata[0]);
+    *header->mutable_metadata() = ToProto(
+        testing::AsLocalShard(source_, 0, 1)->metadata.shards_metadata[0]);
     header->set_dtype(ToProto(DType::kInt64));
     header->add_sizes(2);
     header->set_total_bytes(16);

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "server/shard_registry.h"
 #include "server/shard_service.h"
+#include "tests/testing/local_shard.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -568,21 +569,8 @@ TEST(HostChunkSourceTest, EmptyAndInvalidTensors) {
 
 // `tensor` as the only local shard (index 1 of 3, cut along dim 0) of "t".
 std::shared_ptr<ShardRegistry> RegistryWith(const Tensor& tensor) {
-  auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
-  metadata.tensor_properties.dtype = tensor.dtype();
-  metadata.size = tensor.sizes();
-  metadata.size[0] *= 3;
-  for (int rank = 0; rank < 3; ++rank) {
-    std::vector<int64_t> offsets(tensor.dim(), 0);
-    offsets[0] = rank * tensor.sizes()[0];
-    absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
-        offsets, tensor.sizes(), RemoteDevice::ForRank(rank, Device::Cpu()));
-    EXPECT_OK(shard.status());
-    metadata.shards_metadata.push_back(*shard);
-  }
-  registered->local_shards.push_back(
-      LocalShard{1, Shard{tensor, metadata.shards_metadata[1]}});
+  std::shared_ptr<RegisteredTensor> registered =
+      testing::AsLocalShard(tensor, 1, 3);
   auto registry = std::make_shared<ShardRegistry>();
   EXPECT_OK(registry->Register("t", registered));
   return registry;

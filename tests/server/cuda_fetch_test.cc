@@ -24,6 +24,7 @@
 #include "server/bulk_server.h"
 #include "server/shard_registry.h"
 #include "server/shard_service.h"
+#include "tests/testing/local_shard.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -66,26 +67,6 @@ std::string Bytes(const Tensor& tensor) {
   if (!host.ok()) return "";
   return std::string(static_cast<const char*>(host->data_ptr()),
                      host->nbytes());
-}
-
-// `tensor` as shard 1 of 3 (cut along dim 0), the only local one.
-std::shared_ptr<RegisteredTensor> AsShard(const Tensor& tensor) {
-  auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
-  metadata.tensor_properties.dtype = tensor.dtype();
-  metadata.size = tensor.sizes();
-  metadata.size[0] *= 3;
-  for (int rank = 0; rank < 3; ++rank) {
-    std::vector<int64_t> offsets(tensor.dim(), 0);
-    offsets[0] = rank * tensor.sizes()[0];
-    absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
-        offsets, tensor.sizes(), RemoteDevice::ForRank(rank, Device::Cuda(0)));
-    EXPECT_OK(shard.status());
-    metadata.shards_metadata.push_back(*shard);
-  }
-  registered->local_shards.push_back(
-      LocalShard{1, Shard{tensor, metadata.shards_metadata[1]}});
-  return registered;
 }
 
 FetchOptions Options(int64_t chunk_bytes,
@@ -144,7 +125,7 @@ class CudaFetchTest : public ::testing::TestWithParam<Transport> {
 
   // Registers `tensor` (a CUDA tensor, any strides) as shard 1 of `id`.
   void Serve(const std::string& id, const Tensor& tensor) {
-    ASSERT_OK(registry_->Register(id, AsShard(tensor)));
+    ASSERT_OK(registry_->Register(id, testing::AsLocalShard(tensor, 1, 3)));
   }
 
   // A CUDA copy of `host`.
