@@ -70,21 +70,16 @@ void BulkServer::Serve(ConnectionServer::Connection& connection) {
   if (status.ok() && absl::string_view(magic, sizeof(magic)) != kBulkMagic) {
     status = absl::InvalidArgumentError("not a Tessera data-plane client");
   }
-  while (status.ok()) {
-    absl::StatusOr<std::string> frame =
-        ReadFrame(fd, absl::Now() + options_.idle_timeout);
-    if (!frame.ok()) break;
-    if (!connection.BeginRequest()) {
-      // Shutdown began after the request left the client: refuse it the way
-      // a stopped gRPC server would.
-      SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
-          .IgnoreError();
-      break;
-    }
-    status = Answer(fd, *frame);
-    // Once drained: no more requests on this connection.
-    if (!connection.EndRequest()) break;
-  }
+  if (!status.ok()) return;
+  connection.ServeRequests(
+      [&] { return ReadFrame(fd, absl::Now() + options_.idle_timeout); },
+      [&] {
+        // Shutdown began after the request left the client: refuse it the
+        // way a stopped gRPC server would.
+        SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
+            .IgnoreError();
+      },
+      [&](const std::string& frame) { return Answer(fd, frame).ok(); });
 }
 
 absl::Status BulkServer::Answer(int fd, const std::string& frame) {

@@ -28,6 +28,23 @@ bool ConnectionServer::Connection::EndRequest() {
   return !server_->stopping_;
 }
 
+bool ConnectionServer::Connection::ServeRequests(
+    const std::function<absl::StatusOr<std::string>()>& next,
+    const std::function<void()>& refuse,
+    const std::function<bool(const std::string& request)>& answer) {
+  while (true) {
+    const absl::StatusOr<std::string> request = next();
+    if (!request.ok()) return false;
+    if (!BeginRequest()) {
+      refuse();
+      return true;
+    }
+    const bool open = answer(*request);
+    if (!EndRequest()) return true;
+    if (!open) return false;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ConnectionServer>> ConnectionServer::Start(
     Socket listener, int max_connections, Handler handler) {
   // Non-blocking, so that a client that gave up between poll and accept

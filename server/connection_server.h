@@ -4,13 +4,12 @@
 //
 // It owns a listening socket (TCP or Unix, any kind accept(2) takes), one
 // accept thread and one thread per connection, which runs the owner's
-// handler with that connection. The handler serves requests one after
-// another and brackets each with BeginRequest/EndRequest, so that Shutdown
-// can tell idle connections (closed at once) from busy ones (given a grace
-// to finish). At most `max_connections` are open at once; more are closed
-// as soon as they are accepted. Accepted sockets are non-blocking and
-// close-on-exec: handlers do bounded I/O with deadlines (socket_io.h,
-// local_socket.h).
+// handler with that connection. The handler serves requests through
+// Connection::ServeRequests, which tells Shutdown idle connections (closed
+// at once) from busy ones (given a grace to finish). At most `max_connections`
+// are open at once; more are closed as soon as they are accepted. Accepted
+// sockets are non-blocking and close-on-exec: handlers do bounded I/O with
+// deadlines (socket_io.h, local_socket.h).
 //
 // Thread-safety: Start/Shutdown from one owner thread; Connection's
 // methods from its handler's thread. The handler may run until Shutdown
@@ -20,7 +19,7 @@
 // Shutdown(grace) (idempotent; also run by the destructor, with no grace):
 // stops accepting and closes the listener (new clients are refused at
 // once), interrupts idle connections, waits up to `grace` for the busy
-// ones to end their request (BeginRequest refuses new ones meanwhile),
+// ones to end their request (new requests are refused meanwhile),
 // then interrupts every connection left and joins all threads.
 #ifndef TESSERA_SERVER_CONNECTION_SERVER_H_
 #define TESSERA_SERVER_CONNECTION_SERVER_H_
@@ -30,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -47,15 +47,25 @@ class ConnectionServer {
   class Connection {
    public:
     int fd() const { return fd_; }
-    // Marks the connection busy with a request. False once Shutdown has
-    // begun: the handler then refuses the request and returns.
-    bool BeginRequest();
-    // Ends the request BeginRequest began. False once Shutdown has begun:
-    // the handler serves no more requests and returns.
-    bool EndRequest();
+    // Serves the connection's requests one after another. `next` reads a
+    // request; an error (the client closed, went idle too long or broke
+    // the protocol) ends the loop. Once Shutdown has begun, a request read
+    // is given to `refuse` instead and the loop ends. Otherwise `answer`
+    // answers it, counted busy meanwhile (Shutdown's grace covers it), and
+    // says whether the connection stays open; the loop also ends when
+    // Shutdown began during the answer. Returns true when Shutdown ended
+    // the loop.
+    bool ServeRequests(
+        const std::function<absl::StatusOr<std::string>()>& next,
+        const std::function<void()>& refuse,
+        const std::function<bool(const std::string& request)>& answer);
 
    private:
     friend class ConnectionServer;
+    // Marks the connection busy; false once Shutdown has begun.
+    bool BeginRequest();
+    // Ends what BeginRequest began; false once Shutdown has begun.
+    bool EndRequest();
     Connection(ConnectionServer* server, uint64_t id, int fd)
         : server_(server), id_(id), fd_(fd) {}
     ConnectionServer* const server_;

@@ -105,39 +105,36 @@ void LocalShareServer::Serve(ConnectionServer::Connection& connection) {
   const int fd = connection.fd();
   absl::StatusOr<std::string> magic =
       ReceiveLocalMessage(fd, absl::Now() + options_.io_timeout);
-  bool open = magic.ok() && *magic == kLocalMagic;
+  if (!magic.ok() || *magic != kLocalMagic) return;
   // CUDA IPC handles give write access to device memory: only processes of
   // this user get them (memory files are lent read-only to anyone who can
   // reach the socket, the same bytes the data plane would send).
   const absl::StatusOr<uid_t> peer = PeerUid(fd);
   const bool same_user = peer.ok() && *peer == geteuid();
-  while (open) {
-    absl::StatusOr<std::string> message =
-        ReceiveLocalMessage(fd, absl::Now() + options_.idle_timeout);
-    if (!message.ok()) break;
-    if (!connection.BeginRequest()) {
-      // Shutdown began after the request left the client: refuse it the way
-      // a stopped shard server would; the client's stream attempt then
-      // hears the same.
-      SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
-          .IgnoreError();
-      break;
-    }
-    absl::StatusOr<std::shared_ptr<const FetchView>> lent =
-        Answer(fd, *message, same_user);
-    open = lent.ok();
-    if (open && *lent != nullptr) {
-      absl::StatusOr<std::string> done =
-          ReceiveLocalMessage(fd, absl::Now() + options_.lease_timeout);
-      // Anything but "done" (a close, a timeout, another message) ends the
-      // connection; the lease ends either way.
-      open = done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
-      lent->reset();
-      active_leases_.fetch_sub(1);
-    }
-    // Once drained: no more requests on this connection.
-    if (!connection.EndRequest()) break;
-  }
+  connection.ServeRequests(
+      [&] {
+        return ReceiveLocalMessage(fd, absl::Now() + options_.idle_timeout);
+      },
+      [&] {
+        // Shutdown began after the request left the client: refuse it the
+        // way a stopped shard server would; the client's stream attempt
+        // then hears the same.
+        SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
+            .IgnoreError();
+      },
+      [&](const std::string& message) {
+        absl::StatusOr<std::shared_ptr<const FetchView>> lent =
+            Answer(fd, message, same_user);
+        if (!lent.ok()) return false;
+        if (*lent == nullptr) return true;
+        absl::StatusOr<std::string> done =
+            ReceiveLocalMessage(fd, absl::Now() + options_.lease_timeout);
+        // Anything but "done" (a close, a timeout, another message) ends
+        // the connection; the lease ends either way.
+        lent->reset();
+        active_leases_.fetch_sub(1);
+        return done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
+      });
 }
 
 absl::StatusOr<std::shared_ptr<const FetchView>> LocalShareServer::Answer(

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/socket_io.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -58,47 +59,47 @@ class EchoServer {
 
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   ConnectionServer& server() { return *server_; }
-  // Requests that began (BeginRequest true), refused (false) and ended
-  // with EndRequest false.
+  // Requests answered (begun), and refused because Shutdown had begun;
+  // connections whose requests Shutdown ended.
   int begun() const { return begun_.load(); }
   int refused() const { return refused_.load(); }
-  int ended_stopping() const { return ended_stopping_.load(); }
+  int stopped() const { return stopped_.load(); }
   absl::Notification& in_request() { return in_request_; }
   absl::Notification& read_one() { return read_one_; }
 
  private:
   void Serve(ConnectionServer::Connection& connection) {
-    while (true) {
-      char byte = 0;
-      if (!ReadFull(connection.fd(), &byte, 1, absl::Now() + kWait).ok()) {
-        return;
-      }
-      if (!read_one_.HasBeenNotified()) read_one_.Notify();
-      if (options_.before_begin != nullptr) {
-        options_.before_begin->WaitForNotificationWithTimeout(kWait);
-      }
-      if (!connection.BeginRequest()) {
-        refused_.fetch_add(1);
-        const char no = '!';
-        WriteFull(connection.fd(), &no, 1, absl::Now() + kWait).IgnoreError();
-        return;
-      }
-      begun_.fetch_add(1);
-      if (!in_request_.HasBeenNotified()) in_request_.Notify();
-      if (options_.gate != nullptr) {
-        options_.gate->WaitForNotificationWithTimeout(kWait);
-      }
-      if (options_.two_bytes &&
-          !ReadFull(connection.fd(), &byte, 1, absl::Now() + kWait).ok()) {
-        connection.EndRequest();
-        return;
-      }
-      WriteFull(connection.fd(), &byte, 1, absl::Now() + kWait).IgnoreError();
-      if (!connection.EndRequest()) {
-        ended_stopping_.fetch_add(1);
-        return;
-      }
-    }
+    const int fd = connection.fd();
+    char byte = 0;
+    const bool stopped = connection.ServeRequests(
+        [&]() -> absl::StatusOr<std::string> {
+          RETURN_IF_ERROR(ReadFull(fd, &byte, 1, absl::Now() + kWait));
+          if (!read_one_.HasBeenNotified()) read_one_.Notify();
+          if (options_.before_begin != nullptr) {
+            options_.before_begin->WaitForNotificationWithTimeout(kWait);
+          }
+          return std::string(1, byte);
+        },
+        [&] {
+          refused_.fetch_add(1);
+          const char no = '!';
+          WriteFull(fd, &no, 1, absl::Now() + kWait).IgnoreError();
+        },
+        [&](const std::string& request) {
+          begun_.fetch_add(1);
+          if (!in_request_.HasBeenNotified()) in_request_.Notify();
+          if (options_.gate != nullptr) {
+            options_.gate->WaitForNotificationWithTimeout(kWait);
+          }
+          char reply = request[0];
+          if (options_.two_bytes &&
+              !ReadFull(fd, &reply, 1, absl::Now() + kWait).ok()) {
+            return false;
+          }
+          WriteFull(fd, &reply, 1, absl::Now() + kWait).IgnoreError();
+          return true;
+        });
+    if (stopped) stopped_.fetch_add(1);
   }
 
   const EchoOptions options_;
@@ -106,7 +107,7 @@ class EchoServer {
   absl::Notification read_one_;
   std::atomic<int> begun_{0};
   std::atomic<int> refused_{0};
-  std::atomic<int> ended_stopping_{0};
+  std::atomic<int> stopped_{0};
   int port_ = 0;
   std::unique_ptr<ConnectionServer> server_;
 };
@@ -210,8 +211,8 @@ TEST(ConnectionServerTest, ShutdownLetsABusyRequestFinishWithinTheGrace) {
   stopper.join();
   ASSERT_OK(back.status());
   EXPECT_EQ(*back, 'q');
-  // EndRequest said the server was stopping; the handler served no more.
-  EXPECT_EQ(server.ended_stopping(), 1);
+  // The request ended the loop: the server was stopping.
+  EXPECT_EQ(server.stopped(), 1);
   EXPECT_EQ(server.refused(), 0);
 }
 
@@ -254,6 +255,7 @@ TEST(ConnectionServerTest, ARequestArrivingDuringShutdownIsRefused) {
   stopper.join();
   EXPECT_EQ(server.refused(), 1);
   EXPECT_EQ(server.begun(), 0);
+  EXPECT_EQ(server.stopped(), 1);
 }
 
 TEST(ConnectionServerTest, ShutdownIsIdempotentAndRunsInTheDestructor) {
