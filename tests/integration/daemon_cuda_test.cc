@@ -6,7 +6,6 @@
 // servers and data planes. Skips without a CUDA device.
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -24,6 +24,8 @@ namespace {
 
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::ExpectIotaBox;
+using ::tessera::testing::Iota;
 using ::tessera::testing::IsOk;
 using ::testing::HasSubstr;
 
@@ -52,27 +54,6 @@ ShardingSpec ColumnSpec() {
     placements.push_back(absl::StrCat("rank:", r, "/", DeviceText(r)));
   }
   return *ChunkShardingSpec::Create(1, placements);
-}
-
-// rows x cols float32 holding its row-major index (exact in float32).
-Tensor Iota(int64_t rows, int64_t cols) {
-  std::vector<float> values(rows * cols);
-  std::iota(values.begin(), values.end(), 0.0f);
-  return *Tensor::FromVector<float>(values, {rows, cols});
-}
-
-// `t` (on any device) is the box at (r0, c0) of Iota(*, cols_all).
-void ExpectIotaBox(const Tensor& t, int64_t r0, int64_t c0, int64_t cols_all) {
-  ASSERT_EQ(t.dim(), 2);
-  ASSERT_OK_AND_ASSIGN(Tensor host, t.To(Device::Cpu()));
-  const float* v = host.data<float>();
-  for (int64_t r = 0; r < host.sizes()[0]; ++r) {
-    for (int64_t c = 0; c < host.sizes()[1]; ++c) {
-      ASSERT_EQ(v[r * host.sizes()[1] + c],
-                static_cast<float>((r0 + r) * cols_all + c0 + c))
-          << "at " << r << ", " << c;
-    }
-  }
 }
 
 class DaemonCudaTest : public ::testing::Test {

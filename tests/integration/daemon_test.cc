@@ -15,7 +15,6 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <set>
 #include <string>
 #include <thread>
@@ -34,6 +33,7 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -41,6 +41,8 @@ namespace {
 
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::ExpectIotaBox;
+using ::tessera::testing::Iota;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 using ::testing::AnyOf;
@@ -72,28 +74,6 @@ ShardingSpec ColumnSpec() {
     placements.push_back(absl::StrCat("rank:", r, "/cpu"));
   }
   return *ChunkShardingSpec::Create(1, placements);
-}
-
-// rows x cols float32 holding its row-major index.
-Tensor Iota(int64_t rows, int64_t cols) {
-  std::vector<float> values(rows * cols);
-  std::iota(values.begin(), values.end(), 0.0f);
-  return *Tensor::FromVector<float>(values, {rows, cols});
-}
-
-// Checks that `t` is the box [r0, r0+rows) x [c0, c0+cols) of Iota(*,
-// cols_all).
-void ExpectIotaBox(const Tensor& t, int64_t r0, int64_t c0, int64_t cols_all) {
-  ASSERT_EQ(t.dim(), 2);
-  ASSERT_TRUE(t.is_contiguous());
-  const float* v = t.data<float>();
-  for (int64_t r = 0; r < t.sizes()[0]; ++r) {
-    for (int64_t c = 0; c < t.sizes()[1]; ++c) {
-      ASSERT_EQ(v[r * t.sizes()[1] + c],
-                static_cast<float>((r0 + r) * cols_all + c0 + c))
-          << "at " << r << ", " << c;
-    }
-  }
 }
 
 std::vector<std::string> Names(const std::vector<ShardedTensorView>& views) {
