@@ -380,11 +380,13 @@ LocalAttempt LocalFetcher::Fetch(const v1::FetchShardRequest& request,
     absl::Status copied;
     {
       absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
-      absl::StatusOr<CheckedLayout> layout =
-          !dtype.ok() ? dtype.status()
-          : leased    ? CheckLayout(reply, *dtype)
-                      : absl::StatusOr<CheckedLayout>(CheckedLayout());
-      if (!leased && reply.header().total_bytes() != 0) {
+      // Nothing lent: nothing to copy, unless the header says otherwise.
+      absl::StatusOr<CheckedLayout> layout = CheckedLayout();
+      if (!dtype.ok()) {
+        layout = dtype.status();
+      } else if (leased) {
+        layout = CheckLayout(reply, *dtype);
+      } else if (reply.header().total_bytes() != 0) {
         layout = absl::DataLossError("no transport for a non-empty shard");
       }
       if (!layout.ok()) unreachable = Annotate(layout.status(), what);
