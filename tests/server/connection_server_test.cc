@@ -24,6 +24,22 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 
+// A notification any number of threads may signal (absl::Notification
+// aborts on a second Notify).
+class FirstTime {
+ public:
+  void Notify() {
+    if (!notified_.exchange(true)) notification_.Notify();
+  }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
+    return notification_.WaitForNotificationWithTimeout(timeout);
+  }
+
+ private:
+  std::atomic<bool> notified_{false};
+  absl::Notification notification_;
+};
+
 // How an EchoServer's requests behave.
 struct EchoOptions {
   int max_connections = 8;
@@ -64,8 +80,9 @@ class EchoServer {
   int begun() const { return begun_.load(); }
   int refused() const { return refused_.load(); }
   int stopped() const { return stopped_.load(); }
-  absl::Notification& in_request() { return in_request_; }
-  absl::Notification& read_one() { return read_one_; }
+  // Once the first request began, or was read.
+  FirstTime& in_request() { return in_request_; }
+  FirstTime& read_one() { return read_one_; }
 
  private:
   void Serve(ConnectionServer::Connection& connection) {
@@ -74,7 +91,7 @@ class EchoServer {
     const bool stopped = connection.ServeRequests(
         [&]() -> absl::StatusOr<std::string> {
           RETURN_IF_ERROR(ReadFull(fd, &byte, 1, absl::Now() + kWait));
-          if (!read_one_.HasBeenNotified()) read_one_.Notify();
+          read_one_.Notify();
           if (options_.before_begin != nullptr) {
             options_.before_begin->WaitForNotificationWithTimeout(kWait);
           }
@@ -87,7 +104,7 @@ class EchoServer {
         },
         [&](const std::string& request) {
           begun_.fetch_add(1);
-          if (!in_request_.HasBeenNotified()) in_request_.Notify();
+          in_request_.Notify();
           if (options_.gate != nullptr) {
             options_.gate->WaitForNotificationWithTimeout(kWait);
           }
@@ -103,8 +120,8 @@ class EchoServer {
   }
 
   const EchoOptions options_;
-  absl::Notification in_request_;
-  absl::Notification read_one_;
+  FirstTime in_request_;
+  FirstTime read_one_;
   std::atomic<int> begun_{0};
   std::atomic<int> refused_{0};
   std::atomic<int> stopped_{0};
