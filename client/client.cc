@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/grpc_status.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
@@ -15,6 +14,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/grpc_status.h"
 
 namespace tessera {
 namespace internal_client {
@@ -72,7 +72,7 @@ class Cluster {
       connection->shards = std::make_shared<ShardClient>(
           connection->channel,
           options.data_plane ? worker.data_address() : std::string(),
-          options.local_fast_path ? worker.local_address() : std::string());
+          options.use_local_path ? worker.local_address() : std::string());
       cluster->workers_.push_back(std::move(connection));
     }
     return cluster;
@@ -227,9 +227,9 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
       worker.name = (*connection)->address.name();
       worker.address = (*connection)->address.address();
       if (cluster_->options().data_plane) {
-        worker.bulk_address = (*connection)->address.data_address();
+        worker.data_plane_address = (*connection)->address.data_address();
       }
-      if (cluster_->options().local_fast_path) {
+      if (cluster_->options().use_local_path) {
         worker.local_address = (*connection)->address.local_address();
       }
       client = (*connection)->shards;
@@ -264,34 +264,21 @@ absl::Status ShardedTensorView::ReadRegionInto(
   const std::vector<int64_t>& sizes = destination.sizes();
   RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
                                  absl::StrCat("tensor ", name()), "tensor"));
-  ASSIGN_OR_RETURN(
-      const ShardMetadata region,
-      ShardMetadata::Create({offsets.begin(), offsets.end()}, sizes));
-  const std::vector<RegionOverlap> overlaps =
-      Overlaps(metadata_.shards_metadata, region);
   const absl::Time deadline = absl::Now() + options.timeout;
   ProgressCounter progress(RegionBytes(sizes, dtype()), options.progress);
-  RETURN_IF_ERROR(RunInParallel(
-      overlaps.size(), options.parallelism, [&](size_t k) -> absl::Status {
-        const RegionOverlap& overlap = overlaps[k];
-        const ShardMetadata& shard = metadata_.shards_metadata[overlap.shard];
-        const int owner = owner_rank(overlap.shard);
+  RETURN_IF_ERROR(ForEachRegionPiece(
+      metadata_.shards_metadata, offsets, destination, options.parallelism,
+      [&](const RegionPiece& piece) -> absl::Status {
+        const int owner = owner_rank(piece.shard);
         ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
-        ASSIGN_OR_RETURN(
-            Tensor view,
-            RegionView(destination,
-                       OffsetsWithin(overlap.box.shard_offsets(), offsets),
-                       overlap.box.shard_sizes()));
         FetchOptions fetch;
         fetch.chunk_bytes = options.chunk_bytes;
         fetch.local_min_bytes = cluster_->options().local_min_bytes;
         fetch.timeout = deadline - absl::Now();
         fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
         return Annotate(worker->shards->FetchRegionInto(
-                            tensor_id(), static_cast<int64_t>(overlap.shard),
-                            OffsetsWithin(overlap.box.shard_offsets(),
-                                          shard.shard_offsets()),
-                            view, fetch),
+                            tensor_id(), static_cast<int64_t>(piece.shard),
+                            piece.offsets_in_shard, piece.view, fetch),
                         absl::StrCat(what, " from rank ", owner, " (",
                                      worker->address.address(), ")"));
       }));
@@ -312,34 +299,25 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
   RETURN_IF_ERROR(CheckDType(data, dtype(), what));
   RETURN_IF_ERROR(ValidateRegion(offsets, data.sizes(), metadata_.size,
                                  absl::StrCat("tensor ", name()), "tensor"));
-  ASSIGN_OR_RETURN(
-      const ShardMetadata region,
-      ShardMetadata::Create({offsets.begin(), offsets.end()}, data.sizes()));
-  const std::vector<RegionOverlap> overlaps =
-      Overlaps(metadata_.shards_metadata, region);
   RegionWriteOptions write;
   write.chunk_bytes = options.chunk_bytes;
   write.deadline = absl::Now() + options.timeout;
   ProgressCounter progress(RegionBytes(data.sizes(), dtype()),
                            options.progress);
   write.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
-  RETURN_IF_ERROR(RunInParallel(
-      overlaps.size(), options.parallelism, [&](size_t k) -> absl::Status {
-        const RegionOverlap& overlap = overlaps[k];
-        const int owner = owner_rank(overlap.shard);
+  RETURN_IF_ERROR(ForEachRegionPiece(
+      metadata_.shards_metadata, offsets, data, options.parallelism,
+      [&](const RegionPiece& piece) -> absl::Status {
+        const int owner = owner_rank(piece.shard);
         ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
-        ASSIGN_OR_RETURN(
-            Tensor part,
-            RegionView(data,
-                       OffsetsWithin(overlap.box.shard_offsets(), offsets),
-                       overlap.box.shard_sizes()));
         // Each owner gets only what its shard holds, pinned to this view's
         // tensor id, so it writes locally and never into a new layout.
-        return Annotate(WriteRegion(*worker->control, name(), tensor_id(),
-                                    overlap.box.shard_offsets(), part, write)
-                            .status(),
-                        absl::StrCat(what, " on rank ", owner, " (",
-                                     worker->address.address(), ")"));
+        return Annotate(
+            WriteRegion(*worker->control, name(), tensor_id(),
+                        piece.box->shard_offsets(), piece.view, write)
+                .status(),
+            absl::StrCat(what, " on rank ", owner, " (",
+                         worker->address.address(), ")"));
       }));
   progress.Finish();
   return absl::OkStatus();

@@ -45,7 +45,7 @@
 #include "common/dtype.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/sharding_spec.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "tessera/v1/control.pb.h"
 
 namespace tessera {
@@ -62,10 +62,10 @@ struct ClientOptions {
   // Fetch shard bytes over the daemons' raw-TCP data plane when they have
   // one (docs/data_plane.md); otherwise over gRPC streams.
   bool data_plane = true;
-  // Read the shards of daemons on this host through their same-host fast
+  // Read the shards of daemons on this host through their local
   // path (docs/data_plane.md, "The local path"), falling back to the
   // streams above when it cannot be taken.
-  bool local_fast_path = true;
+  bool use_local_path = true;
   // Boxes smaller than this take the stream even so (see
   // kLocalPathMinBytes, client/shard_client.h).
   int64_t local_min_bytes = kLocalPathMinBytes;

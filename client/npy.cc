@@ -16,6 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "io/errno.h"
+#include "io/file.h"
+#include "io/unique_fd.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "client/npy.cc assumes a little-endian host"
@@ -336,75 +339,6 @@ absl::Status CheckBoolBytes(const Tensor& tensor) {
   return absl::OkStatus();
 }
 
-absl::Status ErrnoError(int error, absl::string_view what,
-                        const std::string& path) {
-  std::string message =
-      absl::StrCat("cannot ", what, " '", path, "': ", std::strerror(error));
-  switch (error) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-// Reads up to `size` bytes; fewer only at the end of the file.
-absl::StatusOr<size_t> ReadFully(int fd, void* buffer, size_t size,
-                                 const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n =
-        ::read(fd, static_cast<char*>(buffer) + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "read", path);
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return done;
-}
-
-absl::Status WriteFully(int fd, const void* buffer, size_t size,
-                        const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n =
-        ::write(fd, static_cast<const char*>(buffer) + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "write", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-  // Closes now, reporting the error close() gives (deferred write errors).
-  int Close() {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result;
-  }
-
- private:
-  int fd_;
-};
-
 absl::StatusOr<Tensor> HostContiguous(const Tensor& tensor) {
   if (!tensor.defined()) {
     return absl::InvalidArgumentError("cannot save an undefined tensor");
@@ -519,27 +453,29 @@ absl::StatusOr<std::string> EncodeNpy(const Tensor& tensor) {
 }
 
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoError(errno, "read", path);
+  const std::string what = absl::StrCat("cannot read '", path, "'");
+  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
+  if (!fd.ok()) return Annotate(fd.status(), what);
   struct stat info;
-  if (::fstat(fd.get(), &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (::fstat(fd->get(), &info) == 0 && S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", path, "' is a directory, not a .npy file"));
   }
   // The preamble, then the header it announces.
   std::string prefix(kMagicSize + 2 + 4, '\0');
-  ASSIGN_OR_RETURN(size_t got,
-                   ReadFully(fd.get(), prefix.data(), prefix.size(), path));
-  prefix.resize(got);
+  absl::StatusOr<size_t> got =
+      ReadAll(fd->get(), prefix.data(), prefix.size(), path);
+  if (!got.ok()) return Annotate(got.status(), what);
+  prefix.resize(*got);
   absl::StatusOr<Preamble> preamble = ParsePreamble(prefix);
   if (!preamble.ok()) return Annotate(preamble.status(), path);
   const size_t end = preamble->header_start + preamble->header_bytes;
   if (end > prefix.size()) {
     const size_t have = prefix.size();
     prefix.resize(end);
-    ASSIGN_OR_RETURN(
-        got, ReadFully(fd.get(), prefix.data() + have, end - have, path));
-    if (got < end - have) {
+    got = ReadAll(fd->get(), prefix.data() + have, end - have, path);
+    if (!got.ok()) return Annotate(got.status(), what);
+    if (*got < end - have) {
       return Annotate(Malformed("the file ends inside its header"), path);
     }
   }
@@ -547,19 +483,20 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   if (!header.ok()) return Annotate(header.status(), path);
   // Data right after the header: rewind the bytes of a short header that
   // the fixed-size first read took past it.
-  if (::lseek(fd.get(), header->data_offset, SEEK_SET) < 0) {
-    return ErrnoError(errno, "seek in", path);
+  if (::lseek(fd->get(), header->data_offset, SEEK_SET) < 0) {
+    return ErrnoError(errno, absl::StrCat("cannot seek in '", path, "'"));
   }
   ASSIGN_OR_RETURN(
       Tensor tensor,
       Tensor::Empty(header->shape, TensorOptions().WithDType(header->dtype)));
   const size_t nbytes = tensor.nbytes();
   if (nbytes > 0) {
-    ASSIGN_OR_RETURN(got, ReadFully(fd.get(), tensor.data_ptr(), nbytes, path));
-    if (got < nbytes) {
+    got = ReadAll(fd->get(), tensor.data_ptr(), nbytes, path);
+    if (!got.ok()) return Annotate(got.status(), what);
+    if (*got < nbytes) {
       return Annotate(
           Malformed(absl::StrCat("truncated: the header promises ", nbytes,
-                                 " data bytes, the file holds ", got)),
+                                 " data bytes, the file holds ", *got)),
           path);
     }
   }
@@ -572,26 +509,15 @@ absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
   ASSIGN_OR_RETURN(Tensor host, HostContiguous(tensor));
   ASSIGN_OR_RETURN(std::string header,
                    EncodeNpyHeader(host.dtype(), host.sizes()));
-  static std::atomic<uint64_t> counter{0};
-  const std::string temporary =
-      absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  FileDescriptor fd(
-      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) return ErrnoError(errno, "write", path);
-  absl::Status status =
-      WriteFully(fd.get(), header.data(), header.size(), path);
+  const std::string what = absl::StrCat("cannot write '", path, "'");
+  absl::StatusOr<AtomicFile> file = AtomicFile::Create(path, 0666);
+  if (!file.ok()) return Annotate(file.status(), what);
+  absl::Status status = file->Append(header.data(), header.size());
   if (status.ok() && host.nbytes() > 0) {
-    status = WriteFully(fd.get(), host.data_ptr(), host.nbytes(), path);
+    status = file->Append(host.data_ptr(), host.nbytes());
   }
-  if (status.ok() && ::fsync(fd.get()) != 0) {
-    status = ErrnoError(errno, "write", path);
-  }
-  if (fd.Close() != 0 && status.ok()) status = ErrnoError(errno, "write", path);
-  if (status.ok() && ::rename(temporary.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(errno, "write", path);
-  }
-  if (!status.ok()) ::unlink(temporary.c_str());
-  return status;
+  if (status.ok()) status = file->Commit();
+  return Annotate(status, what);
 }
 
 }  // namespace tessera

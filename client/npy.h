@@ -29,7 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera {
 

@@ -8,10 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/grpc_status.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
+#include "wire/grpc_status.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -39,6 +40,33 @@ absl::Status RunInParallel(size_t n, int parallelism,
     RETURN_IF_ERROR(result);
   }
   return absl::OkStatus();
+}
+
+absl::Status ForEachRegionPiece(
+    absl::Span<const ShardMetadata> shards,
+    absl::Span<const int64_t> region_offsets, const Tensor& data,
+    int parallelism,
+    const std::function<absl::Status(const RegionPiece&)>& body) {
+  ASSIGN_OR_RETURN(
+      const ShardMetadata region,
+      ShardMetadata::Create({region_offsets.begin(), region_offsets.end()},
+                            data.sizes()));
+  const std::vector<RegionOverlap> overlaps = Overlaps(shards, region);
+  return RunInParallel(
+      overlaps.size(), parallelism, [&](size_t k) -> absl::Status {
+        const RegionOverlap& overlap = overlaps[k];
+        RegionPiece piece;
+        piece.shard = overlap.shard;
+        piece.box = &overlap.box;
+        piece.offsets_in_shard = OffsetsWithin(
+            overlap.box.shard_offsets(), shards[overlap.shard].shard_offsets());
+        ASSIGN_OR_RETURN(piece.view,
+                         RegionView(data,
+                                    OffsetsWithin(overlap.box.shard_offsets(),
+                                                  region_offsets),
+                                    overlap.box.shard_sizes()));
+        return body(piece);
+      });
 }
 
 ProgressCounter::ProgressCounter(

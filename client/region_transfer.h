@@ -3,6 +3,9 @@
 //
 //  - RunInParallel: runs independent transfers (one per shard overlap), a
 //    bounded number at once.
+//  - ForEachRegionPiece: the fan-out of every region read and write, on
+//    the client and on the daemons: the region's buffer cut into one view
+//    per overlapping shard, each handed to a transfer, in parallel.
 //  - ProgressCounter: aggregates the bytes of parallel transfers into one
 //    serialized (done, total) progress stream.
 //  - WriteRegion: the client side of ControlService.WriteRegion: a header,
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -23,7 +27,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/tensor.h"
+#include "common/shard_metadata.h"
+#include "common/tensor/tensor.h"
 #include "tessera/v1/control.grpc.pb.h"
 
 namespace tessera {
@@ -35,6 +40,31 @@ namespace tessera {
 // failed, or OK.
 absl::Status RunInParallel(size_t n, int parallelism,
                            const std::function<absl::Status(size_t)>& body);
+
+// One shard's part of a region transfer.
+struct RegionPiece {
+  // The shard's index in the tensor's layout.
+  size_t shard = 0;
+  // The part, in the tensor's (global) coordinates.
+  const ShardMetadata* box = nullptr;
+  // Where the part starts inside the shard.
+  std::vector<int64_t> offsets_in_shard;
+  // The part of the region's buffer (a view sharing its storage).
+  Tensor view;
+};
+
+// The fan-out of a region transfer: `data` is the region of a tensor laid
+// out as `shards` that starts at global `region_offsets` (its sizes are the
+// region's; the caller has checked that it lies inside the tensor). Calls
+// `body` once per shard overlapping the region, with that shard's piece, at
+// most `parallelism` at once (RunInParallel's rules: the lowest-numbered
+// failure wins). Pieces never overlap, so bodies may write their views
+// concurrently.
+absl::Status ForEachRegionPiece(
+    absl::Span<const ShardMetadata> shards,
+    absl::Span<const int64_t> region_offsets, const Tensor& data,
+    int parallelism,
+    const std::function<absl::Status(const RegionPiece&)>& body);
 
 // Sums the bytes of concurrent transfers and reports (done, total) to
 // `progress` (which may be empty), one call at a time, under a lock: done

@@ -25,9 +25,9 @@ struct WorkerInfo {
   int id = -1;
   std::string address;
   // Its raw-TCP data plane ("" when it serves shards over gRPC only).
-  std::string bulk_address;
-  // Its same-host fast path, "<host id>/<socket name>" ("" when it has
-  // none); see client/local_fetch.h.
+  std::string data_plane_address;
+  // Its local path, "<host id>/<socket name>" ("" when it has
+  // none); see client/local_path.h.
   std::string local_address;
 };
 

@@ -2,7 +2,7 @@
 # layers is not formatted as .clang-format says.
 #   cmake -DCLANG_FORMAT=<exe> -DSOURCE_DIR=<root> -P CheckFormat.cmake
 set(files)
-foreach(dir common client server tests)
+foreach(dir common io wire client server tests examples)
   file(GLOB_RECURSE found ${SOURCE_DIR}/${dir}/*.h ${SOURCE_DIR}/${dir}/*.cc
        ${SOURCE_DIR}/${dir}/*.cu)
   list(APPEND files ${found})

@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/shard_metadata.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera {
 

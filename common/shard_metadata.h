@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/device.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera {
 

@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace {
 

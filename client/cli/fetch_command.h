@@ -22,7 +22,7 @@
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
 #include "common/dtype.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera::cli {
 

@@ -21,7 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera::cli {
 

@@ -7,7 +7,7 @@
 #include "client/cli/describe_command.h"
 #include "client/cli/fetch_command.h"
 #include "client/cli/health_command.h"
-#include "client/cli/launch_command.h"
+#include "client/cli/launch/launch_command.h"
 #include "client/cli/load_command.h"
 #include "client/cli/ls_command.h"
 #include "client/cli/plan_command.h"

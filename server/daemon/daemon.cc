@@ -14,7 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "server/hash_store.h"
+#include "io/file.h"
+#include "server/store/hash_store.h"
 
 namespace tessera::daemon {
 namespace {
@@ -129,7 +130,7 @@ absl::Status Daemon::Init() {
   }
   address_ = rank_->rpc_address();
   ASSIGN_OR_RETURN(WorkerInfo me, rank_->Worker(rank_->rpc_rank()));
-  data_address_ = me.bulk_address;
+  data_address_ = me.data_plane_address;
 
   if (absl::Status status = control_->Start(); !status.ok()) {
     return absl::Status(
@@ -164,24 +165,8 @@ void Daemon::Shutdown(absl::Duration grace) {
 
 absl::Status WriteAddressFile(const std::string& path,
                               const std::string& address) {
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-  FILE* file = std::fopen(temporary.c_str(), "w");
-  if (file == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot write address file ", temporary, ": ", std::strerror(errno)));
-  }
-  const std::string line = absl::StrCat(address, "\n");
-  const bool written =
-      std::fwrite(line.data(), 1, line.size(), file) == line.size();
-  const bool closed = std::fclose(file) == 0;
-  if (!written || !closed ||
-      std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temporary.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "cannot write address file ", path, ": ", std::strerror(error)));
-  }
-  return absl::OkStatus();
+  return Annotate(WriteFileAtomically(path, absl::StrCat(address, "\n")),
+                  absl::StrCat("cannot write address file ", path));
 }
 
 }  // namespace tessera::daemon

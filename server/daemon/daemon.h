@@ -34,10 +34,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/control_service.h"
+#include "server/daemon/control_service.h"
 #include "server/daemon/daemon_options.h"
-#include "server/grpc_store.h"
-#include "server/rank.h"
+#include "server/rank/rank.h"
+#include "server/store/grpc_store.h"
 
 namespace tessera::daemon {
 

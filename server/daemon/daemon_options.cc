@@ -18,8 +18,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "common/tensor.h"
-#include "server/process_group.h"
+#include "common/tensor/tensor.h"
+#include "server/collective/process_group.h"
 
 namespace tessera::daemon {
 namespace {

@@ -21,7 +21,7 @@
 #include "client/client.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/daemon_cluster.h"
 
@@ -45,7 +45,7 @@ struct Config {
 struct Transport {
   const char* name;
   bool data_plane;
-  bool local_fast_path;
+  bool use_local_path;
 };
 constexpr Transport kTransports[] = {
     {"local", true, true}, {"data_plane", true, false}, {"grpc", false, false}};
@@ -56,9 +56,9 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectWith(
     const std::string& address, const Transport& transport) {
   ClientOptions options;
   options.data_plane = transport.data_plane;
-  options.local_fast_path = transport.local_fast_path;
+  options.use_local_path = transport.use_local_path;
   // "local" means the local path for every size, small boxes included.
-  if (transport.local_fast_path) options.local_min_bytes = 0;
+  if (transport.use_local_path) options.local_min_bytes = 0;
   return Client::Connect(address, options);
 }
 

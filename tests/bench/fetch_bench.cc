@@ -25,12 +25,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/socket_io.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
-#include "server/grpc_store.h"
-#include "server/rank.h"
-#include "server/sharded_tensor.h"
+#include "io/socket.h"
+#include "server/rank/rank.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/grpc_store.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/rank_launcher.h"
 
@@ -59,25 +59,25 @@ absl::StatusOr<double> TcpStream(Rank& rank, int64_t bytes) {
     ASSIGN_OR_RETURN(auto listening, ListenTcp("127.0.0.1"));
     RETURN_IF_ERROR(
         rank.store()->Set("bench/tcp_port", absl::StrCat(listening.second)));
-    Socket peer(accept(listening.first.fd(), nullptr, nullptr));
+    UniqueFd peer(accept(listening.first.get(), nullptr, nullptr));
     if (!peer.valid()) return absl::UnavailableError("tcp_stream: accept");
     // The clock starts at the first byte, as a transfer's would.
-    RETURN_IF_ERROR(ReadFull(peer.fd(), buffer.data(), 1, deadline));
+    RETURN_IF_ERROR(ReadFull(peer.get(), buffer.data(), 1, deadline));
     const absl::Time start = absl::Now();
     for (int64_t received = 1; received < bytes;) {
       const int64_t n = std::min(kBuffer, bytes - received);
-      RETURN_IF_ERROR(ReadFull(peer.fd(), buffer.data(), n, deadline));
+      RETURN_IF_ERROR(ReadFull(peer.get(), buffer.data(), n, deadline));
       received += n;
     }
     return (bytes - 1) / Seconds(absl::Now() - start) / 1e9;
   }
   if (rank.rank() == 1) {
     ASSIGN_OR_RETURN(std::string port, rank.store()->Get("bench/tcp_port"));
-    ASSIGN_OR_RETURN(Socket socket,
+    ASSIGN_OR_RETURN(UniqueFd socket,
                      ConnectTcp(absl::StrCat("127.0.0.1:", port), deadline));
     for (int64_t sent = 0; sent < bytes;) {
       const int64_t n = std::min(kBuffer, bytes - sent);
-      RETURN_IF_ERROR(WriteFull(socket.fd(), buffer.data(), n, deadline));
+      RETURN_IF_ERROR(WriteFull(socket.get(), buffer.data(), n, deadline));
       sent += n;
     }
   }
@@ -341,7 +341,7 @@ int Launch(int world_size, const std::vector<std::string>& args) {
   }
   int exit_code = 0;
   for (const testing::RankResult& result : *results) {
-    std::string log = testing::ReadTail(result.log_path, 1 << 20);
+    std::string log = ReadTail(result.log_path, 1 << 20);
     if (result.rank == 0) {
       for (absl::string_view line : absl::StrSplit(log, '\n')) {
         if (absl::StartsWith(line, "{")) std::cout << line << "\n";

@@ -7,7 +7,7 @@
 //        FetchShardInto of a CUDA shard served by ANOTHER process (this
 //        binary re-executed with --serve, a one-rank world holding one
 //        shard per size on cuda:0) into a tensor on cuda:0, over the gRPC
-//        stream, the raw data plane, or the same-host fast path (CUDA IPC,
+//        stream, the raw data plane, or the local path (CUDA IPC,
 //        required: an error rather than a fallback), wall-clock median;
 //   {"bench":"gpu","op":"nccl_gather|nccl_allgather", ..., "d2d_gbps":y}
 //        a one-rank NcclBackend Gather/AllGather of the same bytes, wall
@@ -39,17 +39,17 @@
 #include "absl/time/clock.h"
 #include "client/remote_shard.h"
 #include "client/shard_client.h"
-#include "common/cuda_util.h"
 #include "common/device.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
-#include "common/tensor.h"
-#include "server/hash_store.h"
-#include "server/process_group.h"
-#include "server/rank.h"
-#include "server/sharded_tensor.h"
+#include "common/tensor/cuda_util.h"
+#include "common/tensor/tensor.h"
+#include "io/subprocess.h"
+#include "server/collective/process_group.h"
+#include "server/rank/rank.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/hash_store.h"
 #include "tests/bench/bench_util.h"
-#include "tests/testing/subprocess.h"
 
 #if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -284,19 +284,19 @@ bool NcclThroughput(int64_t bytes, int reps) {
 // What the --serve process publishes: its worker and one tensor per size.
 struct Served {
   std::string address;
-  std::string bulk_address;
+  std::string data_plane_address;
   std::string local_address;
   std::vector<std::pair<int64_t, std::string>> tensors;  // bytes, id
 };
 
-// (a) and (b): never the same-host fast path, whatever the client would
+// (a) and (b): never the local path, whatever the client would
 // pick.
 FetchOptions SocketOptions(FetchOptions options) {
   options.local_path = LocalPath::kOff;
   return options;
 }
 
-// (c): the same-host fast path (CUDA IPC for a CUDA shard) or an error,
+// (c): the local path (CUDA IPC for a CUDA shard) or an error,
 // never a silent fallback to a socket.
 absl::StatusOr<std::pair<std::shared_ptr<ShardClient>, FetchOptions>>
 SameHostClient(const Served& served, FetchOptions options) {
@@ -305,9 +305,10 @@ SameHostClient(const Served& served, FetchOptions options) {
         "the serving rank published no same-host address");
   }
   options.local_path = LocalPath::kRequired;
-  return std::make_pair(ShardClient::Create(served.address, served.bulk_address,
-                                            served.local_address),
-                        options);
+  return std::make_pair(
+      ShardClient::Create(served.address, served.data_plane_address,
+                          served.local_address),
+      options);
 }
 
 // Every element of `tensor` (float32, any device) is `value`.
@@ -356,7 +357,7 @@ bool FetchThroughput(const Served& served, int reps) {
                                       SocketOptions(options))},
         {"fetch_data_plane",
          std::make_pair(
-             ShardClient::Create(served.address, served.bulk_address),
+             ShardClient::Create(served.address, served.data_plane_address),
              SocketOptions(options))},
         {"fetch_local", SameHostClient(served, options)},
     };
@@ -425,7 +426,7 @@ int Serve(const Config& config) {
   JsonLine ready;
   ready["serve"] = kReady;
   ready["address"] = worker->address;
-  ready["bulk"] = worker->bulk_address;
+  ready["data_plane"] = worker->data_plane_address;
   ready["local"] = worker->local_address;
   ready["tensors"] = JsonLine::array();
   std::vector<ShardedTensor> held;
@@ -455,7 +456,7 @@ int Serve(const Config& config) {
 // The --serve process (killed and reaped when this goes away) and what it
 // serves.
 struct ServerProcess {
-  testing::Subprocess process;
+  Subprocess process;
   Served served;
 };
 
@@ -467,7 +468,7 @@ std::optional<Served> ParseReady(const std::string& log) {
     if (line.is_discarded() || !line.is_object()) return std::nullopt;
     Served served;
     served.address = line.value("address", "");
-    served.bulk_address = line.value("bulk", "");
+    served.data_plane_address = line.value("data_plane", "");
     served.local_address = line.value("local", "");
     if (line.contains("tensors") && line["tensors"].is_array()) {
       for (const JsonLine& tensor : line["tensors"]) {
@@ -488,15 +489,14 @@ absl::StatusOr<ServerProcess> StartServer(const Config& config) {
     return absl::InternalError(
         absl::StrCat("readlink /proc/self/exe: ", std::strerror(errno)));
   }
-  testing::SpawnOptions spawn;
+  SpawnOptions spawn;
   spawn.program = std::string(self, length);
   spawn.args = {"--serve", "--serve-seconds",
                 absl::StrCat(config.serve_seconds), "--sizes-mib"};
   for (int64_t mib : config.sizes_mib) spawn.args.push_back(absl::StrCat(mib));
   spawn.log_path =
       absl::StrCat("/tmp/tessera_gpu_bench_serve_", getpid(), ".log");
-  ASSIGN_OR_RETURN(testing::Subprocess process,
-                   testing::Subprocess::Spawn(std::move(spawn)));
+  ASSIGN_OR_RETURN(Subprocess process, Subprocess::Spawn(std::move(spawn)));
 
   // Allocating and filling the largest shards takes a moment.
   const absl::Time deadline = absl::Now() + absl::Seconds(120);

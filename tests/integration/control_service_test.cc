@@ -17,18 +17,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/grpc_status.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/control_service.h"
-#include "server/prefix_store.h"
+#include "server/daemon/control_service.h"
+#include "server/store/prefix_store.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/grpc_status.h"
 
 namespace tessera {
 namespace {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_cluster.h"

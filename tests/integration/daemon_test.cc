@@ -24,12 +24,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "client/local_socket.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/unix_socket.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
@@ -287,7 +287,7 @@ TEST_F(DaemonTest, SameHostReadsTakeTheLocalPath) {
   ExpectIotaBox(all, 0, 0, 256);
   // A client that opts out never takes it.
   ClientOptions streams;
-  streams.local_fast_path = false;
+  streams.use_local_path = false;
   ASSERT_OK_AND_ASSIGN(auto other,
                        Client::Connect(cluster_->address(1), streams));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView same, other->Open("local"));
@@ -497,11 +497,11 @@ TEST_F(DaemonTest, ConcurrentClientsKeepListingsConsistent) {
 // Its own cluster: one daemon dies.
 TEST(DaemonFailureTest, DaemonKilledMidFetch) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<DaemonCluster> cluster, StartCluster());
-  // Streams only: the same-host fast path copies a whole shard at once (the
+  // Streams only: the local path copies a whole shard at once (the
   // first progress report comes after it), and a dead owner's lent memory
   // stays readable, so there is no "mid-fetch" to cut there.
   ClientOptions streams;
-  streams.local_fast_path = false;
+  streams.use_local_path = false;
   ASSERT_OK_AND_ASSIGN(auto client,
                        Client::Connect(cluster->address(0), streams));
   // 4 x 16 MiB of rows; rank 3's shard is the one that dies.
@@ -568,7 +568,7 @@ TEST(DaemonFailureTest, SigtermStopsADaemonPromptly) {
   std::optional<int> status = cluster->Terminate(2, absl::Seconds(15));
   ASSERT_TRUE(status.has_value()) << cluster->Log(2);
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << testing::DescribeWaitStatus(*status) << "\n"
+      << DescribeWaitStatus(*status) << "\n"
       << cluster->Log(2);
   ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
   std::vector<absl::Status> health = client->Health();

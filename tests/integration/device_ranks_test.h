@@ -29,9 +29,9 @@
 #include "common/shard_metadata.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gtest/gtest.h"
-#include "server/sharded_tensor.h"
+#include "server/sharded/sharded_tensor.h"
 #include "tests/testing/multi_process.h"
 
 namespace tessera {

@@ -20,18 +20,19 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/socket_io.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec_text.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "io/socket.h"
+#include "io/subprocess.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/shard.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/testing/subprocess.h"
+#include "wire/chunk_codec.h"
 
 #ifndef TESSERA_SERVER_PATH
 #error "TESSERA_SERVER_PATH must name the tessera-server binary"
@@ -43,14 +44,11 @@ namespace {
 using ::testing::Contains;
 using testing::DaemonCluster;
 using testing::DaemonClusterOptions;
-using testing::DescribeWaitStatus;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::PickFreePort;
 using ::testing::SizeIs;
-using testing::SpawnOptions;
 using ::testing::StartsWith;
-using testing::Subprocess;
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(5);
 
@@ -241,15 +239,15 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
 
   // A data-plane fetch, left unread after its header.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  ASSERT_OK_AND_ASSIGN(Socket socket,
+  ASSERT_OK_AND_ASSIGN(UniqueFd socket,
                        ConnectTcp(info.workers(0).data_address(), deadline));
-  ASSERT_OK(
-      WriteFull(socket.fd(), kBulkMagic.data(), kBulkMagic.size(), deadline));
+  ASSERT_OK(WriteFull(socket.get(), kDataPlaneMagic.data(),
+                      kDataPlaneMagic.size(), deadline));
   v1::FetchShardRequest request;
   request.set_tensor_id(tensor.tensor_id());
   request.set_shard_index(0);
-  ASSERT_OK(WriteFrame(socket.fd(), request.SerializeAsString(), deadline));
-  ASSERT_OK_AND_ASSIGN(std::string frame, ReadFrame(socket.fd(), deadline));
+  ASSERT_OK(WriteFrame(socket.get(), request.SerializeAsString(), deadline));
+  ASSERT_OK_AND_ASSIGN(std::string frame, ReadFrame(socket.get(), deadline));
   v1::BulkFetchReply reply;
   ASSERT_TRUE(reply.ParseFromString(frame));
   ASSERT_EQ(reply.code(), 0) << reply.message();
@@ -263,15 +261,16 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
   EXPECT_NE(CheckHealth(address).value_or(kUnknown), kServing);
   int64_t received = 0;
   std::string payload;
-  char prefix[kBulkChunkPrefixBytes];
+  char prefix[kDataPlaneChunkPrefixBytes];
   while (received < kBytes) {
-    ASSERT_OK(ReadFull(socket.fd(), prefix, sizeof(prefix), deadline))
+    ASSERT_OK(ReadFull(socket.get(), prefix, sizeof(prefix), deadline))
         << "after " << received << " bytes";
-    const uint64_t length = LoadLe64(prefix + 8);
-    ASSERT_EQ(LoadLe64(prefix), static_cast<uint64_t>(received));
+    const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
+    const uint64_t length = static_cast<uint64_t>(chunk.length);
+    ASSERT_EQ(chunk.offset, received);
     ASSERT_GT(length, 0u);
     payload.resize(length);
-    ASSERT_OK(ReadFull(socket.fd(), payload.data(), length, deadline));
+    ASSERT_OK(ReadFull(socket.get(), payload.data(), length, deadline));
     received += static_cast<int64_t>(length);
   }
   std::optional<int> status = cluster->daemon(0).WaitFor(absl::Seconds(5));

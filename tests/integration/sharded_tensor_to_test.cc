@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/sharding_spec.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/sharded_tensor.h"
+#include "server/sharded/sharded_tensor.h"
 #include "tests/integration/device_ranks_test.h"
 #include "tests/testing/status_matchers.h"
 

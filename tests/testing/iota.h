@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

@@ -10,9 +10,9 @@
 #include "absl/status/statusor.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "gtest/gtest.h"
-#include "server/shard_registry.h"
+#include "server/serve/shard_registry.h"
 
 namespace tessera::testing {
 

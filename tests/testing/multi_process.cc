@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/grpc_store.h"
+#include "server/store/grpc_store.h"
 #include "tests/testing/rank_launcher.h"
 
 namespace tessera::testing {

@@ -30,8 +30,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/rank.h"
-#include "server/store.h"
+#include "server/rank/rank.h"
+#include "server/store/store.h"
 
 namespace tessera::testing {
 

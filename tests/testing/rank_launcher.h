@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tests/testing/subprocess.h"
+#include "io/subprocess.h"
 
 namespace tessera::testing {
 

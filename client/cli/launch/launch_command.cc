@@ -1,0 +1,680 @@
+#include "client/cli/launch/launch_command.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+extern char** environ;
+
+namespace tessera::cli {
+namespace {
+
+constexpr absl::string_view kCommand = "launch";
+constexpr char kServerName[] = "tessera-server";
+constexpr int kMaxProcesses = 4096;
+constexpr absl::string_view kLogLevels[] = {"trace", "debug", "info", "warn",
+                                            "error"};
+// Variables the launcher sets for each daemon, and Slurm's, which would
+// otherwise leak a surrounding job's ranks into them.
+constexpr absl::string_view kRankVariables[] = {
+    "RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
+    "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+         ::access(path.c_str(), X_OK) == 0;
+}
+
+// "exit code 1", "signal 9 (Killed)".
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return absl::StrCat("signal ", WTERMSIG(status),
+                        name != nullptr ? absl::StrCat(" (", name, ")") : "");
+  }
+  return absl::StrCat("wait status ", status);
+}
+
+// "host:port" once the daemon wrote its address file whole (it ends in a
+// newline); nullopt before.
+std::optional<std::string> ReadAddressFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string contents = buffer.str();
+  if (contents.empty() || contents.back() != '\n') return std::nullopt;
+  return std::string(absl::StripAsciiWhitespace(contents));
+}
+
+// The signals the launcher waits for instead of handling them.
+sigset_t LauncherSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGCHLD);
+  return set;
+}
+
+bool IsStopSignal(int signal) {
+  return signal == SIGINT || signal == SIGTERM || signal == SIGHUP;
+}
+
+// The daemons of one launch, and the process state the launch changed.
+// The destructor kills and reaps any daemon still running, removes the
+// address files and restores the signal mask.
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, const CommandContext& context)
+      : options_(options), context_(context) {}
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Blocks the launcher's signals and creates the address directory.
+  absl::Status Prepare();
+  // Starts every daemon; stops those started when one cannot be.
+  absl::Status StartAll(const std::string& server);
+  // Runs until a stop signal (exit 0) or a daemon's exit (exit 1).
+  int Supervise();
+
+ private:
+  struct Daemon {
+    int rank = 0;
+    pid_t pid = -1;
+    std::string address_file;
+    std::string address;
+    std::optional<int> wait_status;  // once reaped
+  };
+
+  absl::Status Start(const std::string& server, int rank);
+  // The next signal of LauncherSignals() within `timeout`; 0 on timeout.
+  int WaitSignal(absl::Duration timeout);
+  // Reaps every daemon that exited; returns the first newly exited one.
+  Daemon* Reap();
+  int Running() const;
+  // SIGTERM, a bounded wait, then SIGKILL; every daemon is reaped after.
+  void StopAll();
+  // Stops every daemon after a stop signal; the exit code (0).
+  int StopOnSignal(int signal);
+  // A one-line error; the exit code for a failure.
+  int Fail(absl::string_view message);
+
+  const LaunchOptions& options_;
+  const CommandContext& context_;
+  std::vector<Daemon> daemons_;
+  std::string address_dir_;
+  sigset_t old_mask_;
+  bool mask_changed_ = false;
+  struct sigaction old_sigchld_;
+  bool sigchld_changed_ = false;
+};
+
+Supervisor::~Supervisor() {
+  for (Daemon& daemon : daemons_) {
+    if (daemon.pid > 0 && !daemon.wait_status.has_value()) {
+      ::kill(daemon.pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(daemon.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  if (!address_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(address_dir_, ignored);
+  }
+  if (sigchld_changed_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+  if (mask_changed_) ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+}
+
+absl::Status Supervisor::Prepare() {
+  // An inherited SIG_IGN for SIGCHLD would reap the daemons behind our back.
+  struct sigaction default_action;
+  std::memset(&default_action, 0, sizeof(default_action));
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  if (::sigaction(SIGCHLD, &default_action, &old_sigchld_) == 0) {
+    sigchld_changed_ = true;
+  }
+  const sigset_t signals = LauncherSignals();
+  if (::sigprocmask(SIG_BLOCK, &signals, &old_mask_) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot block signals: ", std::strerror(errno)));
+  }
+  mask_changed_ = true;
+
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp",
+                   "/tessera-launch.XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create a directory like ",
+                                            pattern, ": ",
+                                            std::strerror(errno)));
+  }
+  address_dir_ = pattern;
+  if (!options_.log_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options_.log_dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create --log-dir '",
+                                              options_.log_dir,
+                                              "': ", error.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Supervisor::StartAll(const std::string& server) {
+  for (int rank = 0; rank < options_.nproc; ++rank) {
+    absl::Status started = Start(server, rank);
+    if (!started.ok()) {
+      StopAll();
+      return started;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Supervisor::Start(const std::string& server, int rank) {
+  DaemonCommand command = BuildDaemonCommand(options_, rank, address_dir_);
+
+  // Everything the child needs is built before fork(): between fork and
+  // exec it only calls async-signal-safe functions.
+  std::vector<std::string> argv_strings = {server};
+  argv_strings.insert(argv_strings.end(), command.args.begin(),
+                      command.args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  std::vector<std::string> env_strings;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const absl::string_view variable(*entry);
+    const absl::string_view key = variable.substr(0, variable.find('='));
+    bool replaced = false;
+    for (absl::string_view name : kRankVariables) replaced |= key == name;
+    if (!replaced) env_strings.emplace_back(variable);
+  }
+  for (const auto& [key, value] : command.env) {
+    env_strings.push_back(absl::StrCat(key, "=", value));
+  }
+  std::vector<char*> envp;
+  for (std::string& entry : env_strings) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+
+  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int log_fd = -1;
+  std::string log_path;
+  if (!options_.log_dir.empty()) {
+    log_path = absl::StrCat(options_.log_dir, "/rank", rank, ".log");
+    log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0644);
+    if (log_fd < 0) {
+      const int error = errno;
+      if (null_fd >= 0) ::close(null_fd);
+      return absl::InternalError(absl::StrCat(
+          "cannot write log file ", log_path, ": ", std::strerror(error)));
+    }
+  }
+  // exec failures come back through this pipe (closed by a successful exec).
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
+    if (null_fd >= 0) ::close(null_fd);
+    if (log_fd >= 0) ::close(log_fd);
+    return absl::InternalError(
+        absl::StrCat("cannot create a pipe: ", std::strerror(error)));
+  }
+
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(exec_pipe[0]);
+    ::setpgid(0, 0);  // Ctrl-C reaches only the launcher
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);  // the launcher is already gone
+    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    if (log_fd >= 0) {
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+    }
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    ::execve(argv[0], argv.data(), envp.data());
+    const int error = errno;
+    ssize_t ignored = ::write(exec_pipe[1], &error, sizeof(error));
+    (void)ignored;
+    ::_exit(127);
+  }
+  const int fork_error = errno;
+  ::close(exec_pipe[1]);
+  if (null_fd >= 0) ::close(null_fd);
+  if (log_fd >= 0) ::close(log_fd);
+  if (pid < 0) {
+    ::close(exec_pipe[0]);
+    return absl::InternalError(absl::StrCat("cannot start rank ", rank, ": ",
+                                            std::strerror(fork_error)));
+  }
+  Daemon daemon;
+  daemon.rank = rank;
+  daemon.pid = pid;
+  daemon.address_file = command.address_file;
+  daemons_.push_back(daemon);
+
+  int exec_error = 0;
+  ssize_t n = 0;
+  do {
+    n = ::read(exec_pipe[0], &exec_error, sizeof(exec_error));
+  } while (n < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+  if (n == static_cast<ssize_t>(sizeof(exec_error))) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    daemons_.back().wait_status = status;
+    return absl::InternalError(
+        absl::StrCat("cannot run ", server, ": ", std::strerror(exec_error)));
+  }
+  return absl::OkStatus();
+}
+
+int Supervisor::WaitSignal(absl::Duration timeout) {
+  const sigset_t signals = LauncherSignals();
+  const absl::Duration bounded = std::max(timeout, absl::ZeroDuration());
+  struct timespec wait = absl::ToTimespec(bounded);
+  const int signal = ::sigtimedwait(&signals, nullptr, &wait);
+  return signal > 0 ? signal : 0;
+}
+
+Supervisor::Daemon* Supervisor::Reap() {
+  Daemon* first = nullptr;
+  for (Daemon& daemon : daemons_) {
+    if (daemon.pid <= 0 || daemon.wait_status.has_value()) continue;
+    int status = 0;
+    const pid_t reaped = ::waitpid(daemon.pid, &status, WNOHANG);
+    if (reaped == daemon.pid) {
+      daemon.wait_status = status;
+      if (first == nullptr) first = &daemon;
+    }
+  }
+  return first;
+}
+
+int Supervisor::Running() const {
+  int running = 0;
+  for (const Daemon& daemon : daemons_) {
+    if (daemon.pid > 0 && !daemon.wait_status.has_value()) ++running;
+  }
+  return running;
+}
+
+void Supervisor::StopAll() {
+  Reap();
+  if (Running() == 0) return;
+  for (const Daemon& daemon : daemons_) {
+    if (daemon.pid > 0 && !daemon.wait_status.has_value()) {
+      ::kill(daemon.pid, SIGTERM);
+    }
+  }
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(options_.stop_timeout_seconds);
+  while (true) {
+    Reap();
+    if (Running() == 0) return;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    // A second Ctrl-C means now.
+    if (IsStopSignal(WaitSignal(std::min(left, absl::Milliseconds(50))))) {
+      break;
+    }
+  }
+  for (Daemon& daemon : daemons_) {
+    if (daemon.pid <= 0 || daemon.wait_status.has_value()) continue;
+    context_.PrintError(kCommand,
+                        absl::StrCat("rank ", daemon.rank, " (pid ", daemon.pid,
+                                     ") did not stop in time; killing it"));
+    ::kill(daemon.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(daemon.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    daemon.wait_status = status;
+  }
+}
+
+int Supervisor::StopOnSignal(int signal) {
+  context_.err() << "tessera launch: " << ::strsignal(signal) << ": stopping "
+                 << Running() << " daemons" << std::endl;
+  StopAll();
+  context_.err() << "tessera launch: stopped" << std::endl;
+  return kExitOk;
+}
+
+int Supervisor::Fail(absl::string_view message) {
+  context_.PrintError(kCommand, message);
+  return kExitFailure;
+}
+
+int Supervisor::Supervise() {
+  const std::string logs_hint =
+      options_.log_dir.empty()
+          ? std::string()
+          : absl::StrCat(" (its log: ", options_.log_dir, "/rank");
+  auto describe_exit = [&](const Daemon& daemon, absl::string_view when) {
+    std::string message =
+        absl::StrCat("rank ", daemon.rank, " (pid ", daemon.pid, ") exited",
+                     when, " with ", DescribeWaitStatus(*daemon.wait_status));
+    if (!logs_hint.empty()) {
+      absl::StrAppend(&message, logs_hint, daemon.rank, ".log)");
+    }
+    return message;
+  };
+
+  // Until every daemon serves.
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(options_.start_timeout_seconds);
+  while (true) {
+    const int signal = WaitSignal(absl::Milliseconds(50));
+    if (IsStopSignal(signal)) return StopOnSignal(signal);
+    if (Daemon* dead = Reap()) {
+      const std::string message = describe_exit(*dead, " before serving");
+      StopAll();
+      return Fail(absl::StrCat(message, "; stopped the others"));
+    }
+    Daemon* waiting = nullptr;
+    for (Daemon& daemon : daemons_) {
+      if (!daemon.address.empty()) continue;
+      if (std::optional<std::string> address =
+              ReadAddressFile(daemon.address_file)) {
+        daemon.address = *address;
+      } else if (waiting == nullptr) {
+        waiting = &daemon;
+      }
+    }
+    if (waiting == nullptr) break;
+    if (absl::Now() >= deadline) {
+      const int rank = waiting->rank;
+      StopAll();
+      return Fail(absl::StrCat(
+          "rank ", rank, " did not serve within ",
+          absl::FormatDuration(absl::Seconds(options_.start_timeout_seconds)),
+          "; stopped every daemon"));
+    }
+  }
+  for (const Daemon& daemon : daemons_) {
+    context_.out() << "rank " << daemon.rank << ": " << daemon.address
+                   << " (pid " << daemon.pid << ")\n";
+  }
+  context_.out() << "ready: export TESSERA_ADDRESS=" << daemons_[0].address
+                 << std::endl;
+
+  // In the foreground until told to stop or a daemon exits.
+  while (true) {
+    const int signal = WaitSignal(absl::Seconds(1));
+    if (IsStopSignal(signal)) return StopOnSignal(signal);
+    if (Daemon* dead = Reap()) {
+      const std::string message = describe_exit(*dead, "");
+      StopAll();
+      return Fail(absl::StrCat(message, "; stopped the others"));
+    }
+  }
+}
+
+}  // namespace
+
+std::string MasterAddress(const std::string& host) {
+  if (host == "0.0.0.0" || host == "::" || host == "[::]") return "127.0.0.1";
+  return host;
+}
+
+absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
+  if (options.nproc < 1 || options.nproc > kMaxProcesses) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc must be in [1, ", kMaxProcesses, "], got ", options.nproc));
+  }
+  if (options.master_port < 1 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master-port must be in [1, 65535], got ", options.master_port));
+  }
+  if (options.base_port < 0 || options.base_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--base-port must be in [1, 65535] (or 0: any free "
+                     "port), got ",
+                     options.base_port));
+  }
+  if (options.base_port > 0) {
+    const int last = options.base_port + options.nproc - 1;
+    if (last > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--base-port ", options.base_port, " leaves no room for ",
+          options.nproc, " daemons: the last would listen on port ", last));
+    }
+    if (options.master_port >= options.base_port &&
+        options.master_port <= last) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--master-port ", options.master_port, " is also a daemon's port (",
+          options.base_port, "..", last, "); choose another"));
+    }
+  }
+  if (options.host.empty()) {
+    return absl::InvalidArgumentError("--host must not be empty");
+  }
+  if (!options.log_level.empty()) {
+    bool known = false;
+    for (absl::string_view level : kLogLevels)
+      known |= options.log_level == level;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown --log-level '", options.log_level,
+                       "': expected ", absl::StrJoin(kLogLevels, ", ")));
+    }
+  }
+  if (options.start_timeout_seconds <= 0 || options.stop_timeout_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        "--start-timeout and --stop-timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FindServerBinary(const std::string& server,
+                                             const std::string& self,
+                                             const std::string& path_env) {
+  if (!server.empty()) {
+    if (IsExecutableFile(server)) return server;
+    return absl::NotFoundError(
+        absl::StrCat("--server '", server, "' is not an executable file"));
+  }
+  std::vector<std::string> candidates;
+  if (!self.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(self).parent_path();
+    for (const char* relative :
+         {".", "../bin", "../../server/daemon", "../../server"}) {
+      candidates.push_back(
+          (dir / relative / kServerName).lexically_normal().string());
+    }
+  }
+  for (absl::string_view dir :
+       absl::StrSplit(path_env, ':', absl::SkipEmpty())) {
+    candidates.push_back(absl::StrCat(dir, "/", kServerName));
+  }
+  for (const std::string& candidate : candidates) {
+    if (IsExecutableFile(candidate)) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find ", kServerName, " next to ",
+      self.empty() ? std::string("this program") : self,
+      ", in the build tree or on PATH; build it (cmake --build build --target ",
+      kServerName, ") or pass --server PATH"));
+}
+
+DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
+                                 const std::string& address_dir) {
+  DaemonCommand command;
+  const std::string master = MasterAddress(options.host);
+  const int port = options.base_port > 0 ? options.base_port + rank : 0;
+  command.address_file = absl::StrCat(address_dir, "/rank", rank, ".address");
+  command.args = {"--rank",
+                  absl::StrCat(rank),
+                  "--world-size",
+                  absl::StrCat(options.nproc),
+                  "--local-rank",
+                  absl::StrCat(rank),
+                  "--local-world-size",
+                  absl::StrCat(options.nproc),
+                  "--master-addr",
+                  master,
+                  "--master-port",
+                  absl::StrCat(options.master_port),
+                  "--host",
+                  options.host,
+                  "--port",
+                  absl::StrCat(port),
+                  "--device",
+                  options.cpu ? "cpu" : "auto",
+                  "--address-file",
+                  command.address_file};
+  if (!options.log_level.empty()) {
+    command.args.push_back("--log-level");
+    command.args.push_back(options.log_level);
+  }
+  command.args.insert(command.args.end(), options.server_flags.begin(),
+                      options.server_flags.end());
+  command.env = {{"RANK", absl::StrCat(rank)},
+                 {"WORLD_SIZE", absl::StrCat(options.nproc)},
+                 {"LOCAL_RANK", absl::StrCat(rank)},
+                 {"LOCAL_WORLD_SIZE", absl::StrCat(options.nproc)},
+                 {"MASTER_ADDR", master},
+                 {"MASTER_PORT", absl::StrCat(options.master_port)}};
+  return command;
+}
+
+int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
+  const absl::Status valid = ValidateLaunchOptions(options);
+  if (!valid.ok()) return context.ReportUserError(kCommand, valid);
+
+  std::string self(4096, '\0');
+  const ssize_t length = ::readlink("/proc/self/exe", self.data(), self.size());
+  self.resize(length > 0 ? static_cast<size_t>(length) : 0);
+  const char* path_env = std::getenv("PATH");
+  absl::StatusOr<std::string> server = FindServerBinary(
+      options.server, self, path_env != nullptr ? path_env : "");
+  if (!server.ok()) {
+    context.PrintError(kCommand, server.status().message());
+    return kExitFailure;
+  }
+
+  Supervisor supervisor(options, context);
+  absl::Status status = supervisor.Prepare();
+  if (status.ok()) status = supervisor.StartAll(*server);
+  if (!status.ok()) {
+    context.PrintError(kCommand, status.message());
+    return kExitFailure;
+  }
+  return supervisor.Supervise();
+}
+
+void AddLaunchCommand(CLI::App& app, CommandContext& context) {
+  CLI::App* launch = app.add_subcommand(
+      std::string(kCommand),
+      "Start N tessera-server daemons on this host (like torchrun) and stop "
+      "them all on Ctrl-C or when one dies");
+  auto options = std::make_shared<LaunchOptions>();
+  launch
+      ->add_option("--nproc,--nproc-per-node", options->nproc,
+                   "Number of daemons (ranks), one per GPU or CPU rank")
+      ->required()
+      ->type_name("N");
+  launch->add_flag("--cpu", options->cpu,
+                   "Run every daemon on the CPU (--device cpu); default: "
+                   "--device auto, cuda:<rank> when that GPU exists");
+  launch
+      ->add_option("--master-port", options->master_port,
+                   "Port of the rendezvous store rank 0 serves")
+      ->capture_default_str()
+      ->type_name("PORT");
+  launch
+      ->add_option("--base-port", options->base_port,
+                   "Rank i listens on this port + i (0: any free port)")
+      ->capture_default_str()
+      ->type_name("PORT");
+  launch
+      ->add_option("--host", options->host,
+                   "Address the daemons listen on (0.0.0.0 for every "
+                   "interface) and the master address")
+      ->capture_default_str()
+      ->type_name("HOST");
+  launch
+      ->add_option("--log-level", options->log_level,
+                   "The daemons' log level: trace, debug, info, warn, error")
+      ->type_name("LEVEL");
+  launch
+      ->add_option("--log-dir", options->log_dir,
+                   "Write rank i's output to DIR/rank<i>.log instead of "
+                   "this terminal")
+      ->type_name("DIR");
+  launch
+      ->add_option("--server", options->server,
+                   "The tessera-server executable (default: next to this "
+                   "program, in the build tree, or on PATH)")
+      ->type_name("PATH");
+  launch
+      ->add_option("--start-timeout", options->start_timeout_seconds,
+                   "Give up when a daemon does not serve within this many "
+                   "seconds")
+      ->capture_default_str()
+      ->type_name("SECONDS");
+  launch
+      ->add_option("--stop-timeout", options->stop_timeout_seconds,
+                   "Seconds between SIGTERM and SIGKILL when stopping")
+      ->capture_default_str()
+      ->type_name("SECONDS");
+  launch
+      ->add_option("server_flags", options->server_flags,
+                   "More tessera-server flags, after '--' (e.g. -- "
+                   "--timeout 120s)")
+      ->type_name("FLAGS");
+  launch->footer(
+      "Examples:\n"
+      "  tessera launch --nproc 4 --cpu\n"
+      "  tessera launch --nproc 8 --host 0.0.0.0 --log-dir /tmp/tessera\n"
+      "  tessera launch --nproc 2 --cpu -- --shutdown-grace 30s\n\n"
+      "Each daemon gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"
+      "MASTER_PORT (and the same flags). Once all serve, one line per rank\n"
+      "and 'ready: export TESSERA_ADDRESS=...' are printed; Ctrl-C stops\n"
+      "them all.\n\n"
+      "Exit status: 0 after Ctrl-C (SIGINT, SIGTERM, SIGHUP), 1 when a daemon "
+      "cannot be started, does not serve in time or exits, 2 for a usage "
+      "error.");
+  launch->callback([options, &context] {
+    context.SetAction(std::string(kCommand), [options, &context] {
+      return RunLaunch(*options, context);
+    });
+  });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,95 @@
+// `tessera launch --nproc N`: starts N tessera-server daemons on this host,
+// as torchrun starts ranks, and stays in the foreground supervising them.
+//
+//   tessera launch --nproc 4 --cpu [--master-port 29500] [--base-port 29600]
+//       [--host 127.0.0.1] [--log-level info] [--log-dir DIR]
+//       [--server PATH] [-- extra tessera-server flags]
+//
+// Rank i gets RANK=i, WORLD_SIZE=N, LOCAL_RANK=i, MASTER_ADDR, MASTER_PORT
+// in its environment and the same as flags, listens on --host at base port
+// + i (--base-port 0: any free port), and uses --device cpu with --cpu,
+// else --device auto (cuda:i when that GPU exists). Rank 0 serves the
+// rendezvous store on the master port. tessera-server is looked for next to
+// this executable, then in the build tree, then on PATH (--server
+// overrides).
+//
+// Once every daemon serves (its --address-file holds "host:port"), prints
+//
+//   rank 0: 127.0.0.1:29600 (pid 4242)
+//   ...
+//   ready: export TESSERA_ADDRESS=127.0.0.1:29600
+//
+// and waits. SIGINT, SIGTERM or SIGHUP: SIGTERM to every daemon, a bounded
+// wait (--stop-timeout), SIGKILL for the rest, exit 0. A daemon that exits
+// on its own: the others are stopped the same way and the launcher exits 1
+// naming the rank and its exit status. The daemons run in their own process
+// groups (a terminal's Ctrl-C reaches only the launcher, which stops them
+// in order) and get SIGTERM if the launcher itself dies.
+//
+// Exit codes (command.h): 0 after a requested stop; 1 when tessera-server
+// cannot be found or started, a daemon does not serve within
+// --start-timeout, or one exits; 2 for a usage error.
+//
+// Not thread-safe: it owns the process's signal mask while it runs.
+#ifndef TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_
+#define TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/cli/command.h"
+
+namespace tessera::cli {
+
+struct LaunchOptions {
+  int nproc = 0;
+  bool cpu = false;
+  int master_port = 29500;
+  int base_port = 29600;  // 0: every daemon picks a free port
+  std::string host = "127.0.0.1";
+  std::string log_level;  // empty: the daemons' default
+  std::string log_dir;    // empty: daemons share the launcher's stdout/stderr
+  std::string server;     // empty: FindServerBinary
+  double start_timeout_seconds = 120;
+  double stop_timeout_seconds = 15;
+  std::vector<std::string> server_flags;  // after "--"
+};
+
+void AddLaunchCommand(CLI::App& app, CommandContext& context);
+
+int RunLaunch(const LaunchOptions& options, const CommandContext& context);
+
+// INVALID_ARGUMENT naming the flag for options that cannot work: nproc < 1,
+// ports outside [1, 65535] (base port 0 is allowed), daemons' ports past
+// 65535 or on the master port, an empty host, an unknown log level.
+absl::Status ValidateLaunchOptions(const LaunchOptions& options);
+
+// tessera-server's path: `server` when given (it must be executable), else
+// the first executable of: the directory of `self` (this program), its
+// build-tree neighbours (../bin, ../../server/daemon, ../../server), then
+// each directory of `path_env` ($PATH). NOT_FOUND saying where it looked.
+absl::StatusOr<std::string> FindServerBinary(const std::string& server,
+                                             const std::string& self,
+                                             const std::string& path_env);
+
+// What rank `rank`'s daemon is started with: its arguments (argv[1..]) and
+// the environment variables set for it.
+struct DaemonCommand {
+  std::vector<std::string> args;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string address_file;
+};
+DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
+                                 const std::string& address_dir);
+
+// The address rank 0 serves its store on and that peers dial: --host, or
+// 127.0.0.1 when --host is a wildcard (0.0.0.0, ::).
+std::string MasterAddress(const std::string& host);
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_

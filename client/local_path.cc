@@ -1,0 +1,426 @@
+#include "client/local_path.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "common/tensor/cuda_util.h"
+#include "common/tensor/tensor.h"
+#include "io/errno.h"
+#include "io/file.h"
+#include "io/unix_socket.h"
+#include "tessera/v1/local.pb.h"
+#include "wire/chunk_codec.h"
+#include "wire/grpc_status.h"
+
+#if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#define TESSERA_LOCAL_PATH_CUDA 1
+#else
+#define TESSERA_LOCAL_PATH_CUDA 0
+#endif
+
+namespace tessera {
+namespace {
+
+LocalAttempt FallBack(absl::Status status) {
+  return LocalAttempt{std::move(status), true};
+}
+
+LocalAttempt Final(absl::Status status) {
+  return LocalAttempt{std::move(status), false};
+}
+
+// A transport failure: worth a stream, unless the time is up.
+LocalAttempt TransportFailure(absl::Status status) {
+  if (absl::IsDeadlineExceeded(status)) return Final(std::move(status));
+  return FallBack(std::move(status));
+}
+
+std::string FetchName(const v1::FetchShardRequest& request) {
+  return absl::StrCat("shard ", request.shard_index(), " of tensor ",
+                      request.tensor_id());
+}
+
+// The view's layout, checked against the header: its element offset and
+// the byte range [first, end) of the allocation it spans.
+struct CheckedLayout {
+  int64_t offset = 0;  // In elements.
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t first_byte = 0;
+  int64_t end_byte = 0;
+};
+
+absl::StatusOr<CheckedLayout> CheckLayout(const v1::LocalFetchReply& reply,
+                                          DType dtype) {
+  const v1::LocalLayout& layout = reply.layout();
+  const int64_t width = static_cast<int64_t>(ElementSize(dtype));
+  CheckedLayout checked;
+  checked.sizes.assign(layout.sizes().begin(), layout.sizes().end());
+  checked.strides.assign(layout.strides().begin(), layout.strides().end());
+  const std::vector<int64_t> header_sizes(reply.header().sizes().begin(),
+                                          reply.header().sizes().end());
+  if (checked.sizes != header_sizes ||
+      checked.strides.size() != checked.sizes.size() ||
+      layout.offset_bytes() < 0 || layout.offset_bytes() % width != 0 ||
+      layout.storage_bytes() < 0) {
+    return absl::DataLossError("malformed layout");
+  }
+  checked.offset = layout.offset_bytes() / width;
+  int64_t last = checked.offset;
+  bool overflow = false;
+  for (size_t d = 0; d < checked.sizes.size(); ++d) {
+    if (checked.sizes[d] <= 0 || checked.strides[d] < 0) {
+      return absl::DataLossError("malformed layout");
+    }
+    int64_t span;
+    overflow |= __builtin_mul_overflow(checked.sizes[d] - 1, checked.strides[d],
+                                       &span) ||
+                __builtin_add_overflow(last, span, &last);
+  }
+  int64_t end;
+  overflow |= __builtin_add_overflow(last, int64_t{1}, &end) ||
+              __builtin_mul_overflow(end, width, &end);
+  if (overflow || end > layout.storage_bytes()) {
+    return absl::DataLossError("layout leaves the shared allocation");
+  }
+  checked.first_byte = layout.offset_bytes();
+  checked.end_byte = end;
+  return checked;
+}
+
+// Maps the pages of memory file `fd` that hold the view, read-only, and
+// returns the view over them (unmapped when its storage goes).
+absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
+                                     DType dtype) {
+  struct stat info;
+  if (fstat(fd, &info) != 0) {
+    return ErrnoError(errno, "fstat", absl::StatusCode::kUnavailable);
+  }
+  // Pages past the file's end would fault (SIGBUS) when touched; the seal
+  // keeps the owner from shrinking it after this check.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError("memory file is not sealed");
+  }
+  if (info.st_size < layout.end_byte) {
+    return absl::DataLossError(
+        absl::StrCat("memory file of ", info.st_size,
+                     " bytes is shorter than the view's ", layout.end_byte));
+  }
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const int64_t page = page_size > 0 ? page_size : 4096;
+  const int64_t map_start = layout.first_byte / page * page;
+  const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
+  void* data = mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                    fd, static_cast<off_t>(map_start));
+  if (data == MAP_FAILED) {
+    return ErrnoError(errno, absl::StrCat("mmap of ", map_bytes, " bytes"),
+                      absl::StatusCode::kUnavailable);
+  }
+  std::shared_ptr<Storage> storage =
+      Storage::Wrap(data, map_bytes, Device::Cpu(),
+                    [data, map_bytes] { munmap(data, map_bytes); });
+  const int64_t width = static_cast<int64_t>(ElementSize(dtype));
+  return Tensor::FromStorage(std::move(storage), dtype,
+                             layout.offset - map_start / width, layout.sizes,
+                             layout.strides);
+}
+
+#if TESSERA_LOCAL_PATH_CUDA
+// Opens the owner's device allocation and returns the view in it (the
+// handle is closed when its storage goes).
+absl::StatusOr<Tensor> OpenCudaView(const v1::LocalFetchReply& reply,
+                                    const CheckedLayout& layout, DType dtype) {
+  cudaIpcMemHandle_t handle;
+  if (reply.cuda_ipc_handle().size() != sizeof(handle)) {
+    return absl::DataLossError("malformed CUDA IPC handle");
+  }
+  std::memcpy(&handle, reply.cuda_ipc_handle().data(), sizeof(handle));
+  const std::optional<int> device =
+      CudaDeviceWithUuid(reply.cuda_device_uuid());
+  if (!device.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the owner's GPU (its cuda:", reply.cuda_device(),
+                     ") is not visible to this process"));
+  }
+  CudaDeviceGuard guard(*device);
+  RETURN_IF_ERROR(guard.status());
+  void* base = nullptr;
+  // Fails (and the caller falls back) when the owner is this very process.
+  RETURN_IF_ERROR(CudaStatus(
+      cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+      "cudaIpcOpenMemHandle"));
+  const int index = *device;
+  std::shared_ptr<Storage> storage =
+      Storage::Wrap(base, static_cast<size_t>(reply.layout().storage_bytes()),
+                    Device::Cuda(index), [base, index] {
+                      CudaDeviceGuard close_guard(index);
+                      if (cudaIpcCloseMemHandle(base) != cudaSuccess)
+                        cudaGetLastError();
+                    });
+  return Tensor::FromStorage(std::move(storage), dtype, layout.offset,
+                             layout.sizes, layout.strides);
+}
+#endif  // TESSERA_LOCAL_PATH_CUDA
+
+// Whether the view is one dense run of bytes, [first_byte, end_byte) in
+// row-major order.
+bool IsDense(const CheckedLayout& layout) {
+  int64_t expected = 1;
+  for (size_t d = layout.sizes.size(); d-- > 0;) {
+    if (layout.sizes[d] != 1 && layout.strides[d] != expected) return false;
+    expected *= layout.sizes[d];
+  }
+  return true;
+}
+
+// Reads the view's bytes from memory file `fd` into `destination`, one
+// contiguous block of host memory of exactly that many bytes: one copy, by
+// the kernel, without the page-table work of a mapping. DATA_LOSS when the
+// file ends early.
+absl::Status ReadDenseView(int fd, const CheckedLayout& layout,
+                           const Tensor& destination) {
+  const int64_t size = layout.end_byte - layout.first_byte;
+  absl::StatusOr<size_t> got =
+      PreadAll(fd, destination.data_ptr(), static_cast<size_t>(size),
+               layout.first_byte, "the lent memory file");
+  // Any failure of the read is one of the path: the stream may still work.
+  if (!got.ok()) return absl::UnavailableError(got.status().message());
+  if (static_cast<int64_t>(*got) < size) {
+    return absl::DataLossError(
+        absl::StrCat("memory file ends at byte ", layout.first_byte + *got,
+                     ", before the view's ", layout.end_byte));
+  }
+  return absl::OkStatus();
+}
+
+// The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
+// handle (CUDA_IPC).
+absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
+                                const CheckedLayout& layout, DType dtype) {
+  switch (reply.transport()) {
+    case v1::LOCAL_TRANSPORT_SHM:
+      if (fd < 0) return absl::DataLossError("no memory file attached");
+      return MapSharedView(fd, layout, dtype);
+    case v1::LOCAL_TRANSPORT_CUDA_IPC:
+#if TESSERA_LOCAL_PATH_CUDA
+      return OpenCudaView(reply, layout, dtype);
+#else
+      return absl::FailedPreconditionError("built without CUDA");
+#endif
+    default:
+      return absl::DataLossError(
+          absl::StrCat("unknown transport ", reply.transport()));
+  }
+}
+
+// Waits for the copies this thread issued on the default stream: a
+// device-to-device cudaMemcpy may return before it has run, and the lent
+// memory must not be released (nor the fetch reported done) before.
+absl::Status AwaitCopies() {
+#if TESSERA_LOCAL_PATH_CUDA
+  return CudaStatus(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+#else
+  return absl::OkStatus();
+#endif
+}
+
+// Whether an error of the assembler is about the request (final) rather
+// than about the copy from lent memory (worth a stream).
+bool IsFinalAssemblerError(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) || absl::IsDataLoss(status) ||
+         absl::IsOutOfRange(status) || absl::IsNotFound(status);
+}
+
+}  // namespace
+
+LocalPathClient::LocalPathClient(std::string local_address)
+    : address_(std::move(local_address)) {
+  absl::StatusOr<std::pair<std::string, std::string>> parsed =
+      ParseLocalAddress(address_);
+  if (!parsed.ok()) {
+    unusable_ = std::string(parsed.status().message());
+  } else if (HostId().empty()) {
+    unusable_ = "this host's boot id cannot be read";
+  } else if (parsed->first != HostId()) {
+    unusable_ = absl::StrCat("the owner runs on another host (host id ",
+                             parsed->first, ", ours ", HostId(), ")");
+  } else {
+    socket_name_ = std::move(parsed->second);
+    same_host_ = true;
+  }
+}
+
+LocalPathClient::~LocalPathClient() = default;
+
+absl::StatusOr<UniqueFd> LocalPathClient::TakeConnection(absl::Time deadline,
+                                                         bool reuse,
+                                                         bool* pooled) const {
+  *pooled = false;
+  if (reuse) {
+    absl::MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      UniqueFd socket = std::move(idle_.back());
+      idle_.pop_back();
+      *pooled = true;
+      return socket;
+    }
+  }
+  absl::StatusOr<UniqueFd> socket = ConnectLocal(socket_name_, deadline);
+  absl::Status greeted = socket.status();
+  if (socket.ok()) {
+    greeted = SendLocalMessage(socket->get(), kLocalMagic, deadline);
+  }
+  if (!greeted.ok()) {
+    absl::MutexLock lock(&mu_);
+    retry_after_ = absl::Now() + kRetryAfterConnectFailure;
+    return greeted;
+  }
+  return socket;
+}
+
+void LocalPathClient::ReturnConnection(UniqueFd socket) const {
+  absl::MutexLock lock(&mu_);
+  idle_.push_back(std::move(socket));
+}
+
+void LocalPathClient::DropIdleConnections() const {
+  std::vector<UniqueFd> closing;
+  absl::MutexLock lock(&mu_);
+  closing.swap(idle_);
+}
+
+LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
+                                    absl::Time deadline,
+                                    bool skip_after_failure,
+                                    ShardAssembler* assembler) const {
+  if (!same_host_) return FallBack(absl::FailedPreconditionError(unusable_));
+  if (skip_after_failure) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() < retry_after_) {
+      return FallBack(absl::FailedPreconditionError(
+          absl::StrCat("the owner's local socket ", socket_name_,
+                       " could not be reached recently")));
+    }
+  }
+  v1::LocalFetchRequest local_request;
+  *local_request.mutable_request() = request;
+  local_request.set_accept_cuda_ipc(TESSERA_LOCAL_PATH_CUDA && CudaAvailable());
+  const std::string serialized = local_request.SerializeAsString();
+  const std::string what =
+      absl::StrCat("fetching ", FetchName(request), " over the local path");
+
+  // A pooled connection may have been closed by the server meanwhile (its
+  // idle timeout); a fresh one is tried once before giving up.
+  for (int attempt = 0;; ++attempt) {
+    bool pooled = false;
+    absl::StatusOr<UniqueFd> socket =
+        TakeConnection(deadline, attempt == 0, &pooled);
+    if (!socket.ok()) return TransportFailure(Annotate(socket.status(), what));
+    UniqueFd attached;
+    absl::Status sent = SendLocalMessage(socket->get(), serialized, deadline);
+    absl::StatusOr<std::string> message =
+        sent.ok() ? ReceiveLocalMessage(socket->get(), deadline, &attached)
+                  : sent;
+    if (!message.ok()) {
+      if (pooled && absl::IsUnavailable(message.status())) {
+        DropIdleConnections();
+        continue;
+      }
+      return TransportFailure(Annotate(message.status(), what));
+    }
+    v1::LocalFetchReply reply;
+    if (!reply.ParseFromString(*message) || reply.code() < 0 ||
+        reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return FallBack(
+          absl::DataLossError(absl::StrCat(what, ": malformed reply")));
+    }
+    if (reply.code() != 0) {
+      const absl::Status answer =
+          Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                                reply.message()),
+                   what);
+      // FAILED_PRECONDITION: the memory cannot be lent; UNAVAILABLE: the
+      // server is stopping. A stream gives the authoritative answer for
+      // both; the rest is the server's verdict on the request.
+      if (absl::IsFailedPrecondition(answer)) {
+        ReturnConnection(*std::move(socket));
+        return FallBack(answer);
+      }
+      if (absl::IsUnavailable(answer)) return FallBack(answer);
+      ReturnConnection(*std::move(socket));
+      return Final(answer);
+    }
+    const bool leased = reply.transport() != v1::LOCAL_TRANSPORT_NONE;
+    // The lent memory could not be reached (worth a stream).
+    absl::Status unreachable;
+    absl::Status copied;
+    {
+      absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
+      // Nothing lent: nothing to copy, unless the header says otherwise.
+      absl::StatusOr<CheckedLayout> layout = CheckedLayout();
+      if (!dtype.ok()) {
+        layout = dtype.status();
+      } else if (leased) {
+        layout = CheckLayout(reply, *dtype);
+      } else if (reply.header().total_bytes() != 0) {
+        layout = absl::DataLossError("no transport for a non-empty shard");
+      }
+      if (!layout.ok()) unreachable = Annotate(layout.status(), what);
+      auto fill = [&](const Tensor& destination) -> absl::Status {
+        if (!leased) return absl::OkStatus();  // No bytes.
+        if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
+            IsDense(*layout) && destination.device().is_cpu() &&
+            destination.is_contiguous() &&
+            static_cast<int64_t>(destination.nbytes()) ==
+                layout->end_byte - layout->first_byte) {
+          return ReadDenseView(attached.get(), *layout, destination);
+        }
+        absl::StatusOr<Tensor> view =
+            LentView(reply, attached.get(), *layout, *dtype);
+        if (!view.ok()) {
+          unreachable = Annotate(view.status(), what);
+          return unreachable;
+        }
+        // The view (the mapping, the IPC handle) goes on return, before
+        // "done" lets the owner free the memory.
+        RETURN_IF_ERROR(CopyInto(*view, destination));
+        return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
+      };
+      if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
+      attached = UniqueFd();
+    }
+    if (leased) {
+      const char done = kLocalDone;
+      if (!SendLocalMessage(socket->get(), absl::string_view(&done, 1),
+                            deadline)
+               .ok()) {
+        *socket = UniqueFd();  // Closing it ends the lease as well.
+      }
+    }
+    if (socket->valid()) ReturnConnection(*std::move(socket));
+    if (!unreachable.ok()) return FallBack(unreachable);
+    if (copied.ok() || IsFinalAssemblerError(copied) ||
+        absl::IsDeadlineExceeded(copied)) {
+      return Final(copied);
+    }
+    return FallBack(copied);
+  }
+}
+
+}  // namespace tessera

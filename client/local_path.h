@@ -1,0 +1,101 @@
+// LocalPathClient: the client half of the local path
+// (docs/data_plane.md, "The local path"; server/local_path_server.h;
+// proto/tessera/v1/local.proto).
+//
+// When a shard's owner runs on this host, its bytes need not cross the TCP
+// stack: the owner lends the shard's memory (a read-only descriptor of a
+// shared host memory file, or a CUDA IPC handle) and the client copies the
+// requested box straight from it into the destination, then tells the
+// owner it is done, which ends the owner's lease on the memory. A dense
+// run of a memory file bound for a contiguous host destination is read
+// with pread(2); anything else is mapped (or its IPC handle opened) and
+// copied with CopyBox (any strides, CPU or CUDA). The mapping is gone
+// before "done" is sent.
+//
+// Any failure that is about the path rather than the request (another
+// host, no socket under that name, memory the owner cannot share, a
+// mapping or CUDA IPC failure, a malformed reply) is reported as
+// fall_back: the caller fetches over a stream instead. The owner's verdict
+// on the request itself (NOT_FOUND, OUT_OF_RANGE, INVALID_ARGUMENT) and a
+// destination that does not match are final, as is DEADLINE_EXCEEDED (no
+// time is left for a stream).
+//
+// After a failed connect the fetcher skips the local path for
+// kRetryAfterConnectFailure (unless asked not to), so that an owner whose
+// socket this process cannot reach (another network namespace) costs one
+// attempt, not one per fetch. Connections are pooled, one per concurrent
+// fetch, and dropped after any error.
+//
+// Thread-safety: Fetch may be called from many threads at once.
+#ifndef TESSERA_CLIENT_LOCAL_PATH_H_
+#define TESSERA_CLIENT_LOCAL_PATH_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/shard_client.h"
+#include "io/socket.h"
+#include "tessera/v1/shard.pb.h"
+
+namespace tessera {
+
+// What a local attempt came to.
+struct LocalAttempt {
+  // OK: the bytes are in the assembler's destination. Otherwise why not.
+  absl::Status status;
+  // The local path could not be taken and nothing final was learned: fetch
+  // over a stream instead (the assembler is untouched).
+  bool fall_back = false;
+};
+
+class LocalPathClient {
+ public:
+  static constexpr absl::Duration kRetryAfterConnectFailure = absl::Seconds(30);
+
+  // `local_address` as workers publish it ("<host id>/<socket name>"); one
+  // that is malformed or names another host makes every attempt fall back.
+  explicit LocalPathClient(std::string local_address);
+  ~LocalPathClient();
+  LocalPathClient(const LocalPathClient&) = delete;
+  LocalPathClient& operator=(const LocalPathClient&) = delete;
+
+  // Whether the address names this host (the local path may work).
+  bool same_host() const { return same_host_; }
+  const std::string& address() const { return address_; }
+
+  // Fetches `request` into `assembler` over the local path, every socket
+  // operation bounded by `deadline`. With `skip_after_failure` an attempt
+  // within kRetryAfterConnectFailure of a failed connect falls back at
+  // once.
+  LocalAttempt Fetch(const v1::FetchShardRequest& request, absl::Time deadline,
+                     bool skip_after_failure, ShardAssembler* assembler) const;
+
+ private:
+  // An idle pooled connection when `reuse` and there is one (*pooled set),
+  // else a new one, greeted.
+  absl::StatusOr<UniqueFd> TakeConnection(absl::Time deadline, bool reuse,
+                                          bool* pooled) const;
+  void ReturnConnection(UniqueFd socket) const;
+  void DropIdleConnections() const;
+
+  const std::string address_;
+  std::string socket_name_;
+  bool same_host_ = false;
+  // Why the path cannot be taken, when !same_host_.
+  std::string unusable_;
+
+  mutable absl::Mutex mu_;
+  mutable std::vector<UniqueFd> idle_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_LOCAL_PATH_H_

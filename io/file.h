@@ -1,0 +1,98 @@
+// Files, written once for every caller: whole reads and writes that retry
+// EINTR and short transfers, and atomic replacement.
+//
+// Errors are ErrnoError values (io/errno.h) whose context names the file
+// ("write <path>: No space left on device"); callers add what they were
+// doing. Nothing here throws or aborts.
+//
+// Thread-compatible: the functions keep no state; an AtomicFile belongs to
+// one thread at a time.
+#ifndef TESSERA_IO_FILE_H_
+#define TESSERA_IO_FILE_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "io/unique_fd.h"
+
+namespace tessera {
+
+// open(2) with O_CLOEXEC added, retrying EINTR. Error context: "open <path>".
+absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
+                                  mode_t mode = 0644);
+
+// Reads up to `size` bytes; fewer only when the file ends first. Error
+// context: "read <name>".
+absl::StatusOr<size_t> ReadAll(int fd, void* data, size_t size,
+                               absl::string_view name);
+// The same at `offset` (pread(2); the file position is unchanged).
+absl::StatusOr<size_t> PreadAll(int fd, void* data, size_t size, int64_t offset,
+                                absl::string_view name);
+// Writes all `size` bytes at `offset` (pwrite(2)). Error context:
+// "write <name>".
+absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
+                       absl::string_view name);
+// Writes all `size` bytes. Error context: "write <name>".
+absl::Status WriteAll(int fd, const void* data, size_t size,
+                      absl::string_view name);
+// fstat's size. Error context: "stat <name>".
+absl::StatusOr<int64_t> FileSize(int fd, absl::string_view name);
+// fsync(2). Error context: "fsync <name>".
+absl::Status SyncFile(int fd, absl::string_view name);
+// Makes creations, renames and removals in `dir` durable.
+absl::Status SyncDirectory(const std::string& dir);
+
+// A file that replaces `path` atomically: written under a temporary name
+// beside it ("<path>.tmp.<pid>.<n>", created O_EXCL|O_NOFOLLOW, so it can
+// neither clobber nor follow anything already there), then Commit()
+// fsyncs it, renames it over `path` and fsyncs the directory: a crash
+// leaves the old file or the complete new one, never a mix. The temporary
+// file is removed when the object dies uncommitted.
+class AtomicFile {
+ public:
+  static absl::StatusOr<AtomicFile> Create(std::string path,
+                                           mode_t mode = 0644);
+  AtomicFile(AtomicFile&& other) noexcept;
+  AtomicFile& operator=(AtomicFile&&) = delete;
+  ~AtomicFile();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+  int64_t size() const { return size_; }
+
+  absl::Status Append(const void* data, size_t size);
+  // fsync, close, rename over path(), fsync the directory. Once.
+  absl::Status Commit();
+
+ private:
+  AtomicFile(std::string path, std::string temp_path, UniqueFd fd)
+      : path_(std::move(path)),
+        temp_path_(std::move(temp_path)),
+        fd_(std::move(fd)) {}
+
+  std::string path_;
+  std::string temp_path_;
+  UniqueFd fd_;
+  int64_t size_ = 0;
+  bool committed_ = false;
+};
+
+// For a directory entry: the file an AtomicFile's temporary `name` would
+// have replaced ("w.npy.tmp.12.3" -> "w.npy"), or `name` itself when it is
+// not such a temporary file.
+absl::string_view AtomicFileTarget(absl::string_view name);
+
+// Replaces `path` with `contents` through an AtomicFile.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view contents,
+                                 mode_t mode = 0644);
+
+}  // namespace tessera
+
+#endif  // TESSERA_IO_FILE_H_

@@ -1,0 +1,170 @@
+#include "io/socket.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "io/errno.h"
+
+namespace tessera {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  return ErrnoError(errno, what, absl::StatusCode::kUnavailable);
+}
+
+// How long a read polls before it blocks (see ReadFull).
+constexpr std::chrono::microseconds kReadSpin(100);
+
+void TuneSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+void InterruptSocket(int fd) {
+  if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+absl::Status AwaitReady(int fd, short events, absl::Time deadline,
+                        absl::string_view what) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": deadline exceeded"));
+    }
+    pollfd p{fd, events, 0};
+    const int timeout_ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    const int ready = poll(&p, 1, timeout_ms);
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno != EINTR) return Errno(what);
+  }
+}
+
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
+                                    absl::Time deadline) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address without a port: ", address));
+  }
+  std::string host = address.substr(0, colon);
+  std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("resolving ", address, ": ", gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(found, freeaddrinfo);
+  UniqueFd socket(
+      ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!socket.valid()) return Errno("socket");
+  const std::string what = absl::StrCat("connecting to ", address);
+  if (connect(socket.get(), found->ai_addr, found->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) return Errno(what);
+    absl::Status ready = AwaitReady(socket.get(), POLLOUT, deadline, what);
+    if (!ready.ok()) return ready;
+    int error = 0;
+    socklen_t len = sizeof(error);
+    getsockopt(socket.get(), SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error != 0) {
+      errno = error;
+      return Errno(what);
+    }
+  }
+  TuneSocket(socket.get());
+  return socket;
+}
+
+absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host) {
+  UniqueFd socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!socket.valid()) return Errno("socket");
+  int one = 1;
+  setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane needs an IPv4 address to listen on, got ", host));
+  }
+  socklen_t len = sizeof(addr);
+  if (bind(socket.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(socket.get(), 128) != 0 ||
+      getsockname(socket.get(), reinterpret_cast<sockaddr*>(&addr), &len) !=
+          0) {
+    return Errno(absl::StrCat("listening on ", host));
+  }
+  return std::make_pair(std::move(socket),
+                        static_cast<int>(ntohs(addr.sin_port)));
+}
+
+absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
+  char* out = static_cast<char*>(data);
+  // Each wait first polls the socket in a loop for a moment: a sleeping
+  // (virtual) CPU takes tens of microseconds to wake, more than a small
+  // fetch's whole round trip on loopback.
+  std::chrono::steady_clock::time_point spin_until{};
+  while (size > 0) {
+    ssize_t n = recv(fd, out, size, MSG_DONTWAIT);
+    if (n > 0) {
+      out += n;
+      size -= static_cast<size_t>(n);
+      spin_until = {};
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Errno("recv");
+    const auto now = std::chrono::steady_clock::now();
+    if (spin_until == std::chrono::steady_clock::time_point{}) {
+      spin_until = now + kReadSpin;
+    }
+    if (now < spin_until) continue;
+    absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recv");
+    if (!ready.ok()) return ready;
+    spin_until = {};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFull(int fd, const void* data, size_t size,
+                       absl::Time deadline, bool more) {
+  const int flags = MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0);
+  const char* in = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = send(fd, in, size, flags);
+    if (n > 0) {
+      in += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return Errno("send");
+    absl::Status ready = AwaitReady(fd, POLLOUT, deadline, "send");
+    if (!ready.ok()) return ready;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,46 @@
+// Blocking TCP I/O with deadlines, for the raw data plane (data_plane_server.h,
+// ShardClient). Every call is bounded by an absolute deadline and returns
+// DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer is gone or
+// the connection fails; nothing blocks forever and SIGPIPE is never
+// raised (MSG_NOSIGNAL).
+//
+// Thread-compatible: one thread per file descriptor at a time.
+#ifndef TESSERA_IO_SOCKET_H_
+#define TESSERA_IO_SOCKET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "io/unique_fd.h"
+
+namespace tessera {
+
+// Interrupts any thread blocked on the socket `fd` (shutdown(2) both
+// ways); does not close it.
+void InterruptSocket(int fd);
+
+// Waits until `fd` is ready for `events` (poll(2) flags; an error or hang-up
+// counts as ready) or `deadline` passes: DEADLINE_EXCEEDED "<what>:
+// deadline exceeded", or UNAVAILABLE when poll fails.
+absl::Status AwaitReady(int fd, short events, absl::Time deadline,
+                        absl::string_view what);
+
+// Connects to "host:port" (IPv4 or a resolvable name).
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
+                                    absl::Time deadline);
+// Listens on `host`:0 (an ephemeral port); returns the socket and port.
+absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host);
+
+absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline);
+// `more` says more data follows at once (MSG_MORE), so small pieces of one
+// reply leave in one segment despite TCP_NODELAY.
+absl::Status WriteFull(int fd, const void* data, size_t size,
+                       absl::Time deadline, bool more = false);
+}  // namespace tessera
+
+#endif  // TESSERA_IO_SOCKET_H_

@@ -1,0 +1,77 @@
+// Child processes for tests: spawn a program with arguments, environment
+// overrides and a log file, signal it, wait for it with a bound, and never
+// leave it running (the destructor kills and reaps it).
+//
+// Thread-compatible: one Subprocess is used by one thread at a time.
+#ifndef TESSERA_IO_SUBPROCESS_H_
+#define TESSERA_IO_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+struct SpawnOptions {
+  // Path of the executable.
+  std::string program;
+  // argv[1..].
+  std::vector<std::string> args;
+  // Variables set (or replaced) in the child; the rest is inherited.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Inherited variables removed from the child's environment.
+  std::vector<std::string> unset_env;
+  // stdout and stderr go here (truncated); empty: inherited.
+  std::string log_path;
+};
+
+// posix_spawn of `options`: the child's pid, or INTERNAL naming the
+// program when it could not be started.
+absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options);
+
+class Subprocess {
+ public:
+  static absl::StatusOr<Subprocess> Spawn(SpawnOptions options);
+
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return !status_.has_value(); }
+  const std::string& log_path() const { return options_.log_path; }
+
+  // Sends `signal` (no-op once it exited).
+  void Signal(int signal) const;
+  // Its waitpid status once it exited within `timeout`; nullopt while it
+  // still runs.
+  std::optional<int> WaitFor(absl::Duration timeout);
+  // SIGKILL and reap; returns the wait status.
+  int Kill();
+  // The last `max_bytes` of its log ("" without one).
+  std::string LogTail(size_t max_bytes = 4096) const;
+
+ private:
+  Subprocess(SpawnOptions options, pid_t pid)
+      : options_(std::move(options)), pid_(pid) {}
+
+  SpawnOptions options_;
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
+
+// "exit code 1", "killed by signal 9".
+std::string DescribeWaitStatus(int status);
+
+// The last `max_bytes` of the file at `path` ("" when unreadable).
+std::string ReadTail(const std::string& path, size_t max_bytes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_IO_SUBPROCESS_H_

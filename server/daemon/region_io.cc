@@ -1,0 +1,370 @@
+#include "server/daemon/region_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/region_transfer.h"
+#include "client/shard_client.h"
+#include "common/proto_convert.h"
+#include "common/region.h"
+#include "common/status_macros.h"
+#include "common/tensor/tensor.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "tessera/v1/control.grpc.pb.h"
+#include "wire/chunk_assembler.h"
+#include "wire/grpc_status.h"
+#include "xxhash.h"
+
+namespace tessera {
+namespace {
+
+// A region of a named tensor, checked against the daemon's table.
+struct ResolvedRegion {
+  std::string name;
+  v1::TensorInfo info;
+  ShardedTensorMetadata metadata;
+  // The region's offsets and sizes (no placement).
+  ShardMetadata region;
+  int64_t nbytes = 0;
+};
+
+// Looks `name` up and checks the region against it, before anything is
+// allocated. `op` prefixes errors ("ReadRegion").
+absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
+                                       const std::string& name,
+                                       const std::string& pinned_id,
+                                       absl::Span<const int64_t> offsets,
+                                       absl::Span<const int64_t> sizes,
+                                       absl::string_view op) {
+  if (env.rank == nullptr || !env.resolve) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": this daemon serves no tensors yet"));
+  }
+  ASSIGN_OR_RETURN(v1::TensorInfo info, env.resolve(name));
+  if (!pinned_id.empty() && pinned_id != info.tensor_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": tensor ", name, " is now ", info.tensor_id(),
+                     ", not ", pinned_id, " (it was resharded or re-created)"));
+  }
+  absl::StatusOr<ShardedTensorMetadata> metadata = FromProto(info.metadata());
+  if (!metadata.ok()) {
+    return absl::InternalError(
+        absl::StrCat(op, ": the metadata of tensor ", name,
+                     " is invalid: ", metadata.status().message()));
+  }
+  if (static_cast<size_t>(info.shard_ranks_size()) !=
+      metadata->shards_metadata.size()) {
+    return absl::InternalError(absl::StrCat(
+        op, ": tensor ", name, " lists ", info.shard_ranks_size(),
+        " owners for ", metadata->shards_metadata.size(), " shards"));
+  }
+  RETURN_IF_ERROR(
+      Annotate(ValidateRegion(offsets, sizes, metadata->size,
+                              absl::StrCat("tensor ", name), "tensor"),
+               op));
+  const int64_t element =
+      static_cast<int64_t>(ElementSize(metadata->tensor_properties.dtype));
+  const std::optional<int64_t> numel = CheckedProduct(sizes);
+  if (!numel.has_value() ||
+      *numel > std::numeric_limits<int64_t>::max() / element) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": region sizes [", absl::StrJoin(sizes, ", "),
+                     "] of tensor ", name, " overflow"));
+  }
+  const int64_t nbytes = *numel * element;
+  if (nbytes > env.max_region_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(op, ": the region of ", nbytes, " bytes of tensor ", name,
+                     " exceeds this daemon's limit of ", env.max_region_bytes,
+                     " bytes per call; split it"));
+  }
+  ASSIGN_OR_RETURN(ShardMetadata region,
+                   ShardMetadata::Create({offsets.begin(), offsets.end()},
+                                         {sizes.begin(), sizes.end()}));
+  return ResolvedRegion{name, std::move(info), *std::move(metadata),
+                        std::move(region), nbytes};
+}
+
+// The call's deadline, capped at env.max_call_time from now.
+absl::Time CallDeadline(const RegionEnv& env,
+                        const grpc::CallbackServerContext* context) {
+  return std::min(absl::FromChrono(context->deadline()),
+                  absl::Now() + env.max_call_time);
+}
+
+// The registered shard `shard` of the tensor, or null when this daemon does
+// not hold it.
+const LocalShard* Mine(
+    const std::shared_ptr<const RegisteredTensor>& registered, size_t shard) {
+  return registered == nullptr
+             ? nullptr
+             : registered->FindShard(static_cast<int64_t>(shard));
+}
+
+// What a remote transfer of `overlap` is, for errors.
+std::string RemoteWhat(absl::string_view op, const ResolvedRegion& resolved,
+                       size_t shard) {
+  return absl::StrCat(op, " of tensor ", resolved.name, ": shard ", shard,
+                      " on rank ", resolved.info.shard_ranks(shard));
+}
+
+}  // namespace
+
+absl::StatusOr<PreparedFetch> PrepareRegionRead(
+    const RegionEnv& env, const v1::ReadRegionRequest& request,
+    absl::Time deadline) {
+  ASSIGN_OR_RETURN(const ResolvedRegion resolved,
+                   Resolve(env, request.name(), request.tensor_id(),
+                           request.offsets(), request.sizes(), "ReadRegion"));
+  const ShardMetadata& region = resolved.region;
+  ASSIGN_OR_RETURN(
+      const Tensor box,
+      Tensor::Empty(region.shard_sizes(),
+                    TensorOptions().WithDType(
+                        resolved.metadata.tensor_properties.dtype)));
+  const std::shared_ptr<const RegisteredTensor> registered =
+      env.rank->registry().Find(resolved.info.tensor_id());
+  RETURN_IF_ERROR(ForEachRegionPiece(
+      resolved.metadata.shards_metadata, region.shard_offsets(), box,
+      env.parallelism, [&](const RegionPiece& piece) -> absl::Status {
+        if (const LocalShard* mine = Mine(registered, piece.shard)) {
+          return CopyBox(mine->shard.tensor, piece.offsets_in_shard, piece.view,
+                         std::vector<int64_t>(piece.view.dim(), 0),
+                         piece.box->shard_sizes());
+        }
+        const std::string what =
+            RemoteWhat("ReadRegion", resolved, piece.shard);
+        absl::StatusOr<std::shared_ptr<ShardClient>> client =
+            env.rank->ClientFor(resolved.info.shard_ranks(piece.shard));
+        RETURN_IF_ERROR(Annotate(client.status(), what));
+        FetchOptions options;
+        options.timeout = deadline - absl::Now();
+        if (options.timeout <= absl::ZeroDuration()) {
+          return absl::DeadlineExceededError(
+              absl::StrCat(what, ": deadline exceeded"));
+        }
+        return Annotate(
+            (*client)->FetchRegionInto(
+                resolved.info.tensor_id(), static_cast<int64_t>(piece.shard),
+                piece.offsets_in_shard, piece.view, options),
+            what);
+      }));
+  ASSIGN_OR_RETURN(const ShardMetadata where,
+                   ShardMetadata::Create(
+                       region.shard_offsets(), region.shard_sizes(),
+                       RemoteDevice::ForRank(env.rank->rank(), Device::Cpu())));
+  return PrepareTensorFetch(box, where);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegion(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    RegionEnv env, const ShardServiceOptions& chunks) {
+  grpc::ByteBuffer serialized(*request);
+  v1::ReadRegionRequest parsed;
+  if (!grpc::SerializationTraits<v1::ReadRegionRequest>::Deserialize(
+           &serialized, &parsed)
+           .ok()) {
+    return NewFailedChunkStream(
+        absl::InvalidArgumentError("ReadRegion: malformed request"));
+  }
+  if (parsed.chunk_bytes() < 0) {
+    return NewFailedChunkStream(absl::InvalidArgumentError(absl::StrCat(
+        "ReadRegion: negative chunk_bytes ", parsed.chunk_bytes())));
+  }
+  const absl::Time deadline = CallDeadline(env, context);
+  const int64_t chunk_bytes = ChunkBytesFor(chunks, parsed.chunk_bytes());
+  return NewDeferredChunkStream(
+      [env = std::move(env), parsed = std::move(parsed), deadline] {
+        return PrepareRegionRead(env, parsed, deadline);
+      },
+      chunk_bytes);
+}
+
+namespace {
+
+// Receives a WriteRegion stream into a host buffer of the region (checked
+// chunk by chunk), then applies it on a thread of its own: local overlaps
+// are copied into the registered shards, remote ones forwarded to their
+// owners. One read is in flight at a time; every path ends in exactly one
+// Finish, then OnDone frees the reactor.
+class WriteRegionReactor final
+    : public grpc::ServerReadReactor<v1::WriteRegionChunk> {
+ public:
+  WriteRegionReactor(grpc::CallbackServerContext* context,
+                     v1::WriteRegionResponse* response, RegionEnv env)
+      : response_(response),
+        env_(std::move(env)),
+        deadline_(CallDeadline(env_, context)) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed (or the call broke: then the stream is
+      // incomplete, or complete and harmless to apply).
+      End();
+      return;
+    }
+    const absl::Status status = Consume();
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override {
+    thread_.Join();
+    delete this;
+  }
+
+ private:
+  std::string What() const {
+    return absl::StrCat("WriteRegion of tensor ", resolved_->name);
+  }
+
+  absl::Status Consume() {
+    if (!resolved_.has_value()) {
+      if (!chunk_.has_header()) {
+        return absl::InvalidArgumentError(
+            "WriteRegion: the first message carries no header");
+      }
+      RETURN_IF_ERROR(Begin(chunk_.header()));
+    } else if (chunk_.has_header()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          What(), ": header repeated at offset ", chunk_.offset()));
+    }
+    const std::string& data = chunk_.data();
+    const int64_t size = static_cast<int64_t>(data.size());
+    const std::string chunk_name =
+        absl::StrCat(What(), ": chunk at offset ", chunk_.offset());
+    RETURN_IF_ERROR(sequence_.CheckNext(chunk_.offset(), size, chunk_name));
+    RETURN_IF_ERROR(ChunkSequence::CheckChecksum(
+        XXH3_64bits(data.data(), data.size()), chunk_.checksum(), chunk_name));
+    if (size > 0) {
+      std::memcpy(static_cast<char*>(buffer_.data_ptr()) + chunk_.offset(),
+                  data.data(), data.size());
+    }
+    sequence_.Advance(size);
+    return absl::OkStatus();
+  }
+
+  // Checks the header against the tensor, then allocates the buffer.
+  absl::Status Begin(const v1::WriteRegionHeader& header) {
+    ASSIGN_OR_RETURN(resolved_,
+                     Resolve(env_, header.name(), header.tensor_id(),
+                             header.offsets(), header.sizes(), "WriteRegion"));
+    const DType dtype = resolved_->metadata.tensor_properties.dtype;
+    absl::StatusOr<DType> sent = FromProto(header.dtype());
+    if (!sent.ok()) return Annotate(sent.status(), What());
+    if (*sent != dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(What(), ": the data is ", DTypeName(*sent),
+                       " but the tensor is ", DTypeName(dtype)));
+    }
+    if (header.total_bytes() != resolved_->nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          What(), ": total_bytes ", header.total_bytes(), " is not the ",
+          resolved_->nbytes, " bytes of the region"));
+    }
+    ASSIGN_OR_RETURN(buffer_, Tensor::Empty(resolved_->region.shard_sizes(),
+                                            TensorOptions().WithDType(dtype)));
+    sequence_.Start(resolved_->nbytes);
+    return absl::OkStatus();
+  }
+
+  void End() {
+    if (!resolved_.has_value()) {
+      Finish(ToGrpcStatus(absl::InvalidArgumentError(
+          "WriteRegion: the stream ended without a header")));
+      return;
+    }
+    const absl::Status complete = sequence_.CheckComplete(What());
+    if (!complete.ok()) {
+      Finish(ToGrpcStatus(complete));
+      return;
+    }
+    thread_.Start([this] {
+      const absl::Status applied = Apply();
+      if (applied.ok()) response_->set_bytes_written(sequence_.total_bytes());
+      Finish(ToGrpcStatus(applied));
+    });
+  }
+
+  absl::Status Apply() {
+    const ResolvedRegion& resolved = *resolved_;
+    const ShardMetadata& region = resolved.region;
+    const auto& shards = resolved.metadata.shards_metadata;
+    const std::shared_ptr<const RegisteredTensor> registered =
+        env_.rank->registry().Find(resolved.info.tensor_id());
+    for (const RegionOverlap& overlap : Overlaps(shards, region)) {
+      // The table says this rank owns it, yet it is not registered: a
+      // forward would come straight back.
+      if (resolved.info.shard_ranks(overlap.shard) == env_.rank->rank() &&
+          Mine(registered, overlap.shard) == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(What(), ": shard ", overlap.shard, " of tensor id ",
+                         resolved.info.tensor_id(),
+                         " belongs to this rank but is not registered"));
+      }
+    }
+    return ForEachRegionPiece(
+        shards, region.shard_offsets(), buffer_, env_.parallelism,
+        [&](const RegionPiece& piece) -> absl::Status {
+          if (const LocalShard* mine = Mine(registered, piece.shard)) {
+            return Annotate(
+                CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
+                        mine->shard.tensor, piece.offsets_in_shard,
+                        piece.box->shard_sizes()),
+                What());
+          }
+          const int owner = resolved.info.shard_ranks(piece.shard);
+          const std::string what =
+              RemoteWhat("WriteRegion", resolved, piece.shard);
+          absl::StatusOr<WorkerInfo> worker = env_.rank->Worker(owner);
+          RETURN_IF_ERROR(Annotate(worker.status(), what));
+          // gRPC shares one connection among channels to the same address
+          // with the same arguments, so a channel per forward is cheap.
+          std::unique_ptr<v1::ControlService::Stub> stub =
+              v1::ControlService::NewStub(grpc::CreateChannel(
+                  worker->address, grpc::InsecureChannelCredentials()));
+          RegionWriteOptions options;
+          options.deadline = deadline_;
+          return Annotate(
+              WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
+                          piece.box->shard_offsets(), piece.view, options)
+                  .status(),
+              absl::StrCat(what, " (", worker->address, ")"));
+        });
+  }
+
+  v1::WriteRegionResponse* const response_;
+  const RegionEnv env_;
+  const absl::Time deadline_;
+  v1::WriteRegionChunk chunk_;
+  // Set by the header.
+  std::optional<ResolvedRegion> resolved_;
+  Tensor buffer_;
+  // Chunks are the client's: out of order or too long is its mistake.
+  ChunkSequence sequence_{absl::StatusCode::kInvalidArgument, "region"};
+  ReactorThread thread_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::WriteRegionChunk>* StartWriteRegion(
+    grpc::CallbackServerContext* context, v1::WriteRegionResponse* response,
+    RegionEnv env) {
+  return new WriteRegionReactor(context, response, std::move(env));
+}
+
+}  // namespace tessera

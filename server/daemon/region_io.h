@@ -1,0 +1,93 @@
+// Region reads and writes of named tensors on a daemon: the bodies of
+// ControlService.ReadRegion and WriteRegion (proto/tessera/v1/control.proto).
+//
+// The daemon that receives a call serves the part of the region its own
+// shards hold from its ShardRegistry and moves the rest to or from the
+// shards' owners: a read fetches each remote overlap with
+// ShardClient::FetchRegionInto (only those bytes cross the network), a
+// write forwards each remote overlap to its owner's WriteRegion, pinned to
+// the tensor id it resolved, so the owner writes it locally. Remote
+// transfers run in parallel, bounded by the call's deadline (capped at
+// RegionEnv::max_call_time).
+//
+// Errors (as gRPC codes): NOT_FOUND for an unknown name (as `resolve`
+// says); FAILED_PRECONDITION when the request pins a tensor id the name no
+// longer has; INVALID_ARGUMENT for a region of the wrong rank, negative
+// offsets or sizes, a dtype other than the tensor's, or a malformed write
+// stream (no header, a repeated header, offsets that do not continue, more
+// or fewer bytes than total_bytes); OUT_OF_RANGE for a region outside the
+// tensor; RESOURCE_EXHAUSTED for a region larger than max_region_bytes;
+// DATA_LOSS for a chunk whose checksum does not match; the owners' errors
+// (UNAVAILABLE, DEADLINE_EXCEEDED...) annotated with the shard and owner.
+// Sizes are checked before anything is allocated; nothing here aborts the
+// daemon on bad input.
+//
+// A write is applied only once all of it arrived and verified; a write
+// that fails while applying may have written some shards (as
+// client.h says). There is no isolation between concurrent writes and
+// reads of overlapping boxes.
+//
+// Thread-safety: every function may be called concurrently.
+#ifndef TESSERA_SERVER_DAEMON_REGION_IO_H_
+#define TESSERA_SERVER_DAEMON_REGION_IO_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/rank/rank.h"
+#include "server/serve/shard_service.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera {
+
+// What region calls need from their daemon.
+struct RegionEnv {
+  // The daemon's rank, with RPC initialised: its registry holds the local
+  // shards; Worker(r) / ClientFor(r) reach the owners.
+  std::shared_ptr<Rank> rank;
+  // The daemon's named-tensor table: the TensorInfo of `name`, or NOT_FOUND.
+  std::function<absl::StatusOr<v1::TensorInfo>(const std::string& name)>
+      resolve;
+  // Largest region one call may read or write: the daemon holds it in
+  // memory while it moves.
+  int64_t max_region_bytes = int64_t{8} << 30;
+  // Longest a call may take when its own deadline is later (or unset).
+  absl::Duration max_call_time = absl::Minutes(10);
+  // Owners a call transfers to or from at once.
+  int parallelism = 16;
+};
+
+// Reads the region of `request` into a new contiguous host tensor,
+// returned ready to stream (NewChunkStreamReactor): the header's metadata
+// is the region (offsets and sizes in the tensor, placed on this rank's
+// CPU). Blocks until every remote overlap arrived, or `deadline`.
+absl::StatusOr<PreparedFetch> PrepareRegionRead(
+    const RegionEnv& env, const v1::ReadRegionRequest& request,
+    absl::Time deadline);
+
+// The whole ReadRegion call for a raw callback method: parses `request` (a
+// serialized ReadRegionRequest; INVALID_ARGUMENT when malformed), runs
+// PrepareRegionRead off gRPC's threads (NewDeferredChunkStream) under the
+// call's deadline, and streams the result in chunks of
+// ChunkBytesFor(chunks, request.chunk_bytes).
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegion(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    RegionEnv env, const ShardServiceOptions& chunks);
+
+// The whole WriteRegion call: returns the reactor (owned by gRPC) that
+// receives the header and the chunks, then applies the write on a thread
+// of its own and finishes the call with response->bytes_written set.
+grpc::ServerReadReactor<v1::WriteRegionChunk>* StartWriteRegion(
+    grpc::CallbackServerContext* context, v1::WriteRegionResponse* response,
+    RegionEnv env);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_DAEMON_REGION_IO_H_

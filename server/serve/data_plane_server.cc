@@ -1,0 +1,136 @@
+#include "server/serve/data_plane_server.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "server/serve/chunk_source.h"
+#include "wire/chunk_codec.h"
+#include "xxhash.h"
+
+namespace tessera {
+namespace {
+
+absl::Status SendReply(int fd, const v1::BulkFetchReply& reply,
+                       absl::Time deadline, bool more) {
+  return WriteFrame(fd, reply.SerializeAsString(), deadline, more);
+}
+
+// Answers a request with `error`, ending it.
+absl::Status SendError(int fd, const absl::Status& error, absl::Time deadline) {
+  return SendReply(fd, ErrorReply<v1::BulkFetchReply>(error), deadline,
+                   /*more=*/false);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    const std::string& host, std::shared_ptr<ShardRegistry> registry,
+    DataPlaneServerOptions options) {
+  if (registry == nullptr) {
+    return absl::InvalidArgumentError("DataPlaneServer needs a registry");
+  }
+  ASSIGN_OR_RETURN(auto listening, ListenTcp(host));
+  std::unique_ptr<DataPlaneServer> server(new DataPlaneServer(
+      host, listening.second, std::move(registry), options));
+  ASSIGN_OR_RETURN(server->connections_,
+                   ConnectionServer::Start(
+                       std::move(listening.first), options.max_connections,
+                       [s = server.get()](ConnectionServer::Connection& c) {
+                         s->Serve(c);
+                       }));
+  return server;
+}
+
+DataPlaneServer::DataPlaneServer(std::string host, int port,
+                                 std::shared_ptr<ShardRegistry> registry,
+                                 DataPlaneServerOptions options)
+    : host_(std::move(host)),
+      port_(port),
+      registry_(std::move(registry)),
+      options_(options) {}
+
+DataPlaneServer::~DataPlaneServer() { Shutdown(); }
+
+std::string DataPlaneServer::address() const {
+  return absl::StrCat(host_, ":", port_);
+}
+
+void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
+  const int fd = connection.fd();
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  char magic[kDataPlaneMagic.size()];
+  absl::Status status =
+      ReadFull(fd, magic, sizeof(magic), absl::Now() + options_.io_timeout);
+  if (status.ok() &&
+      absl::string_view(magic, sizeof(magic)) != kDataPlaneMagic) {
+    status = absl::InvalidArgumentError("not a Tessera data-plane client");
+  }
+  if (!status.ok()) return;
+  connection.ServeRequests(
+      [&] { return ReadFrame(fd, absl::Now() + options_.idle_timeout); },
+      [&] {
+        // Shutdown began after the request left the client: refuse it the
+        // way a stopped gRPC server would.
+        SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
+            .IgnoreError();
+      },
+      [&](const std::string& frame) { return Answer(fd, frame).ok(); });
+}
+
+absl::Status DataPlaneServer::Answer(int fd, const std::string& frame) {
+  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  v1::FetchShardRequest request;
+  if (!request.ParseFromString(frame)) {
+    return SendError(fd, MalformedFetchError(), deadline);
+  }
+  absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, request);
+  if (!prepared.ok()) return SendError(fd, prepared.status(), deadline);
+  const int64_t chunk_bytes =
+      ChunkBytesFor(options_.chunks, request.chunk_bytes());
+  // The first chunk is had before the reply, so that a source that cannot
+  // even start (a CUDA error) is answered with its error; later errors can
+  // only cut the stream (the connection closes).
+  absl::StatusOr<std::unique_ptr<ChunkSource>> source = NewChunkSource(
+      prepared->bytes, chunk_bytes, options_.chunks.staging_depth);
+  absl::Status started = source.status();
+  HostChunk chunk;  // Zero bytes: none.
+  if (started.ok() && !(*source)->done()) {
+    absl::StatusOr<HostChunk> first = (*source)->Next();
+    started = first.status();
+    if (first.ok()) chunk = *std::move(first);
+  }
+  if (!started.ok()) return SendError(fd, started, deadline);
+  v1::BulkFetchReply reply;
+  *reply.mutable_header() = prepared->header;
+  reply.set_chunk_bytes(chunk_bytes);
+  RETURN_IF_ERROR(SendReply(fd, reply, deadline, chunk.size > 0));
+  char prefix[kDataPlaneChunkPrefixBytes];
+  while (chunk.size > 0) {
+    EncodeChunkPrefix(
+        ChunkPrefix{chunk.offset, static_cast<int64_t>(chunk.size),
+                    XXH3_64bits(chunk.data, chunk.size)},
+        prefix);
+    const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
+    RETURN_IF_ERROR(
+        WriteFull(fd, prefix, sizeof(prefix), chunk_deadline, /*more=*/true));
+    // While this chunk is written, the copies of the next ones run.
+    RETURN_IF_ERROR(WriteFull(fd, chunk.data, chunk.size, chunk_deadline));
+    if ((*source)->done()) break;
+    chunk = HostChunk();  // Written: its staging buffer may take a copy.
+    ASSIGN_OR_RETURN(chunk, (*source)->Next());
+  }
+  return absl::OkStatus();
+}
+
+void DataPlaneServer::Shutdown(absl::Duration grace) {
+  if (connections_ != nullptr) connections_->Shutdown(grace);
+}
+
+}  // namespace tessera

@@ -1,0 +1,90 @@
+// DataPlaneServer: the raw-TCP data plane of a shard server
+// (docs/data_plane.md).
+//
+// It serves the same fetches as ShardService::FetchShard — same
+// validation, same errors, same chunking and XXH3 checksums — without
+// HTTP/2 framing, so that a client receives each chunk's payload straight
+// into its destination tensor. gRPC remains the control plane.
+//
+// Chunks come from a ChunkSource (chunk_source.h): a host shard is written
+// from its own memory; a CUDA shard (made contiguous on its device first,
+// when strided) is staged device -> pinned host chunk by chunk on a CUDA
+// stream, `chunks.staging_depth` chunks ahead, so that the copy of the next
+// chunks overlaps writing this one to the socket. The first chunk is staged
+// before the reply, so a CUDA error at the start is answered with its code
+// and message (INTERNAL, UNAVAILABLE or RESOURCE_EXHAUSTED); one later in
+// the stream can only close the connection, which the client sees as a
+// stream cut short (UNAVAILABLE). Copies in flight are waited for before
+// their buffers are freed, also when the client goes away mid-stream.
+//
+// One thread accepts; each connection gets a thread that serves its
+// requests one after another (a client uses one connection per concurrent
+// fetch; ConnectionServer keeps the books). Every read and write is bounded: a
+// connection idle for `idle_timeout` or stalled mid-write for `io_timeout` is
+// closed. Malformed input (wrong magic, oversized or unparsable frames) closes
+// that connection only; the server never aborts.
+//
+// Thread-safety: Start/Shutdown from one owner thread; port()/address()
+// from any. Shutdown(grace) (idempotent; also run by the destructor, with
+// no grace) stops accepting, closes idle connections, answers requests that
+// arrive from then on with UNAVAILABLE, lets requests being answered finish
+// within `grace`, then interrupts every connection left and joins all
+// threads.
+#ifndef TESSERA_SERVER_SERVE_DATA_PLANE_SERVER_H_
+#define TESSERA_SERVER_SERVE_DATA_PLANE_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/serve/connection_server.h"
+#include "server/serve/shard_registry.h"
+#include "server/serve/shard_service.h"
+
+namespace tessera {
+
+struct DataPlaneServerOptions {
+  ShardServiceOptions chunks;
+  // Longest wait for one read or write in the middle of a request.
+  absl::Duration io_timeout = absl::Seconds(60);
+  // How long a connection may sit between requests.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // Connections beyond this are refused (closed at once).
+  int max_connections = 512;
+};
+
+class DataPlaneServer {
+ public:
+  // Listens on `host` (an IPv4 address), port chosen by the kernel.
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
+      const std::string& host, std::shared_ptr<ShardRegistry> registry,
+      DataPlaneServerOptions options = {});
+  ~DataPlaneServer();
+  DataPlaneServer(const DataPlaneServer&) = delete;
+  DataPlaneServer& operator=(const DataPlaneServer&) = delete;
+
+  int port() const { return port_; }
+  // "host:port" as given to Start.
+  std::string address() const;
+  // Drains for at most `grace` (zero: cuts every connection at once).
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
+
+ private:
+  DataPlaneServer(std::string host, int port,
+                  std::shared_ptr<ShardRegistry> registry,
+                  DataPlaneServerOptions options);
+  void Serve(ConnectionServer::Connection& connection);
+  // Answers one request; an error means the connection must be closed.
+  absl::Status Answer(int fd, const std::string& frame);
+
+  const std::string host_;
+  const int port_;
+  const std::shared_ptr<ShardRegistry> registry_;
+  const DataPlaneServerOptions options_;
+  std::unique_ptr<ConnectionServer> connections_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVE_DATA_PLANE_SERVER_H_

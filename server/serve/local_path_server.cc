@@ -1,0 +1,224 @@
+#include "server/serve/local_path_server.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/tensor/cuda_util.h"
+#include "io/errno.h"
+#include "io/unix_socket.h"
+#include "tessera/v1/local.pb.h"
+#include "wire/chunk_codec.h"
+
+#if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#define TESSERA_LOCAL_PATH_SERVER_CUDA 1
+#else
+#define TESSERA_LOCAL_PATH_SERVER_CUDA 0
+#endif
+
+namespace tessera {
+namespace {
+
+// A new read-only open file description of the memory file `fd`, so that
+// the client can map the pages but not write them.
+absl::StatusOr<UniqueFd> ReopenReadOnly(int fd) {
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  UniqueFd readonly(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!readonly.valid()) {
+    return ErrnoError(errno, "reopening its memory file read-only failed",
+                      absl::StatusCode::kFailedPrecondition);
+  }
+  return readonly;
+}
+
+// Answers a request with `error`, ending it.
+absl::Status SendError(int fd, const absl::Status& error, absl::Time deadline) {
+  return SendLocalMessage(
+      fd, ErrorReply<v1::LocalFetchReply>(error).SerializeAsString(), deadline);
+}
+
+// Fills the CUDA_IPC part of `reply` for the allocation of `storage`.
+absl::Status ExportCudaIpc(const Storage& storage, v1::LocalFetchReply* reply) {
+#if TESSERA_LOCAL_PATH_SERVER_CUDA
+  const int device = storage.device().index().value_or(0);
+  CudaDeviceGuard guard(device);
+  RETURN_IF_ERROR(guard.status());
+  cudaIpcMemHandle_t handle;
+  // Storage::data() of a device storage is cudaMalloc's own pointer, the
+  // base an IPC handle must name.
+  RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, storage.data()),
+                             "cudaIpcGetMemHandle"));
+  ASSIGN_OR_RETURN(std::string uuid, CudaDeviceUuid(device));
+  reply->set_cuda_ipc_handle(
+      std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+  reply->set_cuda_device(device);
+  reply->set_cuda_device_uuid(std::move(uuid));
+  return absl::OkStatus();
+#else
+  (void)storage;
+  (void)reply;
+  return absl::FailedPreconditionError("this server is built without CUDA");
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalPathServer>> LocalPathServer::Start(
+    std::shared_ptr<ShardRegistry> registry, LocalPathServerOptions options) {
+  if (registry == nullptr) {
+    return absl::InvalidArgumentError("LocalPathServer needs a registry");
+  }
+  const std::string& host = HostId();
+  if (host.empty()) {
+    return absl::FailedPreconditionError(
+        "the local path needs this host's boot id, which cannot be read");
+  }
+  ASSIGN_OR_RETURN(auto listening, ListenLocal());
+  std::unique_ptr<LocalPathServer> server(new LocalPathServer(
+      LocalAddress(host, listening.second), std::move(registry), options));
+  ASSIGN_OR_RETURN(server->connections_,
+                   ConnectionServer::Start(
+                       std::move(listening.first), options.max_connections,
+                       [s = server.get()](ConnectionServer::Connection& c) {
+                         s->Serve(c);
+                       }));
+  return server;
+}
+
+LocalPathServer::LocalPathServer(std::string address,
+                                 std::shared_ptr<ShardRegistry> registry,
+                                 LocalPathServerOptions options)
+    : address_(std::move(address)),
+      registry_(std::move(registry)),
+      options_(options) {}
+
+LocalPathServer::~LocalPathServer() { Shutdown(); }
+
+void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
+  const int fd = connection.fd();
+  absl::StatusOr<std::string> magic =
+      ReceiveLocalMessage(fd, absl::Now() + options_.io_timeout);
+  if (!magic.ok() || *magic != kLocalMagic) return;
+  // CUDA IPC handles give write access to device memory: only processes of
+  // this user get them (memory files are lent read-only to anyone who can
+  // reach the socket, the same bytes the data plane would send).
+  const absl::StatusOr<uid_t> peer = PeerUid(fd);
+  const bool same_user = peer.ok() && *peer == geteuid();
+  connection.ServeRequests(
+      [&] {
+        return ReceiveLocalMessage(fd, absl::Now() + options_.idle_timeout);
+      },
+      [&] {
+        // Shutdown began after the request left the client: refuse it the
+        // way a stopped shard server would; the client's stream attempt
+        // then hears the same.
+        SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
+            .IgnoreError();
+      },
+      [&](const std::string& message) {
+        absl::StatusOr<std::shared_ptr<const FetchView>> lent =
+            Answer(fd, message, same_user);
+        if (!lent.ok()) return false;
+        if (*lent == nullptr) return true;
+        absl::StatusOr<std::string> done =
+            ReceiveLocalMessage(fd, absl::Now() + options_.lease_timeout);
+        // Anything but "done" (a close, a timeout, another message) ends
+        // the connection; the lease ends either way.
+        lent->reset();
+        active_leases_.fetch_sub(1);
+        return done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
+      });
+}
+
+absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
+    int fd, const std::string& message, bool same_user) {
+  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  v1::LocalFetchRequest request;
+  if (!request.ParseFromString(message)) {
+    RETURN_IF_ERROR(SendError(fd, MalformedFetchError(), deadline));
+    return nullptr;
+  }
+  absl::StatusOr<FetchView> found =
+      PrepareFetchView(*registry_, request.request());
+  if (!found.ok()) {
+    RETURN_IF_ERROR(SendError(fd, found.status(), deadline));
+    return nullptr;
+  }
+  v1::LocalFetchReply reply;
+  auto lent = std::make_shared<const FetchView>(*std::move(found));
+  *reply.mutable_header() = lent->header;
+  if (lent->header.total_bytes() == 0) {
+    // Nothing to copy: OK with transport NONE.
+    RETURN_IF_ERROR(SendLocalMessage(fd, reply.SerializeAsString(), deadline));
+    return nullptr;
+  }
+  const Tensor& view = lent->view;
+  const Storage& storage = *view.storage();
+  v1::LocalLayout* layout = reply.mutable_layout();
+  layout->set_offset_bytes(view.storage_offset() *
+                           static_cast<int64_t>(view.element_size()));
+  layout->mutable_sizes()->Add(view.sizes().begin(), view.sizes().end());
+  layout->mutable_strides()->Add(view.strides().begin(), view.strides().end());
+  layout->set_storage_bytes(static_cast<int64_t>(storage.nbytes()));
+
+  UniqueFd readonly;
+  absl::Status shareable;
+  if (storage.device().is_cpu() && storage.shared_memory_fd() >= 0) {
+    absl::StatusOr<UniqueFd> reopened =
+        ReopenReadOnly(storage.shared_memory_fd());
+    shareable = reopened.status();
+    if (reopened.ok()) {
+      readonly = *std::move(reopened);
+      reply.set_transport(v1::LOCAL_TRANSPORT_SHM);
+    }
+  } else if (storage.device().is_cuda()) {
+    if (!request.accept_cuda_ipc()) {
+      shareable = absl::FailedPreconditionError(
+          "it is CUDA memory and the client cannot open CUDA IPC handles");
+    } else if (!same_user) {
+      shareable = absl::FailedPreconditionError(
+          "CUDA IPC handles are lent to processes of the same user only");
+    } else {
+      shareable = ExportCudaIpc(storage, &reply);
+      if (shareable.ok()) reply.set_transport(v1::LOCAL_TRANSPORT_CUDA_IPC);
+    }
+  } else {
+    shareable = absl::FailedPreconditionError(
+        "its storage is not shareable memory (heap, pinned or below the "
+        "sharing threshold, or without bytes)");
+  }
+  if (!shareable.ok()) {
+    RETURN_IF_ERROR(SendError(fd,
+                              absl::FailedPreconditionError(absl::StrCat(
+                                  "shard ", request.request().shard_index(),
+                                  " of tensor ", request.request().tensor_id(),
+                                  " cannot be shared: ", shareable.message())),
+                              deadline));
+    return nullptr;
+  }
+  // Counted before the client can see the reply; Serve ends the count.
+  active_leases_.fetch_add(1);
+  // The kernel duplicates the descriptor into the message; ours closes
+  // when `readonly` goes.
+  const absl::Status sent =
+      SendLocalMessage(fd, reply.SerializeAsString(), deadline, readonly.get());
+  if (!sent.ok()) {
+    active_leases_.fetch_sub(1);
+    return sent;
+  }
+  return lent;
+}
+
+void LocalPathServer::Shutdown(absl::Duration grace) {
+  if (connections_ != nullptr) connections_->Shutdown(grace);
+}
+
+}  // namespace tessera

@@ -1,0 +1,106 @@
+// LocalPathServer: the local path of a shard server
+// (docs/data_plane.md, "The local path"; protocol in
+// proto/tessera/v1/local.proto).
+//
+// A client on this host asks for a shard (or a region of one) with the
+// same FetchShardRequest as over gRPC or the data plane, validated the same
+// way (PrepareFetchView), and gets, instead of the bytes, the means to read
+// them where they lie:
+//   - a CPU shard in shareable host memory (Storage::shared_memory_fd, see
+//     SetHostMemorySharing): a read-only descriptor of its memory file;
+//   - a CUDA shard: a CUDA IPC handle of its allocation, offered only to a
+//     client of the same user that says it can open one;
+// plus the view's layout in that allocation. Anything else (heap, pinned
+// or small host memory, meta shards, a failed CUDA export) is answered
+// FAILED_PRECONDITION with transport NONE: the client fetches it over a
+// stream instead. Unknown tensors, bad regions and malformed requests get
+// the errors a stream would give.
+//
+// Lease: from the reply until the client's one-byte "done", the closing of
+// its connection, or `lease_timeout`, the connection holds the shard's
+// registration, so the memory the client maps cannot be freed (nor
+// recycled) under it even if the tensor is unregistered meanwhile.
+//
+// One thread accepts; each connection gets a thread serving its requests
+// one after another (clients pool connections, one per concurrent fetch),
+// at most `max_connections` at once (ConnectionServer keeps the books). Every
+// read and write is bounded: a connection idle for `idle_timeout`, stalled for
+// `io_timeout` or holding a lease past `lease_timeout` is closed. Malformed
+// input (a wrong magic, an oversized or unparsable message, an unexpected
+// message instead of "done") closes that connection only; the server never
+// aborts.
+//
+// Thread-safety: Start/Shutdown from one owner thread; address() and
+// active_leases() from any. Shutdown(grace) (idempotent; also run by the
+// destructor, with no grace) stops accepting, closes idle connections,
+// answers requests arriving from then on with UNAVAILABLE (clients then
+// use a stream, which says the same), lets leases end within `grace`, then
+// closes every connection left and joins all threads.
+#ifndef TESSERA_SERVER_SERVE_LOCAL_PATH_SERVER_H_
+#define TESSERA_SERVER_SERVE_LOCAL_PATH_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/serve/connection_server.h"
+#include "server/serve/shard_registry.h"
+#include "server/serve/shard_service.h"
+
+namespace tessera {
+
+struct LocalPathServerOptions {
+  // Longest wait for one read or write in the middle of a request.
+  absl::Duration io_timeout = absl::Seconds(60);
+  // How long a connection may sit between requests.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // How long a client may hold a lease before its connection is closed
+  // (and the lease released); as long as the longest transfer deadline.
+  absl::Duration lease_timeout = absl::Minutes(5);
+  // Connections beyond this are refused (closed at once).
+  int max_connections = 512;
+};
+
+class LocalPathServer {
+ public:
+  // Listens on a fresh abstract Unix socket. FAILED_PRECONDITION when this
+  // host's id cannot be read (no local path is possible then); UNAVAILABLE
+  // when the socket cannot be made.
+  static absl::StatusOr<std::unique_ptr<LocalPathServer>> Start(
+      std::shared_ptr<ShardRegistry> registry,
+      LocalPathServerOptions options = {});
+  ~LocalPathServer();
+  LocalPathServer(const LocalPathServer&) = delete;
+  LocalPathServer& operator=(const LocalPathServer&) = delete;
+
+  // "<host id>/<socket name>", what a worker publishes as local_address.
+  const std::string& address() const { return address_; }
+  // Leases held right now (replies whose client has not said "done").
+  int64_t active_leases() const { return active_leases_.load(); }
+  // Drains for at most `grace` (zero: cuts every connection at once).
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
+
+ private:
+  LocalPathServer(std::string address, std::shared_ptr<ShardRegistry> registry,
+                  LocalPathServerOptions options);
+  // A lease counts as part of its request: Shutdown's grace covers it.
+  void Serve(ConnectionServer::Connection& connection);
+  // Answers one request. Returns what the client was lent (to hold until
+  // it is done; null when nothing was), or an error meaning the connection
+  // must be closed.
+  absl::StatusOr<std::shared_ptr<const FetchView>> Answer(
+      int fd, const std::string& message, bool same_user);
+
+  const std::string address_;
+  const std::shared_ptr<ShardRegistry> registry_;
+  const LocalPathServerOptions options_;
+  std::atomic<int64_t> active_leases_{0};
+  std::unique_ptr<ConnectionServer> connections_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVE_LOCAL_PATH_SERVER_H_

@@ -1,0 +1,173 @@
+#include "server/serve/shard_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace tessera {
+namespace {
+
+// Checks that every local shard names a distinct global shard and that its
+// tensor has exactly the sizes the global metadata promises, so a fetch
+// never streams bytes that disagree with the header it sends.
+absl::Status ValidateLocalShards(absl::string_view tensor_id,
+                                 const RegisteredTensor& tensor) {
+  const auto& shards = tensor.metadata.shards_metadata;
+  int64_t previous = -1;
+  for (const LocalShard& local : tensor.local_shards) {
+    if (local.index < 0 || local.index >= static_cast<int64_t>(shards.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", tensor_id, ": local shard index ", local.index,
+          " is out of range [0, ", shards.size(), ")"));
+    }
+    if (local.index == previous) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", tensor_id, ": shard ", local.index, " registered twice"));
+    }
+    previous = local.index;
+    if (!local.shard.tensor.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", tensor_id, ": shard ", local.index, " has no tensor"));
+    }
+    const std::vector<int64_t>& expected = shards[local.index].shard_sizes();
+    if (local.shard.tensor.sizes() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", tensor_id, ": shard ", local.index, " has sizes [",
+          absl::StrJoin(local.shard.tensor.sizes(), ", "),
+          "] but its metadata says [", absl::StrJoin(expected, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `tensor`, or a copy with its local shards in increasing index order
+// (FindShard's binary search needs it; callers usually register in order).
+std::shared_ptr<const RegisteredTensor> SortedByIndex(
+    std::shared_ptr<const RegisteredTensor> tensor) {
+  auto by_index = [](const LocalShard& a, const LocalShard& b) {
+    return a.index < b.index;
+  };
+  if (std::is_sorted(tensor->local_shards.begin(), tensor->local_shards.end(),
+                     by_index)) {
+    return tensor;
+  }
+  auto sorted = std::make_shared<RegisteredTensor>(*tensor);
+  std::sort(sorted->local_shards.begin(), sorted->local_shards.end(), by_index);
+  return sorted;
+}
+
+}  // namespace
+
+const LocalShard* RegisteredTensor::FindShard(int64_t index) const {
+  auto it = std::lower_bound(
+      local_shards.begin(), local_shards.end(), index,
+      [](const LocalShard& local, int64_t i) { return local.index < i; });
+  if (it == local_shards.end() || it->index != index) return nullptr;
+  return &*it;
+}
+
+absl::Status ShardRegistry::Register(
+    std::string tensor_id, std::shared_ptr<const RegisteredTensor> tensor) {
+  if (tensor_id.empty()) {
+    return absl::InvalidArgumentError("tensor id must not be empty");
+  }
+  if (tensor == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor_id, ": null registration"));
+  }
+  tensor = SortedByIndex(std::move(tensor));
+  RETURN_IF_ERROR(ValidateLocalShards(tensor_id, *tensor));
+  absl::MutexLock lock(&mu_);
+  if (retired_.contains(tensor_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("tensor ", tensor_id, " is already registered"));
+  }
+  auto [it, inserted] = tensors_.try_emplace(tensor_id, std::move(tensor));
+  if (!inserted) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("tensor ", tensor_id, " is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+bool ShardRegistry::Unregister(absl::string_view tensor_id) {
+  // Destroy the entry outside the lock: it may be the last reference to
+  // large shard storage, and freeing it must not stall concurrent lookups.
+  std::shared_ptr<const RegisteredTensor> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = tensors_.find(tensor_id); it != tensors_.end()) {
+      removed = std::move(it->second);
+      tensors_.erase(it);
+    } else if (auto r = retired_.find(tensor_id); r != retired_.end()) {
+      removed = std::move(r->second.tensor);
+      retired_.erase(r);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ShardRegistry::Retire(absl::string_view tensor_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(tensor_id);
+  if (it == tensors_.end()) return false;
+  retired_[it->first] = Retired{retirements_++, std::move(it->second)};
+  tensors_.erase(it);
+  return true;
+}
+
+uint64_t ShardRegistry::RetirementMark() const {
+  absl::MutexLock lock(&mu_);
+  return retirements_;
+}
+
+size_t ShardRegistry::ReleaseRetired(uint64_t mark) {
+  std::vector<std::shared_ptr<const RegisteredTensor>> released;
+  absl::MutexLock lock(&mu_);
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if (it->second.sequence < mark) {
+      released.push_back(std::move(it->second.tensor));
+      retired_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  // `released` is destroyed after the lock is dropped (declared first).
+  return released.size();
+}
+
+std::shared_ptr<const RegisteredTensor> ShardRegistry::Find(
+    absl::string_view tensor_id) const {
+  absl::MutexLock lock(&mu_);
+  if (auto it = tensors_.find(tensor_id); it != tensors_.end()) {
+    return it->second;
+  }
+  auto r = retired_.find(tensor_id);
+  return r == retired_.end() ? nullptr : r->second.tensor;
+}
+
+size_t ShardRegistry::retired_size() const {
+  absl::MutexLock lock(&mu_);
+  return retired_.size();
+}
+
+size_t ShardRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return tensors_.size();
+}
+
+std::vector<std::string> ShardRegistry::TensorIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  ids.reserve(tensors_.size());
+  for (const auto& [id, tensor] : tensors_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace tessera

@@ -1,0 +1,94 @@
+// ShardRegistry: the tensors whose shards this rank serves, by tensor id.
+//
+// A registered tensor is immutable metadata plus the local shards (their
+// Tensors share storage with the ShardedTensor that registered them, so a
+// fetch reads the live bytes). Entries are held by shared_ptr: a fetch in
+// flight keeps its tensor alive even if it is unregistered meanwhile, and
+// a tensor unregistered before a fetch starts is NOT_FOUND.
+//
+// Retiring: remote shards hold no reference on their owner (that would cost
+// messages per handle), so a tensor whose last local handle is dropped may
+// still be fetched by a peer that has not yet reached the same point of the
+// program. Such a tensor is retired rather than unregistered: it leaves
+// the live set (size(), TensorIds()) at once but is still served until the
+// next synchronisation of all ranks releases it (Rank::Barrier passes the
+// RetirementMark taken before the barrier to ReleaseRetired afterwards).
+//
+// Thread-safety: all methods are safe to call concurrently.
+#ifndef TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_
+#define TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/shard_metadata.h"
+#include "common/sharded_tensor_metadata.h"
+
+namespace tessera {
+
+struct LocalShard {
+  // Index of the shard in metadata.shards_metadata.
+  int64_t index = 0;
+  Shard shard;
+};
+
+struct RegisteredTensor {
+  ShardedTensorMetadata metadata;
+  // Registered in increasing index order (Register sorts a copy when they
+  // are not), so that a lookup stays O(log n) for ranks holding hundreds of
+  // thousands of shards.
+  std::vector<LocalShard> local_shards;
+
+  // The local shard with global index `index`, or null.
+  const LocalShard* FindShard(int64_t index) const;
+};
+
+class ShardRegistry {
+ public:
+  // ALREADY_EXISTS when `tensor_id` is registered; INVALID_ARGUMENT when a
+  // local shard's index is out of range or repeated, or its tensor does not
+  // match its metadata's sizes.
+  absl::Status Register(std::string tensor_id,
+                        std::shared_ptr<const RegisteredTensor> tensor);
+  // True when the id was registered (live or retired).
+  bool Unregister(absl::string_view tensor_id);
+  // Moves a live tensor to the retired set; true when it was live.
+  bool Retire(absl::string_view tensor_id);
+  // A position in the sequence of retirements: ReleaseRetired(mark) frees
+  // exactly the tensors retired before the mark was taken.
+  uint64_t RetirementMark() const;
+  // Unregisters the tensors retired before `mark`; returns how many.
+  size_t ReleaseRetired(uint64_t mark);
+  // Live or retired; null when unknown.
+  std::shared_ptr<const RegisteredTensor> Find(
+      absl::string_view tensor_id) const;
+  // Live tensors only.
+  size_t size() const;
+  size_t retired_size() const;
+  // Live ids, sorted.
+  std::vector<std::string> TensorIds() const;
+
+ private:
+  struct Retired {
+    uint64_t sequence;
+    std::shared_ptr<const RegisteredTensor> tensor;
+  };
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredTensor>>
+      tensors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Retired> retired_ ABSL_GUARDED_BY(mu_);
+  uint64_t retirements_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_

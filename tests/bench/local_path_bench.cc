@@ -1,0 +1,175 @@
+// Same-host fetch benchmark: a shard owner in another process (this binary
+// with --serve) holds one float32 CPU shard of --mib MiB in shared memory
+// and serves it over the raw-TCP data plane and the local path; this
+// process fetches it whole into one preallocated host tensor, --reps times
+// per path, and prints one JSON line per path:
+//   {"bench":"local_path","path":"data_plane|local","mib":N,
+//    "p50_ms":...,"best_ms":...,"gbps":...}   (gbps from the median)
+// The data plane runs with LocalPath::kOff, the local path with kRequired
+// (an error, never a silent fallback). --quick shrinks it for ctest.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/shard_client.h"
+#include "common/status_macros.h"
+#include "common/tensor/tensor.h"
+#include "io/subprocess.h"
+#include "server/serve/data_plane_server.h"
+#include "server/serve/local_path_server.h"
+#include "server/serve/shard_registry.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kTensorId[] = "bench";
+
+volatile sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+int64_t Elements(int64_t mib) { return mib * (int64_t{1} << 20) / 4; }
+
+// The owner: one shard of `mib` MiB, 1.5 everywhere, in shared memory.
+absl::Status Serve(int64_t mib, const std::string& address_file) {
+  SetHostMemorySharing();
+  ASSIGN_OR_RETURN(Tensor shard, Tensor::Full({Elements(mib)}, 1.5));
+  if (shard.storage()->shared_memory_fd() < 0) {
+    return absl::InternalError("the shard is not in shared memory");
+  }
+  auto registered = std::make_shared<RegisteredTensor>();
+  registered->metadata.tensor_properties.dtype = shard.dtype();
+  registered->metadata.size = shard.sizes();
+  ASSIGN_OR_RETURN(
+      ShardMetadata placement,
+      ShardMetadata::Create({0}, shard.sizes(),
+                            RemoteDevice::ForRank(0, Device::Cpu())));
+  registered->metadata.shards_metadata.push_back(placement);
+  registered->local_shards.push_back(LocalShard{0, Shard{shard, placement}});
+  auto registry = std::make_shared<ShardRegistry>();
+  RETURN_IF_ERROR(registry->Register(kTensorId, std::move(registered)));
+  ASSIGN_OR_RETURN(auto local, LocalPathServer::Start(registry));
+  ASSIGN_OR_RETURN(auto data_plane,
+                   DataPlaneServer::Start("127.0.0.1", registry));
+  {
+    std::ofstream out(address_file + ".tmp");
+    out << local->address() << "\n" << data_plane->address() << "\n";
+  }
+  std::filesystem::rename(address_file + ".tmp", address_file);
+  const pid_t parent = getppid();
+  const absl::Time end = absl::Now() + absl::Minutes(10);
+  while (!g_stop && getppid() == parent && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Measure(int64_t mib, int reps) {
+  char pattern[] = "/tmp/tessera_local_bench_XXXXXX";
+  if (mkdtemp(pattern) == nullptr) return absl::InternalError("mkdtemp");
+  const std::string dir = pattern;
+  const std::string address_file = dir + "/addresses";
+  SpawnOptions spawn;
+  spawn.program = std::filesystem::read_symlink("/proc/self/exe").string();
+  spawn.args = {"--serve", "--mib", absl::StrCat(mib), "--address-file",
+                address_file};
+  spawn.log_path = dir + "/owner.log";
+  ASSIGN_OR_RETURN(Subprocess owner, Subprocess::Spawn(spawn));
+  const absl::Time ready_by = absl::Now() + absl::Minutes(2);
+  while (!std::filesystem::exists(address_file)) {
+    if (owner.WaitFor(absl::ZeroDuration()).has_value() ||
+        absl::Now() > ready_by) {
+      return absl::UnavailableError("owner did not start: " + owner.LogTail());
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::string local_address, data_plane_address;
+  {
+    std::ifstream in(address_file);
+    std::getline(in, local_address);
+    std::getline(in, data_plane_address);
+  }
+  const auto client =
+      ShardClient::Create("127.0.0.1:1", data_plane_address, local_address);
+  ASSIGN_OR_RETURN(Tensor destination, Tensor::Empty({Elements(mib)}));
+  struct Path {
+    const char* name;
+    LocalPath local_path;
+  };
+  for (const Path& path : {Path{"data_plane", LocalPath::kOff},
+                           Path{"local", LocalPath::kRequired}}) {
+    FetchOptions options;
+    options.local_path = path.local_path;
+    options.timeout = absl::Minutes(2);
+    std::vector<double> seconds;
+    for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up.
+      std::memset(destination.data_ptr(), 0, destination.nbytes());
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(
+          client->FetchShardInto(kTensorId, 0, destination, options));
+      if (rep >= 0)
+        seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      if (destination.data<float>()[Elements(mib) - 1] != 1.5f) {
+        return absl::DataLossError("fetched bytes differ");
+      }
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double median = seconds[seconds.size() / 2];
+    std::cout << absl::StrFormat(
+                     "{\"bench\":\"local_path\",\"path\":\"%s\",\"mib\":%d,"
+                     "\"p50_ms\":%.2f,\"best_ms\":%.2f,\"gbps\":%.2f}",
+                     path.name, mib, median * 1e3, seconds.front() * 1e3,
+                     mib * double{1 << 20} / median / 1e9)
+              << std::endl;
+  }
+  owner.Signal(SIGTERM);
+  owner.WaitFor(absl::Seconds(10));
+  std::filesystem::remove_all(dir);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  CLI::App app("Same-host shard fetch: data plane vs local path");
+  bool serve = false, quick = false;
+  int64_t mib = 256;
+  int reps = 10;
+  std::string address_file;
+  app.add_flag("--serve", serve, "run as the shard owner");
+  app.add_flag("--quick", quick, "small run for ctest");
+  app.add_option("--mib", mib, "shard size in MiB")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--reps", reps, "fetches per path")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--address-file", address_file, "(--serve) where to write");
+  CLI11_PARSE(app, argc, argv);
+  absl::Status status;
+  if (serve) {
+    signal(SIGTERM, tessera::OnSignal);
+    status = tessera::Serve(mib, address_file);
+  } else {
+    if (quick) {
+      mib = 4;
+      reps = 3;
+    }
+    status = tessera::Measure(mib, reps);
+  }
+  if (!status.ok()) {
+    std::cerr << "local_path_bench: " << status << std::endl;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,293 @@
+// The `tessera` CLI end to end: the real binary against 4 real daemons
+// (tests/testing/daemon_cluster.h), and `tessera launch` starting and
+// stopping daemons itself.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/npy.h"
+#include "common/tensor/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/subprocess.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::Subprocess;
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::IsOk;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `tessera args...` with TESSERA_ADDRESS=address, bounded by 60 s.
+CliResult RunCli(const std::string& address, std::vector<std::string> args,
+                 const std::string& log_path) {
+  SpawnOptions spawn;
+  spawn.program = TESSERA_CLI_PATH;
+  spawn.args = std::move(args);
+  spawn.env = {{"TESSERA_ADDRESS", address}};
+  spawn.log_path = log_path;
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(spawn);
+  CliResult result;
+  if (!process.ok()) return result;
+  std::optional<int> status = process->WaitFor(absl::Seconds(60));
+  if (status.has_value() && WIFEXITED(*status)) {
+    result.exit_code = WEXITSTATUS(*status);
+  }
+  result.output = process->LogTail(1 << 20);
+  return result;
+}
+
+class CliDaemonTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    DaemonClusterOptions options;
+    options.world_size = 4;
+    options.server_path = TESSERA_SERVER_PATH;
+    options.extra_args = {"--timeout", "10", "--log-level", "warn"};
+    auto cluster = DaemonCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  CliResult Run(std::vector<std::string> args) {
+    return RunCli(cluster_->address(0), std::move(args),
+                  Path(absl::StrCat("cli", ++runs_, ".log")));
+  }
+  std::string Path(const std::string& name) const {
+    return absl::StrCat(cluster_->scratch_dir(), "/", name);
+  }
+
+  static DaemonCluster* cluster_;
+  int runs_ = 0;
+};
+
+DaemonCluster* CliDaemonTest::cluster_ = nullptr;
+
+constexpr char kRows[] =
+    "chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu";
+
+TEST_F(CliDaemonTest, CreateDescribeWriteReadFetchRemove) {
+  ASSERT_NE(cluster_, nullptr);
+  CliResult created = Run({"create", "cli_t", "--size", "10,20", "--spec",
+                           kRows, "--init", "zeros"});
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+
+  CliResult listed = Run({"ls"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr("cli_t"));
+
+  CliResult described = Run({"describe", "cli_t"});
+  ASSERT_EQ(described.exit_code, 0) << described.output;
+  EXPECT_THAT(described.output, HasSubstr("rank:3/cpu"));
+  EXPECT_THAT(described.output, HasSubstr(cluster_->address(3)));
+
+  // Write 0..199 from a .npy file, fetch it whole, read a box.
+  std::vector<float> values(200);
+  std::iota(values.begin(), values.end(), 0.0f);
+  Tensor iota = *Tensor::FromVector<float>(values, {10, 20});
+  ASSERT_THAT(WriteNpy(Path("in.npy"), iota), IsOk());
+  CliResult written =
+      Run({"write", "cli_t", "--offsets", "0,0", "-i", Path("in.npy")});
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+
+  CliResult fetched = Run({"fetch", "cli_t", "-o", Path("out.npy")});
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.output;
+  ASSERT_OK_AND_ASSIGN(Tensor out, ReadNpy(Path("out.npy")));
+  EXPECT_TRUE(Equal(out, iota));
+
+  CliResult shard =
+      Run({"fetch", "cli_t", "--shard", "2", "-o", Path("shard2.npy")});
+  ASSERT_EQ(shard.exit_code, 0) << shard.output;
+  ASSERT_OK_AND_ASSIGN(Tensor shard2, ReadNpy(Path("shard2.npy")));
+  EXPECT_EQ(shard2.sizes(), (std::vector<int64_t>{3, 20}));
+  EXPECT_EQ(shard2.data<float>()[0], 120.0f);
+
+  CliResult box = Run({"read", "cli_t", "--offsets", "2,5", "--sizes", "6,10",
+                       "-o", Path("box.npy")});
+  ASSERT_EQ(box.exit_code, 0) << box.output;
+  ASSERT_OK_AND_ASSIGN(Tensor region, ReadNpy(Path("box.npy")));
+  ASSERT_EQ(region.sizes(), (std::vector<int64_t>{6, 10}));
+  EXPECT_EQ(region.data<float>()[0], 45.0f);
+  EXPECT_EQ(region.data<float>()[59], 7 * 20 + 14.0f);
+
+  CliResult printed =
+      Run({"read", "cli_t", "--offsets", "9,17", "--sizes", "1,3"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  EXPECT_THAT(printed.output, HasSubstr("197"));
+  EXPECT_THAT(printed.output, HasSubstr("199"));
+
+  // Save, remove, load back.
+  CliResult saved = Run({"save", Path("ckpt"), "cli_t"});
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  CliResult removed = Run({"rm", "cli_t"});
+  ASSERT_EQ(removed.exit_code, 0) << removed.output;
+  EXPECT_THAT(Run({"ls"}).output, Not(HasSubstr("cli_t")));
+  CliResult loaded = Run({"load", Path("ckpt")});
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  CliResult again = Run({"fetch", "cli_t", "-o", Path("again.npy")});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  ASSERT_OK_AND_ASSIGN(Tensor reloaded, ReadNpy(Path("again.npy")));
+  EXPECT_TRUE(Equal(reloaded, iota));
+  EXPECT_EQ(Run({"rm", "cli_t"}).exit_code, 0);
+}
+
+TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
+  ASSERT_NE(cluster_, nullptr);
+  CliResult health = Run({"health"});
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("SERVING"));
+
+  // An unknown tensor is a failure (1), with one line naming it.
+  CliResult unknown = Run({"describe", "no_such_tensor"});
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("no_such_tensor"));
+  EXPECT_EQ(std::count(unknown.output.begin(), unknown.output.end(), '\n'), 1)
+      << unknown.output;
+
+  // Usage errors (2): a bad spec, a bad size, a missing flag.
+  EXPECT_EQ(
+      Run({"create", "x", "--size", "4,4", "--spec", "chunk:dim=0:"}).exit_code,
+      2);
+  EXPECT_EQ(Run({"create", "x", "--size", "4,a", "--spec", kRows}).exit_code,
+            2);
+  EXPECT_EQ(Run({"read", "x", "--offsets", "0"}).exit_code, 2);
+  // A region outside the tensor is the user's mistake too.
+  ASSERT_EQ(
+      Run({"create", "cli_small", "--size", "4,4", "--spec", kRows}).exit_code,
+      0);
+  CliResult outside =
+      Run({"read", "cli_small", "--offsets", "3,0", "--sizes", "2,4"});
+  EXPECT_EQ(outside.exit_code, 2) << outside.output;
+  EXPECT_EQ(Run({"rm", "cli_small"}).exit_code, 0);
+
+  // Nothing listening: a failure within the timeout.
+  auto port = testing::PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const absl::Time start = absl::Now();
+  CliResult dead = RunCli(absl::StrCat("127.0.0.1:", *port),
+                          {"ls", "--timeout", "3"}, Path("dead.log"));
+  EXPECT_EQ(dead.exit_code, 1) << dead.output;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// The address of the "ready: export TESSERA_ADDRESS=HOST:PORT" line once
+// the launcher printed it; "" when the launcher exited or `timeout` passed.
+std::string WaitForReady(Subprocess& launcher, absl::Duration timeout) {
+  constexpr absl::string_view kReady = "ready: export TESSERA_ADDRESS=";
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    for (absl::string_view line :
+         absl::StrSplit(launcher.LogTail(1 << 16), '\n')) {
+      if (absl::ConsumePrefix(&line, kReady)) return std::string(line);
+    }
+    if (launcher.WaitFor(absl::ZeroDuration()).has_value()) return "";
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return "";
+}
+
+struct Launched {
+  std::unique_ptr<Subprocess> launcher;
+  std::string dir;
+};
+
+Launched Launch(int nproc) {
+  Launched launched;
+  char dir[] = "/tmp/tessera-launch-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return launched;
+  launched.dir = dir;
+  const int master = *testing::PickFreePort();
+  SpawnOptions spawn;
+  spawn.program = TESSERA_CLI_PATH;
+  spawn.args = {"launch", "--nproc", absl::StrCat(nproc), "--cpu", "--host",
+                "127.0.0.1", "--master-port", absl::StrCat(master),
+                // Every daemon binds a free port: a picked base port says
+                // nothing about base + 1, which another test may hold.
+                "--base-port", "0", "--server", TESSERA_SERVER_PATH};
+  spawn.log_path = absl::StrCat(launched.dir, "/launch.log");
+  spawn.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                     "MASTER_PORT"};
+  auto process = Subprocess::Spawn(spawn);
+  if (!process.ok()) return launched;
+  launched.launcher = std::make_unique<Subprocess>(*std::move(process));
+  return launched;
+}
+
+TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
+  Launched launched = Launch(2);
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr("rank 0: " + address));
+  EXPECT_THAT(log, HasSubstr("rank 1: "));
+
+  CliResult health = RunCli(address, {"health"}, launched.dir + "/health.log");
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+
+  launched.launcher->Signal(SIGINT);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << DescribeWaitStatus(*status) << "\n"
+      << launched.launcher->LogTail();
+  CliResult after = RunCli(address, {"health", "--timeout", "2"},
+                           launched.dir + "/after.log");
+  EXPECT_EQ(after.exit_code, 1) << after.output;
+}
+
+TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
+  Launched launched = Launch(2);
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  // "rank 1: HOST:PORT (pid P)": kill that daemon.
+  const std::string log = launched.launcher->LogTail();
+  const size_t at = log.find("rank 1: ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const size_t pid_at = log.find("(pid ", at);
+  ASSERT_NE(pid_at, std::string::npos) << log;
+  const pid_t pid = std::stoi(log.substr(pid_at + 5));
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status) << "\n"
+      << launched.launcher->LogTail();
+  EXPECT_THAT(
+      launched.launcher->LogTail(),
+      HasSubstr(absl::StrCat("rank 1 (pid ", pid, ") exited with signal 9")));
+  CliResult after = RunCli(address, {"health", "--timeout", "2"},
+                           launched.dir + "/after.log");
+  EXPECT_EQ(after.exit_code, 1) << after.output;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,345 @@
+// The CLI's own functions, without running the binary: value and table
+// formatting, progress bars, flag parsing helpers, address resolution and
+// the launcher's options, daemon command lines and server lookup.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <complex>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/cli/connection.h"
+#include "client/cli/create_command.h"
+#include "client/cli/fetch_command.h"
+#include "client/cli/health_command.h"
+#include "client/cli/launch/launch_command.h"
+#include "client/cli/progress_bar.h"
+#include "client/cli/read_command.h"
+#include "client/cli/save_command.h"
+#include "client/cli/table.h"
+#include "common/tensor/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera::cli {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::StartsWith;
+
+// ----------------------------------------------------------- Formatting.
+
+TEST(FormatTensorValuesTest, MatrixRowsAreAligned) {
+  const Tensor t =
+      Tensor::FromVector<float>({0, 1.5, -2, 30, 4, 5}, {2, 3}).value();
+  EXPECT_EQ(FormatTensorValues(t),
+            "[[  0, 1.5,  -2],\n"
+            " [ 30,   4,   5]]\n");
+}
+
+TEST(FormatTensorValuesTest, EveryKindOfElement) {
+  EXPECT_EQ(
+      FormatTensorValues(
+          Tensor::FromVector<int64_t>({-9000000000000000000, 7}, {2}).value()),
+      "[-9000000000000000000,                    7]\n");
+  EXPECT_EQ(
+      FormatTensorValues(Tensor::FromVector<bool>({true, false}, {2}).value()),
+      "[ True, False]\n");
+  EXPECT_EQ(FormatTensorValues(Tensor::FromVector<std::complex<float>>(
+                                   {{1, 2}, {0.5, -3}}, {2})
+                                   .value()),
+            "[  1+2j, 0.5-3j]\n");
+  EXPECT_EQ(FormatTensorValues(Tensor::FromVector<uint8_t>({255}, {}).value()),
+            "255\n");
+  EXPECT_EQ(
+      FormatTensorValues(
+          Tensor::Full({2}, 0.25, TensorOptions().WithDType(DType::kBFloat16))
+              .value()),
+      "[0.25, 0.25]\n");
+  EXPECT_EQ(FormatTensorValues(Tensor::Zeros({0, 3}).value()), "[]\n");
+}
+
+TEST(FormatTensorValuesTest, ThreeDimensionsSeparateBlocksByABlankLine) {
+  const Tensor t =
+      Tensor::FromVector<int32_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2}).value();
+  EXPECT_EQ(FormatTensorValues(t),
+            "[[[1, 2],\n"
+            "  [3, 4]],\n"
+            "\n"
+            " [[5, 6],\n"
+            "  [7, 8]]]\n");
+  // Non-contiguous views print in their logical order.
+  const Tensor m = Tensor::FromVector<int32_t>({1, 2, 3, 4}, {2, 2}).value();
+  EXPECT_EQ(FormatTensorValues(m.T().value()), "[[1, 3],\n [2, 4]]\n");
+}
+
+TEST(TableTest, ColumnsBytesAndArrays) {
+  EXPECT_EQ(FormatColumns({{"A", "BB"}, {"ccc", "d"}}), "A    BB\nccc  d\n");
+  EXPECT_EQ(FormatDims({10, 20}), "[10, 20]");
+  EXPECT_EQ(FormatDims({}), "[]");
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(int64_t{37} << 20), "37.0 MiB");
+  EXPECT_EQ(FormatBytes(int64_t{5} << 30), "5.00 GiB");
+  EXPECT_EQ(DescribeArray(DType::kFloat32, {10, 20}),
+            "float32 [10, 20], 800 B");
+  EXPECT_EQ(DescribeArray(DType::kInt64, {int64_t{1} << 62, 4}),
+            "int64 [4611686018427387904, 4], too many bytes");
+}
+
+// --------------------------------------------------------- Progress bar.
+
+TEST(ProgressTest, LineShowsBarPercentBytesAndRate) {
+  EXPECT_EQ(FormatProgressLine("fetch w", 0, 100 << 20, absl::ZeroDuration()),
+            "fetch w  [>                       ]   0%  0 B / 100.0 MiB");
+  EXPECT_EQ(
+      FormatProgressLine("fetch w", 50 << 20, 100 << 20, absl::Seconds(2)),
+      "fetch w  [============>           ]  50%  50.0 MiB / 100.0 MiB  "
+      "25.0 MiB/s");
+  EXPECT_EQ(FormatProgressLine("w", 8, 8, absl::Seconds(1)),
+            "w  [========================] 100%  8 B / 8 B  8 B/s");
+}
+
+TEST(ProgressTest, BarDrawsInPlaceAndEndsItsLine) {
+  std::ostringstream out;
+  ProgressBar bar(out, "read x", /*enabled=*/true, /*min_bytes=*/100);
+  bar.Update(10, 200);
+  bar.Update(20, 200);   // within 100 ms of the last draw: skipped
+  bar.Update(200, 200);  // the last one is always drawn
+  bar.Finish();
+  bar.Finish();
+  const std::string text = out.str();
+  EXPECT_THAT(text, StartsWith("\rread x  [=>"));
+  EXPECT_THAT(text, HasSubstr("\rread x  [========================] 100%"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\r'), 2);
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1);
+}
+
+TEST(ProgressTest, SmallOrDisabledTransfersDrawNothing) {
+  std::ostringstream small_out;
+  ProgressBar small(small_out, "x", /*enabled=*/true, /*min_bytes=*/1000);
+  small.Update(999, 999);
+  small.Finish();
+  EXPECT_THAT(small_out.str(), IsEmpty());
+
+  std::ostringstream off_out;
+  ProgressBar off(off_out, "x", /*enabled=*/false, /*min_bytes=*/1);
+  off.Callback()(5, 10);
+  off.Finish();
+  EXPECT_THAT(off_out.str(), IsEmpty());
+  ConnectionFlags flags;
+  EXPECT_FALSE(MakeTransferOptions(flags, &off).progress);
+  EXPECT_FALSE(ProgressWanted(flags, off_out));  // not stderr
+}
+
+// ------------------------------------------------------ Flags and helpers.
+
+TEST(FlagHelpersTest, IndexListsNamesInitsAndDtypes) {
+  EXPECT_THAT(ParseIndexList("2,5", "--offsets"), IsOk());
+  EXPECT_THAT(ParseIndexList("2,5", "--offsets").value(), ElementsAre(2, 5));
+  EXPECT_THAT(ParseIndexList("", "--offsets").value(), IsEmpty());
+  EXPECT_THAT(ParseIndexList("2,-5", "--sizes"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("invalid --sizes '2,-5'")));
+  EXPECT_THAT(ParseNameList("a,b", "--names").value(), ElementsAre("a", "b"));
+  EXPECT_THAT(ParseNameList("a,", "--as"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("invalid --as 'a,'")));
+  EXPECT_EQ(ParseTensorInit("randn").value(), TensorInit::kRandn);
+  EXPECT_EQ(ParseTensorInit("full").value(), TensorInit::kFull);
+  EXPECT_THAT(ParseTensorInit("Ones"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected empty, zeros, ones, full, rand or "
+                                 "randn")));
+  EXPECT_EQ(NpyOutputDType(DType::kFloat16, "").value(), DType::kFloat16);
+  EXPECT_EQ(NpyOutputDType(DType::kBFloat16, "float32").value(),
+            DType::kFloat32);
+  EXPECT_THAT(NpyOutputDType(DType::kBFloat16, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("add --cast float32")));
+  EXPECT_THAT(NpyOutputDType(DType::kFloat32, "bfloat16"),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(FlagHelpersTest, CheckpointPathsBecomeAbsolute) {
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_EQ(AbsoluteCheckpointPath("ckpt/./step1").value(),
+            absl::StrCat(cwd, "/ckpt/step1"));
+  EXPECT_EQ(AbsoluteCheckpointPath("/shared/ckpt").value(), "/shared/ckpt");
+  EXPECT_THAT(AbsoluteCheckpointPath(""),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(FlagHelpersTest, HealthStates) {
+  EXPECT_EQ(HealthState(absl::OkStatus()), "SERVING");
+  EXPECT_EQ(HealthState(absl::UnavailableError("127.0.0.1:1: NOT_SERVING")),
+            "NOT_SERVING");
+  EXPECT_EQ(HealthState(absl::UnavailableError("127.0.0.1:1: refused")),
+            "UNAVAILABLE");
+}
+
+TEST(ConnectionTest, AddressPrecedenceAndTimeouts) {
+  ConnectionFlags flags;
+  ::unsetenv(kAddressEnv);
+  EXPECT_EQ(ResolveAddress(flags), "127.0.0.1:29600");
+  ::setenv(kAddressEnv, "10.0.0.1:1", 1);
+  EXPECT_EQ(ResolveAddress(flags), "10.0.0.1:1");
+  flags.address = "10.0.0.2:2";
+  EXPECT_EQ(ResolveAddress(flags), "10.0.0.2:2");
+  ::unsetenv(kAddressEnv);
+
+  EXPECT_EQ(Timeout(flags), absl::Seconds(60));
+  EXPECT_EQ(MakeTransferOptions(flags, nullptr).timeout, absl::Seconds(300));
+  flags.timeout_seconds = 2.5;
+  EXPECT_EQ(Timeout(flags), absl::Milliseconds(2500));
+  EXPECT_EQ(MakeTransferOptions(flags, nullptr).timeout,
+            absl::Milliseconds(2500));
+}
+
+// ------------------------------------------------------------- Launcher.
+
+LaunchOptions Options(int nproc) {
+  LaunchOptions options;
+  options.nproc = nproc;
+  return options;
+}
+
+TEST(LaunchOptionsTest, Validation) {
+  EXPECT_THAT(ValidateLaunchOptions(Options(4)), IsOk());
+  LaunchOptions any_port = Options(4);
+  any_port.base_port = 0;
+  any_port.master_port = 29600;
+  EXPECT_THAT(ValidateLaunchOptions(any_port), IsOk());
+  EXPECT_THAT(
+      ValidateLaunchOptions(Options(0)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--nproc")));
+  LaunchOptions collide = Options(4);
+  collide.master_port = 29603;
+  EXPECT_THAT(
+      ValidateLaunchOptions(collide),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("29600..29603")));
+  LaunchOptions no_host = Options(1);
+  no_host.host = "";
+  EXPECT_THAT(
+      ValidateLaunchOptions(no_host),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--host")));
+  LaunchOptions level = Options(1);
+  level.log_level = "debug";
+  EXPECT_THAT(ValidateLaunchOptions(level), IsOk());
+  level.log_level = "verbose";
+  EXPECT_THAT(
+      ValidateLaunchOptions(level),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log-level")));
+  LaunchOptions stop = Options(1);
+  stop.stop_timeout_seconds = 0;
+  EXPECT_THAT(ValidateLaunchOptions(stop),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
+  LaunchOptions options = Options(4);
+  options.log_level = "debug";
+  options.server_flags = {"--timeout", "30s"};
+  const DaemonCommand command = BuildDaemonCommand(options, 2, "/tmp/a");
+  EXPECT_EQ(command.address_file, "/tmp/a/rank2.address");
+  EXPECT_THAT(command.args,
+              ElementsAre("--rank", "2", "--world-size", "4", "--local-rank",
+                          "2", "--local-world-size", "4", "--master-addr",
+                          "127.0.0.1", "--master-port", "29500", "--host",
+                          "127.0.0.1", "--port", "29602", "--device", "auto",
+                          "--address-file", "/tmp/a/rank2.address",
+                          "--log-level", "debug", "--timeout", "30s"));
+  EXPECT_THAT(
+      command.env,
+      ElementsAre(Pair("RANK", "2"), Pair("WORLD_SIZE", "4"),
+                  Pair("LOCAL_RANK", "2"), Pair("LOCAL_WORLD_SIZE", "4"),
+                  Pair("MASTER_ADDR", "127.0.0.1"),
+                  Pair("MASTER_PORT", "29500")));
+
+  LaunchOptions cpu = Options(2);
+  cpu.cpu = true;
+  cpu.base_port = 0;
+  cpu.host = "0.0.0.0";
+  const DaemonCommand any = BuildDaemonCommand(cpu, 1, "/d");
+  EXPECT_THAT(any.args, ::testing::IsSupersetOf({"cpu", "0.0.0.0"}));
+  // The value after `flag` in the daemon's arguments.
+  auto value_of = [&](absl::string_view flag) {
+    auto it = std::find(any.args.begin(), any.args.end(), flag);
+    return it == any.args.end() || it + 1 == any.args.end() ? std::string()
+                                                            : *(it + 1);
+  };
+  EXPECT_EQ(value_of("--port"), "0");                 // any free port
+  EXPECT_EQ(value_of("--master-addr"), "127.0.0.1");  // a wildcard is no master
+  EXPECT_EQ(value_of("--local-world-size"), "2");
+  EXPECT_EQ(MasterAddress("10.1.2.3"), "10.1.2.3");
+  EXPECT_EQ(MasterAddress("::"), "127.0.0.1");
+}
+
+class FindServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    std::string pattern =
+        absl::StrCat(base != nullptr ? base : "/tmp", "/tessera_find_XXXXXX");
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  std::string MakeFile(const std::string& relative, bool executable) {
+    const std::filesystem::path path = std::filesystem::path(root_) / relative;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << "#!/bin/sh\n";
+    chmod(path.c_str(), executable ? 0755 : 0644);
+    return path.string();
+  }
+
+  std::string root_;
+};
+
+TEST_F(FindServerTest, NextToItselfThenTheBuildTreeThenPath) {
+  const std::string self = MakeFile("build/bin/tessera", true);
+  const std::string in_tree =
+      MakeFile("build/server/daemon/tessera-server", true);
+  const std::string on_path = MakeFile("usr/bin/tessera-server", true);
+  const std::string path_env =
+      absl::StrCat(root_, "/nothing:", root_, "/usr/bin");
+  // Only the old build-tree layout (tessera in build/client/cli).
+  const std::string old_self = MakeFile("build/client/cli/tessera", true);
+  EXPECT_EQ(FindServerBinary("", old_self, path_env).value(), in_tree);
+  EXPECT_EQ(FindServerBinary("", self, path_env).value(), on_path);
+  const std::string next_to = MakeFile("build/bin/tessera-server", true);
+  EXPECT_EQ(FindServerBinary("", self, path_env).value(), next_to);
+  // --server wins, and must be executable.
+  EXPECT_EQ(FindServerBinary(on_path, self, path_env).value(), on_path);
+  const std::string plain = MakeFile("plain", false);
+  EXPECT_THAT(FindServerBinary(plain, self, path_env),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("is not an executable file")));
+}
+
+TEST_F(FindServerTest, NotFoundSaysWhatToDo) {
+  const std::string self = MakeFile("bin/tessera", true);
+  MakeFile("bin/tessera-server", false);  // not executable: skipped
+  EXPECT_THAT(FindServerBinary("", self, "/nonexistent"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("--target tessera-server) or pass --server")));
+}
+
+}  // namespace
+}  // namespace tessera::cli

@@ -1,0 +1,805 @@
+// DataPlaneServer, the raw-TCP data plane, and ShardClient fetching over it: a
+// real DataPlaneServer on 127.0.0.1; clients are ShardClient, raw sockets that
+// speak the protocol badly on purpose, and hand-written peers that answer
+// a ShardClient badly on purpose.
+#include "server/serve/data_plane_server.h"
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/shard_client.h"
+#include "common/proto_convert.h"
+#include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "io/socket.h"
+#include "server/serve/shard_registry.h"
+#include "server/serve/shard_service.h"
+#include "tests/testing/local_shard.h"
+#include "tests/testing/status_matchers.h"
+#include "wire/chunk_codec.h"
+#include "xxhash.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::_;
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Fetches over the data plane never use the gRPC channel, which connects
+// lazily, so clients that only fetch get an address nothing answers on.
+constexpr char kNoGrpc[] = "127.0.0.1:1";
+// Bound on every wait of the test itself.
+constexpr absl::Duration kWait = absl::Seconds(5);
+
+// ---- helpers ----------------------------------------------------------------
+
+// Bytes that differ from element to element and from seed to seed (an
+// xorshift stream); bool elements hold 0/1 only.
+Tensor Filled(std::vector<int64_t> sizes, DType dtype, uint64_t seed = 7) {
+  absl::StatusOr<Tensor> tensor =
+      Tensor::Empty(sizes, TensorOptions().WithDType(dtype));
+  EXPECT_OK(tensor.status());
+  auto* out = static_cast<uint8_t*>(tensor->data_ptr());
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < tensor->nbytes(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] = dtype == DType::kBool ? (x & 1) : static_cast<uint8_t>(x >> 32);
+  }
+  return *tensor;
+}
+
+std::string RowMajorBytes(const Tensor& tensor) {
+  absl::StatusOr<Tensor> contiguous = tensor.Contiguous();
+  EXPECT_OK(contiguous.status());
+  return std::string(static_cast<const char*>(contiguous->data_ptr()),
+                     contiguous->nbytes());
+}
+
+FetchOptions Chunked(int64_t chunk_bytes,
+                     absl::Duration timeout = absl::Seconds(10)) {
+  FetchOptions options;
+  options.chunk_bytes = chunk_bytes;
+  options.timeout = timeout;
+  return options;
+}
+
+// Fetches shard `index` of `id` into a zeroed tensor shaped like
+// `expected`; DATA_LOSS when the bytes differ. Safe from any thread.
+absl::Status FetchMatches(const ShardClient& client, absl::string_view id,
+                          const Tensor& expected, int64_t index = 1,
+                          int64_t chunk_bytes = 0) {
+  absl::StatusOr<Tensor> destination = Tensor::Zeros(
+      expected.sizes(), TensorOptions().WithDType(expected.dtype()));
+  if (!destination.ok()) return destination.status();
+  absl::Status status =
+      client.FetchShardInto(id, index, *destination, Chunked(chunk_bytes));
+  if (!status.ok()) return status;
+  if (RowMajorBytes(*destination) != RowMajorBytes(expected)) {
+    return absl::DataLossError(absl::StrCat("bytes of ", id, " differ"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- raw protocol -----------------------------------------------------------
+
+// A data-plane connection that has sent `greeting` (the magic, or not).
+UniqueFd Dial(const std::string& address,
+              absl::string_view greeting = kDataPlaneMagic) {
+  absl::StatusOr<UniqueFd> socket = ConnectTcp(address, absl::Now() + kWait);
+  EXPECT_OK(socket.status());
+  if (!socket.ok()) return UniqueFd();
+  EXPECT_OK(WriteFull(socket->get(), greeting.data(), greeting.size(),
+                      absl::Now() + kWait));
+  return *std::move(socket);
+}
+
+std::string RequestFrame(const std::string& id, int64_t index,
+                         int64_t chunk_bytes = 0) {
+  v1::FetchShardRequest request;
+  request.set_tensor_id(id);
+  request.set_shard_index(index);
+  request.set_chunk_bytes(chunk_bytes);
+  return request.SerializeAsString();
+}
+
+absl::StatusOr<v1::BulkFetchReply> ReadReply(int fd) {
+  absl::StatusOr<std::string> frame = ReadFrame(fd, absl::Now() + kWait);
+  if (!frame.ok()) return frame.status();
+  v1::BulkFetchReply reply;
+  if (!reply.ParseFromString(*frame)) {
+    return absl::DataLossError("unparsable BulkFetchReply");
+  }
+  return reply;
+}
+
+// Reads the chunks that follow an OK reply, checking the prefixes as the
+// protocol defines them; returns the payload.
+absl::StatusOr<std::string> ReadChunks(int fd,
+                                       const v1::BulkFetchReply& reply) {
+  std::string bytes;
+  char prefix[kDataPlaneChunkPrefixBytes];
+  while (static_cast<int64_t>(bytes.size()) < reply.header().total_bytes()) {
+    const absl::Time deadline = absl::Now() + kWait;
+    if (absl::Status s = ReadFull(fd, prefix, sizeof(prefix), deadline);
+        !s.ok()) {
+      return s;
+    }
+    const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
+    const uint64_t offset = static_cast<uint64_t>(chunk.offset);
+    const uint64_t length = static_cast<uint64_t>(chunk.length);
+    if (offset != bytes.size() || length == 0 ||
+        length > static_cast<uint64_t>(reply.chunk_bytes())) {
+      return absl::DataLossError(
+          absl::StrCat("chunk at ", offset, " of ", length, " bytes"));
+    }
+    std::string payload(length, '\0');
+    if (absl::Status s = ReadFull(fd, payload.data(), length, deadline);
+        !s.ok()) {
+      return s;
+    }
+    if (XXH3_64bits(payload.data(), length) != chunk.checksum) {
+      return absl::DataLossError(absl::StrCat("checksum at ", offset));
+    }
+    bytes += payload;
+  }
+  return bytes;
+}
+
+// What the next read of a connection the server has closed gives.
+absl::Status ReadAfterClose(int fd) {
+  char byte;
+  return ReadFull(fd, &byte, 1, absl::Now() + kWait);
+}
+
+// ---- DataPlaneServer + ShardClient
+// -----------------------------------------------
+class DataPlaneServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(); }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    if (grpc_server_ != nullptr) {
+      grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + kWait));
+    }
+  }
+
+  void StartServer(DataPlaneServerOptions options = {}) {
+    ASSERT_OK_AND_ASSIGN(
+        server_, DataPlaneServer::Start("127.0.0.1", registry_, options));
+    client_ = ShardClient::Create(kNoGrpc, server_->address());
+  }
+
+  // The gRPC ShardService over the same registry, on 127.0.0.1:0; returns
+  // its address.
+  std::string StartGrpcServer() {
+    grpc_service_ = std::make_unique<ShardServiceImpl>(registry_);
+    grpc::ServerBuilder builder;
+    ConfigureShardServer(&builder);
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(grpc_service_.get());
+    grpc_server_ = builder.BuildAndStart();
+    EXPECT_NE(grpc_server_, nullptr);
+    return absl::StrCat("127.0.0.1:", port);
+  }
+
+  // Registers `tensor` as shard `index` of `num_shards` of `id`.
+  Tensor Serve(const std::string& id, Tensor tensor, int64_t index = 1,
+               int num_shards = 3) {
+    EXPECT_OK(registry_->Register(
+        id, testing::AsLocalShard(tensor, index, num_shards)));
+    return tensor;
+  }
+
+  // A small fetch through a fresh client: the server still serves.
+  absl::Status ServesGoodClient() {
+    if (registry_->Find("probe") == nullptr) {
+      Serve("probe", Filled({16, 8}, DType::kInt32, 99));
+    }
+    const std::shared_ptr<ShardClient> client =
+        ShardClient::Create(kNoGrpc, server_->address());
+    return FetchMatches(*client, "probe",
+                        registry_->Find("probe")->local_shards[0].shard.tensor);
+  }
+
+  std::shared_ptr<ShardRegistry> registry_ = std::make_shared<ShardRegistry>();
+  std::unique_ptr<DataPlaneServer> server_;
+  std::shared_ptr<ShardClient> client_;
+  std::unique_ptr<ShardServiceImpl> grpc_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+};
+
+TEST_F(DataPlaneServerTest, FetchesEachDType) {
+  for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBool}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::string id = absl::StrCat("t_", DTypeName(dtype));
+    const Tensor tensor = Serve(id, Filled({37, 11}, dtype));
+    EXPECT_OK(FetchMatches(*client_, id, tensor));
+    EXPECT_OK(FetchMatches(*client_, id, tensor, 1, /*chunk_bytes=*/1));
+  }
+}
+
+TEST_F(DataPlaneServerTest, ManyChunksOfAShardNotAMultipleOfTheChunk) {
+  // 257 * 1021 * 4 bytes: about 1 MiB, 256 full chunks and a partial one.
+  const Tensor tensor = Serve("t", Filled({257, 1021}, DType::kFloat32));
+  ASSERT_NE(tensor.nbytes() % 4096, 0u);
+  EXPECT_OK(FetchMatches(*client_, "t", tensor, 1, 4096));
+}
+
+TEST_F(DataPlaneServerTest, EmptyShard) {
+  Serve("empty", Filled({0, 20}, DType::kFloat32), 0, 1);
+  ASSERT_OK_AND_ASSIGN(Tensor destination, Tensor::Zeros({0, 20}));
+  EXPECT_OK(client_->FetchShardInto("empty", 0, destination, Chunked(4096)));
+  ASSERT_OK_AND_ASSIGN(Shard shard, client_->FetchShard("empty", 0));
+  EXPECT_THAT(shard.tensor.sizes(), ElementsAre(0, 20));
+  // The connection is still in step for the next request.
+  EXPECT_OK(client_->FetchShardInto("empty", 0, destination));
+}
+
+TEST_F(DataPlaneServerTest, FetchesIntoAStridedView) {
+  const Tensor tensor = Serve("t", Filled({50, 30}, DType::kInt64));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor big,
+      Tensor::Zeros({50, 40}, TensorOptions().WithDType(DType::kInt64)));
+  ASSERT_OK_AND_ASSIGN(Tensor view, big.Narrow(1, 5, 30));
+  ASSERT_FALSE(view.is_contiguous());
+  ASSERT_OK(client_->FetchShardInto("t", 1, view, Chunked(4096)));
+  EXPECT_EQ(RowMajorBytes(view), RowMajorBytes(tensor));
+  // Columns outside the view are untouched.
+  for (auto [start, length] : {std::pair<int64_t, int64_t>{0, 5}, {35, 5}}) {
+    ASSERT_OK_AND_ASSIGN(Tensor outside, big.Narrow(1, start, length));
+    EXPECT_EQ(RowMajorBytes(outside), std::string(50 * 5 * 8, '\0'));
+  }
+}
+
+TEST_F(DataPlaneServerTest, FetchShardAllocates) {
+  const Tensor tensor = Serve("t", Filled({9, 13}, DType::kFloat32), 2);
+  ASSERT_OK_AND_ASSIGN(Shard shard, client_->FetchShard("t", 2, Chunked(4096)));
+  EXPECT_EQ(shard.tensor.dtype(), DType::kFloat32);
+  EXPECT_EQ(RowMajorBytes(shard.tensor), RowMajorBytes(tensor));
+  EXPECT_THAT(shard.metadata.shard_offsets(), ElementsAre(18, 0));
+  EXPECT_THAT(shard.metadata.shard_sizes(), ElementsAre(9, 13));
+}
+
+TEST_F(DataPlaneServerTest, ErrorsKeepTheClientUsable) {
+  const Tensor tensor = Serve("t", Filled({512, 512}, DType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(Tensor wrong_sizes, Tensor::Zeros({512, 511}));
+  ASSERT_OK_AND_ASSIGN(Tensor right_sizes, Tensor::Zeros({512, 512}));
+  struct Case {
+    std::string id;
+    int64_t index;
+    const Tensor* destination;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"missing", 1, &right_sizes, absl::StatusCode::kNotFound,
+       "unknown tensor missing"},
+      {"t", 0, &right_sizes, absl::StatusCode::kNotFound, "not served"},
+      {"t", -1, &right_sizes, absl::StatusCode::kInvalidArgument,
+       "negative shard_index -1"},
+      // The server is streaming 1 MiB in 4 KiB chunks when the client
+      // rejects the header and drops the connection.
+      {"t", 1, &wrong_sizes, absl::StatusCode::kInvalidArgument, "[512, 511]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.id, "/", c.index));
+    EXPECT_THAT(
+        client_->FetchShardInto(c.id, c.index, *c.destination, Chunked(4096)),
+        StatusIs(c.code, HasSubstr(c.message)));
+    EXPECT_OK(FetchMatches(*client_, "t", tensor, 1, 4096));
+  }
+}
+
+TEST_F(DataPlaneServerTest, AgreesWithTheGrpcPlane) {
+  const Tensor tensor = Serve("t", Filled({64, 33}, DType::kInt64));
+  const std::string grpc_address = StartGrpcServer();
+  const auto data_plane = ShardClient::Create(grpc_address, server_->address());
+  const auto grpc_only = ShardClient::Create(grpc_address);
+  ASSERT_OK_AND_ASSIGN(TensorDescription description,
+                       data_plane->DescribeTensor("t"));
+  EXPECT_THAT(description.local_shard_indices, ElementsAre(1));
+  for (const auto& [id, index] : std::vector<std::pair<std::string, int64_t>>{
+           {"t", 1}, {"t", 0}, {"t", 7}, {"t", -1}, {"missing", 0}, {"", 0}}) {
+    SCOPED_TRACE(absl::StrCat(id, "/", index));
+    absl::StatusOr<Shard> over_data_plane = data_plane->FetchShard(id, index);
+    absl::StatusOr<Shard> over_grpc = grpc_only->FetchShard(id, index);
+    EXPECT_EQ(over_data_plane.status().code(), over_grpc.status().code())
+        << over_data_plane.status() << " vs " << over_grpc.status();
+    if (over_data_plane.ok() && over_grpc.ok()) {
+      EXPECT_EQ(RowMajorBytes(over_data_plane->tensor), RowMajorBytes(tensor));
+      EXPECT_EQ(RowMajorBytes(over_grpc->tensor), RowMajorBytes(tensor));
+    }
+  }
+}
+
+TEST_F(DataPlaneServerTest, FetchesRegionsLikeTheGrpcPlane) {
+  const Tensor tensor = Serve("t", Filled({64, 33}, DType::kInt64));
+  const std::string grpc_address = StartGrpcServer();
+  const auto grpc_only = ShardClient::Create(grpc_address);
+  ASSERT_OK_AND_ASSIGN(Tensor box, tensor.Narrow(0, 5, 50));
+  ASSERT_OK_AND_ASSIGN(box, box.Narrow(1, 3, 27));
+  const std::string expected = RowMajorBytes(box);
+  const TensorOptions int64 = TensorOptions().WithDType(DType::kInt64);
+  for (const ShardClient* client : {client_.get(), grpc_only.get()}) {
+    ASSERT_OK_AND_ASSIGN(Tensor into, Tensor::Zeros({50, 27}, int64));
+    int64_t reported = 0;
+    FetchOptions options = Chunked(4096);
+    options.on_chunk = [&reported](int64_t bytes) { reported += bytes; };
+    ASSERT_OK(client->FetchRegionInto("t", 1, {5, 3}, into, options));
+    EXPECT_EQ(RowMajorBytes(into), expected);
+    EXPECT_EQ(reported, 50 * 27 * 8);
+  }
+  // Errors are the same on both planes, and the data-plane connection
+  // stays usable after each.
+  ASSERT_OK_AND_ASSIGN(Tensor ten_rows, Tensor::Zeros({10, 33}, int64));
+  ASSERT_OK_AND_ASSIGN(Tensor row, Tensor::Zeros({33}, int64));
+  struct Case {
+    std::vector<int64_t> offsets;
+    const Tensor* destination;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{60, 0},
+       &ten_rows,
+       absl::StatusCode::kOutOfRange,
+       "leaves the shard (sizes [64, 33])"},
+      {{0},
+       &row,
+       absl::StatusCode::kInvalidArgument,
+       "1 offsets and 1 sizes for a shard of 2 dimensions"},
+      {{0, -3}, &ten_rows, absl::StatusCode::kInvalidArgument, "negative"},
+  };
+  for (const Case& c : cases) {
+    for (const ShardClient* client : {client_.get(), grpc_only.get()}) {
+      EXPECT_THAT(client->FetchRegionInto("t", 1, c.offsets, *c.destination),
+                  StatusIs(c.code, HasSubstr(c.message)));
+    }
+    EXPECT_OK(FetchMatches(*client_, "t", tensor, 1, 4096));
+  }
+}
+
+// ---- raw sockets ------------------------------------------------------------
+
+TEST_F(DataPlaneServerTest, WrongMagicClosesTheConnection) {
+  UniqueFd socket = Dial(server_->address(), "NOTBULK!");
+  EXPECT_THAT(ReadAfterClose(socket.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneServerTest, OversizedFrameClosesTheConnection) {
+  UniqueFd socket = Dial(server_->address());
+  char length[4];
+  const uint32_t n = kMaxDataPlaneFrameBytes + 1;
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<char>(n >> (8 * i));
+  ASSERT_OK(WriteFull(socket.get(), length, 4, absl::Now() + kWait));
+  EXPECT_THAT(ReadAfterClose(socket.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneServerTest, UnparsableRequestIsAnsweredAndTheConnectionKept) {
+  const Tensor tensor = Serve("t", Filled({100, 100}, DType::kInt32));
+  UniqueFd socket = Dial(server_->address());
+  // A length-delimited field that claims 127 bytes and has 5.
+  ASSERT_OK(WriteFrame(socket.get(), "\x0a\x7fshort", absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply.message(), HasSubstr("malformed"));
+
+  // Chunk sizes below the minimum are raised to it.
+  ASSERT_OK(
+      WriteFrame(socket.get(), RequestFrame("t", 1, 100), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(reply, ReadReply(socket.get()));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(reply.chunk_bytes(), ShardServiceOptions::kMinChunkBytes);
+  EXPECT_EQ(reply.header().total_bytes(), 40000);
+  ASSERT_OK_AND_ASSIGN(std::string bytes, ReadChunks(socket.get(), reply));
+  EXPECT_EQ(bytes, RowMajorBytes(tensor));
+}
+
+TEST_F(DataPlaneServerTest, ErrorReplyLeavesTheConnectionInStep) {
+  UniqueFd socket = Dial(server_->address());
+  ASSERT_OK(WriteFrame(socket.get(), RequestFrame("missing", 0),
+                       absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(reply.message(), HasSubstr("missing"));
+  EXPECT_FALSE(reply.has_header());
+  const Tensor tensor = Serve("t", Filled({3, 5}, DType::kInt64));
+  ASSERT_OK(
+      WriteFrame(socket.get(), RequestFrame("t", 1), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(reply, ReadReply(socket.get()));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_OK_AND_ASSIGN(std::string bytes, ReadChunks(socket.get(), reply));
+  EXPECT_EQ(bytes, RowMajorBytes(tensor));
+}
+
+TEST_F(DataPlaneServerTest, SilentAndHalfGreetedClientsDoNotBlockOthers) {
+  UniqueFd silent = Dial(server_->address(), "");
+  UniqueFd half = Dial(server_->address(), "TSR");
+  UniqueFd greeted = Dial(server_->address());
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneServerTest, ConnectionsBeyondTheLimitAreRefused) {
+  DataPlaneServerOptions options;
+  options.max_connections = 1;
+  StartServer(options);
+  UniqueFd held = Dial(server_->address());
+  // An answered request proves the server has accepted `held`.
+  ASSERT_OK(
+      WriteFrame(held.get(), RequestFrame("missing", 0), absl::Now() + kWait));
+  ASSERT_OK(ReadReply(held.get()).status());
+  UniqueFd refused = Dial(server_->address());
+  EXPECT_THAT(ReadAfterClose(refused.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  held = UniqueFd();
+  // The slot frees once the server has seen `held` close.
+  const absl::Time deadline = absl::Now() + kWait;
+  absl::Status served;
+  while (!(served = ServesGoodClient()).ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_OK(served);
+}
+
+TEST_F(DataPlaneServerTest, ClientVanishingMidStreamDoesNotHurtTheServer) {
+  Serve("big", Filled({1024, 1024}, DType::kFloat32));
+  for (int i = 0; i < 3; ++i) {
+    UniqueFd socket = Dial(server_->address());
+    ASSERT_OK(WriteFrame(socket.get(), RequestFrame("big", 1, 4096),
+                         absl::Now() + kWait));
+    ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(socket.get()));
+    ASSERT_EQ(reply.code(), 0) << reply.message();
+    char some[100];
+    ASSERT_OK(ReadFull(socket.get(), some, sizeof(some), absl::Now() + kWait));
+  }  // Closed with most of the shard unsent.
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneServerTest, ShutdownInterruptsEveryConnectionPromptly) {
+  // Bigger than the loopback socket buffers, so the server blocks writing.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor huge,
+      Tensor::Zeros({32 << 20}, TensorOptions().WithDType(DType::kUInt8)));
+  Serve("huge", huge);
+  EXPECT_OK(ServesGoodClient());
+  std::vector<UniqueFd> sockets;
+  sockets.push_back(Dial(server_->address(), ""));
+  sockets.push_back(Dial(server_->address()));
+  sockets.push_back(Dial(server_->address()));
+  ASSERT_OK(WriteFrame(sockets.back().get(), RequestFrame("huge", 1),
+                       absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply,
+                       ReadReply(sockets.back().get()));
+  absl::SleepFor(absl::Milliseconds(50));  // Let the socket buffers fill.
+
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  server_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // Every connection was closed; the one mid-stream after part of it.
+  for (size_t i = 0; i + 1 < sockets.size(); ++i) {
+    EXPECT_THAT(ReadAfterClose(sockets[i].get()),
+                StatusIs(absl::StatusCode::kUnavailable, _));
+  }
+  EXPECT_THAT(ReadChunks(sockets.back().get(), reply),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_THAT(
+      client_->FetchShard("probe", 1, Chunked(0, absl::Seconds(2))),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("tensor probe")));
+}
+
+TEST_F(DataPlaneServerTest, ShutdownWithGraceLetsRunningFetchesFinish) {
+  // Bigger than the loopback socket buffers, so the server blocks writing.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor huge,
+      Tensor::Zeros({32 << 20}, TensorOptions().WithDType(DType::kUInt8)));
+  Serve("huge", huge);
+  UniqueFd idle = Dial(server_->address());
+  UniqueFd busy = Dial(server_->address());
+  ASSERT_OK(
+      WriteFrame(busy.get(), RequestFrame("huge", 1), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(busy.get()));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  absl::SleepFor(absl::Milliseconds(50));  // Let the socket buffers fill.
+
+  const absl::Time start = absl::Now();
+  std::thread stopper([this] { server_->Shutdown(absl::Seconds(20)); });
+  // Idle connections close at once; new ones are refused.
+  EXPECT_THAT(ReadAfterClose(idle.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_THAT(
+      client_->FetchShard("probe", 1, Chunked(0, absl::Seconds(2))),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("tensor probe")));
+  // The running fetch completes, then its connection closes and Shutdown
+  // returns without waiting out the grace period.
+  ASSERT_OK_AND_ASSIGN(std::string bytes, ReadChunks(busy.get(), reply));
+  EXPECT_EQ(bytes.size(), size_t{32} << 20);
+  EXPECT_THAT(ReadAfterClose(busy.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  stopper.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(DataPlaneServerTest, ShutdownGraceIsBoundedByStalledReaders) {
+  ASSERT_OK_AND_ASSIGN(
+      Tensor huge,
+      Tensor::Zeros({32 << 20}, TensorOptions().WithDType(DType::kUInt8)));
+  Serve("huge", huge);
+  UniqueFd stalled = Dial(server_->address());
+  ASSERT_OK(
+      WriteFrame(stalled.get(), RequestFrame("huge", 1), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply reply, ReadReply(stalled.get()));
+  absl::SleepFor(absl::Milliseconds(50));
+
+  // Nobody reads: the server is stuck writing until the grace ends.
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(250));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_THAT(ReadChunks(stalled.get(), reply),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+}
+
+// ---- deadlines, unreachable servers, the pool -------------------------------
+TEST(DataPlaneClientTest, PeerThatNeverAnswersIsDeadlineExceeded) {
+  // Connections complete into the backlog; nothing ever accepts them.
+  ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+  const auto client = ShardClient::Create(
+      kNoGrpc, absl::StrCat("127.0.0.1:", listening.second));
+  ASSERT_OK_AND_ASSIGN(Tensor destination, Tensor::Zeros({4}));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->FetchShardInto("t", 0, destination,
+                                     Chunked(0, absl::Milliseconds(200))),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("shard 0 of tensor t")));
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_GE(elapsed, absl::Milliseconds(200));
+  EXPECT_LT(elapsed, absl::Seconds(2));
+}
+
+TEST(DataPlaneClientTest, NothingListeningIsUnavailable) {
+  int port = 0;
+  {
+    ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+    port = listening.second;
+  }  // Closed: the port is free again.
+  const auto client =
+      ShardClient::Create(kNoGrpc, absl::StrCat("127.0.0.1:", port));
+  EXPECT_THAT(client->FetchShard("t", 0, Chunked(0, absl::Seconds(2))),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("connecting to 127.0.0.1")));
+}
+
+TEST_F(DataPlaneServerTest, PooledConnectionClosedByTheServerIsRetried) {
+  DataPlaneServerOptions options;
+  options.idle_timeout = absl::Milliseconds(100);
+  StartServer(options);
+  const Tensor tensor = Serve("t", Filled({20, 20}, DType::kFloat32));
+  ASSERT_OK(FetchMatches(*client_, "t", tensor));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_OK(FetchMatches(*client_, "t", tensor));
+}
+
+TEST_F(DataPlaneServerTest, ManyPooledConnectionsClosedByTheServerAreRetried) {
+  DataPlaneServerOptions options;
+  options.idle_timeout = absl::Milliseconds(100);
+  StartServer(options);
+  const Tensor tensor = Serve("t", Filled({512, 512}, DType::kFloat32));
+  // Concurrent fetches leave several connections in the pool.
+  std::vector<absl::Status> results(4);
+  std::vector<std::thread> threads;
+  for (absl::Status& result : results) {
+    threads.emplace_back(
+        [&] { result = FetchMatches(*client_, "t", tensor, 1, 4096); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& result : results) EXPECT_OK(result);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_OK(FetchMatches(*client_, "t", tensor));
+}
+
+// ---- concurrency ------------------------------------------------------------
+
+TEST_F(DataPlaneServerTest, ConcurrentFetchesThroughOneClient) {
+  constexpr int kThreads = 8;
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < kThreads; ++i) {
+    tensors.push_back(Serve(absl::StrCat("t", i),
+                            Filled({64 + i, 1000}, DType::kFloat32, i), i % 3));
+  }
+  std::vector<absl::Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < 3 && results[i].ok(); ++round) {
+        results[i] = FetchMatches(*client_, absl::StrCat("t", i), tensors[i],
+                                  i % 3, round == 0 ? 4096 : 0);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_OK(results[i]) << "thread " << i;
+}
+
+TEST_F(DataPlaneServerTest, UnregisterDuringAFetch) {
+  const Tensor tensor = Filled({2048, 1024}, DType::kFloat32);  // 8 MiB
+  for (int delay_ms : {0, 2, 10}) {
+    SCOPED_TRACE(absl::StrCat("unregistered after ", delay_ms, " ms"));
+    Serve("t", tensor);
+    absl::Status fetched;
+    std::thread fetcher(
+        [&] { fetched = FetchMatches(*client_, "t", tensor, 1, 4096); });
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    EXPECT_TRUE(registry_->Unregister("t"));
+    fetcher.join();
+    // Either the fetch started first and completes from the bytes it
+    // holds, or it finds the tensor gone.
+    EXPECT_THAT(fetched, AnyOf(IsOk(), StatusIs(absl::StatusCode::kNotFound,
+                                                HasSubstr("tensor t"))));
+    EXPECT_THAT(client_->FetchShard("t", 1),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("t")));
+  }
+  EXPECT_OK(ServesGoodClient());
+}
+
+// ---- a peer that answers badly ----------------------------------------------
+// A hand-written data-plane server for one fetch: accepts one connection,
+// reads the magic and the request, then runs `script` on the connection.
+class ScriptedPeer {
+ public:
+  explicit ScriptedPeer(std::function<void(int fd)> script) {
+    absl::StatusOr<std::pair<UniqueFd, int>> listening = ListenTcp("127.0.0.1");
+    EXPECT_OK(listening.status());
+    listener_ = std::move(listening->first);
+    address_ = absl::StrCat("127.0.0.1:", listening->second);
+    thread_ = std::thread([this, script = std::move(script)] { Run(script); });
+  }
+  ~ScriptedPeer() {
+    InterruptSocket(listener_.get());  // In case nobody connected.
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  void Run(const std::function<void(int fd)>& script) {
+    UniqueFd connection(
+        accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!connection.valid()) return;
+    char magic[kDataPlaneMagic.size()];
+    const absl::Time deadline = absl::Now() + kWait;
+    if (ReadFull(connection.get(), magic, sizeof(magic), deadline).ok() &&
+        ReadFrame(connection.get(), deadline).ok()) {
+      script(connection.get());
+    }
+  }
+
+  UniqueFd listener_;
+  std::string address_;
+  std::thread thread_;
+};
+
+// The peer sends an OK reply for a 2-element int64 shard, then chunks
+// written by the test.
+class MisbehavingPeerTest : public ::testing::Test {
+ protected:
+  absl::Status Fetch(std::function<void(int fd)> chunks,
+                     absl::Duration timeout = absl::Seconds(5)) {
+    ScriptedPeer peer([&](int fd) {
+      EXPECT_OK(
+          WriteFrame(fd, Reply().SerializeAsString(), absl::Now() + kWait));
+      chunks(fd);
+    });
+    const auto client = ShardClient::Create(kNoGrpc, peer.address());
+    return client->FetchShardInto("t", 0, destination_, Chunked(0, timeout));
+  }
+
+  v1::BulkFetchReply Reply() const {
+    v1::BulkFetchReply reply;
+    v1::ShardHeader* header = reply.mutable_header();
+    *header->mutable_metadata() = ToProto(
+        testing::AsLocalShard(source_, 0, 1)->metadata.shards_metadata[0]);
+    header->set_dtype(ToProto(DType::kInt64));
+    header->add_sizes(2);
+    header->set_total_bytes(16);
+    reply.set_chunk_bytes(8);
+    return reply;
+  }
+
+  // Sends bytes [offset, offset + length) of the source with `checksum`
+  // (its own when unset), claiming `claimed_length` bytes when set.
+  void SendChunk(int fd, int64_t offset, int64_t length,
+                 std::optional<uint64_t> checksum = std::nullopt,
+                 std::optional<int64_t> claimed_length = std::nullopt) {
+    const char* data = static_cast<const char*>(source_.data_ptr()) + offset;
+    char prefix[kDataPlaneChunkPrefixBytes];
+    const size_t size = static_cast<size_t>(length);
+    EncodeChunkPrefix(ChunkPrefix{offset, claimed_length.value_or(length),
+                                  checksum.value_or(XXH3_64bits(data, size))},
+                      prefix);
+    const absl::Time deadline = absl::Now() + kWait;
+    EXPECT_OK(WriteFull(fd, prefix, sizeof(prefix), deadline));
+    EXPECT_OK(WriteFull(fd, data, size, deadline));
+  }
+
+  const Tensor source_ = Filled({2}, DType::kInt64);
+  Tensor destination_ =
+      *Tensor::Zeros({2}, TensorOptions().WithDType(DType::kInt64));
+};
+
+TEST_F(MisbehavingPeerTest, WellBehavedPeerIsOk) {
+  EXPECT_OK(Fetch([&](int fd) {
+    SendChunk(fd, 0, 8);
+    SendChunk(fd, 8, 8);
+  }));
+  EXPECT_EQ(RowMajorBytes(destination_), RowMajorBytes(source_));
+}
+
+TEST_F(MisbehavingPeerTest, BadChecksumIsDataLoss) {
+  EXPECT_THAT(
+      Fetch([&](int fd) { SendChunk(fd, 0, 8, 12345); }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+}
+
+TEST_F(MisbehavingPeerTest, ChunkPastTheShardIsDataLoss) {
+  EXPECT_THAT(
+      Fetch([&](int fd) { SendChunk(fd, 0, 8, std::nullopt, 1ll << 40); }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overrun")));
+}
+
+TEST_F(MisbehavingPeerTest, ChunkOutOfOrderIsDataLoss) {
+  EXPECT_THAT(
+      Fetch([&](int fd) { SendChunk(fd, 8, 8); }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expected offset 0")));
+}
+
+TEST_F(MisbehavingPeerTest, StreamCutShortIsUnavailable) {
+  EXPECT_THAT(Fetch([&](int fd) { SendChunk(fd, 0, 8); }),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("shard 0 of tensor t")));
+}
+
+TEST_F(MisbehavingPeerTest, StalledStreamIsDeadlineExceeded) {
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Fetch(
+                  [&](int fd) {
+                    SendChunk(fd, 0, 8);
+                    // Holds the connection open until the client leaves.
+                    (void)ReadAfterClose(fd);
+                  },
+                  absl::Milliseconds(200)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("shard 0 of tensor t")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,976 @@
+// The local path: shareable host memory (Storage), the
+// LocalPathServer spoken to raw and badly on purpose, ShardClient's local
+// path against a shard owner in another process (local_path_peer), with
+// its fallbacks and errors, and a Rank publishing its local address.
+//
+// Without a GPU the shared-memory path is what runs; the CUDA IPC cases
+// skip with a reason.
+#include "server/serve/local_path_server.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/local_path.h"
+#include "client/shard_client.h"
+#include "common/proto_convert.h"
+#include "common/region.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/subprocess.h"
+#include "io/unix_socket.h"
+#include "server/rank/rank.h"
+#include "server/serve/data_plane_server.h"
+#include "server/serve/shard_registry.h"
+#include "server/store/hash_store.h"
+#include "tessera/v1/local.pb.h"
+#include "tests/server/serve/local_path_peer.h"
+#include "tests/testing/status_matchers.h"
+#include "wire/chunk_codec.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::kCudaId;
+using ::tessera::testing::kHeapId;
+using ::tessera::testing::kHeapKey;
+using ::tessera::testing::kHeapSizes;
+using ::tessera::testing::kSharedId;
+using ::tessera::testing::kSharedKey;
+using ::tessera::testing::kSharedSizes;
+using ::tessera::testing::kStridedId;
+using ::tessera::testing::kStridedKey;
+using ::tessera::testing::kStridedSizes;
+using ::tessera::testing::kTinyId;
+using ::tessera::testing::kTinyKey;
+using ::tessera::testing::kTinySizes;
+using ::tessera::testing::PeerValue;
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Bound on every wait of the test itself.
+constexpr absl::Duration kWait = absl::Seconds(10);
+// The local path's fetches never use the gRPC channel (connecting is
+// lazy), and a fallback to it fails fast: nothing listens there.
+constexpr char kNoGrpc[] = "127.0.0.1:1";
+
+// Turns host memory sharing on for one test and off again after it (the
+// switch is process-wide).
+class ScopedSharing {
+ public:
+  explicit ScopedSharing(int64_t min_bytes) { SetHostMemorySharing(min_bytes); }
+  ~ScopedSharing() { DisableHostMemorySharing(); }
+};
+
+// An int64 tensor with element i = base + i; shared when sharing is on and
+// it is large enough.
+Tensor Iota(const std::vector<int64_t>& sizes, int64_t base = 0) {
+  absl::StatusOr<Tensor> tensor =
+      Tensor::Empty(sizes, TensorOptions().WithDType(DType::kInt64));
+  EXPECT_OK(tensor.status());
+  for (int64_t i = 0; i < tensor->numel(); ++i) {
+    tensor->data<int64_t>()[i] = base + i;
+  }
+  return *tensor;
+}
+
+// `tensor` as shard 0 of a one-shard tensor on rank 0.
+std::shared_ptr<RegisteredTensor> OneShard(const Tensor& tensor) {
+  auto registered = std::make_shared<RegisteredTensor>();
+  ShardedTensorMetadata& metadata = registered->metadata;
+  metadata.tensor_properties.dtype = tensor.dtype();
+  metadata.size = tensor.sizes();
+  absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
+      std::vector<int64_t>(tensor.dim(), 0), tensor.sizes(),
+      RemoteDevice::ForRank(0, tensor.device()));
+  EXPECT_OK(shard.status());
+  metadata.shards_metadata.push_back(*shard);
+  registered->local_shards.push_back(LocalShard{0, Shard{tensor, *shard}});
+  return registered;
+}
+
+// Waits until `done()` or kWait passed; returns done().
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time end = absl::Now() + kWait;
+  while (!done() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  return done();
+}
+
+// ---- Shareable host memory --------------------------------------------------
+
+TEST(HostMemorySharingTest, OffByDefault) {
+  EXPECT_EQ(HostMemorySharingMinBytes(), std::nullopt);
+  ASSERT_OK_AND_ASSIGN(Tensor big, Tensor::Empty({1 << 20}));
+  EXPECT_EQ(big.storage()->shared_memory_fd(), -1);
+}
+
+TEST(HostMemorySharingTest, LargeCpuAllocationsAreSealedMemoryFiles) {
+  ScopedSharing sharing(64 << 10);
+  EXPECT_EQ(HostMemorySharingMinBytes(), 64 << 10);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor shared,
+      Tensor::Empty({100000}, TensorOptions().WithDType(DType::kFloat32)));
+  const Storage& storage = *shared.storage();
+  const int fd = storage.shared_memory_fd();
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(storage.data()) % 64, 0u);
+  EXPECT_EQ(storage.nbytes(), 400000u);
+  EXPECT_FALSE(storage.pinned());
+  struct stat info;
+  ASSERT_EQ(fstat(fd, &info), 0);
+  EXPECT_GE(info.st_size, 400000);
+  const int seals = fcntl(fd, F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  // The file holds the tensor's bytes: another mapping sees its writes.
+  shared.data<float>()[99999] = 2.5f;
+  void* again = mmap(nullptr, info.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(again, MAP_FAILED);
+  EXPECT_EQ(static_cast<const float*>(again)[99999], 2.5f);
+  munmap(again, info.st_size);
+}
+
+TEST(HostMemorySharingTest, SmallPinnedEmptyAndDeviceAllocationsAreNot) {
+  ScopedSharing sharing(64 << 10);
+  ASSERT_OK_AND_ASSIGN(Tensor below,
+                       Tensor::Empty({(64 << 10) - 1},
+                                     TensorOptions().WithDType(DType::kUInt8)));
+  EXPECT_EQ(below.storage()->shared_memory_fd(), -1);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor at,
+      Tensor::Empty({64 << 10}, TensorOptions().WithDType(DType::kUInt8)));
+  EXPECT_GE(at.storage()->shared_memory_fd(), 0);
+  ASSERT_OK_AND_ASSIGN(Tensor empty, Tensor::Empty({0, 100}));
+  EXPECT_EQ(empty.storage()->shared_memory_fd(), -1);
+  EXPECT_EQ(empty.data_ptr(), nullptr);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor meta,
+      Tensor::Empty({1 << 20}, TensorOptions().WithDevice(Device::Meta())));
+  EXPECT_EQ(meta.storage()->shared_memory_fd(), -1);
+  absl::StatusOr<Tensor> pinned = Tensor::Empty(
+      {16 << 10}, TensorOptions().WithDType(DType::kUInt8).WithPinMemory(true));
+  if (pinned.ok()) {
+    EXPECT_EQ(pinned->storage()->shared_memory_fd(), -1);
+  } else {
+    // No page-locked memory to be had here (RLIMIT_MEMLOCK): the point
+    // stands for the allocations that succeed.
+    EXPECT_THAT(pinned.status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("")));
+  }
+}
+
+TEST(HostMemorySharingTest, DisablingKeepsExistingStoragesValid) {
+  std::optional<ScopedSharing> sharing(std::in_place, 4096);
+  Tensor before = Iota({4096});
+  ASSERT_GE(before.storage()->shared_memory_fd(), 0);
+  sharing.reset();
+  EXPECT_EQ(HostMemorySharingMinBytes(), std::nullopt);
+  Tensor after = Iota({4096});
+  EXPECT_EQ(after.storage()->shared_memory_fd(), -1);
+  EXPECT_EQ(before.data<int64_t>()[4095], 4095);
+}
+
+TEST(HostMemorySharingTest, ConcurrentAllocationsWhileToggling) {
+  std::atomic<bool> stop{false};
+  std::thread toggler([&] {
+    while (!stop.load()) {
+      SetHostMemorySharing(1024);
+      DisableHostMemorySharing();
+    }
+  });
+  std::vector<std::thread> allocators;
+  for (int t = 0; t < 4; ++t) {
+    allocators.emplace_back([t] {
+      for (int i = 0; i < 200; ++i) {
+        Tensor tensor = Iota({512}, t * 1000 + i);
+        ASSERT_EQ(tensor.data<int64_t>()[511], t * 1000 + i + 511);
+      }
+    });
+  }
+  for (std::thread& t : allocators) t.join();
+  stop = true;
+  toggler.join();
+  DisableHostMemorySharing();
+}
+
+TEST(StorageWrapTest, ReleasesOnceAndViewsAreBoundsChecked) {
+  std::vector<int64_t> memory(100);
+  for (int i = 0; i < 100; ++i) memory[i] = i;
+  int releases = 0;
+  {
+    std::shared_ptr<Storage> storage =
+        Storage::Wrap(memory.data(), memory.size() * 8, Device::Cpu(),
+                      [&releases] { ++releases; });
+    EXPECT_EQ(storage->shared_memory_fd(), -1);
+    ASSERT_OK_AND_ASSIGN(
+        Tensor view,
+        Tensor::FromStorage(storage, DType::kInt64, 5, {3, 4}, {20, 2}));
+    EXPECT_EQ(view.data<int64_t>()[0], 5);
+    EXPECT_FALSE(view.is_contiguous());
+    ASSERT_OK_AND_ASSIGN(Tensor copy, view.Contiguous());
+    EXPECT_EQ(copy.data<int64_t>()[11], 5 + 2 * 20 + 3 * 2);
+    // The last element 5 + 2*20 + 3*2 = 51 fits; one more row does not.
+    EXPECT_THAT(Tensor::FromStorage(storage, DType::kInt64, 5, {5, 4}, {25, 2})
+                    .status(),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
+    EXPECT_THAT(
+        Tensor::FromStorage(storage, DType::kInt64, 0, {2}, {-1}).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("negative stride")));
+    EXPECT_THAT(
+        Tensor::FromStorage(storage, DType::kInt64, 0, {2, 2}, {1}).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("strides")));
+    EXPECT_THAT(Tensor::FromStorage(storage, DType::kInt64, 0,
+                                    {int64_t{1} << 62}, {int64_t{1} << 40})
+                    .status(),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
+    // An empty view may sit anywhere.
+    EXPECT_OK(Tensor::FromStorage(storage, DType::kInt64, 1000, {0, 4}, {4, 1})
+                  .status());
+    EXPECT_EQ(releases, 0);
+  }
+  EXPECT_EQ(releases, 1);
+}
+
+// ---- LocalPathServer, spoken to raw ---------------------------------------
+
+class LocalPathServerTest : public ::testing::Test {
+ protected:
+  static constexpr char kId[] = "t";
+
+  void SetUp() override {
+    StartServer(LocalPathServerOptions());
+    SetHostMemorySharing(4096);
+    shard_ = Iota({128, 64}, 1000);
+    ASSERT_GE(shard_.storage()->shared_memory_fd(), 0);
+    DisableHostMemorySharing();
+    ASSERT_OK(registry_->Register(kId, OneShard(shard_)));
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  void StartServer(LocalPathServerOptions options) {
+    if (server_ != nullptr) server_->Shutdown();
+    ASSERT_OK_AND_ASSIGN(server_, LocalPathServer::Start(registry_, options));
+    ASSERT_OK_AND_ASSIGN(auto parsed, ParseLocalAddress(server_->address()));
+    EXPECT_EQ(parsed.first, HostId());
+    socket_name_ = parsed.second;
+  }
+
+  // A connection that has sent `greeting`.
+  UniqueFd Dial(absl::string_view greeting = kLocalMagic) {
+    absl::StatusOr<UniqueFd> socket =
+        ConnectLocal(socket_name_, absl::Now() + kWait);
+    EXPECT_OK(socket.status());
+    if (!socket.ok()) return UniqueFd();
+    EXPECT_OK(SendLocalMessage(socket->get(), greeting, absl::Now() + kWait));
+    return *std::move(socket);
+  }
+
+  static std::string Request(const std::string& id,
+                             std::vector<int64_t> region_offsets = {},
+                             std::vector<int64_t> region_sizes = {}) {
+    v1::LocalFetchRequest request;
+    request.mutable_request()->set_tensor_id(id);
+    request.mutable_request()->set_shard_index(0);
+    for (int64_t o : region_offsets) {
+      request.mutable_request()->add_region_offsets(o);
+    }
+    for (int64_t s : region_sizes)
+      request.mutable_request()->add_region_sizes(s);
+    return request.SerializeAsString();
+  }
+
+  // Sends `request` and reads the reply (and its descriptor).
+  static absl::StatusOr<v1::LocalFetchReply> Ask(int fd,
+                                                 const std::string& request,
+                                                 UniqueFd* attached) {
+    absl::Status sent = SendLocalMessage(fd, request, absl::Now() + kWait);
+    if (!sent.ok()) return sent;
+    absl::StatusOr<std::string> message =
+        ReceiveLocalMessage(fd, absl::Now() + kWait, attached);
+    if (!message.ok()) return message.status();
+    v1::LocalFetchReply reply;
+    if (!reply.ParseFromString(*message)) {
+      return absl::DataLossError("unparsable LocalFetchReply");
+    }
+    return reply;
+  }
+
+  // A connection holding a lease on the whole shard kId, lent as a memory
+  // file; an invalid socket (and a failure) when it is not.
+  UniqueFd Lease() {
+    UniqueFd socket = Dial();
+    UniqueFd fd;
+    absl::StatusOr<v1::LocalFetchReply> reply =
+        Ask(socket.get(), Request(kId), &fd);
+    EXPECT_OK(reply.status());
+    if (!reply.ok() || reply->transport() != v1::LOCAL_TRANSPORT_SHM) {
+      ADD_FAILURE() << "no lease: "
+                    << (reply.ok() ? reply->ShortDebugString() : "");
+      return UniqueFd();
+    }
+    return socket;
+  }
+
+  static absl::Status SendDone(int fd) {
+    const char done = kLocalDone;
+    return SendLocalMessage(fd, absl::string_view(&done, 1),
+                            absl::Now() + kWait);
+  }
+
+  // What the next read of a connection gives (UNAVAILABLE once closed).
+  static absl::Status ReadNext(int fd) {
+    return ReceiveLocalMessage(fd, absl::Now() + kWait).status();
+  }
+
+  std::shared_ptr<ShardRegistry> registry_ = std::make_shared<ShardRegistry>();
+  std::unique_ptr<LocalPathServer> server_;
+  std::string socket_name_;
+  Tensor shard_;
+};
+
+TEST_F(LocalPathServerTest, LendsTheMemoryFileReadOnly) {
+  UniqueFd socket = Dial();
+  UniqueFd fd;
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply reply,
+                       Ask(socket.get(), Request(kId, {2, 8}, {3, 5}), &fd));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_EQ(reply.transport(), v1::LOCAL_TRANSPORT_SHM);
+  ASSERT_TRUE(fd.valid());
+  EXPECT_EQ(reply.header().total_bytes(), 3 * 5 * 8);
+  EXPECT_THAT(reply.header().sizes(), ::testing::ElementsAre(3, 5));
+  // The region's element 0 is (2, 8) of a [128, 64] shard.
+  EXPECT_EQ(reply.layout().offset_bytes(), (2 * 64 + 8) * 8);
+  EXPECT_THAT(reply.layout().strides(), ::testing::ElementsAre(64, 1));
+  EXPECT_EQ(reply.layout().storage_bytes(), 128 * 64 * 8);
+  EXPECT_NE(fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_EQ(fcntl(fd.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
+  const size_t bytes = 128 * 64 * 8;
+  void* readable = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(readable, MAP_FAILED);
+  EXPECT_EQ(static_cast<const int64_t*>(readable)[2 * 64 + 8], 1000 + 136);
+  munmap(readable, bytes);
+  EXPECT_EQ(
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0),
+      MAP_FAILED);
+  EXPECT_EQ(server_->active_leases(), 1);
+  ASSERT_OK(SendDone(socket.get()));
+  EXPECT_TRUE(Eventually([&] { return server_->active_leases() == 0; }));
+  // The connection carries the next request.
+  ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request(kId), &fd));
+  EXPECT_EQ(reply.code(), 0);
+  EXPECT_EQ(reply.layout().offset_bytes(), 0);
+  EXPECT_OK(SendDone(socket.get()));
+}
+
+TEST_F(LocalPathServerTest, LeaseKeepsTheShardUntilDone) {
+  std::weak_ptr<Storage> storage = shard_.storage();
+  shard_ = Tensor();
+  UniqueFd socket = Lease();
+  ASSERT_TRUE(socket.valid());
+  // Unregistered while the client copies: the lease holds the storage.
+  ASSERT_TRUE(registry_->Unregister(kId));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(storage.expired());
+  EXPECT_EQ(server_->active_leases(), 1);
+  // A new request no longer finds it.
+  UniqueFd other = Dial();
+  UniqueFd none;
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply unknown,
+                       Ask(other.get(), Request(kId), &none));
+  EXPECT_EQ(unknown.code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(unknown.message(), HasSubstr("unknown tensor t"));
+  EXPECT_FALSE(none.valid());
+  ASSERT_OK(SendDone(socket.get()));
+  EXPECT_TRUE(Eventually([&] { return storage.expired(); }));
+  EXPECT_EQ(server_->active_leases(), 0);
+}
+
+TEST_F(LocalPathServerTest, LeaseEndsWhenTheClientCloses) {
+  std::weak_ptr<Storage> storage = shard_.storage();
+  shard_ = Tensor();
+  {
+    UniqueFd socket = Lease();
+    ASSERT_TRUE(socket.valid());
+    ASSERT_TRUE(registry_->Unregister(kId));
+    EXPECT_FALSE(storage.expired());
+  }
+  EXPECT_TRUE(Eventually([&] { return storage.expired(); }));
+  EXPECT_EQ(server_->active_leases(), 0);
+}
+
+TEST_F(LocalPathServerTest, LeaseTimesOut) {
+  LocalPathServerOptions options;
+  options.lease_timeout = absl::Milliseconds(200);
+  StartServer(options);
+  std::weak_ptr<Storage> storage = shard_.storage();
+  shard_ = Tensor();
+  UniqueFd socket = Lease();
+  ASSERT_TRUE(socket.valid());
+  ASSERT_TRUE(registry_->Unregister(kId));
+  EXPECT_TRUE(Eventually([&] { return storage.expired(); }));
+  // The connection went with the lease.
+  EXPECT_THAT(ReadNext(socket.get()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+}
+
+TEST_F(LocalPathServerTest, AnswersLikeAStreamAndRefusesUnshareableMemory) {
+  UniqueFd socket = Dial();
+  UniqueFd fd;
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply reply,
+                       Ask(socket.get(), Request("nope"), &fd));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(reply.message(), HasSubstr("unknown tensor nope"));
+  ASSERT_OK_AND_ASSIGN(reply,
+                       Ask(socket.get(), Request(kId, {120, 0}, {9, 1}), &fd));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kOutOfRange));
+  ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request(kId, {1}, {1}), &fd));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  // Heap memory cannot be lent.
+  ASSERT_OK(registry_->Register("heap", OneShard(Iota({16, 16}))));
+  ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request("heap"), &fd));
+  EXPECT_EQ(reply.code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(reply.transport(), v1::LOCAL_TRANSPORT_NONE);
+  EXPECT_THAT(reply.message(), HasSubstr("cannot be shared"));
+  EXPECT_FALSE(fd.valid());
+  // Nor can a meta shard's.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor meta,
+      Tensor::Empty({4, 4}, TensorOptions().WithDevice(Device::Meta())));
+  ASSERT_OK(registry_->Register("meta", OneShard(meta)));
+  ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request("meta"), &fd));
+  EXPECT_EQ(reply.code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  // An empty region needs no memory: OK, transport NONE.
+  ASSERT_OK_AND_ASSIGN(reply,
+                       Ask(socket.get(), Request(kId, {3, 0}, {0, 5}), &fd));
+  EXPECT_EQ(reply.code(), 0);
+  EXPECT_EQ(reply.transport(), v1::LOCAL_TRANSPORT_NONE);
+  EXPECT_EQ(reply.header().total_bytes(), 0);
+  EXPECT_EQ(server_->active_leases(), 0);
+}
+
+TEST_F(LocalPathServerTest, MalformedInputClosesOnlyThatConnection) {
+  // A wrong magic.
+  UniqueFd stranger = Dial("GET / HTTP/1.1");
+  EXPECT_THAT(ReadNext(stranger.get()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+  // An unparsable request is answered, and the connection stays usable.
+  UniqueFd garbled = Dial();
+  UniqueFd fd;
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply reply,
+                       Ask(garbled.get(), std::string("\xff\xff\xff", 3), &fd));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply.message(), HasSubstr("malformed request"));
+  ASSERT_OK_AND_ASSIGN(reply, Ask(garbled.get(), Request(kId), &fd));
+  EXPECT_EQ(reply.code(), 0);
+  // Something else than "done" during a lease closes the connection and
+  // ends the lease.
+  ASSERT_OK(SendLocalMessage(garbled.get(), "not done", absl::Now() + kWait));
+  EXPECT_THAT(ReadNext(garbled.get()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+  EXPECT_TRUE(Eventually([&] { return server_->active_leases() == 0; }));
+  // An oversized message.
+  ASSERT_OK_AND_ASSIGN(UniqueFd raw,
+                       ConnectLocal(socket_name_, absl::Now() + kWait));
+  ASSERT_OK(SendLocalMessage(raw.get(), kLocalMagic, absl::Now() + kWait));
+  const std::string huge(kMaxLocalMessageBytes + 100, 'x');
+  ASSERT_EQ(send(raw.get(), huge.data(), huge.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(huge.size()));
+  EXPECT_THAT(ReadNext(raw.get()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+  // A request with descriptors attached: they are closed, it is answered.
+  UniqueFd attaching = Dial();
+  ASSERT_OK(SendLocalMessage(attaching.get(), Request(kId), absl::Now() + kWait,
+                             STDERR_FILENO));
+  ASSERT_OK_AND_ASSIGN(
+      std::string answer,
+      ReceiveLocalMessage(attaching.get(), absl::Now() + kWait, &fd));
+  ASSERT_TRUE(reply.ParseFromString(answer));
+  EXPECT_EQ(reply.code(), 0);
+  ASSERT_OK(SendDone(attaching.get()));
+  // A client that connects and says nothing, or vanishes mid-request.
+  UniqueFd silent = *ConnectLocal(socket_name_, absl::Now() + kWait);
+  { UniqueFd gone = Dial(); }
+  // The server is unharmed.
+  UniqueFd healthy = Dial();
+  ASSERT_OK_AND_ASSIGN(reply, Ask(healthy.get(), Request(kId), &fd));
+  EXPECT_EQ(reply.code(), 0);
+  EXPECT_EQ(reply.transport(), v1::LOCAL_TRANSPORT_SHM);
+  EXPECT_OK(SendDone(healthy.get()));
+}
+
+TEST_F(LocalPathServerTest, ShutdownWaitsForLeasesWithinGrace) {
+  // Accepted before the lease's connection (the backlog is FIFO), so
+  // certainly open when Shutdown starts.
+  UniqueFd idle = Dial();
+  UniqueFd socket = Lease();
+  ASSERT_TRUE(socket.valid());
+  // A client that finishes within the grace.
+  std::thread client([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_OK(SendDone(socket.get()));
+  });
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(5));
+  client.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(server_->active_leases(), 0);
+  EXPECT_THAT(ReadNext(idle.get()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+  // Nothing listens any more.
+  EXPECT_THAT(ConnectLocal(socket_name_, absl::Now() + kWait).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+}
+
+TEST_F(LocalPathServerTest, ShutdownCutsLeasesPastTheGrace) {
+  UniqueFd socket = Lease();
+  ASSERT_TRUE(socket.valid());
+  ASSERT_EQ(server_->active_leases(), 1);
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(server_->active_leases(), 0);
+}
+
+TEST_F(LocalPathServerTest, ShardClientInTheSameProcess) {
+  // The owner may be this very process (ranks as threads): the memory file
+  // is mapped a second time.
+  const auto client = ShardClient::Create(kNoGrpc, "", server_->address());
+  FetchOptions options;
+  options.local_path = LocalPath::kRequired;
+  options.timeout = kWait;
+  ASSERT_OK_AND_ASSIGN(Shard fetched, client->FetchShard(kId, 0, options));
+  EXPECT_TRUE(Equal(fetched.tensor, shard_));
+  EXPECT_EQ(fetched.metadata.shard_sizes(), shard_.sizes());
+}
+
+// ---- ShardClient against a shard owner in another process ------------------
+
+// `tensor` of the peer as the test expects it.
+Tensor PeerExpected(const std::string& id) {
+  if (id == kStridedId) {
+    Tensor backing = Iota({kStridedSizes[1], kStridedSizes[0]});
+    for (int64_t i = 0; i < backing.numel(); ++i) {
+      backing.data<int64_t>()[i] = PeerValue(kStridedKey, i);
+    }
+    absl::StatusOr<Tensor> t = backing.T();
+    EXPECT_OK(t.status());
+    absl::StatusOr<Tensor> c = t->Contiguous();
+    EXPECT_OK(c.status());
+    return *c;
+  }
+  int key = kSharedKey;
+  std::vector<int64_t> sizes = kSharedSizes;
+  if (id == kHeapId) {
+    key = kHeapKey;
+    sizes = kHeapSizes;
+  } else if (id == kTinyId) {
+    key = kTinyKey;
+    sizes = kTinySizes;
+  }
+  Tensor tensor = Iota(sizes);
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    tensor.data<int64_t>()[i] = PeerValue(key, i);
+  }
+  return tensor;
+}
+
+Tensor RegionOf(const Tensor& tensor, const std::vector<int64_t>& offsets,
+                const std::vector<int64_t>& sizes) {
+  absl::StatusOr<Tensor> view = RegionView(tensor, offsets, sizes);
+  EXPECT_OK(view.status());
+  absl::StatusOr<Tensor> copy = view->Contiguous();
+  EXPECT_OK(copy.status());
+  return *copy;
+}
+
+FetchOptions Local(LocalPath path) {
+  FetchOptions options;
+  options.local_path = path;
+  options.local_min_bytes = 0;  // The test shards are small.
+  options.timeout = kWait;
+  return options;
+}
+
+class LocalPeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartPeer(/*cuda=*/false); }
+
+  void StartPeer(bool cuda) {
+    char pattern[] = "/tmp/tessera_local_peer_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    const std::string address_file = dir_ + "/addresses";
+    SpawnOptions options;
+    options.program = TESSERA_LOCAL_PATH_PEER_PATH;
+    options.args = {"--address-file", address_file, "--lifetime", "300"};
+    if (cuda) options.args.push_back("--cuda");
+    options.log_path = dir_ + "/peer.log";
+    ASSERT_OK_AND_ASSIGN(Subprocess peer, Subprocess::Spawn(options));
+    peer_.emplace(std::move(peer));
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (!std::filesystem::exists(address_file)) {
+      ASSERT_TRUE(peer_->running()) << peer_->LogTail();
+      ASSERT_FALSE(peer_->WaitFor(absl::ZeroDuration()).has_value())
+          << "peer exited: " << peer_->LogTail();
+      ASSERT_LT(absl::Now(), end)
+          << "peer never listened: " << peer_->LogTail();
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    std::ifstream in(address_file);
+    ASSERT_TRUE(std::getline(in, local_address_));
+    ASSERT_TRUE(std::getline(in, data_plane_address_));
+    client_ = ShardClient::Create(kNoGrpc, data_plane_address_, local_address_);
+  }
+
+  void TearDown() override {
+    if (peer_.has_value()) {
+      peer_->Signal(SIGTERM);
+      if (!peer_->WaitFor(absl::Seconds(10)).has_value()) peer_->Kill();
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string dir_;
+  std::optional<Subprocess> peer_;
+  std::string local_address_;
+  std::string data_plane_address_;
+  std::shared_ptr<ShardClient> client_;
+};
+
+TEST_F(LocalPeerTest, WholeShardOverTheLocalPath) {
+  const Tensor expected = PeerExpected(kSharedId);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor destination,
+      Tensor::Zeros(kSharedSizes, TensorOptions().WithDType(DType::kInt64)));
+  ASSERT_OK(client_->FetchShardInto(kSharedId, 0, destination,
+                                    Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(destination, expected));
+  // Allocating, with progress reported once for all bytes.
+  FetchOptions options = Local(LocalPath::kRequired);
+  std::vector<int64_t> progress;
+  options.on_chunk = [&](int64_t bytes) { progress.push_back(bytes); };
+  ASSERT_OK_AND_ASSIGN(Shard shard, client_->FetchShard(kSharedId, 0, options));
+  EXPECT_TRUE(Equal(shard.tensor, expected));
+  EXPECT_EQ(shard.metadata.shard_sizes(), kSharedSizes);
+  EXPECT_EQ(progress, std::vector<int64_t>({expected.numel() * 8}));
+}
+
+TEST_F(LocalPeerTest, RowRangesIntoContiguousDestinations) {
+  // Whole rows of a row-major shard are one run of bytes of the memory
+  // file, read straight into a contiguous host destination; a column range
+  // is not, and is mapped and copied instead. Both give the same bytes.
+  const Tensor expected = PeerExpected(kSharedId);
+  const std::vector<std::vector<int64_t>> boxes[] = {
+      {{0, 0}, {1, 160}},    // the first row
+      {{37, 0}, {29, 160}},  // rows from the middle of a page
+      {{95, 0}, {1, 160}},   // the last row, ending at the file's end
+      {{3, 1}, {50, 159}},   // not whole rows
+  };
+  for (const auto& box : boxes) {
+    ASSERT_OK_AND_ASSIGN(
+        Tensor destination,
+        Tensor::Zeros(box[1], TensorOptions().WithDType(DType::kInt64)));
+    ASSERT_OK(client_->FetchRegionInto(kSharedId, 0, box[0], destination,
+                                       Local(LocalPath::kRequired)));
+    EXPECT_TRUE(Equal(destination, RegionOf(expected, box[0], box[1])))
+        << "offsets " << box[0][0] << "," << box[0][1];
+  }
+}
+
+TEST_F(LocalPeerTest, RegionIntoAStridedDestination) {
+  const Tensor expected = PeerExpected(kSharedId);
+  const std::vector<int64_t> offsets = {5, 17}, sizes = {40, 70};
+  // The destination is a transposed window of a larger zeroed tensor.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor outer,
+      Tensor::Zeros({80, 50}, TensorOptions().WithDType(DType::kInt64)));
+  ASSERT_OK_AND_ASSIGN(Tensor window, outer.Narrow(1, 3, 40));
+  ASSERT_OK_AND_ASSIGN(Tensor destination, window.Narrow(0, 2, 70));
+  ASSERT_OK_AND_ASSIGN(destination, destination.T());
+  ASSERT_EQ(destination.sizes(), sizes);
+  ASSERT_FALSE(destination.is_contiguous());
+  ASSERT_OK(client_->FetchRegionInto(kSharedId, 0, offsets, destination,
+                                     Local(LocalPath::kRequired)));
+  EXPECT_TRUE(
+      Equal(*destination.Contiguous(), RegionOf(expected, offsets, sizes)));
+  // Nothing outside the window was written.
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < outer.numel(); ++i) {
+    nonzero += outer.data<int64_t>()[i] != 0;
+  }
+  EXPECT_EQ(nonzero, 40 * 70);
+}
+
+TEST_F(LocalPeerTest, StridedShardWholeAndRegion) {
+  const Tensor expected = PeerExpected(kStridedId);
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard,
+      client_->FetchShard(kStridedId, 0, Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(shard.tensor, expected));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor box,
+      Tensor::Zeros({10, 3}, TensorOptions().WithDType(DType::kInt64)));
+  ASSERT_OK(client_->FetchRegionInto(kStridedId, 0, {60, 117}, box,
+                                     Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(box, RegionOf(expected, {60, 117}, {10, 3})));
+}
+
+TEST_F(LocalPeerTest, UnshareableMemoryFallsBackToTheStream) {
+  for (const char* id : {kHeapId, kTinyId}) {
+    SCOPED_TRACE(id);
+    ASSERT_OK_AND_ASSIGN(Shard shard,
+                         client_->FetchShard(id, 0, Local(LocalPath::kAuto)));
+    EXPECT_TRUE(Equal(shard.tensor, PeerExpected(id)));
+    EXPECT_THAT(
+        client_->FetchShard(id, 0, Local(LocalPath::kRequired)).status(),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 HasSubstr("cannot be shared")));
+  }
+  // kOff takes the stream even for shareable memory.
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard, client_->FetchShard(kSharedId, 0, Local(LocalPath::kOff)));
+  EXPECT_TRUE(Equal(shard.tensor, PeerExpected(kSharedId)));
+}
+
+TEST_F(LocalPeerTest, UnreachableOrForeignAddressesFallBack) {
+  const std::vector<std::string> addresses = {
+      LocalAddress(HostId(), "tessera-no-such-socket"),
+      LocalAddress("00000000-0000-0000-0000-000000000000",
+                   ParseLocalAddress(local_address_)->second),
+      "malformed",
+  };
+  const std::vector<std::string> reasons = {"cannot be taken", "another host",
+                                            "malformed local address"};
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    SCOPED_TRACE(addresses[i]);
+    const auto client =
+        ShardClient::Create(kNoGrpc, data_plane_address_, addresses[i]);
+    EXPECT_THAT(
+        client->FetchShard(kSharedId, 0, Local(LocalPath::kRequired)).status(),
+        StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(reasons[i])));
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      ASSERT_OK_AND_ASSIGN(
+          Shard shard,
+          client->FetchShard(kSharedId, 0, Local(LocalPath::kAuto)));
+      EXPECT_TRUE(Equal(shard.tensor, PeerExpected(kSharedId)));
+    }
+  }
+  // No local address at all.
+  const auto plain = ShardClient::Create(kNoGrpc, data_plane_address_);
+  EXPECT_THAT(
+      plain->FetchShard(kSharedId, 0, Local(LocalPath::kRequired)).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("no local address")));
+}
+
+TEST_F(LocalPeerTest, SmallDestinationsTakeTheStreamUnderAuto) {
+  // The stream reaches nothing here, so which path a fetch took shows.
+  const auto client =
+      ShardClient::Create(kNoGrpc, "127.0.0.1:1", local_address_);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor box,
+      Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kInt64)));
+  FetchOptions options = Local(LocalPath::kAuto);
+  options.local_min_bytes = kLocalPathMinBytes;  // The default.
+  EXPECT_THAT(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+  // At the threshold, and for an allocating fetch (size unknown), the
+  // local path is taken.
+  options.local_min_bytes = static_cast<int64_t>(box.nbytes());
+  EXPECT_OK(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options));
+  EXPECT_TRUE(Equal(box, RegionOf(PeerExpected(kSharedId), {3, 4}, {10, 10})));
+  options.local_min_bytes = kLocalPathMinBytes;
+  EXPECT_OK(client->FetchShard(kSharedId, 0, options).status());
+}
+
+TEST_F(LocalPeerTest, TheOwnersVerdictIsNotMaskedByAFallback) {
+  // A fallback would reach nothing (UNAVAILABLE): these errors can only be
+  // the local server's.
+  const auto client =
+      ShardClient::Create(kNoGrpc, "127.0.0.1:1", local_address_);
+  EXPECT_THAT(
+      client->FetchShard("nope", 0, Local(LocalPath::kAuto)).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown tensor nope")));
+  EXPECT_THAT(
+      client->FetchShard(kSharedId, 3, Local(LocalPath::kAuto)).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("not served")));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor box,
+      Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kInt64)));
+  EXPECT_THAT(client->FetchRegionInto(kSharedId, 0, {90, 0}, box,
+                                      Local(LocalPath::kAuto)),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("")));
+  // A destination that does not match is the caller's error.
+  ASSERT_OK_AND_ASSIGN(Tensor wrong, Tensor::Zeros({3, 3}));
+  EXPECT_THAT(
+      client->FetchShardInto(kSharedId, 0, wrong, Local(LocalPath::kAuto)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("does not match")));
+  // And the stream really is unreachable.
+  EXPECT_THAT(client->FetchShard(kSharedId, 0, Local(LocalPath::kOff)).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+}
+
+TEST_F(LocalPeerTest, ConcurrentFetches) {
+  const Tensor expected = PeerExpected(kSharedId);
+  constexpr int kThreads = 8;
+  constexpr int kFetches = 25;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kFetches; ++i) {
+        const int64_t row = (t * 13 + i * 7) % 90;
+        const int64_t col = (t * 29 + i * 11) % 150;
+        const std::vector<int64_t> offsets = {row, col};
+        const std::vector<int64_t> sizes = {96 - row, 160 - col};
+        absl::StatusOr<Tensor> box =
+            Tensor::Zeros(sizes, TensorOptions().WithDType(DType::kInt64));
+        absl::Status status =
+            box.ok() ? client_->FetchRegionInto(kSharedId, 0, offsets, *box,
+                                                Local(LocalPath::kRequired))
+                     : box.status();
+        if (!status.ok() || !Equal(*box, RegionOf(expected, offsets, sizes))) {
+          ADD_FAILURE() << "thread " << t << " fetch " << i << ": " << status;
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(LocalPeerTest, ADeadOwnerFailsFastInsteadOfHanging) {
+  ASSERT_OK(client_->FetchShard(kSharedId, 0, Local(LocalPath::kRequired))
+                .status());  // Pools a connection.
+  peer_->Kill();
+  peer_.reset();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      client_->FetchShard(kSharedId, 0, Local(LocalPath::kAuto)).status(),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+  EXPECT_THAT(
+      client_->FetchShard(kSharedId, 0, Local(LocalPath::kRequired)).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+class LocalPeerCudaTest : public LocalPeerTest {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) {
+      GTEST_SKIP() << "no CUDA device visible: the CUDA IPC path needs a GPU";
+    }
+    StartPeer(/*cuda=*/true);
+  }
+};
+
+TEST_F(LocalPeerCudaTest, CudaShardOverIpcIntoHostAndDevice) {
+  const Tensor expected = PeerExpected(kSharedId);
+  ASSERT_OK_AND_ASSIGN(
+      Shard on_host,
+      client_->FetchShard(kCudaId, 0, Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(on_host.tensor, expected));
+  FetchOptions to_device = Local(LocalPath::kRequired);
+  to_device.device = Device::Cuda(0);
+  ASSERT_OK_AND_ASSIGN(Shard on_device,
+                       client_->FetchShard(kCudaId, 0, to_device));
+  EXPECT_TRUE(on_device.tensor.device().is_cuda());
+  EXPECT_TRUE(Equal(on_device.tensor, expected));
+  // A region into a strided device destination.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor outer, Tensor::Zeros({40, 30}, TensorOptions()
+                                                .WithDType(DType::kInt64)
+                                                .WithDevice(Device::Cuda(0))));
+  ASSERT_OK_AND_ASSIGN(Tensor destination, outer.T());
+  ASSERT_OK(client_->FetchRegionInto(kCudaId, 0, {1, 2}, destination,
+                                     Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(destination, RegionOf(expected, {1, 2}, {30, 40})));
+}
+
+// ---- Rank: the local address in the worker record ---------------------------
+
+TEST(RankLocalPathTest, RanksPublishAndUseTheirLocalAddress) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(absl::Seconds(30));
+  std::shared_ptr<Rank> ranks[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RankOptions options;
+      options.rank = r;
+      options.world_size = 2;
+      options.store = store;
+      options.timeout = absl::Seconds(30);
+      ASSERT_OK_AND_ASSIGN(ranks[r], Rank::Init(options));
+      ASSERT_OK(ranks[r]->InitRpc());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_NE(ranks[0], nullptr);
+  ASSERT_NE(ranks[1], nullptr);
+  EXPECT_TRUE(HostMemorySharingMinBytes().has_value());
+  // Allocated after InitRpc turned sharing on: lendable.
+  const Tensor values = Iota({256, 64}, 5);
+  ASSERT_GE(values.storage()->shared_memory_fd(), 0);
+  ASSERT_OK(ranks[1]->registry().Register("r1", OneShard(values)));
+  ASSERT_OK_AND_ASSIGN(WorkerInfo worker, ranks[0]->Worker(1));
+  EXPECT_THAT(worker.local_address, ::testing::StartsWith(HostId() + "/"));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ShardClient> client,
+                       ranks[0]->ClientFor(1));
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard, client->FetchShard("r1", 0, Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(shard.tensor, values));
+  threads.clear();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { EXPECT_OK(ranks[r]->Shutdown()); });
+  }
+  for (std::thread& t : threads) t.join();
+  DisableHostMemorySharing();
+}
+
+TEST(RankLocalPathTest, WithoutTheLocalPathTheRecordHasNoLocalAddress) {
+  auto store = std::make_shared<HashStore>();
+  RankOptions options;
+  options.store = store;
+  options.timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Rank> rank, Rank::Init(options));
+  RpcOptions rpc;
+  rpc.serve_local_path = false;
+  ASSERT_OK(rank->InitRpc(rpc));
+  ASSERT_OK_AND_ASSIGN(WorkerInfo worker, rank->Worker(0));
+  EXPECT_EQ(worker.local_address, "");
+  EXPECT_OK(rank->Shutdown());
+}
+
+}  // namespace
+}  // namespace tessera

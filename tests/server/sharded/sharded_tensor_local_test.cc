@@ -1,0 +1,205 @@
+// ShardedTensor tests that need no separate processes: ranks as threads of
+// one process sharing a HashStore (real Gloo between them), as the
+// reference's spawn_threads_and_init_comms, and the no-process-group mode.
+// Ports TestShardedTensorSubGroupInit and TestCreateTensorNoProcessGroupMode.
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/shard_metadata.h"
+#include "common/tensor/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/rank/rank.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/hash_store.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int kWorldSize = 4;
+
+// Runs `body(rank)` on kWorldSize threads, each with its own Rank joined
+// through one HashStore, and shuts every rank down afterwards.
+void SpawnThreadsAndInitComms(
+    const std::function<void(const std::shared_ptr<Rank>&)>& body) {
+  auto store = std::make_shared<HashStore>();
+  store->set_timeout(absl::Seconds(30));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorldSize; ++r) {
+    threads.emplace_back([&, r] {
+      RankOptions options;
+      options.rank = r;
+      options.world_size = kWorldSize;
+      options.store = store;
+      options.timeout = absl::Seconds(30);
+      auto rank = Rank::Init(options);
+      ASSERT_TRUE(rank.ok()) << rank.status();
+      body(*rank);
+      EXPECT_OK((*rank)->Shutdown());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// The ranks with the same parity as `rank`.
+std::vector<int> ParityGroup(int rank) {
+  std::vector<int> ranks;
+  for (int r = 0; r < kWorldSize; ++r) {
+    if (r % 2 == rank % 2) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+TEST(TestShardedTensorSubGroupInit, SubProcessGroupShardedTensorInit) {
+  SpawnThreadsAndInitComms([](const std::shared_ptr<Rank>& rank) {
+    const int r = rank->rank();
+    NewGroupOptions local;
+    local.local_synchronization = true;
+    ASSERT_OK_AND_ASSIGN(auto sub_pg, rank->NewGroup(ParityGroup(r), local));
+    ASSERT_OK(sub_pg->Barrier());
+
+    ASSERT_OK_AND_ASSIGN(Tensor meta,
+                         Tensor::Empty({3}, TensorOptions()
+                                                .WithDType(DType::kInt64)
+                                                .WithDevice(Device::Meta())));
+    ASSERT_OK_AND_ASSIGN(
+        ShardMetadata md,
+        ShardMetadata::Create({3 * (r / 2)}, {3},
+                              absl::StrCat("rank:", r, "/meta")));
+    ShardedTensorOptions options;
+    options.rank = rank;
+    options.process_group = sub_pg;
+    ASSERT_OK_AND_ASSIGN(
+        ShardedTensor st,
+        ShardedTensor::InitFromLocalShards({Shard{meta, md}}, {6}, options));
+    EXPECT_EQ(std::vector<int64_t>({6}), st.size());
+    ASSERT_EQ(2u, st.metadata().shards_metadata.size());
+    EXPECT_EQ(DType::kInt64, st.dtype());
+    ASSERT_EQ(1u, st.local_shards().size());
+    EXPECT_EQ(Device::Meta(), st.local_shards()[0].tensor.device());
+  });
+}
+
+TEST(TestShardedTensorSubGroupInit, SubProcessGroupPlacementValidation) {
+  SpawnThreadsAndInitComms([](const std::shared_ptr<Rank>& rank) {
+    ASSERT_NE(nullptr, rank->default_group());
+    std::vector<int> ranks = ParityGroup(rank->rank());
+    NewGroupOptions local;
+    local.local_synchronization = true;
+    ASSERT_OK_AND_ASSIGN(auto sub_pg, rank->NewGroup(ranks, local));
+    ASSERT_OK(sub_pg->Barrier());
+    for (int r : ranks) {
+      ASSERT_OK_AND_ASSIGN(
+          RemoteDevice device,
+          RemoteDevice::Parse(absl::StrCat("rank:", r, "/cuda:", r % 2)));
+      ASSERT_OK_AND_ASSIGN(auto parsed, ParseAndValidateRemoteDevice(
+                                            sub_pg->global_ranks(), device));
+      EXPECT_EQ(r, parsed.first);
+    }
+    // A rank of the other parity is not in the sub-group.
+    ASSERT_OK_AND_ASSIGN(
+        RemoteDevice other,
+        RemoteDevice::Parse(
+            absl::StrCat("rank:", (rank->rank() + 1) % kWorldSize, "/cpu")));
+    EXPECT_THAT(ParseAndValidateRemoteDevice(sub_pg->global_ranks(), other),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("does not exist in input process group")));
+  });
+}
+
+// Each rank passing another rank's shard is refused, not mistaken for its
+// own.
+TEST(InitFromLocalShardsAndGlobalMetadata, ShardOfAnotherRankIsRefused) {
+  SpawnThreadsAndInitComms([](const std::shared_ptr<Rank>& rank) {
+    ShardedTensorMetadata metadata;
+    for (int r = 0; r < kWorldSize; ++r) {
+      ASSERT_OK_AND_ASSIGN(
+          ShardMetadata md,
+          ShardMetadata::Create({r, 0}, {1, 2},
+                                absl::StrCat("rank:", r, "/cpu")));
+      metadata.shards_metadata.push_back(md);
+    }
+    metadata.size = {kWorldSize, 2};
+    const int other = (rank->rank() + 1) % kWorldSize;
+    ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({1, 2}));
+    ShardedTensorOptions options;
+    options.rank = rank;
+    EXPECT_THAT(
+        ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+            {Shard{zeros, metadata.shards_metadata[other]}}, metadata, options),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("is not in the global metadata")));
+    ASSERT_OK_AND_ASSIGN(
+        ShardedTensor st,
+        ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+            {Shard{zeros, metadata.shards_metadata[rank->rank()]}}, metadata,
+            options));
+    EXPECT_EQ(1u, st.local_shards().size());
+  });
+}
+
+// The 4x2 tensor of two 2x2 shards used by TestCreateTensorNoProcessGroupMode.
+ShardedTensorMetadata TwoShardMetadata() {
+  ShardedTensorMetadata metadata;
+  metadata.shards_metadata = {
+      *ShardMetadata::Create({0, 0}, {2, 2}, "rank:0/cpu"),
+      *ShardMetadata::Create({2, 0}, {2, 2}, "rank:1/cpu")};
+  metadata.size = {4, 2};
+  return metadata;
+}
+
+TEST(TestCreateTensorNoProcessGroupMode, InitFromLocalShardsAndGlobalMetadata) {
+  ShardedTensorMetadata metadata = TwoShardMetadata();
+  std::vector<Shard> local_shards;
+  for (const ShardMetadata& md : metadata.shards_metadata) {
+    ASSERT_OK_AND_ASSIGN(
+        Tensor zeros,
+        Tensor::Zeros(md.shard_sizes(),
+                      TensorOptions().WithDevice(md.placement()->device())));
+    local_shards.push_back(Shard{zeros, md});
+  }
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+                           local_shards, metadata));
+  EXPECT_EQ(2u, st.local_shards().size());
+  EXPECT_EQ(metadata, st.metadata());
+}
+
+TEST(TestCreateTensorNoProcessGroupMode, NonContiguousLocalShards) {
+  ShardedTensorMetadata metadata = TwoShardMetadata();
+  ASSERT_OK_AND_ASSIGN(Tensor src, Tensor::Randn({4, 2}));
+  std::vector<Shard> local_shards;
+  for (const ShardMetadata& md : metadata.shards_metadata) {
+    const auto& offsets = md.shard_offsets();
+    const auto& sizes = md.shard_sizes();
+    ASSERT_OK_AND_ASSIGN(Tensor rows, src.Narrow(0, offsets[0], sizes[0]));
+    ASSERT_OK_AND_ASSIGN(Tensor box, rows.Narrow(1, offsets[1], sizes[1]));
+    local_shards.push_back(Shard{box, md});
+  }
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+                           local_shards, metadata));
+  // The shards are the caller's views, not copies.
+  EXPECT_EQ(src.data_ptr(), st.local_shards()[0].tensor.data_ptr());
+}
+
+TEST(TestCreateTensorNoProcessGroupMode, NoRankForCollectiveFactories) {
+  ASSERT_OK_AND_ASSIGN(
+      ChunkShardingSpec spec,
+      ChunkShardingSpec::Create(0, std::vector<std::string>{"rank:0/cpu"}));
+  EXPECT_THAT(
+      ShardedTensor::Empty(spec, {10, 20}),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("Default process group has not been initialized")));
+}
+
+}  // namespace
+}  // namespace tessera

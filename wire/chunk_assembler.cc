@@ -1,0 +1,367 @@
+#include "wire/chunk_assembler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/proto_convert.h"
+#include "common/region.h"
+#include "common/status_macros.h"
+#include "common/tensor/cuda_util.h"
+#include "tessera/v1/shard.grpc.pb.h"
+#include "wire/grpc_status.h"
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
+#include "xxhash.h"
+
+namespace tessera {
+namespace internal_chunk_assembler {
+
+// Copies verified byte ranges of a pinned host staging tensor into a
+// contiguous CUDA destination of the same size, asynchronously, on a
+// stream of the destination's device. Holds both tensors, and its
+// destructor waits for the copies in flight before letting them go.
+class DeviceLanding {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceLanding>> Create(
+      const Tensor& staging, const Tensor& destination) {
+    ASSIGN_OR_RETURN(
+        CudaStream stream,
+        CudaStream::Create(destination.device().index().value_or(0)));
+    // The destination may still be being written on the legacy default
+    // stream (a cudaMemset that zeroed it, say), which this stream does not
+    // wait for by itself.
+    RETURN_IF_ERROR(stream.WaitForLegacyStream());
+    return std::unique_ptr<DeviceLanding>(
+        new DeviceLanding(staging, destination, std::move(stream)));
+  }
+
+  // Enqueues the copy of bytes [offset, offset + size); `what` names the
+  // chunk in errors.
+  absl::Status Land(int64_t offset, int64_t size, absl::string_view what) {
+    return Annotate(
+        CudaMemcpyAsync(static_cast<char*>(destination_.data_ptr()) + offset,
+                        static_cast<const char*>(staging_.data_ptr()) + offset,
+                        static_cast<size_t>(size), stream_),
+        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+  }
+
+  // Waits for every copy enqueued; the first error among them.
+  absl::Status Synchronize(absl::string_view what) {
+    return Annotate(
+        stream_.Synchronize(),
+        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+  }
+
+ private:
+  DeviceLanding(Tensor staging, Tensor destination, CudaStream stream)
+      : staging_(std::move(staging)),
+        destination_(std::move(destination)),
+        stream_(std::move(stream)) {}
+
+  const Tensor staging_;
+  const Tensor destination_;
+  // Last, so that it is destroyed first: its destructor waits for the
+  // copies that use the tensors.
+  CudaStream stream_;
+};
+
+}  // namespace internal_chunk_assembler
+
+namespace {
+
+// A peer's malformed message is lost data as far as this client is
+// concerned, not a bad argument of the caller's.
+absl::Status Malformed(absl::string_view what, const absl::Status& status) {
+  return absl::DataLossError(
+      absl::StrCat(what, ": malformed: ", status.message()));
+}
+
+// Copies and hashes in pieces small enough to stay in cache between the
+// two passes over them.
+constexpr size_t kHashCopyPieceBytes = 256 << 10;
+
+}  // namespace
+
+// ---- ChunkSequence ----------------------------------------------------------
+
+absl::Status ChunkSequence::CheckNext(int64_t offset, int64_t size,
+                                      absl::string_view chunk_name) const {
+  if (offset != received_bytes_) {
+    return absl::Status(
+        code_, absl::StrCat(chunk_name, ": expected offset ", received_bytes_,
+                            " (chunks must be contiguous and in order)"));
+  }
+  if (size < 0 || size > total_bytes_ - received_bytes_) {
+    return absl::Status(
+        code_, absl::StrCat(chunk_name, ": ", size, " bytes overrun the ",
+                            unit_, "'s ", total_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkSequence::CheckChecksum(uint64_t actual, uint64_t expected,
+                                          absl::string_view chunk_name) {
+  if (actual != expected) {
+    return absl::DataLossError(absl::StrCat(chunk_name, ": checksum mismatch"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkSequence::CheckComplete(absl::string_view stream_name) const {
+  if (received_bytes_ != total_bytes_) {
+    return absl::Status(
+        code_, absl::StrCat(stream_name, ": the stream ended after ",
+                            received_bytes_, " of ", total_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- ShardAssembler ---------------------------------------------------------
+
+ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                               Tensor destination)
+    : tensor_id_(tensor_id),
+      shard_index_(shard_index),
+      destination_(std::move(destination)) {}
+
+ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
+                               Device device, bool pin_memory)
+    : tensor_id_(tensor_id),
+      shard_index_(shard_index),
+      allocate_(TensorOptions().WithDevice(device).WithPinMemory(pin_memory)) {}
+
+// Out of line, where DeviceLanding is complete; waits for its copies.
+ShardAssembler::~ShardAssembler() = default;
+
+void ShardAssembler::ExpectRegion(absl::Span<const int64_t> offsets,
+                                  absl::Span<const int64_t> sizes) {
+  region_offsets_.emplace(offsets.begin(), offsets.end());
+  region_sizes_.assign(sizes.begin(), sizes.end());
+}
+
+std::string ShardAssembler::ShardName() const {
+  if (!name_.empty()) return name_;
+  return absl::StrCat("shard ", shard_index_, " of tensor ", tensor_id_);
+}
+
+std::string ShardAssembler::ChunkName(int64_t offset) const {
+  return absl::StrCat("chunk at offset ", offset, " of ", ShardName());
+}
+
+absl::Status ShardAssembler::Consume(const v1::ShardChunk& chunk) {
+  grpc::ByteBuffer message;
+  bool own_buffer;
+  grpc::Status serialized =
+      grpc::SerializationTraits<v1::ShardChunk>::Serialize(chunk, &message,
+                                                           &own_buffer);
+  if (!serialized.ok()) return FromGrpcStatus(serialized);
+  return Consume(message);
+}
+
+absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  if (message.Valid() && !message.Dump(&slices).ok()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": unreadable message"));
+  }
+  ParsedChunk chunk;
+  if (!ParseShardChunk(slices, &chunk)) {
+    return absl::DataLossError(absl::StrCat(ShardName(),
+                                            ": malformed chunk after offset ",
+                                            sequence_.received_bytes()));
+  }
+  if (!metadata_.has_value()) {
+    RETURN_IF_ERROR(StartFromHeader(chunk));
+  } else if (chunk.header.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(chunk.offset), ": header repeated"));
+  }
+  RETURN_IF_ERROR(sequence_.CheckNext(chunk.offset, chunk.data_size,
+                                      ChunkName(chunk.offset)));
+  if (!WriteAndVerify(chunk)) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
+  }
+  if (landing_ != nullptr && chunk.data_size > 0) {
+    RETURN_IF_ERROR(
+        landing_->Land(chunk.offset, chunk.data_size, ChunkName(chunk.offset)));
+  }
+  sequence_.Advance(chunk.data_size);
+  if (on_chunk_ && chunk.data_size > 0) on_chunk_(chunk.data_size);
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::StartFromHeader(const ParsedChunk& chunk) {
+  if (!chunk.header.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": first chunk carries no header"));
+  }
+  return Start(*chunk.header);
+}
+
+absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
+  if (metadata_.has_value()) {
+    return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
+  }
+  ASSIGN_OR_RETURN(CheckedHeader checked, CheckHeader(header));
+  RETURN_IF_ERROR(PrepareDestination(checked.dtype, checked.sizes));
+  sequence_.Start(header.total_bytes());
+  metadata_ = std::move(checked.metadata);
+  return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::FillFrom(const v1::ShardHeader& header,
+                                      const Fill& fill) {
+  if (metadata_.has_value()) {
+    return absl::DataLossError(absl::StrCat(ShardName(), ": header repeated"));
+  }
+  ASSIGN_OR_RETURN(CheckedHeader checked, CheckHeader(header));
+  Tensor destination = destination_;
+  if (allocate_.has_value()) {
+    ASSIGN_OR_RETURN(
+        destination,
+        Tensor::Empty(checked.sizes,
+                      TensorOptions(*allocate_).WithDType(checked.dtype)));
+  } else if (!destination.defined() || destination.dtype() != checked.dtype ||
+             destination.sizes() != checked.sizes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destination ", destination.DebugString(), " does not match ",
+        ShardName(), ", which is ", DTypeName(checked.dtype), " [",
+        absl::StrJoin(checked.sizes, ", "), "]"));
+  }
+  RETURN_IF_ERROR(fill(destination));
+  destination_ = std::move(destination);
+  sequence_.Complete(header.total_bytes());
+  metadata_ = std::move(checked.metadata);
+  if (on_chunk_ && header.total_bytes() > 0) on_chunk_(header.total_bytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardAssembler::CheckedHeader> ShardAssembler::CheckHeader(
+    const v1::ShardHeader& header) const {
+  const std::string what = absl::StrCat("header of ", ShardName());
+  absl::StatusOr<ShardMetadata> metadata = FromProto(header.metadata());
+  if (!metadata.ok()) return Malformed(what, metadata.status());
+  absl::StatusOr<DType> dtype = FromProto(header.dtype());
+  if (!dtype.ok()) return Malformed(what, dtype.status());
+  const std::vector<int64_t> sizes(header.sizes().begin(),
+                                   header.sizes().end());
+  if (region_offsets_.has_value()) {
+    if (sizes != region_sizes_) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": sizes [", absl::StrJoin(sizes, ", "),
+                       "] differ from the requested region's [",
+                       absl::StrJoin(region_sizes_, ", "), "]"));
+    }
+    const absl::Status inside =
+        ValidateRegion(*region_offsets_, region_sizes_, metadata->shard_sizes(),
+                       ShardName(), "shard");
+    if (!inside.ok()) return Malformed(what, inside);
+  } else if (sizes != metadata->shard_sizes()) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": sizes [", absl::StrJoin(sizes, ", "),
+                     "] differ from its metadata's [",
+                     absl::StrJoin(metadata->shard_sizes(), ", "), "]"));
+  }
+  const std::optional<int64_t> numel = CheckedProduct(sizes);
+  if (!numel.has_value() ||
+      header.total_bytes() !=
+          *numel * static_cast<int64_t>(ElementSize(*dtype))) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": total_bytes ", header.total_bytes(),
+                     " does not match its dtype and sizes"));
+  }
+  return CheckedHeader{*std::move(metadata), *dtype, sizes};
+}
+
+absl::Status ShardAssembler::PrepareDestination(
+    DType dtype, const std::vector<int64_t>& sizes) {
+  if (allocate_.has_value()) {
+    ASSIGN_OR_RETURN(
+        destination_,
+        Tensor::Empty(sizes, TensorOptions(*allocate_).WithDType(dtype)));
+  } else if (!destination_.defined() || destination_.dtype() != dtype ||
+             destination_.sizes() != sizes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destination ", destination_.DebugString(),
+                     " does not match ", ShardName(), ", which is ",
+                     DTypeName(dtype), " [", absl::StrJoin(sizes, ", "), "]"));
+  }
+  if (destination_.device().is_cpu() && destination_.is_contiguous()) {
+    write_base_ = static_cast<char*>(destination_.data_ptr());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(
+      staging_,
+      Tensor::Empty(sizes, TensorOptions().WithDType(dtype).WithPinMemory(
+                               destination_.device().is_cuda())));
+  write_base_ = static_cast<char*>(staging_.data_ptr());
+  if (destination_.device().is_cuda() && destination_.is_contiguous() &&
+      destination_.nbytes() > 0) {
+    absl::StatusOr<std::unique_ptr<internal_chunk_assembler::DeviceLanding>>
+        landing = internal_chunk_assembler::DeviceLanding::Create(staging_,
+                                                                  destination_);
+    RETURN_IF_ERROR(Annotate(landing.status(),
+                             absl::StrCat(ShardName(), ": preparing copies to ",
+                                          destination_.device().ToString())));
+    landing_ = *std::move(landing);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
+  if (!metadata_.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": chunk before the header"));
+  }
+  if (length <= 0) {
+    return absl::DataLossError(
+        absl::StrCat(ChunkName(offset), ": empty chunk"));
+  }
+  RETURN_IF_ERROR(sequence_.CheckNext(offset, length, ChunkName(offset)));
+  return write_base_ + offset;
+}
+
+absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
+                                    uint64_t checksum) {
+  RETURN_IF_ERROR(ChunkSequence::CheckChecksum(
+      XXH3_64bits(write_base_ + offset, static_cast<size_t>(length)), checksum,
+      ChunkName(offset)));
+  if (landing_ != nullptr) {
+    RETURN_IF_ERROR(landing_->Land(offset, length, ChunkName(offset)));
+  }
+  sequence_.Advance(length);
+  if (on_chunk_) on_chunk_(length);
+  return absl::OkStatus();
+}
+
+bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  char* out = write_base_ + chunk.offset;
+  for (absl::string_view view : chunk.data) {
+    while (!view.empty()) {
+      const size_t piece = std::min(view.size(), kHashCopyPieceBytes);
+      XXH3_64bits_update(&state, view.data(), piece);
+      std::memcpy(out, view.data(), piece);
+      out += piece;
+      view.remove_prefix(piece);
+    }
+  }
+  return XXH3_64bits_digest(&state) == chunk.checksum;
+}
+
+absl::Status ShardAssembler::Finish() {
+  if (!metadata_.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat(ShardName(), ": stream ended without a header"));
+  }
+  RETURN_IF_ERROR(sequence_.CheckComplete(ShardName()));
+  if (landing_ != nullptr) return landing_->Synchronize(ShardName());
+  if (staging_.defined()) return CopyInto(staging_, destination_);
+  return absl::OkStatus();
+}
+
+}  // namespace tessera
