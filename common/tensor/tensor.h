@@ -30,93 +30,10 @@
 #include "absl/types/span.h"
 #include "common/device.h"
 #include "common/dtype.h"
+#include "common/tensor/random.h"
+#include "common/tensor/storage.h"
 
 namespace tessera {
-
-// Owns one allocation. Frees it with the allocator that made it.
-//
-// Shareable host memory: while host memory sharing is on (see
-// SetHostMemorySharing), non-pinned CPU allocations of at least its
-// min_bytes are backed by an anonymous memory file (memfd) mapped
-// MAP_SHARED, so that another process on the same host can map the same
-// pages (the local path of docs/data_plane.md). shared_memory_fd()
-// is that file; its size is sealed (it can neither shrink nor grow), so a
-// process that maps it cannot fault past its end.
-class Storage {
- public:
-  // Allocates `nbytes` on `device`. For the CPU, `pinned` asks for
-  // page-locked memory (cudaHostAlloc when CUDA is usable, otherwise
-  // mlock); pinned memory that cannot be had is RESOURCE_EXHAUSTED, never a
-  // silent fallback. CUDA without a CUDA build or device is
-  // FAILED_PRECONDITION; an index past the visible devices is
-  // INVALID_ARGUMENT, and "cuda" without an index means the current device
-  // (the storage records the resolved index). `pinned` off the CPU is
-  // INVALID_ARGUMENT. The meta device allocates nothing, and neither do zero
-  // bytes: data() is null for both. Host memory is 64-byte aligned.
-  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(size_t nbytes,
-                                                           Device device,
-                                                           bool pinned);
-  // Memory this storage does not own, such as another process's shared
-  // memory mapped here or a CUDA IPC mapping: `release` (may be empty) runs
-  // once when the storage is destroyed and must not fail. `data` must stay
-  // valid until then; null only with zero bytes.
-  static std::shared_ptr<Storage> Wrap(void* data, size_t nbytes, Device device,
-                                       std::function<void()> release);
-  ~Storage();
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-
-  void* data() const { return data_; }
-  size_t nbytes() const { return nbytes_; }
-  const Device& device() const { return device_; }
-  bool pinned() const { return pinned_; }
-  // The memory file behind shareable host memory; -1 for every other
-  // storage. Owned by the storage: do not close it (dup it to keep it).
-  int shared_memory_fd() const { return shared_memory_fd_; }
-
- private:
-  enum class Allocator {
-    kNone,
-    kHeap,
-    kHeapLocked,
-    kCudaHost,
-    kCudaDevice,
-    kSharedMemory,
-    kForeign,
-  };
-  Storage(void* data, size_t nbytes, Device device, bool pinned,
-          Allocator allocator)
-      : data_(data),
-        nbytes_(nbytes),
-        device_(device),
-        pinned_(pinned),
-        allocator_(allocator) {}
-
-  void* data_;
-  size_t nbytes_;
-  Device device_;
-  bool pinned_;
-  Allocator allocator_;
-  int shared_memory_fd_ = -1;      // kSharedMemory
-  std::function<void()> release_;  // kForeign
-};
-
-// The process-wide switch for shareable host memory (see Storage). Off by
-// default. While on, non-pinned CPU allocations of at least `min_bytes`
-// bytes are memfd-backed; smaller ones, pinned ones and device ones are
-// not. Sharing is an optimisation: when a memory file cannot be had (no
-// memfd support, descriptors exhausted, a mapping refused) the allocation
-// silently uses the heap, as with sharing off. Each shared storage holds
-// one file descriptor while it lives; at most half of the process's
-// RLIMIT_NOFILE soft limit (as it was when sharing was turned on) is spent
-// on them, later allocations use the heap. First touch of shared memory
-// faults in small pages, where large heap buffers use huge pages.
-// Thread-safe; storages already allocated keep their kind.
-inline constexpr int64_t kDefaultHostSharingMinBytes = int64_t{64} << 10;
-void SetHostMemorySharing(int64_t min_bytes = kDefaultHostSharingMinBytes);
-void DisableHostMemorySharing();
-// The current threshold; nullopt while sharing is off.
-std::optional<int64_t> HostMemorySharingMinBytes();
 
 // How to create a tensor.
 struct TensorOptions {
@@ -142,35 +59,6 @@ struct TensorOptions {
     return *this;
   }
 };
-
-// Pseudo-random numbers for Rand/Randn: a 64-bit Mersenne Twister
-// (std::mt19937_64). The same seed gives the same numbers on every run and
-// machine. Thread-safe; copies of a Generator share one state.
-class Generator {
- public:
-  explicit Generator(uint64_t seed = kDefaultSeed);
-  void ManualSeed(uint64_t seed);
-  uint64_t NextU64();
-  // Uniform in [0, 1) with `bits` random mantissa bits (<= 53), so the
-  // result is exact in the target type and never rounds up to 1: the top
-  // `bits` bits of NextU64() times 2^-bits. `bits` is clamped to [1, 53].
-  double NextUniform(int bits = 53);
-  // Standard normal (Box-Muller), full double precision. Each Box-Muller
-  // draw makes two values; the second is returned by the next call (and
-  // dropped by ManualSeed), so sequences depend only on the seed.
-  double NextNormal();
-
-  static constexpr uint64_t kDefaultSeed = 67280421310721ull;
-
- private:
-  struct State;
-  std::shared_ptr<State> state_;
-};
-
-// The process-wide generator used when none is passed; thread-safe.
-Generator& DefaultGenerator();
-// Re-seeds the default generator (torch.manual_seed).
-void ManualSeed(uint64_t seed);
 
 class Tensor {
  public:
@@ -325,12 +213,6 @@ absl::StatusOr<int64_t> WrapDim(int64_t d, int64_t ndim, bool wrap_scalar);
 // size is 0, even if the others would overflow; nullopt on int64 overflow.
 // Sizes must be non-negative.
 std::optional<int64_t> CheckedProduct(absl::Span<const int64_t> sizes);
-
-// Whether a CUDA device is usable by this process (built with CUDA and a
-// device visible). Never fails: no driver or no device means false. The
-// device count is probed once and cached for the life of the process.
-bool CudaAvailable();
-int CudaDeviceCount();
 
 }  // namespace tessera
 

@@ -1,0 +1,329 @@
+#include "common/tensor/storage.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <complex>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "common/tensor/cuda_util.h"
+#include "common/tensor/tensor.h"
+#include "common/tensor/tensor_internal.h"
+
+namespace tessera {
+using internal_tensor::CheckedNumel;
+using internal_tensor::ContiguousStrides;
+using internal_tensor::CudaUnavailableError;
+using internal_tensor::SizesString;
+#if TESSERA_TENSOR_CUDA
+using internal_tensor::CudaError;
+#endif
+
+namespace {
+
+// Host allocations are aligned for any vector load.
+constexpr size_t kHostAlignment = 64;
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+std::string ErrnoText(int error) {
+  return std::error_code(error, std::generic_category()).message();
+}
+
+// Rounds `n` up to a multiple of `alignment` (a power of two); false on
+// overflow.
+bool RoundUp(size_t n, size_t alignment, size_t* out) {
+  if (n > std::numeric_limits<size_t>::max() - (alignment - 1)) return false;
+  *out = (n + alignment - 1) & ~(alignment - 1);
+  return true;
+}
+
+size_t PageSize() {
+  const long page_size = sysconf(_SC_PAGESIZE);
+  return page_size > 0 ? static_cast<size_t>(page_size) : 4096;
+}
+
+absl::Status HostAllocError(size_t nbytes, int error) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "Cannot allocate ", nbytes, " bytes of host memory: ", ErrnoText(error)));
+}
+
+}  // namespace
+
+// ---- Storage
+// -------------------------------------------------------------------
+
+namespace {
+
+// Shareable host memory (SetHostMemorySharing): the threshold (-1 while
+// off), the live shared storages and how many may live, since each holds a
+// file descriptor.
+std::atomic<int64_t> g_sharing_min_bytes{-1};
+std::atomic<int64_t> g_shared_storages{0};
+std::atomic<int64_t> g_shared_storage_limit{0};
+
+// Maps `rounded` bytes (a multiple of the page size) of a new sealed
+// memory file; null (and no descriptor spent) when any step fails, for the
+// caller to fall back to the heap.
+void* MapSharedMemory(size_t rounded, int* fd_out) {
+  if (g_shared_storages.fetch_add(1) >= g_shared_storage_limit.load()) {
+    g_shared_storages.fetch_sub(1);
+    return nullptr;
+  }
+  const int fd =
+      memfd_create("tessera-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void* data = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(rounded)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (data == MAP_FAILED) {
+    if (fd >= 0) close(fd);
+    g_shared_storages.fetch_sub(1);
+    return nullptr;
+  }
+  *fd_out = fd;
+  return data;
+}
+
+}  // namespace
+
+void SetHostMemorySharing(int64_t min_bytes) {
+  struct rlimit rlim;
+  int64_t limit = int64_t{1} << 20;
+  if (getrlimit(RLIMIT_NOFILE, &rlim) == 0 && rlim.rlim_cur != RLIM_INFINITY) {
+    limit = static_cast<int64_t>(rlim.rlim_cur / 2);
+  }
+  g_shared_storage_limit.store(limit);
+  g_sharing_min_bytes.store(std::max<int64_t>(min_bytes, 1));
+}
+
+void DisableHostMemorySharing() { g_sharing_min_bytes.store(-1); }
+
+std::optional<int64_t> HostMemorySharingMinBytes() {
+  const int64_t min_bytes = g_sharing_min_bytes.load();
+  if (min_bytes < 0) return std::nullopt;
+  return min_bytes;
+}
+
+std::shared_ptr<Storage> Storage::Wrap(void* data, size_t nbytes, Device device,
+                                       std::function<void()> release) {
+  std::shared_ptr<Storage> storage(
+      new Storage(data, nbytes, device, false, Allocator::kForeign));
+  storage->release_ = std::move(release);
+  return storage;
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
+                                                           Device device,
+                                                           bool pinned) {
+  if (pinned && !device.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Only CPU memory can be pinned, got device ", device.ToString()));
+  }
+  if (device.is_meta()) {
+    return std::shared_ptr<Storage>(
+        new Storage(nullptr, nbytes, device, false, Allocator::kNone));
+  }
+  if (device.is_cuda()) {
+#if TESSERA_TENSOR_CUDA
+    const int count = CudaDeviceCount();
+    if (count == 0) return CudaUnavailableError();
+    int index = 0;
+    if (device.index().has_value()) {
+      index = *device.index();
+      if (index >= count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Invalid CUDA device index ", index, ": ", count,
+                         " device(s) visible"));
+      }
+    } else {
+      const cudaError_t error = cudaGetDevice(&index);
+      if (error != cudaSuccess) return CudaError("cudaGetDevice", error);
+    }
+    const Device resolved = Device::Cuda(index);
+    if (nbytes == 0) {
+      return std::shared_ptr<Storage>(
+          new Storage(nullptr, 0, resolved, false, Allocator::kNone));
+    }
+    CudaDeviceGuard guard(index);
+    if (!guard.status().ok()) return guard.status();
+    void* data = nullptr;
+    const cudaError_t error = cudaMalloc(&data, nbytes);
+    if (error != cudaSuccess) {
+      return CudaError(absl::StrCat("cudaMalloc of ", nbytes, " bytes on ",
+                                    resolved.ToString()),
+                       error);
+    }
+    return std::shared_ptr<Storage>(
+        new Storage(data, nbytes, resolved, false, Allocator::kCudaDevice));
+#else
+    return CudaUnavailableError();
+#endif
+  }
+
+  // The CPU. Zero bytes need no allocation (and aligned allocators may
+  // return null for them, which is not an error).
+  if (nbytes == 0) {
+    return std::shared_ptr<Storage>(
+        new Storage(nullptr, 0, device, pinned, Allocator::kNone));
+  }
+  if (!pinned) {
+    const int64_t share_min_bytes = g_sharing_min_bytes.load();
+    size_t page_rounded;
+    if (share_min_bytes >= 0 &&
+        nbytes >= static_cast<uint64_t>(share_min_bytes) &&
+        RoundUp(nbytes, PageSize(), &page_rounded)) {
+      int fd = -1;
+      // Page-aligned, so 64-byte aligned too.
+      if (void* data = MapSharedMemory(page_rounded, &fd); data != nullptr) {
+        std::shared_ptr<Storage> storage(
+            new Storage(data, nbytes, device, false, Allocator::kSharedMemory));
+        storage->shared_memory_fd_ = fd;
+        return storage;
+      }
+    }
+    size_t rounded;
+    if (!RoundUp(nbytes, kHostAlignment, &rounded)) {
+      return HostAllocError(nbytes, ENOMEM);
+    }
+    // Large buffers are aligned to and advised as huge pages: first touch
+    // of a fresh 64 MiB shard then costs 32 page faults instead of 16384
+    // (a fetched shard is written once, right after allocation).
+    const bool huge = rounded >= kHugePageBytes;
+    void* data = nullptr;
+    const int error =
+        posix_memalign(&data, huge ? kHugePageBytes : kHostAlignment, rounded);
+    if (error != 0) return HostAllocError(nbytes, error);
+    if (huge) madvise(data, rounded, MADV_HUGEPAGE);  // Advice only.
+    return std::shared_ptr<Storage>(
+        new Storage(data, nbytes, device, false, Allocator::kHeap));
+  }
+#if TESSERA_TENSOR_CUDA
+  if (CudaAvailable()) {
+    void* data = nullptr;
+    const cudaError_t error =
+        cudaHostAlloc(&data, nbytes, cudaHostAllocPortable);
+    if (error != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Cannot allocate ", nbytes, " bytes of pinned host memory: ",
+          "cudaHostAlloc failed: ", cudaGetErrorString(error)));
+    }
+    return std::shared_ptr<Storage>(
+        new Storage(data, nbytes, device, true, Allocator::kCudaHost));
+  }
+#endif
+  // Without CUDA, page-lock whole pages of our own: munlock does not nest,
+  // so two locked allocations must never share a page.
+  const size_t page_size = PageSize();
+  size_t rounded;
+  if (!RoundUp(nbytes, page_size, &rounded)) {
+    return HostAllocError(nbytes, ENOMEM);
+  }
+  void* data = nullptr;
+  const int alloc_error = posix_memalign(&data, page_size, rounded);
+  if (alloc_error != 0) return HostAllocError(nbytes, alloc_error);
+  if (mlock(data, rounded) != 0) {
+    const int error = errno;
+    munlock(data, rounded);  // In case some pages were locked; harmless.
+    free(data);
+    std::string limit;
+    struct rlimit rlim;
+    if (getrlimit(RLIMIT_MEMLOCK, &rlim) == 0 &&
+        rlim.rlim_cur != RLIM_INFINITY) {
+      limit = absl::StrCat(" (RLIMIT_MEMLOCK is ", rlim.rlim_cur, " bytes)");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Cannot pin ", nbytes,
+        " bytes of host memory: mlock: ", ErrnoText(error), limit));
+  }
+  return std::shared_ptr<Storage>(
+      new Storage(data, nbytes, device, true, Allocator::kHeapLocked));
+}
+
+Storage::~Storage() {
+  switch (allocator_) {
+    case Allocator::kNone:
+      break;
+    case Allocator::kHeap:
+      free(data_);
+      break;
+    case Allocator::kHeapLocked: {
+      // Allocate locked whole pages; unlock the same range.
+      size_t rounded = nbytes_;
+      RoundUp(nbytes_, PageSize(), &rounded);
+      munlock(data_, rounded);
+      free(data_);
+      break;
+    }
+    case Allocator::kSharedMemory: {
+      size_t rounded = nbytes_;
+      RoundUp(nbytes_, PageSize(), &rounded);
+      munmap(data_, rounded);
+      close(shared_memory_fd_);
+      g_shared_storages.fetch_sub(1);
+      break;
+    }
+    case Allocator::kForeign:
+      if (release_) release_();
+      break;
+    case Allocator::kCudaHost:
+#if TESSERA_TENSOR_CUDA
+      if (cudaFreeHost(data_) != cudaSuccess) cudaGetLastError();
+#endif
+      break;
+    case Allocator::kCudaDevice:
+#if TESSERA_TENSOR_CUDA
+    {
+      // Errors here (e.g. the runtime unloading at exit) cannot be
+      // reported; the memory goes with the context.
+      CudaDeviceGuard guard(device_.index().value_or(0));
+      if (cudaFree(data_) != cudaSuccess) cudaGetLastError();
+    }
+#endif
+    break;
+  }
+}
+
+// ---- CUDA availability
+// ---------------------------------------------------------
+
+int CudaDeviceCount() {
+#if TESSERA_TENSOR_CUDA
+  // Cached: the visible devices cannot change once the runtime initialised.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+bool CudaAvailable() { return CudaDeviceCount() > 0; }
+
+}  // namespace tessera
