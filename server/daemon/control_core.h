@@ -1,0 +1,302 @@
+// The state behind ControlServiceImpl (control_service.h), shared by the
+// files that implement it: op_log.cc (the operation log: submitting,
+// executing in order, agreeing), control_ops.cc (the ops' bodies),
+// tensor_table.cc (the table of named tensors and the read-only queries)
+// and control_service.cc (the gRPC surface). docs/control_log.md describes
+// the protocol. Internal to server/daemon/.
+#ifndef TESSERA_SERVER_DAEMON_CONTROL_CORE_H_
+#define TESSERA_SERVER_DAEMON_CONTROL_CORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/control_service.h"
+#include "server/daemon/region_io.h"
+#include "server/rank/rank.h"
+#include "server/serve/fetch.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/prefix_store.h"
+#include "tessera/v1/control.pb.h"
+#include "tessera/v1/control_internal.pb.h"
+
+namespace tessera::control_internal {
+
+inline constexpr char kShuttingDown[] = "daemon is shutting down";
+inline constexpr char kStarting[] = "daemon is starting";
+
+// NOT_FOUND for a name the table does not hold.
+absl::Status UnknownTensor(absl::string_view name);
+// The method name of `op` ("CreateTensor", ...), for messages.
+const char* OpName(const v1::ControlOp& op);
+// This host's physical memory, the default limit of max_host_bytes.
+int64_t PhysicalMemoryBytes();
+
+// What an op produced, for its coordinator's reply.
+struct OpResult {
+  v1::TensorInfo info;                // CreateTensor, Reshard, Gather
+  std::vector<std::string> names;     // SaveCheckpoint
+  std::vector<v1::TensorInfo> infos;  // LoadCheckpoint
+  Tensor gathered;                    // Gather, on the coordinator
+};
+
+using Completion = std::function<void(const absl::Status&, OpResult)>;
+
+// A call waiting for its op. Completed once, by whichever comes first: the
+// executor (the op's outcome), the submit thread (deadline, store failure),
+// the reactor (cancellation) or Shutdown.
+class PendingCall {
+ public:
+  PendingCall(uint64_t id, std::string method, absl::Time deadline,
+              Completion completion)
+      : id_(id),
+        method_(std::move(method)),
+        deadline_(deadline),
+        completion_(std::move(completion)) {}
+
+  // Runs the completion unless it ran already.
+  void Complete(const absl::Status& status, OpResult result = {}) {
+    Completion completion;
+    {
+      absl::MutexLock lock(&mu_);
+      completion = std::exchange(completion_, nullptr);
+    }
+    if (completion != nullptr) completion(status, std::move(result));
+  }
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return completion_ == nullptr;
+  }
+
+  uint64_t id() const { return id_; }
+  const std::string& method() const { return method_; }
+  absl::Time deadline() const { return deadline_; }
+
+ private:
+  const uint64_t id_;
+  const std::string method_;
+  const absl::Time deadline_;
+  mutable absl::Mutex mu_;
+  Completion completion_ ABSL_GUARDED_BY(mu_);
+};
+
+// The outcome of a Gather for the stream that sends it: set once by the
+// call's completion, waited for by the stream's own thread.
+class ResultSlot {
+ public:
+  void Set(const absl::Status& status, OpResult result) {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    result_ = std::move(result);
+    set_ = true;
+  }
+  absl::StatusOr<OpResult> Wait(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&set_), deadline)) {
+      return absl::DeadlineExceededError(
+          "Gather did not complete within its deadline (the operation may "
+          "still complete)");
+    }
+    if (!status_.ok()) return status_;
+    return std::move(result_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool set_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  OpResult result_ ABSL_GUARDED_BY(mu_);
+};
+
+// The state of one ControlServiceImpl; see control_service.h for the
+// protocol.
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(std::shared_ptr<Rank> rank, ControlOptions options)
+      : rank_(std::move(rank)),
+        options_(std::move(options)),
+        store_(std::make_shared<PrefixStore>("control", rank_->store())),
+        incarnation_(std::random_device()() ^
+                     (uint64_t{std::random_device()()} << 32) ^
+                     static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {}
+  ~Core() { Shutdown(); }
+
+  absl::Status Start();
+  void Shutdown();
+
+  // OK while running; UNAVAILABLE before Start() and from Shutdown() on.
+  absl::Status Accepting() const {
+    absl::MutexLock lock(&mu_);
+    return AcceptingLocked();
+  }
+
+  // A call for an op of `method` that gives up at `deadline` (the
+  // client's, capped by op_timeout); not yet queued. Attach it to its
+  // reactor, then Submit it.
+  std::shared_ptr<PendingCall> NewCall(std::string method,
+                                       absl::Time client_deadline,
+                                       Completion completion) {
+    const absl::Time deadline = CapDeadline(client_deadline);
+    absl::MutexLock lock(&mu_);
+    return std::make_shared<PendingCall>(next_request_id_++, std::move(method),
+                                         deadline, std::move(completion));
+  }
+  // The deadline of a call: the client's, capped by op_timeout.
+  absl::Time CapDeadline(absl::Time client_deadline) const {
+    return std::min(client_deadline, absl::Now() + options_.op_timeout);
+  }
+  // Queues `op` for the log on behalf of `call`; completes the call at once
+  // with UNAVAILABLE when the service is not running.
+  void Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call);
+  // Completes `call` and forgets it (a call completes once; later attempts
+  // do nothing).
+  void Finish(const std::shared_ptr<PendingCall>& call,
+              const absl::Status& status, OpResult result = {});
+
+  absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
+  v1::ListTensorsResponse List() const;
+  absl::StatusOr<v1::ClusterInfo> Cluster() const;
+  RegionEnv Env();
+  // How ReadRegion and Gather streams are cut.
+  ShardServiceOptions Chunks() const {
+    ShardServiceOptions chunks;
+    chunks.default_chunk_bytes = options_.default_chunk_bytes;
+    chunks.max_chunk_bytes = options_.max_chunk_bytes;
+    return chunks;
+  }
+  int rank() const { return rank_->rank(); }
+  // RESOURCE_EXHAUSTED when `bytes` of host memory for `what` exceed
+  // ControlOptions::max_host_bytes.
+  absl::Status CheckHostBytes(int64_t bytes, absl::string_view what) const {
+    const int64_t limit = options_.max_host_bytes > 0 ? options_.max_host_bytes
+                                                      : PhysicalMemoryBytes();
+    if (bytes <= limit) return absl::OkStatus();
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", bytes, " bytes of host memory; rank ",
+                     rank_->rank(), " allows ", limit));
+  }
+  int64_t applied_ops() const { return applied_.load(); }
+
+ private:
+  enum class State { kNew, kRunning, kStopping, kStopped };
+  struct Entry {
+    ShardedTensor tensor;
+    v1::TensorInfo info;
+  };
+  struct Queued {
+    v1::ControlOp op;
+    std::shared_ptr<PendingCall> call;
+  };
+  // What an op did on this daemon: the agreed status, the reply, and
+  // whether the last agreement went through (every daemon has read the op,
+  // so its key may go).
+  struct Outcome {
+    absl::Status status;
+    OpResult result;
+    bool agreed = false;
+  };
+  using DeadlineKey = std::pair<absl::Time, uint64_t>;
+
+  absl::Status AcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (state_) {
+      case State::kNew:
+        return absl::UnavailableError(kStarting);
+      case State::kRunning:
+        return absl::OkStatus();
+      case State::kStopping:
+      case State::kStopped:
+        break;
+    }
+    return absl::UnavailableError(kShuttingDown);
+  }
+  bool running() const {
+    absl::MutexLock lock(&mu_);
+    return state_ == State::kRunning;
+  }
+  // Sleeps up to `d`; false when the service stops meanwhile.
+  bool Pause(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kRunning) wake_.WaitWithTimeout(&mu_, d);
+    return state_ == State::kRunning;
+  }
+
+  // ---- Submit thread.
+  void SubmitLoop();
+  // Claims a log number and writes `op` there; retries when rank 0 marked
+  // the number skipped first.
+  absl::Status Append(const v1::ControlOp& op, absl::Time deadline);
+
+  // ---- Executor thread.
+  void ExecutorLoop();
+  // The entry at log number `n`: the op or the skip marker; nullopt when
+  // the service stops first.
+  std::optional<std::string> AwaitEntry(int64_t n);
+  void Execute(absl::string_view entry, int64_t n);
+  Outcome RunCreate(const v1::ControlOp& op);
+  // CreateTensor's tensor (this daemon's shards), filled by its init kind.
+  absl::StatusOr<ShardedTensor> NewTensor(
+      const v1::CreateTensorRequest& request, DType dtype,
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes);
+  Outcome RunDelete(const v1::ControlOp& op);
+  Outcome RunReshard(const v1::ControlOp& op);
+  Outcome RunGather(const v1::ControlOp& op);
+  Outcome RunSave(const v1::ControlOp& op);
+  Outcome RunLoad(const v1::ControlOp& op);
+  // The agreed outcome of every daemon's `local` status: this daemon's own
+  // error first (deterministic errors read the same everywhere), else the
+  // lowest failing rank's. `agreed` tells whether the exchange went through.
+  absl::Status Agree(const absl::Status& local, bool* agreed);
+  // After an op that may have created tensors on some daemons only (an
+  // allocation or I/O error on one), brings every daemon's tensor-id
+  // counter to the highest one, so later tensors get the same id
+  // everywhere. Collective.
+  void ResyncTensorIds();
+  absl::StatusOr<v1::TensorInfo> InfoOf(const std::string& name,
+                                        const ShardedTensor& tensor) const;
+  std::optional<ShardedTensor> Lookup(const std::string& name) const;
+
+  const std::shared_ptr<Rank> rank_;
+  const ControlOptions options_;
+  const std::shared_ptr<Store> store_;
+  const uint64_t incarnation_;
+  std::shared_ptr<ProcessGroup> group_;  // Set by Start().
+  std::atomic<int64_t> applied_{0};
+
+  absl::Mutex shutdown_mu_;  // Serialises Start() and Shutdown().
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;  // State changes, queued ops, new deadlines.
+  State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
+  int64_t first_entry_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_
+      ABSL_GUARDED_BY(mu_);
+  std::set<DeadlineKey> deadlines_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::thread submitter_;
+  std::thread executor_;
+};
+
+}  // namespace tessera::control_internal
+
+#endif  // TESSERA_SERVER_DAEMON_CONTROL_CORE_H_

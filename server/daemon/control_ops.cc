@@ -1,0 +1,458 @@
+#include "server/daemon/control_core.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/checkpoint.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/region_io.h"
+#include "server/serve/shard_service.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/prefix_store.h"
+#include "spdlog/spdlog.h"
+#include "tessera/v1/control_internal.pb.h"
+#include "wire/grpc_status.h"
+
+namespace tessera::control_internal {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+
+absl::Status ValidateName(absl::string_view name) {
+  bool ok = !name.empty() && name.size() <= kMaxNameLength;
+  for (char c : name) {
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+                c == '.' || c == '-');
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "invalid tensor name \"", absl::CHexEscape(name.substr(0, 200)),
+      "\": a name is 1 to 128 characters of [A-Za-z0-9_.-]"));
+}
+
+absl::Status NameTaken(absl::string_view name) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("a tensor named \"", name, "\" already exists"));
+}
+
+absl::Time DeadlineOf(const v1::ControlOp& op) {
+  return op.deadline_unix_nanos() == 0
+             ? absl::InfiniteFuture()
+             : absl::FromUnixNanos(op.deadline_unix_nanos());
+}
+
+// Whether the op may still run: its call gives up at the deadline, so
+// running it later would only hold up the ops behind it.
+absl::Status CheckDeadline(const v1::ControlOp& op) {
+  if (absl::Now() < DeadlineOf(op)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      OpName(op), ": the call's deadline passed before the operation ran"));
+}
+
+// Tensor sizes a request may name: non-negative, with an element and a byte
+// count that fit in int64. Checked before the spec, so that absurd sizes
+// never reach an allocation.
+absl::Status ValidateSizes(absl::Span<const int64_t> sizes, DType dtype) {
+  for (int64_t size : sizes) {
+    if (size < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative size in [", absl::StrJoin(sizes, ", "), "]"));
+    }
+  }
+  const std::optional<int64_t> numel = CheckedProduct(sizes);
+  int64_t nbytes = 0;
+  if (!numel.has_value() ||
+      __builtin_mul_overflow(*numel, static_cast<int64_t>(ElementSize(dtype)),
+                             &nbytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tensor of sizes [", absl::StrJoin(sizes, ", "),
+                     "] has more bytes than int64 counts"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> DTypeOf(v1::DType dtype) {
+  if (dtype == v1::DTYPE_UNSPECIFIED) return DType::kFloat32;
+  return FromProto(dtype);
+}
+
+absl::StatusOr<ShardingSpec> SpecOf(bool has_spec, const v1::ShardingSpec& spec,
+                                    absl::string_view what) {
+  if (!has_spec) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": spec is required"));
+  }
+  return FromProto(spec);
+}
+
+// Rank r draws its local shards from its own stream, so that shards on
+// different ranks differ while the same seed (and layout) always gives the
+// same values.
+uint64_t SeedFor(uint64_t seed, int rank) {
+  return seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank);
+}
+
+// Bytes of `numel` elements of `dtype`; ValidateSizes has ruled out
+// overflow for any part of a validated tensor.
+int64_t BytesOf(int64_t numel, DType dtype) {
+  return numel * static_cast<int64_t>(ElementSize(dtype));
+}
+
+}  // namespace
+
+absl::Status UnknownTensor(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page_size;
+}
+
+Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
+  const v1::CreateTensorRequest& request = op.create_tensor();
+  const std::vector<int64_t> sizes(request.sizes().begin(),
+                                   request.sizes().end());
+  // Deterministic checks: they pass or fail alike on every daemon.
+  struct Plan {
+    DType dtype;
+    ShardingSpec spec;
+    int64_t host_bytes;  // Of this daemon's CPU shards.
+  };
+  auto plan = [&]() -> absl::StatusOr<Plan> {
+    RETURN_IF_ERROR(ValidateName(request.name()));
+    if (Lookup(request.name()).has_value()) return NameTaken(request.name());
+    ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
+    RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
+    ASSIGN_OR_RETURN(ShardingSpec spec, SpecOf(request.has_spec(),
+                                               request.spec(), "CreateTensor"));
+    if (!v1::InitKind_IsValid(request.init())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateTensor: unknown init kind ", request.init()));
+    }
+    TensorProperties properties;
+    properties.dtype = dtype;
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     BuildMetadata(spec, sizes, properties));
+    int64_t host_bytes = 0;
+    for (const ShardMetadata& shard : metadata.shards_metadata) {
+      ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
+                                           group_->global_ranks(),
+                                           shard.placement(), rank_.get()));
+      if (placement.first == rank_->rank() && placement.second.is_cpu()) {
+        host_bytes += BytesOf(shard.numel(), dtype);
+      }
+    }
+    return Plan{dtype, std::move(spec), host_bytes};
+  }();
+  std::optional<Entry> made;
+  absl::Status local = plan.status();
+  if (plan.ok()) {
+    local = [&]() -> absl::Status {
+      RETURN_IF_ERROR(CheckDeadline(op));
+      RETURN_IF_ERROR(CheckHostBytes(
+          plan->host_bytes, absl::StrCat("tensor \"", request.name(), "\"")));
+      ASSIGN_OR_RETURN(ShardedTensor tensor,
+                       NewTensor(request, plan->dtype, plan->spec, sizes));
+      ASSIGN_OR_RETURN(v1::TensorInfo info, InfoOf(request.name(), tensor));
+      made.emplace(Entry{std::move(tensor), std::move(info)});
+      return absl::OkStatus();
+    }();
+  }
+  Outcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (outcome.status.ok()) {
+    outcome.result.info = made->info;
+    absl::MutexLock lock(&mu_);
+    table_.emplace(request.name(), *std::move(made));
+  } else if (plan.ok()) {
+    ResyncTensorIds();
+  }
+  return outcome;
+}
+
+absl::StatusOr<ShardedTensor> Core::NewTensor(
+    const v1::CreateTensorRequest& request, DType dtype,
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes) {
+  ShardedTensorOptions options =
+      ShardedTensorOptions().WithDType(dtype).WithRank(rank_);
+  switch (request.init()) {
+    case v1::INIT_KIND_ZEROS:
+      return ShardedTensor::Zeros(spec, sizes, options);
+    case v1::INIT_KIND_ONES:
+      return ShardedTensor::Ones(spec, sizes, options);
+    case v1::INIT_KIND_FULL:
+      return ShardedTensor::Full(spec, sizes, request.fill_value(), options);
+    case v1::INIT_KIND_RAND: {
+      Generator generator(SeedFor(request.seed(), rank_->rank()));
+      return ShardedTensor::Rand(spec, sizes, options, &generator);
+    }
+    case v1::INIT_KIND_RANDN: {
+      Generator generator(SeedFor(request.seed(), rank_->rank()));
+      return ShardedTensor::Randn(spec, sizes, options, &generator);
+    }
+    default:
+      return ShardedTensor::Empty(spec, sizes, options);
+  }
+}
+
+Core::Outcome Core::RunDelete(const v1::ControlOp& op) {
+  const std::string& name = op.delete_tensor().name();
+  absl::Status local =
+      Lookup(name).has_value() ? CheckDeadline(op) : UnknownTensor(name);
+  Outcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (outcome.status.ok()) {
+    std::optional<Entry> gone;  // Freed outside the lock.
+    absl::MutexLock lock(&mu_);
+    auto it = table_.find(name);
+    gone.emplace(std::move(it->second));
+    table_.erase(it);
+  }
+  return outcome;
+}
+
+Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
+  const v1::ReshardRequest& request = op.reshard();
+  Outcome outcome;
+  std::optional<ShardedTensor> tensor = Lookup(request.name());
+  absl::StatusOr<ShardingSpec> spec =
+      SpecOf(request.has_spec(), request.spec(), "Reshard");
+  absl::Status ready = !tensor.has_value() ? UnknownTensor(request.name())
+                       : !spec.ok()        ? spec.status()
+                                           : CheckDeadline(op);
+  outcome.status = Agree(ready, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+
+  absl::Status resharded = tensor->Reshard(*spec).status();
+  // The tensor may have changed locally even when another daemon failed,
+  // so its info is refreshed either way.
+  absl::StatusOr<v1::TensorInfo> info = InfoOf(request.name(), *tensor);
+  outcome.status =
+      Agree(resharded.ok() ? info.status() : resharded, &outcome.agreed);
+  if (info.ok()) {
+    absl::MutexLock lock(&mu_);
+    table_.at(request.name()).info = *info;
+  }
+  if (outcome.status.ok()) {
+    outcome.result.info = *std::move(info);
+  } else {
+    ResyncTensorIds();
+  }
+  return outcome;
+}
+
+Core::Outcome Core::RunGather(const v1::ControlOp& op) {
+  const v1::GatherRequest& request = op.gather();
+  const bool destination = op.coordinator() == rank_->rank();
+  Outcome outcome;
+  std::optional<ShardedTensor> tensor = Lookup(request.name());
+  Tensor out;
+  absl::Status ready = [&]() -> absl::Status {
+    if (!tensor.has_value()) return UnknownTensor(request.name());
+    if (request.chunk_bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gather: negative chunk_bytes ", request.chunk_bytes()));
+    }
+    RETURN_IF_ERROR(CheckDeadline(op));
+    if (destination) {
+      RETURN_IF_ERROR(CheckHostBytes(
+          BytesOf(CheckedProduct(tensor->size()).value_or(0), tensor->dtype()),
+          absl::StrCat("gathering \"", request.name(), "\"")));
+      ASSIGN_OR_RETURN(
+          out, Tensor::Empty(tensor->size(),
+                             TensorOptions().WithDType(tensor->dtype())));
+    }
+    return absl::OkStatus();
+  }();
+  outcome.status = Agree(ready, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+
+  outcome.status =
+      Agree(tensor->Gather(op.coordinator(), out), &outcome.agreed);
+  if (outcome.status.ok() && destination) {
+    absl::MutexLock lock(&mu_);
+    outcome.result.info = table_.at(request.name()).info;
+    outcome.result.gathered = std::move(out);
+  }
+  return outcome;
+}
+
+Core::Outcome Core::RunSave(const v1::ControlOp& op) {
+  const v1::SaveCheckpointRequest& request = op.save_checkpoint();
+  Outcome outcome;
+  StateDict dict;
+  absl::Status ready = [&]() -> absl::Status {
+    if (request.path().empty()) {
+      return absl::InvalidArgumentError("SaveCheckpoint: path is required");
+    }
+    absl::MutexLock lock(&mu_);
+    if (request.names().empty()) {
+      for (const auto& [name, entry] : table_) {
+        dict.emplace_back(name, entry.tensor);
+      }
+    }
+    std::set<std::string> seen;
+    for (const std::string& name : request.names()) {
+      auto it = table_.find(name);
+      if (it == table_.end()) return UnknownTensor(name);
+      if (!seen.insert(name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("SaveCheckpoint: \"", name, "\" is named twice"));
+      }
+      dict.emplace_back(name, it->second.tensor);
+    }
+    return absl::OkStatus();
+  }();
+  if (ready.ok()) ready = CheckDeadline(op);
+  outcome.status = Agree(ready, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+
+  SaveOptions options;
+  options.rank = rank_;
+  outcome.status =
+      Agree(SaveStateDict(dict, request.path(), options), &outcome.agreed);
+  if (outcome.status.ok()) {
+    for (const auto& [name, value] : dict) outcome.result.names.push_back(name);
+  }
+  return outcome;
+}
+
+Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
+  const v1::LoadCheckpointRequest& request = op.load_checkpoint();
+  // Deterministic checks first.
+  std::optional<ShardingSpec> spec;
+  absl::Status valid = [&]() -> absl::Status {
+    if (request.path().empty()) {
+      return absl::InvalidArgumentError("LoadCheckpoint: path is required");
+    }
+    if (!request.as_names().empty() &&
+        request.as_names_size() != request.names_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadCheckpoint: ", request.as_names_size(),
+                       " as_names for ", request.names_size(), " names"));
+    }
+    if (request.has_spec()) {
+      ASSIGN_OR_RETURN(spec, FromProto(request.spec()));
+    }
+    return absl::OkStatus();
+  }();
+  // Then what depends on the files and the daemon: the entries, the names
+  // they get, and the load itself.
+  std::vector<std::pair<std::string, std::string>> wanted;  // entry, name
+  std::vector<std::pair<std::string, ShardedTensor>> loaded;
+  std::vector<v1::TensorInfo> infos;
+  absl::Status local = valid;
+  if (valid.ok()) {
+    local = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(v1::CheckpointManifest manifest,
+                       ReadCheckpointManifest(request.path()));
+      std::map<std::string, const v1::CheckpointEntry*> entries;
+      for (const v1::CheckpointEntry& entry : manifest.entries()) {
+        entries.emplace(entry.name(), &entry);
+      }
+      if (request.names().empty()) {
+        for (const v1::CheckpointEntry& entry : manifest.entries()) {
+          wanted.emplace_back(entry.name(), entry.name());
+        }
+      }
+      for (int i = 0; i < request.names_size(); ++i) {
+        wanted.emplace_back(request.names(i), request.as_names().empty()
+                                                  ? request.names(i)
+                                                  : request.as_names(i));
+      }
+      std::set<std::string> targets;
+      for (const auto& [entry_name, name] : wanted) {
+        auto it = entries.find(entry_name);
+        if (it == entries.end()) {
+          return absl::NotFoundError(absl::StrCat("checkpoint ", request.path(),
+                                                  " has no entry \"",
+                                                  entry_name, "\""));
+        }
+        if (!it->second->has_sharded()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint entry \"", entry_name,
+              "\" is a dense tensor; the cluster holds sharded tensors only"));
+        }
+        RETURN_IF_ERROR(ValidateName(name));
+        if (!targets.insert(name).second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "LoadCheckpoint: two entries would be named \"", name, "\""));
+        }
+        if (!request.replace() && Lookup(name).has_value()) {
+          return NameTaken(name);
+        }
+      }
+      RETURN_IF_ERROR(CheckDeadline(op));
+      LoadOptions options;
+      options.rank = rank_;
+      if (spec.has_value()) {
+        for (const auto& [entry_name, name] : wanted) {
+          options.reshard.emplace(entry_name, LoadTarget::Spec(*spec));
+        }
+      }
+      ASSIGN_OR_RETURN(StateDict dict, LoadStateDict(request.path(), options));
+      std::map<std::string, const ShardedTensor*> by_entry;
+      for (const auto& [entry_name, value] : dict) {
+        if (const auto* tensor = std::get_if<ShardedTensor>(&value)) {
+          by_entry.emplace(entry_name, tensor);
+        }
+      }
+      for (const auto& [entry_name, name] : wanted) {
+        auto it = by_entry.find(entry_name);
+        if (it == by_entry.end()) {
+          return absl::DataLossError(
+              absl::StrCat("checkpoint ", request.path(), ": entry \"",
+                           entry_name, "\" did not load as a sharded tensor"));
+        }
+        loaded.emplace_back(name, *it->second);
+        ASSIGN_OR_RETURN(infos.emplace_back(), InfoOf(name, *it->second));
+      }
+      return absl::OkStatus();
+    }();
+  }
+  Outcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (outcome.status.ok()) {
+    std::vector<Entry> replaced;  // Freed outside the lock.
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      auto it = table_.find(loaded[i].first);
+      if (it != table_.end()) {
+        replaced.push_back(std::move(it->second));
+        table_.erase(it);
+      }
+      table_.emplace(loaded[i].first, Entry{loaded[i].second, infos[i]});
+    }
+    outcome.result.infos = std::move(infos);
+  } else if (valid.ok()) {
+    ResyncTensorIds();
+  }
+  return outcome;
+}
+
+}  // namespace tessera::control_internal

@@ -1,0 +1,398 @@
+#include "server/daemon/control_core.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/checkpoint.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/region_io.h"
+#include "server/serve/shard_service.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/prefix_store.h"
+#include "spdlog/spdlog.h"
+#include "tessera/v1/control_internal.pb.h"
+#include "wire/grpc_status.h"
+
+namespace tessera::control_internal {
+namespace {
+
+// Store keys, under the "control" prefix.
+constexpr char kSeqKey[] = "seq";
+constexpr char kSkip[] = "skip";
+constexpr char kOpPrefix[] = "op:";
+
+std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
+
+}  // namespace
+
+absl::Status Core::Start() {
+  absl::MutexLock serial(&shutdown_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kNew) {
+      return absl::FailedPreconditionError(
+          state_ == State::kRunning ? "the control service is already started"
+                                    : "the control service is shut down");
+    }
+  }
+  if (!rank_->rpc_initialized()) {
+    return absl::FailedPreconditionError(
+        "the control service starts after Rank::InitRpc");
+  }
+  group_ = rank_->default_group();
+  // Rank 0 reads where the log stands before it joins the exchange, and the
+  // others accept calls only after it: every op claimed from now on lies
+  // after the agreed start, and every daemon runs all of them.
+  std::string mine = absl::StrCat(options_.device, "\n");
+  absl::Status read = absl::OkStatus();
+  if (rank_->rank() == 0) {
+    absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
+    read = seq.status();
+    if (seq.ok()) absl::StrAppend(&mine, *seq);
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                   AllGatherBytes(*group_, mine));
+  RETURN_IF_ERROR(read);
+  std::vector<std::string> devices;
+  int64_t seq = -1;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    std::vector<std::string> parts = absl::StrSplit(gathered[r], '\n');
+    devices.push_back(parts.front());
+    if (r == 0 && (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &seq))) {
+      return absl::UnavailableError(
+          "rank 0 could not read the operation log's position");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kNew) return absl::FailedPreconditionError("stopped");
+  devices_ = std::move(devices);
+  first_entry_ = seq + 1;
+  state_ = State::kRunning;
+  submitter_ = std::thread([this] { SubmitLoop(); });
+  executor_ = std::thread([this] { ExecutorLoop(); });
+  return absl::OkStatus();
+}
+
+void Core::Shutdown() {
+  absl::MutexLock serial(&shutdown_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kStopped) return;
+    state_ = State::kStopping;
+    wake_.SignalAll();
+  }
+  if (submitter_.joinable()) submitter_.join();
+  if (executor_.joinable()) executor_.join();
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending.swap(pending_);
+    deadlines_.clear();
+    queue_.clear();
+    state_ = State::kStopped;
+  }
+  for (auto& [id, call] : pending) {
+    call->Complete(absl::UnavailableError(kShuttingDown));
+  }
+}
+
+void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
+  op.set_coordinator(rank_->rank());
+  op.set_incarnation(incarnation_);
+  op.set_request_id(call->id());
+  if (call->deadline() != absl::InfiniteFuture()) {
+    op.set_deadline_unix_nanos(absl::ToUnixNanos(call->deadline()));
+  }
+  absl::Status accepting;
+  {
+    absl::MutexLock lock(&mu_);
+    accepting = AcceptingLocked();
+    if (accepting.ok()) {
+      pending_.emplace(call->id(), call);
+      deadlines_.emplace(call->deadline(), call->id());
+      queue_.push_back(Queued{std::move(op), call});
+      wake_.SignalAll();
+    }
+  }
+  if (!accepting.ok()) call->Complete(accepting);
+}
+
+void Core::Finish(const std::shared_ptr<PendingCall>& call,
+                  const absl::Status& status, OpResult result) {
+  {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(call->id());
+    deadlines_.erase(DeadlineKey(call->deadline(), call->id()));
+  }
+  call->Complete(status, std::move(result));
+}
+
+void Core::SubmitLoop() {
+  mu_.Lock();
+  while (state_ == State::kRunning) {
+    // Calls past their deadline end now; their ops may still run.
+    if (!deadlines_.empty() && deadlines_.begin()->first <= absl::Now()) {
+      auto it = pending_.find(deadlines_.begin()->second);
+      deadlines_.erase(deadlines_.begin());
+      if (it == pending_.end()) continue;
+      std::shared_ptr<PendingCall> call = std::move(it->second);
+      pending_.erase(it);
+      mu_.Unlock();
+      call->Complete(absl::DeadlineExceededError(absl::StrCat(
+          call->method(),
+          " did not complete within its deadline (the operation may still "
+          "complete)")));
+      mu_.Lock();
+      continue;
+    }
+    if (queue_.empty()) {
+      if (deadlines_.empty()) {
+        wake_.Wait(&mu_);
+      } else {
+        wake_.WaitWithDeadline(&mu_, deadlines_.begin()->first);
+      }
+      continue;
+    }
+    Queued queued = std::move(queue_.front());
+    queue_.pop_front();
+    mu_.Unlock();
+    // A call that ended already (deadline, cancellation) needs no op.
+    if (!queued.call->done()) {
+      absl::Status appended = Append(queued.op, queued.call->deadline());
+      if (!appended.ok()) Finish(queued.call, appended);
+    }
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+absl::Status Core::Append(const v1::ControlOp& op, absl::Time deadline) {
+  const std::string value = absl::StrCat(kOpPrefix, op.SerializeAsString());
+  while (true) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          OpName(op), ": the deadline passed before the operation was logged"));
+    }
+    absl::StatusOr<int64_t> n = store_->Add(kSeqKey, 1);
+    if (!n.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          OpName(op),
+          ": cannot reach the operation log: ", n.status().message()));
+    }
+    absl::StatusOr<std::string> held = store_->CompareSet(OpKey(*n), "", value);
+    if (!held.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          OpName(op),
+          ": cannot write the operation log: ", held.status().message()));
+    }
+    if (*held == value) return absl::OkStatus();
+    // Rank 0 gave up on this number before we wrote it: claim another.
+    spdlog::warn("control: log entry {} was skipped before {} wrote it", *n,
+                 OpName(op));
+  }
+}
+
+void Core::ExecutorLoop() {
+  int64_t n;
+  {
+    absl::MutexLock lock(&mu_);
+    n = first_entry_;
+  }
+  while (true) {
+    std::optional<std::string> entry = AwaitEntry(n);
+    if (!entry.has_value()) return;
+    Execute(*entry, n);
+    applied_.fetch_add(1);
+    ++n;
+  }
+}
+
+std::optional<std::string> Core::AwaitEntry(int64_t n) {
+  const std::string key = OpKey(n);
+  std::optional<absl::Time> claimed_since;
+  while (running()) {
+    absl::Status waited = store_->Wait({key}, options_.poll_interval);
+    if (waited.ok()) {
+      absl::StatusOr<std::string> value =
+          store_->Get(key, options_.poll_interval);
+      if (value.ok()) return *std::move(value);
+      waited = value.status();
+    }
+    if (!absl::IsDeadlineExceeded(waited)) {
+      spdlog::warn("control: waiting for log entry {}: {}", n,
+                   waited.ToString());
+      if (!Pause(options_.poll_interval)) break;
+      continue;
+    }
+    if (rank_->rank() != 0) continue;
+    // Rank 0 watches for numbers claimed and never written.
+    absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
+    if (!seq.ok() || *seq < n) continue;
+    const absl::Time now = absl::Now();
+    if (!claimed_since.has_value()) claimed_since = now;
+    if (now - *claimed_since < options_.claim_timeout) continue;
+    absl::StatusOr<std::string> held = store_->CompareSet(key, "", kSkip);
+    if (held.ok()) {
+      if (*held == kSkip) {
+        spdlog::warn(
+            "control: log entry {} was claimed but never written; "
+            "skipping it",
+            n);
+      }
+      return *std::move(held);
+    }
+  }
+  return std::nullopt;
+}
+
+void Core::Execute(absl::string_view entry, int64_t n) {
+  if (entry == kSkip) return;
+  v1::ControlOp op;
+  if (!absl::ConsumePrefix(&entry, kOpPrefix) ||
+      !op.ParseFromArray(entry.data(), static_cast<int>(entry.size()))) {
+    // Every daemon reads the same bytes, so every daemon skips it.
+    spdlog::error("control: log entry {} is malformed; skipping it", n);
+    return;
+  }
+  Outcome outcome;
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      outcome = RunCreate(op);
+      break;
+    case v1::ControlOp::kDeleteTensor:
+      outcome = RunDelete(op);
+      break;
+    case v1::ControlOp::kReshard:
+      outcome = RunReshard(op);
+      break;
+    case v1::ControlOp::kGather:
+      outcome = RunGather(op);
+      break;
+    case v1::ControlOp::kSaveCheckpoint:
+      outcome = RunSave(op);
+      break;
+    case v1::ControlOp::kLoadCheckpoint:
+      outcome = RunLoad(op);
+      break;
+    case v1::ControlOp::REQUEST_NOT_SET:
+      spdlog::error("control: log entry {} holds no request; skipping it", n);
+      return;
+  }
+  // The call returns once every daemon shows the change (control.proto:
+  // after a call returns, every daemon lists and describes the same
+  // tensors), so the daemons confirm their commits to each other first.
+  // Every daemon decides alike, from the agreed status.
+  const bool changes_table =
+      op.request_case() != v1::ControlOp::kGather &&
+      op.request_case() != v1::ControlOp::kSaveCheckpoint;
+  if (outcome.status.ok() && changes_table) {
+    absl::Status confirmed = group_->Barrier();
+    if (!confirmed.ok()) {
+      outcome.status = absl::Status(
+          confirmed.code(),
+          absl::StrCat(OpName(op),
+                       " was applied, but not every daemon confirmed it: ",
+                       confirmed.message()));
+    }
+  }
+  spdlog::debug("control: op {} {} from rank {}: {}", n, OpName(op),
+                op.coordinator(), outcome.status.ToString());
+  if (op.coordinator() == rank_->rank() && op.incarnation() == incarnation_) {
+    std::shared_ptr<PendingCall> call;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(op.request_id());
+      if (it != pending_.end()) call = it->second;
+    }
+    if (call != nullptr) {
+      Finish(call, outcome.status, std::move(outcome.result));
+    }
+  }
+  // Every daemon has read the op once the last agreement went through.
+  // Otherwise the key stays: a daemon that has not read it yet must find
+  // it rather than an empty number that rank 0 would mark skipped.
+  if (rank_->rank() == 0 && outcome.agreed) {
+    absl::StatusOr<bool> deleted = store_->Delete(OpKey(n));
+    if (!deleted.ok()) {
+      spdlog::warn("control: deleting log entry {}: {}", n,
+                   deleted.status().ToString());
+    }
+  }
+}
+
+absl::Status Core::Agree(const absl::Status& local, bool* agreed) {
+  absl::StatusOr<std::vector<absl::Status>> all =
+      AllGatherStatuses(*group_, local);
+  *agreed = all.ok();
+  if (!all.ok()) return local.ok() ? all.status() : local;
+  if (!local.ok()) return local;
+  for (const absl::Status& status : *all) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+void Core::ResyncTensorIds() {
+  // Taking an id is the only way to read the counter; one id is wasted.
+  const std::string id = rank_->NextTensorId(*group_);
+  int64_t mine = 0;
+  absl::SimpleAtoi(id.substr(id.rfind('/') + 1), &mine);
+  absl::StatusOr<std::vector<std::string>> all =
+      AllGatherBytes(*group_, absl::StrCat(mine));
+  if (!all.ok()) {
+    spdlog::error("control: re-aligning tensor ids: {}",
+                  all.status().ToString());
+    return;
+  }
+  int64_t top = mine;
+  for (const std::string& theirs : *all) {
+    int64_t value = 0;
+    if (absl::SimpleAtoi(theirs, &value)) top = std::max(top, value);
+  }
+  for (int64_t i = mine; i < top; ++i) rank_->NextTensorId(*group_);
+}
+
+const char* OpName(const v1::ControlOp& op) {
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      return "CreateTensor";
+    case v1::ControlOp::kDeleteTensor:
+      return "DeleteTensor";
+    case v1::ControlOp::kReshard:
+      return "Reshard";
+    case v1::ControlOp::kGather:
+      return "Gather";
+    case v1::ControlOp::kSaveCheckpoint:
+      return "SaveCheckpoint";
+    case v1::ControlOp::kLoadCheckpoint:
+      return "LoadCheckpoint";
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return "unknown operation";
+}
+
+}  // namespace tessera::control_internal

@@ -1,0 +1,121 @@
+#include "server/daemon/control_core.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/checkpoint.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/region_io.h"
+#include "server/serve/shard_service.h"
+#include "server/sharded/sharded_tensor.h"
+#include "server/store/prefix_store.h"
+#include "spdlog/spdlog.h"
+#include "tessera/v1/control_internal.pb.h"
+#include "wire/grpc_status.h"
+
+#ifndef TESSERA_VERSION
+#define TESSERA_VERSION "0.1.0"
+#endif
+
+namespace tessera::control_internal {
+
+absl::StatusOr<v1::TensorInfo> Core::InfoOf(const std::string& name,
+                                            const ShardedTensor& tensor) const {
+  v1::TensorInfo info;
+  info.set_name(name);
+  info.set_tensor_id(tensor.tensor_id());
+  *info.mutable_metadata() = ToProto(tensor.metadata());
+  for (const ShardMetadata& shard : tensor.metadata().shards_metadata) {
+    ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
+                                         tensor.process_group()->global_ranks(),
+                                         shard.placement(), rank_.get()));
+    info.add_shard_ranks(placement.first);
+  }
+  return info;
+}
+
+std::optional<ShardedTensor> Core::Lookup(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return std::nullopt;
+  return it->second.tensor;
+}
+
+absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AcceptingLocked());
+  auto it = table_.find(name);
+  if (it == table_.end()) return UnknownTensor(name);
+  return it->second.info;
+}
+
+v1::ListTensorsResponse Core::List() const {
+  v1::ListTensorsResponse response;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, entry] : table_) {
+    *response.add_tensors() = entry.info;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
+  std::vector<std::string> devices;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(AcceptingLocked());
+    devices = devices_;
+  }
+  v1::ClusterInfo info;
+  info.set_world_size(rank_->world_size());
+  info.set_rank(rank_->rank());
+  info.set_version(TESSERA_VERSION);
+  for (int r = 0; r < rank_->world_size(); ++r) {
+    ASSIGN_OR_RETURN(WorkerInfo worker, rank_->Worker(r));
+    v1::WorkerAddress* address = info.add_workers();
+    address->set_rank(r);
+    address->set_name(worker.name);
+    address->set_address(worker.address);
+    address->set_data_address(worker.data_plane_address);
+    address->set_local_address(worker.local_address);
+    if (r < static_cast<int>(devices.size())) address->set_device(devices[r]);
+  }
+  return info;
+}
+
+RegionEnv Core::Env() {
+  RegionEnv env;
+  env.rank = rank_;
+  env.max_call_time = options_.op_timeout;
+  env.resolve = [weak = weak_from_this()](
+                    const std::string& name) -> absl::StatusOr<v1::TensorInfo> {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return absl::UnavailableError(kShuttingDown);
+    return core->Describe(name);
+  };
+  return env;
+}
+
+}  // namespace tessera::control_internal
