@@ -1,9 +1,5 @@
 #include "server/rank/rank.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-
 #include <algorithm>
 #include <thread>
 #include <utility>
@@ -13,9 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "server/serve/data_plane_server.h"
-#include "server/serve/local_path_server.h"
-#include "server/serve/shard_service.h"
+#include "server/serve/shard_server.h"
 #include "server/store/prefix_store.h"
 
 namespace tessera {
@@ -87,12 +81,6 @@ absl::Status ValidateRankOptions(const RankOptions& options) {
 }
 
 // "host:port" -> host; the host of a bracketed IPv6 address keeps brackets.
-std::string HostOf(absl::string_view address) {
-  size_t colon = address.rfind(':');
-  return std::string(
-      colon == absl::string_view::npos ? address : address.substr(0, colon));
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Rank>> Rank::Init(RankOptions options) {
@@ -192,65 +180,23 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
     }
   }
 
-  ShardServiceOptions service_options;
-  service_options.default_chunk_bytes = options.chunk_bytes;
-  service_ = std::make_unique<ShardServiceImpl>(registry_, service_options);
-  if (options.health_and_reflection) {
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  }
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
-  // A busy port must fail here, not be shared with another server (gRPC
-  // sets SO_REUSEPORT by default).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  ConfigureShardServer(&builder);
-  builder.RegisterService(service_.get());
-  for (grpc::Service* service : options.services) {
-    builder.RegisterService(service);
-  }
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    server_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("shard server could not listen on ",
-                     options.listen_address, " (port in use?)"));
-  }
-  // Not serving until the owner says so: its services may need starting.
-  if (options.health_and_reflection) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-  }
-  std::string host = options.advertise_host.empty()
-                         ? HostOf(options.listen_address)
-                         : options.advertise_host;
-  if (host == "0.0.0.0" || host == "[::]" || host.empty())
-    host = options_.hostname;
-  std::string address = absl::StrCat(host, ":", port);
-  std::string data_plane_address;
-  if (options.data_plane) {
-    DataPlaneServerOptions data_plane_options;
-    data_plane_options.chunks = service_options;
-    auto data_plane = DataPlaneServer::Start(HostOf(options.listen_address),
-                                             registry_, data_plane_options);
-    if (!data_plane.ok()) {
-      StopServer(absl::ZeroDuration());
-      return data_plane.status();
-    }
-    data_plane_ = *std::move(data_plane);
-    data_plane_address = absl::StrCat(host, ":", data_plane_->port());
-  }
-  std::string local_address;
-  if (options.serve_local_path) {
-    SetHostMemorySharing();
-    // An optimisation only: without it, clients on this host use the
-    // streams like everyone else.
-    auto local = LocalPathServer::Start(registry_);
-    if (local.ok()) {
-      local_ = *std::move(local);
-      local_address = local_->address();
-    }
+  ShardServerOptions server_options;
+  server_options.listen_address = options.listen_address;
+  server_options.advertise_host = options.advertise_host;
+  server_options.fallback_host = options_.hostname;
+  server_options.chunk_bytes = options.chunk_bytes;
+  server_options.data_plane = options.data_plane;
+  server_options.serve_local_path = options.serve_local_path;
+  server_options.services = options.services;
+  server_options.health_and_reflection = options.health_and_reflection;
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server,
+                   ShardServer::Start(registry_, std::move(server_options)));
+  const std::string address = server->address();
+  const std::string data_plane_address = server->data_plane_address();
+  const std::string local_address = server->local_address();
+  {
+    absl::MutexLock lock(&mu_);
+    server_ = std::move(server);
   }
 
   // Claim the name first: two workers with one name would make placements
@@ -305,7 +251,10 @@ std::string Rank::rpc_address() const {
   return rpc_address_;
 }
 
-grpc::Server* Rank::rpc_server() const { return server_.get(); }
+grpc::Server* Rank::rpc_server() const {
+  absl::MutexLock lock(&mu_);
+  return server_ == nullptr ? nullptr : server_->grpc_server();
+}
 
 std::optional<int> Rank::RankOf(absl::string_view worker_name) const {
   absl::MutexLock lock(&mu_);
@@ -346,26 +295,12 @@ std::string Rank::NextTensorId(const ProcessGroup& group) {
 }
 
 void Rank::StopServer(absl::Duration grace) {
-  // Both planes drain at once: each refuses new work at once, lets running
-  // fetches finish until the deadline, then cancels what is left.
-  const absl::Time deadline = absl::Now() + grace;
-  std::thread data_plane_drain;
-  if (data_plane_ != nullptr) {
-    data_plane_drain = std::thread(
-        [server = data_plane_.get(), grace] { server->Shutdown(grace); });
+  std::unique_ptr<ShardServer> server;
+  {
+    absl::MutexLock lock(&mu_);
+    server = std::move(server_);
   }
-  std::thread local_drain;
-  if (local_ != nullptr) {
-    local_drain =
-        std::thread([local = local_.get(), grace] { local->Shutdown(grace); });
-  }
-  if (server_ != nullptr) {
-    server_->Shutdown(absl::ToChronoTime(deadline));
-    server_->Wait();
-    server_.reset();
-  }
-  if (data_plane_drain.joinable()) data_plane_drain.join();
-  if (local_drain.joinable()) local_drain.join();
+  if (server != nullptr) server->Shutdown(grace);
 }
 
 absl::Status Rank::Barrier() {

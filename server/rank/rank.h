@@ -53,9 +53,7 @@ class Service;
 
 namespace tessera {
 
-class DataPlaneServer;
-class LocalPathServer;
-class ShardServiceImpl;
+class ShardServer;
 
 struct RankOptions {
   int rank = 0;
@@ -195,8 +193,8 @@ class Rank : public WorkerResolver {
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(
       const std::string& name, const std::vector<int>& ranks,
       const std::string& backend);
-  // Stops the gRPC server, the data plane and the local path server,
-  // draining them for `grace`.
+  // Stops the shard server (gRPC, data plane, local path), draining it
+  // for `grace`.
   void StopServer(absl::Duration grace);
 
   RankOptions options_;
@@ -216,10 +214,7 @@ class Rank : public WorkerResolver {
   absl::flat_hash_map<std::string, int> worker_ranks_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<std::shared_ptr<ShardClient>> clients_
       ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<ShardServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<DataPlaneServer> data_plane_;
-  std::unique_ptr<LocalPathServer> local_;
+  std::unique_ptr<ShardServer> server_ ABSL_GUARDED_BY(mu_);
 };
 
 // The process's default rank, used by ShardedTensor factories when no rank
