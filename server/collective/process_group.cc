@@ -9,41 +9,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
-#include "server/collective/gloo/gloo_backend.h"
-#ifdef TESSERA_WITH_NCCL
-#include "server/collective/nccl/nccl_backend.h"
-#endif
 
 namespace tessera {
 namespace {
-
-template <typename Backend>
-ProcessGroupFactory FactoryFor() {
-  return [](const ProcessGroupOptions& options)
-             -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-    ASSIGN_OR_RETURN(std::shared_ptr<Backend> group, Backend::Create(options));
-    return std::shared_ptr<ProcessGroup>(std::move(group));
-  };
-}
 
 struct Registry {
   absl::Mutex mu;
   std::map<std::string, ProcessGroupFactory> factories ABSL_GUARDED_BY(mu);
 };
 
-// The built-in backends are registered here rather than by static
-// initialisers in their own files, which the linker drops from a static
-// library when nothing else references them.
+// Backends register themselves (gloo/, nccl/) while the program starts;
+// the registry is made on first use, whichever file's initialiser comes
+// first.
 Registry& GetRegistry() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    absl::MutexLock lock(&r->mu);
-    r->factories["gloo"] = FactoryFor<GlooBackend>();
-#ifdef TESSERA_WITH_NCCL
-    r->factories["nccl"] = FactoryFor<NcclBackend>();
-#endif
-    return r;
-  }();
+  static Registry* registry = new Registry;
   return *registry;
 }
 

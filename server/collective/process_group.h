@@ -131,8 +131,10 @@ using ProcessGroupFactory =
     std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>(
         const ProcessGroupOptions&)>;
 
-// Registers a backend under `name`; false when the name is taken. Gloo is
-// always registered, NCCL when built with it.
+// Registers a backend under `name`; false when the name is taken. Gloo
+// (gloo/) and, when built with it, NCCL (nccl/) register themselves while
+// the program starts; a new backend does the same from its own file and is
+// linked whole into tessera_process_group (server/collective/CMakeLists.txt).
 bool RegisterProcessGroupBackend(const std::string& name,
                                  ProcessGroupFactory factory);
 // The registered backend names, sorted.

@@ -441,4 +441,21 @@ void GlooBackend::Shutdown() {
   broken_ = absl::FailedPreconditionError("the group is shut down");
 }
 
+namespace {
+
+// Registered while the program starts: tessera_process_group links this
+// library whole (CMake's WHOLE_ARCHIVE), so the linker keeps this
+// initialiser although nothing refers to it.
+[[maybe_unused]] const bool kGlooBackendRegistered =
+    RegisterProcessGroupBackend(
+        "gloo",
+        [](const ProcessGroupOptions& options)
+            -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+          ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> group,
+                           GlooBackend::Create(options));
+          return std::shared_ptr<ProcessGroup>(std::move(group));
+        });
+
+}  // namespace
+
 }  // namespace tessera
