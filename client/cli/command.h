@@ -16,8 +16,10 @@
 #define TESSERA_CLIENT_CLI_COMMAND_H_
 
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -68,6 +70,29 @@ class CommandContext {
   std::string command_;
   std::function<int()> action_;
 };
+
+// Sets `sub`'s CLI11 callback, the shape of every subcommand: once the
+// whole command line parsed, `prepare(*options)` (flags' counts into
+// options, say; may be omitted) and then `run(*options, context)` becomes
+// the context's action for `command`.
+template <typename T>
+struct NotDeduced {
+  using type = T;
+};
+template <typename Options, typename Run>
+void RunWhenParsed(CLI::App* sub, CommandContext& context,
+                   absl::string_view command, std::shared_ptr<Options> options,
+                   Run run,
+                   typename NotDeduced<std::function<void(Options&)>>::type
+                       prepare = nullptr) {
+  sub->callback([sub_command = std::string(command), options, &context, run,
+                 prepare = std::move(prepare)] {
+    if (prepare) prepare(*options);
+    context.SetAction(sub_command, [options, &context, run] {
+      return run(*options, context);
+    });
+  });
+}
 
 // Registers one subcommand on the `tessera` app.
 using AddCommandFn = void (*)(CLI::App& app, CommandContext& context);

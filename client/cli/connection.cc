@@ -107,4 +107,11 @@ absl::StatusOr<std::vector<std::string>> ParseNameList(absl::string_view text,
   return names;
 }
 
+absl::StatusOr<ShardedTensorView> OpenTensor(const ConnectionFlags& flags,
+                                             const std::string& name) {
+  absl::StatusOr<std::shared_ptr<Client>> client = ConnectToCluster(flags);
+  if (!client.ok()) return client.status();
+  return (*client)->Open(name);
+}
+
 }  // namespace tessera::cli

@@ -54,6 +54,11 @@ absl::Duration Timeout(const ConnectionFlags& flags);
 absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
     const ConnectionFlags& flags);
 
+// ConnectToCluster, then Client::Open(name): the view of one tensor (it
+// keeps the connection alive).
+absl::StatusOr<ShardedTensorView> OpenTensor(const ConnectionFlags& flags,
+                                             const std::string& name);
+
 // TransferOptions with the deadline and, when stderr is a terminal and
 // --no-progress is not set, `bar`'s callback. `bar` must outlive the
 // transfer.

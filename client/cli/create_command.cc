@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/describe_command.h"
+#include "client/cli/plan_command.h"
 #include "common/sharding_spec.h"
 #include "common/sharding_spec_text.h"
 #include "common/tensor_properties.h"
@@ -44,10 +45,8 @@ int RunCreate(const CreateCommandOptions& options,
   if (!dtype.ok()) return context.ReportUserError(kCommand, dtype.status());
   absl::StatusOr<ShardingSpec> spec = ParseShardingSpec(options.spec);
   if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
-  TensorProperties properties;
-  properties.dtype = *dtype;
   absl::StatusOr<ShardedTensorMetadata> metadata =
-      BuildMetadata(*spec, *sizes, properties);
+      PlanTensor(*spec, *sizes, *dtype);
   if (!metadata.ok()) {
     return context.ReportUserError(kCommand, metadata.status());
   }
@@ -144,12 +143,10 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the name is taken or the cluster "
       "cannot be reached, 2 for a usage error or a bad size, spec, dtype or "
       "init.");
-  create->callback([options, fill, &context] {
-    options->fill_given = fill->count() > 0;
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunCreate(*options, context);
-    });
-  });
+  RunWhenParsed(create, context, kCommand, options, RunCreate,
+                [fill](CreateCommandOptions& parsed) {
+                  parsed.fill_given = fill->count() > 0;
+                });
 }
 
 }  // namespace tessera::cli

@@ -112,11 +112,7 @@ void AddDescribeCommand(CLI::App& app, CommandContext& context) {
       "  tessera describe w --json\n\n"
       "Exit status: 0 on success, 1 when the tensor does not exist or the "
       "cluster cannot be reached, 2 for a usage error.");
-  describe->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunDescribe(*options, context);
-    });
-  });
+  RunWhenParsed(describe, context, kCommand, options, RunDescribe);
 }
 
 }  // namespace tessera::cli

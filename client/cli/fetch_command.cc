@@ -38,17 +38,19 @@ absl::Status SaveAsNpy(const Tensor& tensor, DType dtype,
   return WriteNpy(path, converted);
 }
 
+absl::Status CheckCastFlag(const std::string& cast) {
+  if (cast.empty()) return absl::OkStatus();
+  return ParseDType(cast).status();
+}
+
 int RunFetch(const FetchCommandOptions& options,
              const CommandContext& context) {
-  if (!options.cast.empty()) {
-    // A bad --cast is a usage error even before the tensor is known.
-    absl::StatusOr<DType> cast = ParseDType(options.cast);
-    if (!cast.ok()) return context.ReportUserError(kCommand, cast.status());
+  // A bad --cast is a usage error even before the tensor is known.
+  if (absl::Status cast = CheckCastFlag(options.cast); !cast.ok()) {
+    return context.ReportUserError(kCommand, cast);
   }
-  absl::StatusOr<std::shared_ptr<Client>> client =
-      ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
-  absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
+  absl::StatusOr<ShardedTensorView> view =
+      OpenTensor(options.connection, options.name);
   if (!view.ok()) return context.ReportUserError(kCommand, view.status());
   absl::StatusOr<DType> dtype = NpyOutputDType(view->dtype(), options.cast);
   if (!dtype.ok()) {
@@ -133,11 +135,7 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the tensor does not exist, a daemon "
       "cannot be reached or the file cannot be written, 2 for a usage "
       "error.");
-  fetch->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunFetch(*options, context);
-    });
-  });
+  RunWhenParsed(fetch, context, kCommand, options, RunFetch);
 }
 
 }  // namespace tessera::cli

@@ -36,6 +36,9 @@ struct FetchCommandOptions {
 
 void AddFetchCommand(CLI::App& app, CommandContext& context);
 
+// A --cast flag's dtype is valid (or the flag is empty).
+absl::Status CheckCastFlag(const std::string& cast);
+
 int RunFetch(const FetchCommandOptions& options, const CommandContext& context);
 
 // The dtype a fetched `dtype` tensor is saved as: `cast` when given, else

@@ -79,11 +79,7 @@ void AddHealthCommand(CLI::App& app, CommandContext& context) {
       "  tessera health --address 10.0.0.1:29600 --timeout 2\n\n"
       "Exit status: 0 when every daemon serves, 1 when one does not or the "
       "cluster cannot be reached, 2 for a usage error.");
-  health->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunHealth(*options, context);
-    });
-  });
+  RunWhenParsed(health, context, kCommand, options, RunHealth);
 }
 
 }  // namespace tessera::cli

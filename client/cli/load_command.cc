@@ -105,11 +105,7 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the checkpoint or an entry does not "
       "exist, a name is taken or the cluster cannot be reached, 2 for a "
       "usage error or a bad spec.");
-  load->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunLoad(*options, context);
-    });
-  });
+  RunWhenParsed(load, context, kCommand, options, RunLoad);
 }
 
 }  // namespace tessera::cli

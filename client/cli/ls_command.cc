@@ -68,10 +68,7 @@ void AddLsCommand(CLI::App& app, CommandContext& context) {
       "  tessera --address 10.0.0.1:29600 ls --json\n\n"
       "Exit status: 0 on success, 1 when the cluster cannot be reached, 2 "
       "for a usage error.");
-  ls->callback([options, &context] {
-    context.SetAction(std::string(kCommand),
-                      [options, &context] { return RunLs(*options, context); });
-  });
+  RunWhenParsed(ls, context, kCommand, options, RunLs);
 }
 
 }  // namespace tessera::cli

@@ -212,6 +212,13 @@ std::string FormatPlanTable(const ShardedTensorMetadata& metadata,
                       Summary(metadata));
 }
 
+absl::StatusOr<ShardedTensorMetadata> PlanTensor(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes, DType dtype) {
+  TensorProperties properties;
+  properties.dtype = dtype;
+  return BuildMetadata(spec, sizes, properties);
+}
+
 int RunPlan(const PlanOptions& options, const CommandContext& context) {
   if (options.spec.empty() == options.spec_file.empty()) {
     context.PrintError(kCommand,
@@ -238,10 +245,8 @@ int RunPlan(const PlanOptions& options, const CommandContext& context) {
   }
   if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
 
-  TensorProperties properties;
-  properties.dtype = *dtype;
   absl::StatusOr<ShardedTensorMetadata> metadata =
-      BuildMetadata(*spec, *sizes, properties);
+      PlanTensor(*spec, *sizes, *dtype);
   if (!metadata.ok()) {
     return context.ReportUserError(kCommand, metadata.status());
   }
@@ -282,11 +287,7 @@ void AddPlanCommand(CLI::App& app, CommandContext& context) {
   plan->add_flag("--json", options->json,
                  "Print the shards as a JSON array instead of a table");
   plan->footer(std::string(kFooter));
-  plan->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunPlan(*options, context);
-    });
-  });
+  RunWhenParsed(plan, context, kCommand, options, RunPlan);
 }
 
 }  // namespace tessera::cli

@@ -35,6 +35,11 @@ struct PlanOptions {
 void AddPlanCommand(CLI::App& app, CommandContext& context);
 
 // Runs `tessera plan` with parsed flags; returns the exit code.
+// The shards `spec` cuts a tensor of `sizes` and `dtype` into (plan's
+// table, create's check before any daemon is contacted).
+absl::StatusOr<ShardedTensorMetadata> PlanTensor(
+    const ShardingSpec& spec, absl::Span<const int64_t> sizes, DType dtype);
+
 int RunPlan(const PlanOptions& options, const CommandContext& context);
 
 // The human-readable table: a title line, one aligned row per shard, and a

@@ -114,15 +114,13 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
                       " elements, more than the ", kMaxPrintedElements,
                       " printed; write them to a file with -o FILE.npy")));
   }
-  if (!options.cast.empty()) {
-    absl::StatusOr<DType> cast = ParseDType(options.cast);
-    if (!cast.ok()) return context.ReportUserError(kCommand, cast.status());
+  // A bad --cast is a usage error even before the tensor is known.
+  if (absl::Status cast = CheckCastFlag(options.cast); !cast.ok()) {
+    return context.ReportUserError(kCommand, cast);
   }
 
-  absl::StatusOr<std::shared_ptr<Client>> client =
-      ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
-  absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
+  absl::StatusOr<ShardedTensorView> view =
+      OpenTensor(options.connection, options.name);
   if (!view.ok()) return context.ReportUserError(kCommand, view.status());
   DType dtype = view->dtype();
   if (!options.output.empty()) {
@@ -197,11 +195,7 @@ void AddReadCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the tensor does not exist, a daemon "
       "cannot be reached or the file cannot be written, 2 for a usage error "
       "or a box outside the tensor.");
-  read->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunRead(*options, context);
-    });
-  });
+  RunWhenParsed(read, context, kCommand, options, RunRead);
 }
 
 }  // namespace tessera::cli

@@ -46,10 +46,7 @@ void AddRmCommand(CLI::App& app, CommandContext& context) {
       "  tessera rm -f a b c\n\n"
       "Exit status: 0 when every tensor was deleted, 1 when one was not (or "
       "the cluster cannot be reached), 2 for a usage error.");
-  rm->callback([options, &context] {
-    context.SetAction(std::string(kCommand),
-                      [options, &context] { return RunRm(*options, context); });
-  });
+  RunWhenParsed(rm, context, kCommand, options, RunRm);
 }
 
 }  // namespace tessera::cli

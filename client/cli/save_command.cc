@@ -69,11 +69,7 @@ void AddSaveCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when a tensor does not exist, the "
       "directory cannot be written or the cluster cannot be reached, 2 for a "
       "usage error.");
-  save->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunSave(*options, context);
-    });
-  });
+  RunWhenParsed(save, context, kCommand, options, RunSave);
 }
 
 }  // namespace tessera::cli

@@ -38,10 +38,8 @@ int RunWrite(const WriteCommandOptions& options,
                       "-d array ", FormatDims(data->sizes()))));
   }
 
-  absl::StatusOr<std::shared_ptr<Client>> client =
-      ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
-  absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
+  absl::StatusOr<ShardedTensorView> view =
+      OpenTensor(options.connection, options.name);
   if (!view.ok()) return context.ReportUserError(kCommand, view.status());
   if (view->sizes().size() != data->sizes().size()) {
     return context.ReportUserError(
@@ -109,12 +107,10 @@ void AddWriteCommand(CLI::App& app, CommandContext& context) {
       "does not exist or a daemon cannot be reached, 2 for a usage error, a "
       "malformed file, a dtype or shape mismatch or a box outside the "
       "tensor.");
-  write->callback([options, offsets, &context] {
-    options->offsets_given = offsets->count() > 0;
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunWrite(*options, context);
-    });
-  });
+  RunWhenParsed(write, context, kCommand, options, RunWrite,
+                [offsets](WriteCommandOptions& parsed) {
+                  parsed.offsets_given = offsets->count() > 0;
+                });
 }
 
 }  // namespace tessera::cli

@@ -8,32 +8,20 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cmath>
-#include <complex>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <optional>
-#include <random>
 #include <system_error>
-#include <type_traits>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
-#include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
 #include "common/tensor/tensor.h"
 #include "common/tensor/tensor_internal.h"
 
 namespace tessera {
-using internal_tensor::CheckedNumel;
-using internal_tensor::ContiguousStrides;
 using internal_tensor::CudaUnavailableError;
-using internal_tensor::SizesString;
 #if TESSERA_TENSOR_CUDA
 using internal_tensor::CudaError;
 #endif

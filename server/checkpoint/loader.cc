@@ -1,44 +1,28 @@
 #include "server/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <filesystem>
 #include <map>
 #include <optional>
-#include <random>
-#include <set>
 #include <utility>
-#include <variant>
 #include <vector>
 
-#include "absl/memory/memory.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
-#include "absl/time/clock.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
-#include "io/errno.h"
-#include "io/file.h"
-#include "io/unique_fd.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "xxhash.h"
 
 namespace tessera {
 
 using checkpoint_internal::File;
-using checkpoint_internal::IsCheckpointFile;
 using checkpoint_internal::JoinPath;
 using checkpoint_internal::kBlockAlignment;
-using checkpoint_internal::kManifestName;
 using checkpoint_internal::ResolveOwners;
 using checkpoint_internal::ShardWhat;
 

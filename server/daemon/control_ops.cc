@@ -2,39 +2,23 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <deque>
-#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint.h"
-#include "server/collective/process_group.h"
-#include "server/daemon/region_io.h"
-#include "server/serve/shard_service.h"
 #include "server/sharded/sharded_tensor.h"
-#include "server/store/prefix_store.h"
-#include "spdlog/spdlog.h"
 #include "tessera/v1/control_internal.pb.h"
-#include "wire/grpc_status.h"
 
 namespace tessera::control_internal {
 namespace {

@@ -31,6 +31,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -78,6 +79,16 @@ class ConnectionServer {
   // the wake-up descriptor cannot be made.
   static absl::StatusOr<std::unique_ptr<ConnectionServer>> Start(
       UniqueFd listener, int max_connections, Handler handler);
+  // The same, handing every connection to `server->Serve(connection)`
+  // (the data plane's and the local path's protocol loops). `server` must
+  // outlive the ConnectionServer's Shutdown.
+  template <typename Server>
+  static absl::StatusOr<std::unique_ptr<ConnectionServer>> StartServing(
+      UniqueFd listener, int max_connections, Server* server) {
+    return Start(
+        std::move(listener), max_connections,
+        [server](Connection& connection) { server->Serve(connection); });
+  }
   ~ConnectionServer();
   ConnectionServer(const ConnectionServer&) = delete;
   ConnectionServer& operator=(const ConnectionServer&) = delete;

@@ -38,12 +38,10 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   ASSIGN_OR_RETURN(auto listening, ListenTcp(host));
   std::unique_ptr<DataPlaneServer> server(new DataPlaneServer(
       host, listening.second, std::move(registry), options));
-  ASSIGN_OR_RETURN(server->connections_,
-                   ConnectionServer::Start(
-                       std::move(listening.first), options.max_connections,
-                       [s = server.get()](ConnectionServer::Connection& c) {
-                         s->Serve(c);
-                       }));
+  ASSIGN_OR_RETURN(
+      server->connections_,
+      ConnectionServer::StartServing(std::move(listening.first),
+                                     options.max_connections, server.get()));
   return server;
 }
 

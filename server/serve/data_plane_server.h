@@ -74,6 +74,8 @@ class DataPlaneServer {
   DataPlaneServer(std::string host, int port,
                   std::shared_ptr<ShardRegistry> registry,
                   DataPlaneServerOptions options);
+  // Answers one connection until it ends (ConnectionServer::StartServing).
+  friend class ConnectionServer;
   void Serve(ConnectionServer::Connection& connection);
   // Answers one request; an error means the connection must be closed.
   absl::Status Answer(int fd, const std::string& frame);

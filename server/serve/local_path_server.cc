@@ -84,12 +84,10 @@ absl::StatusOr<std::unique_ptr<LocalPathServer>> LocalPathServer::Start(
   ASSIGN_OR_RETURN(auto listening, ListenLocal());
   std::unique_ptr<LocalPathServer> server(new LocalPathServer(
       LocalAddress(host, listening.second), std::move(registry), options));
-  ASSIGN_OR_RETURN(server->connections_,
-                   ConnectionServer::Start(
-                       std::move(listening.first), options.max_connections,
-                       [s = server.get()](ConnectionServer::Connection& c) {
-                         s->Serve(c);
-                       }));
+  ASSIGN_OR_RETURN(
+      server->connections_,
+      ConnectionServer::StartServing(std::move(listening.first),
+                                     options.max_connections, server.get()));
   return server;
 }
 

@@ -87,6 +87,8 @@ class LocalPathServer {
   LocalPathServer(std::string address, std::shared_ptr<ShardRegistry> registry,
                   LocalPathServerOptions options);
   // A lease counts as part of its request: Shutdown's grace covers it.
+  // Answers one connection until it ends (ConnectionServer::StartServing).
+  friend class ConnectionServer;
   void Serve(ConnectionServer::Connection& connection);
   // Answers one request. Returns what the client was lent (to hold until
   // it is done; null when nothing was), or an error meaning the connection

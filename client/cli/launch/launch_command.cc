@@ -670,11 +670,7 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 after Ctrl-C (SIGINT, SIGTERM, SIGHUP), 1 when a daemon "
       "cannot be started, does not serve in time or exits, 2 for a usage "
       "error.");
-  launch->callback([options, &context] {
-    context.SetAction(std::string(kCommand), [options, &context] {
-      return RunLaunch(*options, context);
-    });
-  });
+  RunWhenParsed(launch, context, kCommand, options, RunLaunch);
 }
 
 }  // namespace tessera::cli
