@@ -121,12 +121,12 @@ else
   # tests) are run when they were built.
   targets=(
     "common/tessera_common_test|*Cuda*:*Storage*"
-    "server/tessera_process_group_test|Nccl*"
+    "server/collective/tessera_process_group_test|Nccl*"
     "integration/tessera_nccl_single_gpu_test|*"
   )
-  for optional in "$build_dir"/tests/*/tessera_*chunk*_test \
-    "$build_dir"/tests/*/tessera_*local*_test \
-    "$build_dir"/tests/*/tessera_cuda*_test; do
+  for optional in "$build_dir"/tests/*/*/tessera_*chunk*_test \
+    "$build_dir"/tests/*/*/tessera_*local*_test \
+    "$build_dir"/tests/*/*/tessera_cuda*_test; do
     [[ -x $optional ]] && targets+=("${optional#"$build_dir/tests/"}|*")
   done
   for target in "${targets[@]}"; do
