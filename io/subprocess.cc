@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "io/errno.h"
+#include "io/unique_fd.h"
 
 extern char** environ;
 
@@ -56,21 +58,69 @@ absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
   std::vector<char*> argv = ToArgv(args);
   std::vector<char*> envp = ToArgv(env);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
+  UniqueFd null_fd;
+  if (options.stdin_null)
+    null_fd.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  UniqueFd log_fd;
   if (!options.log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
-                                     options.log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    log_fd.reset(::open(options.log_path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!log_fd.valid()) {
+      return ErrnoError(
+          errno, absl::StrCat("cannot write log file ", options.log_path),
+          absl::StatusCode::kInternal);
+    }
   }
-  pid_t pid = -1;
-  int error = posix_spawn(&pid, options.program.c_str(), &actions, nullptr,
-                          argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
-    return absl::InternalError(absl::StrCat("posix_spawn of ", options.program,
-                                            ": ", strerror(error)));
+  // exec failures come back through this pipe (closed by a successful
+  // exec).
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return ErrnoError(errno, "cannot create a pipe",
+                      absl::StatusCode::kInternal);
+  }
+  UniqueFd exec_read(pipe_fds[0]);
+  UniqueFd exec_write(pipe_fds[1]);
+
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (options.new_process_group) ::setpgid(0, 0);
+    if (options.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);  // the parent is already gone
+    }
+    if (null_fd.valid()) ::dup2(null_fd.get(), STDIN_FILENO);
+    if (log_fd.valid()) {
+      ::dup2(log_fd.get(), STDOUT_FILENO);
+      ::dup2(log_fd.get(), STDERR_FILENO);
+    }
+    if (options.signal_mask.has_value()) {
+      ::sigprocmask(SIG_SETMASK, &*options.signal_mask, nullptr);
+    }
+    ::execve(argv[0], argv.data(), envp.data());
+    const int error = errno;
+    ssize_t ignored = ::write(exec_write.get(), &error, sizeof(error));
+    (void)ignored;
+    ::_exit(127);
+  }
+  const int fork_error = errno;
+  exec_write.reset();
+  if (pid < 0) {
+    return ErrnoError(fork_error,
+                      absl::StrCat("cannot start ", options.program),
+                      absl::StatusCode::kInternal);
+  }
+  int exec_error = 0;
+  ssize_t n = 0;
+  do {
+    n = ::read(exec_read.get(), &exec_error, sizeof(exec_error));
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof(exec_error))) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return ErrnoError(exec_error, absl::StrCat("cannot run ", options.program),
+                      absl::StatusCode::kInternal);
   }
   return pid;
 }

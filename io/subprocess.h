@@ -1,11 +1,14 @@
-// Child processes for tests: spawn a program with arguments, environment
-// overrides and a log file, signal it, wait for it with a bound, and never
-// leave it running (the destructor kills and reaps it).
+// Child processes: spawn a program with arguments, environment overrides
+// and a log file (SpawnProcess: the launcher of `tessera launch` and the
+// test harnesses), and, for tests, a Subprocess that signals it, waits for
+// it with a bound and never leaves it running (the destructor kills and
+// reaps it).
 //
 // Thread-compatible: one Subprocess is used by one thread at a time.
 #ifndef TESSERA_IO_SUBPROCESS_H_
 #define TESSERA_IO_SUBPROCESS_H_
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <optional>
@@ -29,10 +32,24 @@ struct SpawnOptions {
   std::vector<std::string> unset_env;
   // stdout and stderr go here (truncated); empty: inherited.
   std::string log_path;
+  // stdin reads /dev/null instead of the parent's.
+  bool stdin_null = false;
+  // The child leads a process group of its own (setpgid), so that a
+  // terminal's Ctrl-C reaches only the parent.
+  bool new_process_group = false;
+  // The child gets SIGTERM when the parent thread that spawned it dies
+  // (PR_SET_PDEATHSIG), and exits at once if the parent is already gone.
+  bool die_with_parent = false;
+  // The child's signal mask; unset: the parent's (the spawning thread's).
+  std::optional<sigset_t> signal_mask;
 };
 
-// posix_spawn of `options`: the child's pid, or INTERNAL naming the
-// program when it could not be started.
+// fork and exec of `options`: the child's pid. Everything the child needs
+// is made before fork(); between fork and exec the child calls only
+// async-signal-safe functions. INTERNAL "cannot write log file <path>: ..."
+// when the log cannot be opened, "cannot run <program>: ..." when exec
+// fails (the child is reaped then), "cannot start <program>: ..." when
+// fork does.
 absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options);
 
 class Subprocess {

@@ -1,12 +1,9 @@
 #include "client/cli/launch/launch_command.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -22,11 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-
-extern char** environ;
+#include "common/status_macros.h"
+#include "io/subprocess.h"
 
 namespace tessera::cli {
 namespace {
@@ -204,103 +200,26 @@ absl::Status Supervisor::StartAll(const std::string& server) {
 
 absl::Status Supervisor::Start(const std::string& server, int rank) {
   DaemonCommand command = BuildDaemonCommand(options_, rank, address_dir_);
-
-  // Everything the child needs is built before fork(): between fork and
-  // exec it only calls async-signal-safe functions.
-  std::vector<std::string> argv_strings = {server};
-  argv_strings.insert(argv_strings.end(), command.args.begin(),
-                      command.args.end());
-  std::vector<char*> argv;
-  for (std::string& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  std::vector<std::string> env_strings;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const absl::string_view variable(*entry);
-    const absl::string_view key = variable.substr(0, variable.find('='));
-    bool replaced = false;
-    for (absl::string_view name : kRankVariables) replaced |= key == name;
-    if (!replaced) env_strings.emplace_back(variable);
+  SpawnOptions spawn;
+  spawn.program = server;
+  spawn.args = command.args;
+  spawn.env = command.env;
+  for (absl::string_view name : kRankVariables) {
+    spawn.unset_env.emplace_back(name);
   }
-  for (const auto& [key, value] : command.env) {
-    env_strings.push_back(absl::StrCat(key, "=", value));
-  }
-  std::vector<char*> envp;
-  for (std::string& entry : env_strings) envp.push_back(entry.data());
-  envp.push_back(nullptr);
-
-  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  int log_fd = -1;
-  std::string log_path;
   if (!options_.log_dir.empty()) {
-    log_path = absl::StrCat(options_.log_dir, "/rank", rank, ".log");
-    log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
-    if (log_fd < 0) {
-      const int error = errno;
-      if (null_fd >= 0) ::close(null_fd);
-      return absl::InternalError(absl::StrCat(
-          "cannot write log file ", log_path, ": ", std::strerror(error)));
-    }
+    spawn.log_path = absl::StrCat(options_.log_dir, "/rank", rank, ".log");
   }
-  // exec failures come back through this pipe (closed by a successful exec).
-  int exec_pipe[2];
-  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    const int error = errno;
-    if (null_fd >= 0) ::close(null_fd);
-    if (log_fd >= 0) ::close(log_fd);
-    return absl::InternalError(
-        absl::StrCat("cannot create a pipe: ", std::strerror(error)));
-  }
-
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(exec_pipe[0]);
-    ::setpgid(0, 0);  // Ctrl-C reaches only the launcher
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(1);  // the launcher is already gone
-    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
-    if (log_fd >= 0) {
-      ::dup2(log_fd, STDOUT_FILENO);
-      ::dup2(log_fd, STDERR_FILENO);
-    }
-    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-    ::execve(argv[0], argv.data(), envp.data());
-    const int error = errno;
-    ssize_t ignored = ::write(exec_pipe[1], &error, sizeof(error));
-    (void)ignored;
-    ::_exit(127);
-  }
-  const int fork_error = errno;
-  ::close(exec_pipe[1]);
-  if (null_fd >= 0) ::close(null_fd);
-  if (log_fd >= 0) ::close(log_fd);
-  if (pid < 0) {
-    ::close(exec_pipe[0]);
-    return absl::InternalError(absl::StrCat("cannot start rank ", rank, ": ",
-                                            std::strerror(fork_error)));
-  }
+  spawn.stdin_null = true;
+  spawn.new_process_group = true;  // Ctrl-C reaches only the launcher
+  spawn.die_with_parent = true;
+  spawn.signal_mask = old_mask_;
+  ASSIGN_OR_RETURN(const pid_t pid, SpawnProcess(spawn));
   Daemon daemon;
   daemon.rank = rank;
   daemon.pid = pid;
   daemon.address_file = command.address_file;
   daemons_.push_back(daemon);
-
-  int exec_error = 0;
-  ssize_t n = 0;
-  do {
-    n = ::read(exec_pipe[0], &exec_error, sizeof(exec_error));
-  } while (n < 0 && errno == EINTR);
-  ::close(exec_pipe[0]);
-  if (n == static_cast<ssize_t>(sizeof(exec_error))) {
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    daemons_.back().wait_status = status;
-    return absl::InternalError(
-        absl::StrCat("cannot run ", server, ": ", std::strerror(exec_error)));
-  }
   return absl::OkStatus();
 }
 
