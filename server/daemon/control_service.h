@@ -2,76 +2,27 @@
 // (tessera.v1.ControlService, proto/tessera/v1/control.proto), served on
 // the Rank's gRPC server next to its ShardService.
 //
-// Every daemon keeps a table of named sharded tensors. Calls that change
-// it (CreateTensor, DeleteTensor, Reshard, Gather, SaveCheckpoint,
-// LoadCheckpoint) go through the cluster's operation log, kept in the
-// rendezvous store (keys "control/seq" and "control/op/<n>"):
+// Every daemon keeps a table of named sharded tensors. CreateTensor,
+// DeleteTensor, Reshard, Gather, SaveCheckpoint and LoadCheckpoint go
+// through the cluster's operation log in the rendezvous store and run on
+// every daemon in log order, as one SPMD operation ending in an agreement
+// on every daemon's outcome: docs/control_log.md is the protocol.
+// ListTensors, DescribeTensor and GetCluster are answered from the local
+// table; ReadRegion and WriteRegion move bytes without the log
+// (server/daemon/region_io.h).
 //
-//  1. The daemon called (the coordinator) serializes the request as a
-//     v1::ControlOp, claims the next number with Add("control/seq", 1) and
-//     writes the op with CompareSet("control/op/<n>", "", op).
-//  2. Every daemon's executor thread waits for "control/op/<next>" and runs
-//     the ops strictly in log order, as the same SPMD operation over the
-//     default process group. If a claimed number stays empty for
-//     ControlOptions::claim_timeout (its coordinator died between Add and
-//     CompareSet), rank 0 fills it with a "skip" marker by CompareSet, so
-//     every daemon sees the same entry: the op, or the marker (a late
-//     coordinator then finds the marker and claims a new number).
-//  3. Each op ends with an agreement (AllGatherStatuses) on every daemon's
-//     outcome, and its effects are committed to the table only if every
-//     daemon succeeded; a committed change is then confirmed by a barrier,
-//     so that it is visible on every daemon before the call returns. Ops
-//     with a collective inside (Reshard, Gather, SaveCheckpoint) agree
-//     first on the request being valid and still within its deadline, so
-//     that no daemon enters a collective the others skip. Rank 0 then
-//     deletes the op's key.
-//  4. The coordinator finishes the client's call with the agreed outcome.
+// Failure: every call has a deadline (the client's, capped at
+// ControlOptions::op_timeout); a call whose op has not completed by then
+// ends with DEADLINE_EXCEEDED (the op may still complete). Errors agreed
+// by every daemon keep their code; one daemon's own error comes back as
+// "on rank N: ...". A dead peer fails the running op (UNAVAILABLE or
+// DEADLINE_EXCEEDED) on the survivors, which keep answering reads.
 //
-// Validation is deterministic (every daemon checks the same request
-// against the same table), so name errors (ALREADY_EXISTS, NOT_FOUND) and
-// bad requests (INVALID_ARGUMENT) agree without messages; errors raised on
-// one daemon only (allocation, I/O) come back as "on rank N: ..." with
-// their own code. Tensor ids (Rank::NextTensorId) stay in step after an op
-// failed on some daemons only: the daemons re-align their counters then.
-//
-// Ops: CreateTensor fills RAND/RANDN tensors with rank r drawing its local
-// shards, in shard order, from Generator(seed + r * 0x9E3779B97F4A7C15), so
-// the same seed, sizes and spec always give the same values. Shards land on
-// the devices their placements name; a daemon's CPU shards (and the whole
-// tensor of a Gather, on the daemon called) must fit max_host_bytes.
-// Reshard keeps the name and gives the tensor a new id. SaveCheckpoint
-// writes a state dict keyed by tensor name (server/checkpoint.h).
-// LoadCheckpoint loads sharded entries only (a dense entry it would load is
-// FAILED_PRECONDITION); it reads every entry of the checkpoint, even when
-// `names` picks some.
-//
-// ListTensors, DescribeTensor and GetCluster are answered locally from the
-// table. ReadRegion and WriteRegion move bytes through server/region_io.h
-// without the log (they do not change the table); Gather streams the
-// gathered tensor back from the coordinator (ShardChunk stream, like
-// FetchShard).
-//
-// Deadlines: an op's deadline is the call's, or now + op_timeout when the
-// client set none; a call whose op has not completed by then ends with
-// DEADLINE_EXCEEDED (the op may still complete later). An op reaching the
-// executors after its deadline fails on every daemon without running.
-// Collectives are bounded by the Rank's timeout, so a dead peer makes the
-// running op fail (UNAVAILABLE or DEADLINE_EXCEEDED) on the survivors;
-// after a transport failure the default group stays broken (later ops fail
-// FAILED_PRECONDITION) until the daemons restart.
-//
-// Threads: gRPC callback threads only parse, queue and answer; they never
-// block on the store or a collective. One submit thread appends ops to the
-// log (store round trips) and expires calls past their deadline; one
-// executor thread runs the log. ReadRegion and Gather streams prepare their
-// bytes on a thread of their own (NewDeferredChunkStream).
-//
-// Thread-safety: every method may be called from any thread. The executor
-// is the only thread that changes the table or touches the ShardedTensors;
-// readers copy TensorInfos under a mutex. Ownership: the service shares
-// ownership of the Rank; it must outlive the grpc::Server it is registered
-// with (Rank::Shutdown), and Shutdown() must run before that server shuts
-// down so that no call waits on the log.
+// Thread-safety: every method may be called from any thread; gRPC callback
+// threads never block on the store or a collective. Ownership: the service
+// shares ownership of the Rank; it must outlive the grpc::Server it is
+// registered with (Rank::Shutdown), and Shutdown() must run before that
+// server shuts down so that no call waits on the log.
 #ifndef TESSERA_SERVER_DAEMON_CONTROL_SERVICE_H_
 #define TESSERA_SERVER_DAEMON_CONTROL_SERVICE_H_
 
