@@ -1,0 +1,204 @@
+// Files (io/file.h): whole reads and writes, sizes, fsyncs, AtomicFile.
+#include "io/file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+class FileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "tessera_file_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  static std::string Contents(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    return buffer.str();
+  }
+  static void Put(const std::string& path, const std::string& contents) {
+    std::ofstream(path, std::ios::binary) << contents;
+  }
+  std::vector<std::string> Entries() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      names.push_back(entry.path().filename().string());
+    }
+    return names;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(FileTest, OpenMissingFileIsNotFoundNamingIt) {
+  EXPECT_THAT(OpenFile(Path("missing"), O_RDONLY),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("open " + Path("missing"))));
+}
+
+TEST_F(FileTest, OpenedDescriptorsAreCloseOnExec) {
+  Put(Path("a"), "x");
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(Path("a"), O_RDONLY));
+  EXPECT_NE(fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, 0);
+}
+
+TEST_F(FileTest, ReadAllIsShortOnlyAtTheEnd) {
+  Put(Path("a"), "hello world");
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(Path("a"), O_RDONLY));
+  std::string buffer(5, '\0');
+  ASSERT_OK_AND_ASSIGN(size_t got, ReadAll(fd.get(), buffer.data(), 5, "a"));
+  EXPECT_EQ(got, 5u);
+  EXPECT_EQ(buffer, "hello");
+  buffer.assign(64, '\0');
+  ASSERT_OK_AND_ASSIGN(got, ReadAll(fd.get(), buffer.data(), 64, "a"));
+  EXPECT_EQ(got, 6u);
+  EXPECT_EQ(buffer.substr(0, got), " world");
+  ASSERT_OK_AND_ASSIGN(got, ReadAll(fd.get(), buffer.data(), 64, "a"));
+  EXPECT_EQ(got, 0u);
+}
+
+TEST_F(FileTest, ReadOfADirectoryFailsNamingIt) {
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(dir_, O_RDONLY | O_DIRECTORY));
+  char byte;
+  EXPECT_THAT(ReadAll(fd.get(), &byte, 1, "the directory"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("read the directory: Is a directory")));
+}
+
+TEST_F(FileTest, PreadAndPwriteAtOffsets) {
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd,
+                       OpenFile(Path("b"), O_RDWR | O_CREAT | O_EXCL));
+  ASSERT_OK(WriteAll(fd.get(), "0123456789", 10, "b"));
+  ASSERT_OK(PwriteAll(fd.get(), "AB", 2, 4, "b"));
+  char out[4];
+  ASSERT_OK_AND_ASSIGN(size_t got, PreadAll(fd.get(), out, 4, 3, "b"));
+  EXPECT_EQ(got, 4u);
+  EXPECT_EQ(std::string(out, 4), "3AB6");
+  ASSERT_OK_AND_ASSIGN(got, PreadAll(fd.get(), out, 4, 8, "b"));
+  EXPECT_EQ(got, 2u);  // The file ends first.
+  ASSERT_OK_AND_ASSIGN(int64_t size, FileSize(fd.get(), "b"));
+  EXPECT_EQ(size, 10);
+  EXPECT_OK(SyncFile(fd.get(), "b"));
+  EXPECT_EQ(Contents(Path("b")), "0123AB6789");
+}
+
+TEST_F(FileTest, WriteToAReadOnlyDescriptorFails) {
+  Put(Path("c"), "x");
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(Path("c"), O_RDONLY));
+  EXPECT_THAT(WriteAll(fd.get(), "y", 1, "c"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("write c: Bad file descriptor")));
+}
+
+TEST_F(FileTest, SyncDirectory) {
+  EXPECT_OK(SyncDirectory(dir_));
+  EXPECT_THAT(SyncDirectory(Path("missing")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+}
+
+TEST_F(FileTest, AtomicFileReplacesOnCommitOnly) {
+  Put(Path("w.npy"), "old");
+  ASSERT_OK_AND_ASSIGN(AtomicFile file, AtomicFile::Create(Path("w.npy")));
+  ASSERT_OK(file.Append("new ", 4));
+  ASSERT_OK(file.Append("bytes", 5));
+  EXPECT_EQ(file.size(), 9);
+  // Not yet: readers still see the old file, the new one is beside it.
+  EXPECT_EQ(Contents(Path("w.npy")), "old");
+  EXPECT_EQ(Entries().size(), 2u);
+  ASSERT_OK(file.Commit());
+  EXPECT_EQ(Contents(Path("w.npy")), "new bytes");
+  EXPECT_THAT(Entries(), ElementsAre("w.npy"));
+  EXPECT_THAT(file.Commit(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("committed already")));
+}
+
+TEST_F(FileTest, UncommittedAtomicFileLeavesNothing) {
+  Put(Path("w.npy"), "old");
+  {
+    ASSERT_OK_AND_ASSIGN(AtomicFile file, AtomicFile::Create(Path("w.npy")));
+    ASSERT_OK(file.Append("half", 4));
+    AtomicFile moved = std::move(file);  // Only the last owner cleans up.
+  }
+  EXPECT_EQ(Contents(Path("w.npy")), "old");
+  EXPECT_THAT(Entries(), ElementsAre("w.npy"));
+}
+
+TEST_F(FileTest, AtomicFilesOfOnePathDoNotCollide) {
+  ASSERT_OK_AND_ASSIGN(AtomicFile first, AtomicFile::Create(Path("x")));
+  ASSERT_OK_AND_ASSIGN(AtomicFile second, AtomicFile::Create(Path("x")));
+  EXPECT_NE(first.temp_path(), second.temp_path());
+  ASSERT_OK(first.Append("1", 1));
+  ASSERT_OK(second.Append("2", 1));
+  ASSERT_OK(first.Commit());
+  ASSERT_OK(second.Commit());
+  EXPECT_EQ(Contents(Path("x")), "2");
+}
+
+TEST_F(FileTest, AtomicFileDoesNotFollowALinkAtItsTemporaryName) {
+  // Whoever can guess the temporary name cannot redirect the write.
+  ASSERT_OK_AND_ASSIGN(AtomicFile probe, AtomicFile::Create(Path("y")));
+  const std::string next =
+      probe.temp_path().substr(0, probe.temp_path().rfind('.') + 1);
+  const std::string guessed =
+      next + std::to_string(std::stoull(probe.temp_path().substr(
+                                probe.temp_path().rfind('.') + 1)) +
+                            1);
+  Put(Path("victim"), "keep");
+  ASSERT_EQ(symlink(Path("victim").c_str(), guessed.c_str()), 0);
+  EXPECT_THAT(AtomicFile::Create(Path("y")),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(guessed)));
+  EXPECT_EQ(Contents(Path("victim")), "keep");
+}
+
+TEST_F(FileTest, AtomicFileInAMissingDirectoryIsNotFound) {
+  EXPECT_THAT(WriteFileAtomically(Path("no/such/file"), "x"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such")));
+}
+
+TEST_F(FileTest, WriteFileAtomically) {
+  ASSERT_OK(WriteFileAtomically(Path("address"), "127.0.0.1:1\n"));
+  EXPECT_EQ(Contents(Path("address")), "127.0.0.1:1\n");
+  ASSERT_OK(WriteFileAtomically(Path("address"), "127.0.0.1:2\n"));
+  EXPECT_EQ(Contents(Path("address")), "127.0.0.1:2\n");
+  EXPECT_THAT(Entries(), UnorderedElementsAre("address"));
+}
+
+TEST(AtomicFileTargetTest, NamesTheReplacedFile) {
+  EXPECT_EQ(AtomicFileTarget("w.npy.tmp.12.3"), "w.npy");
+  EXPECT_EQ(AtomicFileTarget("rank0.ab.shards.tmp.4242.17"), "rank0.ab.shards");
+  EXPECT_EQ(AtomicFileTarget("manifest.pb"), "manifest.pb");
+  EXPECT_EQ(AtomicFileTarget("a.tmp"), "a.tmp");
+  EXPECT_EQ(AtomicFileTarget("a.tmp.1"), "a.tmp.1");
+  EXPECT_EQ(AtomicFileTarget("a.tmp.x.1"), "a.tmp.x.1");
+  EXPECT_EQ(AtomicFileTarget("a.tmp.1."), "a.tmp.1.");
+  EXPECT_EQ(AtomicFileTarget(".tmp.1.2"), ".tmp.1.2");
+  EXPECT_EQ(AtomicFileTarget("a.tmp.1.2.3"), "a.tmp.1.2.3");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,171 @@
+// Sockets with deadlines (io/socket.h) and Unix sockets (io/unix_socket.h),
+// on real loopback and socketpair descriptors.
+#include "io/socket.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/unix_socket.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(5);
+
+std::pair<UniqueFd, UniqueFd> StreamPair() {
+  int fds[2] = {-1, -1};
+  socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds);
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+TEST(AwaitReadyTest, TimesOutThenSeesData) {
+  auto [a, b] = StreamPair();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(AwaitReady(a.get(), POLLIN, start + absl::Milliseconds(50),
+                         "waiting for b"),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       "waiting for b: deadline exceeded"));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  ASSERT_EQ(write(b.get(), "x", 1), 1);
+  EXPECT_OK(AwaitReady(a.get(), POLLIN, absl::Now() + kWait, "waiting"));
+}
+
+TEST(AwaitReadyTest, PastDeadlineFailsAtOnce) {
+  auto [a, b] = StreamPair();
+  ASSERT_EQ(write(b.get(), "x", 1), 1);
+  EXPECT_THAT(AwaitReady(a.get(), POLLIN, absl::Now() - absl::Seconds(1), "w"),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+TEST(TcpTest, ListenConnectAndMoveBytes) {
+  ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+  auto& [listener, port] = listening;
+  ASSERT_GT(port, 0);
+  ASSERT_OK_AND_ASSIGN(
+      UniqueFd client,
+      ConnectTcp("127.0.0.1:" + std::to_string(port), absl::Now() + kWait));
+  UniqueFd server(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(server.valid());
+  std::string big(3 << 20, 'q');  // More than a socket buffer holds.
+  std::thread writer([&] {
+    EXPECT_OK(
+        WriteFull(client.get(), big.data(), big.size(), absl::Now() + kWait));
+  });
+  std::string got(big.size(), '\0');
+  EXPECT_OK(
+      ReadFull(server.get(), got.data(), got.size(), absl::Now() + kWait));
+  writer.join();
+  EXPECT_EQ(got, big);
+}
+
+TEST(TcpTest, ListenNeedsAnIpv4Address) {
+  EXPECT_THAT(
+      ListenTcp("not-an-address"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("IPv4 address")));
+}
+
+TEST(TcpTest, NothingListeningIsUnavailable) {
+  int port = 0;
+  {
+    ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+    port = listening.second;
+  }  // Closed: nothing listens there now.
+  EXPECT_THAT(
+      ConnectTcp("127.0.0.1:" + std::to_string(port), absl::Now() + kWait),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connecting to")));
+  EXPECT_THAT(ConnectTcp("127.0.0.1", absl::Now() + kWait),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("without a port")));
+}
+
+TEST(TcpTest, ReadAfterThePeerClosedIsUnavailable) {
+  auto [a, b] = StreamPair();
+  b.reset();
+  char byte;
+  EXPECT_THAT(
+      ReadFull(a.get(), &byte, 1, absl::Now() + kWait),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed by peer")));
+}
+
+TEST(TcpTest, ReadOfASilentPeerEndsAtTheDeadline) {
+  auto [a, b] = StreamPair();
+  char byte;
+  EXPECT_THAT(ReadFull(a.get(), &byte, 1, absl::Now() + absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+TEST(TcpTest, WriteAfterThePeerClosedIsUnavailableWithoutSigpipe) {
+  auto [a, b] = StreamPair();
+  b.reset();
+  const std::string bytes(1 << 20, 'z');
+  EXPECT_THAT(
+      WriteFull(a.get(), bytes.data(), bytes.size(), absl::Now() + kWait),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("send")));
+}
+
+TEST(TcpTest, InterruptWakesABlockedRead) {
+  auto [a, b] = StreamPair();
+  absl::Status read;
+  std::thread reader([&, fd = a.get()] {
+    char byte;
+    read = ReadFull(fd, &byte, 1, absl::Now() + kWait);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time interrupted = absl::Now();
+  InterruptSocket(a.get());
+  reader.join();
+  EXPECT_LT(absl::Now() - interrupted, absl::Seconds(2));
+  EXPECT_THAT(read, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST(UnixSocketTest, MessagesAndAttachedDescriptors) {
+  ASSERT_OK_AND_ASSIGN(auto listening, ListenLocal());
+  auto& [listener, name] = listening;
+  ASSERT_OK_AND_ASSIGN(UniqueFd client,
+                       ConnectLocal(name, absl::Now() + kWait));
+  UniqueFd server(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(server.valid());
+  auto [to_lend, other_end] = StreamPair();
+  ASSERT_OK(SendLocalMessage(client.get(), "hello", absl::Now() + kWait,
+                             to_lend.get()));
+  UniqueFd received;
+  ASSERT_OK_AND_ASSIGN(
+      std::string message,
+      ReceiveLocalMessage(server.get(), absl::Now() + kWait, &received));
+  EXPECT_EQ(message, "hello");
+  ASSERT_TRUE(received.valid());
+  ASSERT_EQ(write(received.get(), "y", 1), 1);  // The same socket, lent.
+  char byte = 0;
+  ASSERT_EQ(read(other_end.get(), &byte, 1), 1);
+  EXPECT_EQ(byte, 'y');
+  ASSERT_OK_AND_ASSIGN(uid_t uid, PeerUid(server.get()));
+  EXPECT_EQ(uid, geteuid());
+}
+
+TEST(UnixSocketTest, AddressesNameThisHost) {
+  ASSERT_FALSE(HostId().empty());
+  const std::string address = LocalAddress(HostId(), "tessera-1");
+  ASSERT_OK_AND_ASSIGN(auto parts, ParseLocalAddress(address));
+  EXPECT_EQ(parts.first, HostId());
+  EXPECT_EQ(parts.second, "tessera-1");
+  EXPECT_THAT(ParseLocalAddress("no-slash"),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(ConnectLocal("tessera-nobody-listens", absl::Now() + kWait),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+}  // namespace
+}  // namespace tessera
