@@ -90,6 +90,20 @@ absl::Status WriteAll(int fd, const void* data, size_t size,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
+  if (!fd.ok()) return fd.status();
+  std::string contents;
+  char buffer[1 << 16];
+  while (true) {
+    absl::StatusOr<size_t> got =
+        ReadAll(fd->get(), buffer, sizeof(buffer), path);
+    if (!got.ok()) return got.status();
+    contents.append(buffer, *got);
+    if (*got < sizeof(buffer)) return contents;
+  }
+}
+
 absl::StatusOr<int64_t> FileSize(int fd, absl::string_view name) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -41,6 +41,8 @@ absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
 // Writes all `size` bytes. Error context: "write <name>".
 absl::Status WriteAll(int fd, const void* data, size_t size,
                       absl::string_view name);
+// The whole file at `path`. Error contexts: "open <path>", "read <path>".
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // fstat's size. Error context: "stat <name>".
 absl::StatusOr<int64_t> FileSize(int fd, absl::string_view name);
 // fsync(2). Error context: "fsync <name>".

@@ -1,10 +1,8 @@
 #include "client/cli/plan_command.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,6 +20,7 @@
 #include "common/sharding_spec_text.h"
 #include "common/status_macros.h"
 #include "common/tensor_properties.h"
+#include "io/file.h"
 
 namespace tessera::cli {
 namespace {
@@ -92,26 +91,16 @@ std::string OwnerOf(const ShardMetadata& shard) {
   return "local";
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    return absl::NotFoundError(absl::StrCat("cannot read spec file '", path,
-                                            "': ", std::strerror(errno)));
-  }
-  std::string contents;
-  char buffer[1 << 16];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
-    contents.append(buffer, n);
-  }
-  const bool failed = std::ferror(file) != 0;
-  const int read_errno = errno;
-  std::fclose(file);
-  if (failed) {
-    return absl::DataLossError(absl::StrCat("cannot read spec file '", path,
-                                            "': ", std::strerror(read_errno)));
-  }
-  return contents;
+// The spec file's text. Not being able to read it is a failure (exit 1),
+// not a usage error, whatever errno says.
+absl::StatusOr<std::string> ReadSpecFile(const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadFileToString(path);
+  if (contents.ok()) return contents;
+  return absl::Status(absl::IsNotFound(contents.status())
+                          ? absl::StatusCode::kNotFound
+                          : absl::StatusCode::kDataLoss,
+                      absl::StrCat("cannot read spec file '", path,
+                                   "': ", contents.status().message()));
 }
 
 // The title line: what is sharded, and how.
@@ -235,7 +224,7 @@ int RunPlan(const PlanOptions& options, const CommandContext& context) {
   if (!options.spec.empty()) {
     spec = ParseShardingSpec(options.spec);
   } else {
-    absl::StatusOr<std::string> json = ReadFile(options.spec_file);
+    absl::StatusOr<std::string> json = ReadSpecFile(options.spec_file);
     if (!json.ok()) {
       context.PrintError(kCommand, json.status().message());
       return kExitFailure;

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "io/errno.h"
 #include "io/subprocess.h"
 
 namespace tessera::cli {
@@ -160,8 +161,8 @@ absl::Status Supervisor::Prepare() {
   }
   const sigset_t signals = LauncherSignals();
   if (::sigprocmask(SIG_BLOCK, &signals, &old_mask_) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot block signals: ", std::strerror(errno)));
+    return ErrnoError(errno, "cannot block signals",
+                      absl::StatusCode::kInternal);
   }
   mask_changed_ = true;
 
@@ -170,9 +171,9 @@ absl::Status Supervisor::Prepare() {
       absl::StrCat(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp",
                    "/tessera-launch.XXXXXX");
   if (::mkdtemp(pattern.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot create a directory like ",
-                                            pattern, ": ",
-                                            std::strerror(errno)));
+    return ErrnoError(errno,
+                      absl::StrCat("cannot create a directory like ", pattern),
+                      absl::StatusCode::kInternal);
   }
   address_dir_ = pattern;
   if (!options_.log_dir.empty()) {

@@ -296,6 +296,21 @@ TEST(PlanCliTest, BadSpecFileContents) {
       "parse error");
 }
 
+TEST(PlanCliTest, UnreadableSpecFileIsAFailureNotAUsageError) {
+  TempDir dir;
+  for (const std::string& path : {dir.path() + "/missing.json", dir.path()}) {
+    const RunResult result =
+        RunTessera({"plan", "--size", "10", "--spec-file", path});
+    EXPECT_EQ(result.exit_code, 1) << result.err;
+    EXPECT_THAT(result.out, IsEmpty());
+    EXPECT_THAT(
+        result.err,
+        AllOf(StartsWith("tessera plan: error: cannot read spec file '" + path +
+                         "': "),
+              EndsWith("\n")));
+  }
+}
+
 TEST(PlanCliTest, MissingSpec) {
   ExpectUsageError(RunTessera({"plan", "--size", "10,20"}),
                    "exactly one of --spec or --spec-file is required");
