@@ -115,6 +115,19 @@ TEST_F(FileTest, WriteToAReadOnlyDescriptorFails) {
                        HasSubstr("write c: Bad file descriptor")));
 }
 
+TEST_F(FileTest, ReadFileToString) {
+  std::string big;
+  for (int i = 0; big.size() < (200 << 10); ++i) big += std::to_string(i);
+  Put(Path("big"), big);
+  ASSERT_OK_AND_ASSIGN(std::string read, ReadFileToString(Path("big")));
+  EXPECT_EQ(read, big);
+  Put(Path("empty"), "");
+  ASSERT_OK_AND_ASSIGN(read, ReadFileToString(Path("empty")));
+  EXPECT_EQ(read, "");
+  EXPECT_THAT(ReadFileToString(Path("missing")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+}
+
 TEST_F(FileTest, SyncDirectory) {
   EXPECT_OK(SyncDirectory(dir_));
   EXPECT_THAT(SyncDirectory(Path("missing")),
