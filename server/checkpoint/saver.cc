@@ -249,10 +249,15 @@ class Saver {
     manifest_ = Skeleton(state_dict_);
     const std::string plan = manifest_.SerializeAsString();
     piece_.set_plan_digest(XXH3_64bits(plan.data(), plan.size()));
+    // Only the overloads that report through std::error_code: a request's
+    // path must never make a daemon throw (ENAMETOOLONG, ELOOP, EACCES...).
     std::error_code error;
     std::filesystem::create_directories(dir_, error);
-    if (error && !std::filesystem::is_directory(dir_)) {
-      return IoError(error.value(), "create directory", dir_);
+    if (error) {
+      std::error_code is_dir_error;
+      if (!std::filesystem::is_directory(dir_, is_dir_error)) {
+        return IoError(error.value(), "create directory", dir_);
+      }
     }
     RETURN_IF_ERROR(WriteShards());
     return writer() ? WriteDense() : absl::OkStatus();
@@ -408,12 +413,16 @@ class Saver {
         keep.insert(shard.data().file());
       }
     }
+    // Iterated with increment(error_code): a range-for's operator++ throws.
     std::error_code error;
-    for (const auto& item : std::filesystem::directory_iterator(dir_, error)) {
-      const std::string name = item.path().filename().string();
-      if (item.is_regular_file(error) && IsCheckpointFile(name) &&
+    std::filesystem::directory_iterator it(dir_, error);
+    const std::filesystem::directory_iterator end;
+    for (; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      std::error_code ignored;
+      if (it->is_regular_file(ignored) && IsCheckpointFile(name) &&
           keep.count(name) == 0) {
-        std::filesystem::remove(item.path(), error);
+        std::filesystem::remove(it->path(), ignored);
       }
     }
   }
