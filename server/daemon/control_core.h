@@ -273,6 +273,16 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<v1::TensorInfo> InfoOf(const std::string& name,
                                         const ShardedTensor& tensor) const;
   std::optional<ShardedTensor> Lookup(const std::string& name) const;
+  // A request's spec, its placements checked against the cluster: each
+  // names a daemon (by rank or worker name) and a device that daemon can
+  // hold (CPU anywhere; CUDA on a CUDA daemon; never meta, which would
+  // drop the data). INVALID_ARGUMENT naming `what` and the placement.
+  // Deterministic: every daemon decides alike.
+  absl::StatusOr<ShardingSpec> SpecOf(bool has_spec,
+                                      const v1::ShardingSpec& proto,
+                                      absl::string_view what) const;
+  absl::Status CheckPlacement(const std::optional<RemoteDevice>& placement,
+                              absl::Span<const std::string> devices) const;
 
   const std::shared_ptr<Rank> rank_;
   const ControlOptions options_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -83,14 +84,6 @@ absl::StatusOr<DType> DTypeOf(v1::DType dtype) {
   return FromProto(dtype);
 }
 
-absl::StatusOr<ShardingSpec> SpecOf(bool has_spec, const v1::ShardingSpec& spec,
-                                    absl::string_view what) {
-  if (!has_spec) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": spec is required"));
-  }
-  return FromProto(spec);
-}
-
 // Rank r draws its local shards from its own stream, so that shards on
 // different ranks differ while the same seed (and layout) always gives the
 // same values.
@@ -115,6 +108,68 @@ int64_t PhysicalMemoryBytes() {
   const long page_size = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
   return static_cast<int64_t>(pages) * page_size;
+}
+
+absl::StatusOr<ShardingSpec> Core::SpecOf(bool has_spec,
+                                          const v1::ShardingSpec& proto,
+                                          absl::string_view what) const {
+  if (!has_spec) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": spec is required"));
+  }
+  ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(proto));
+  std::vector<std::optional<RemoteDevice>> placements;
+  if (const auto* chunk = std::get_if<ChunkShardingSpec>(&spec)) {
+    placements.assign(chunk->placements().begin(), chunk->placements().end());
+  } else {
+    for (const ShardMetadata& shard :
+         std::get<EnumerableShardingSpec>(spec).shards()) {
+      placements.push_back(shard.placement());
+    }
+  }
+  std::vector<std::string> devices;
+  {
+    absl::MutexLock lock(&mu_);
+    devices = devices_;
+  }
+  for (size_t i = 0; i < placements.size(); ++i) {
+    RETURN_IF_ERROR(Annotate(CheckPlacement(placements[i], devices),
+                             absl::StrCat(what, ": placement ", i)));
+  }
+  return spec;
+}
+
+absl::Status Core::CheckPlacement(const std::optional<RemoteDevice>& placement,
+                                  absl::Span<const std::string> devices) const {
+  if (!placement.has_value()) {
+    return absl::InvalidArgumentError("the shard has no placement");
+  }
+  const std::string text = placement->ToString();
+  if (!placement->rank().has_value() && !placement->worker_name().has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        text,
+        " names no owner: a placement needs a rank or a worker, as in "
+        "\"rank:0/cpu\" or \"worker0/cpu\""));
+  }
+  // PyTorch's checks and wording ("Global rank 7 does not exist in input
+  // process group", "Invalid worker name: w").
+  ASSIGN_OR_RETURN(const auto resolved,
+                   ParseAndValidateRemoteDevice(group_->global_ranks(),
+                                                placement, rank_.get()));
+  const int owner = resolved.first;
+  const Device& device = placement->device();
+  if (device.is_meta()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        text,
+        ": the meta device holds no data, so the tensor's values would "
+        "be lost"));
+  }
+  if (device.is_cuda() && static_cast<size_t>(owner) < devices.size() &&
+      !absl::StartsWith(devices[owner], "cuda")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(text, ": rank ", owner, " serves ", devices[owner],
+                     " and cannot hold CUDA shards"));
+  }
+  return absl::OkStatus();
 }
 
 Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
@@ -341,7 +396,7 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
                        " as_names for ", request.names_size(), " names"));
     }
     if (request.has_spec()) {
-      ASSIGN_OR_RETURN(spec, FromProto(request.spec()));
+      ASSIGN_OR_RETURN(spec, SpecOf(true, request.spec(), "LoadCheckpoint"));
     }
     return absl::OkStatus();
   }();

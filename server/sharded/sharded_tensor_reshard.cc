@@ -33,7 +33,17 @@ absl::StatusOr<Owners> ResolveOwners(const ShardedTensorMetadata& metadata,
     ASSIGN_OR_RETURN(auto placement,
                      ParseAndValidateRemoteDevice(group.global_ranks(),
                                                   shard.placement(), resolver));
-    owners.group_rank.push_back(group.GroupRank(placement.first).value_or(-1));
+    // Every shard of a reshard moves to or from some member: one without an
+    // owner (a bare device) or on a non-member would index the plan with -1.
+    const std::optional<int> group_rank = group.GroupRank(placement.first);
+    if (placement.first < 0 || !group_rank.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reshard: placement ", shard.placement()->ToString(), " of shard ",
+          owners.group_rank.size(),
+          placement.first < 0 ? " names no rank or worker"
+                              : " is on a rank outside the process group"));
+    }
+    owners.group_rank.push_back(*group_rank);
     owners.device.push_back(placement.second);
   }
   return owners;
@@ -192,6 +202,19 @@ absl::StatusOr<ReshardPlan> Plan(const ShardedTensor& st,
       BuildMetadata(spec, st.size(), st.metadata().tensor_properties));
   ASSIGN_OR_RETURN(plan.new_owners,
                    ResolveOwners(plan.new_metadata, group, *st.rank()));
+  // Moving data onto the meta device would drop it, and say OK.
+  const auto& old_devices = plan.old_owners.device;
+  const bool has_data =
+      std::any_of(old_devices.begin(), old_devices.end(),
+                  [](const Device& device) { return !device.is_meta(); });
+  for (size_t i = 0; has_data && i < plan.new_owners.device.size(); ++i) {
+    if (plan.new_owners.device[i].is_meta()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reshard: shard ", i,
+                       " would be on the meta device, which holds "
+                       "no data: the tensor's values would be lost"));
+    }
+  }
   PlanPieces(st.metadata(), plan, group.size());
   return plan;
 }

@@ -11,9 +11,11 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -442,6 +444,100 @@ TEST_F(DaemonTest, BadRequestsGetClearErrors) {
   EXPECT_THAT(Names(listed), ::testing::Not(::testing::Contains("truncated")));
   EXPECT_THAT(client_->Delete("bad"), IsOk());
   for (const absl::Status& s : client_->Health()) EXPECT_THAT(s, IsOk());
+}
+
+// Requests that once aborted every daemon (issue 14): a save to a path the
+// file system refuses, placements without an owner, on the meta device or
+// on a device the daemon cannot hold. Each is refused with a clear error;
+// TearDown checks that every daemon still runs, and the tensor keeps its
+// values.
+TEST_F(DaemonTest, BadPathsAndPlacementsAreRefusedNotFatal) {
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("keep", {8, 4}, RowSpec()));
+  const Tensor values = Iota(8, 4);
+  ASSERT_OK(view.Write({0, 0}, values));
+
+  // Paths: too long a name (ENAMETOOLONG), a symlink loop (ELOOP).
+  const std::string long_name =
+      cluster_->scratch_dir() + "/" + std::string(300, 'x');
+  absl::Status saved = client_->Save(long_name, {"keep"}).status();
+  EXPECT_FALSE(saved.ok());
+  EXPECT_THAT(saved.message(), HasSubstr("File name too long"));
+  const std::string loop = cluster_->scratch_dir() + "/loop";
+  ASSERT_EQ(symlink((loop + "_b").c_str(), (loop + "_a").c_str()), 0);
+  ASSERT_EQ(symlink((loop + "_a").c_str(), (loop + "_b").c_str()), 0);
+  saved = client_->Save(loop + "_a/ckpt", {"keep"}).status();
+  EXPECT_FALSE(saved.ok());
+  EXPECT_THAT(saved.message(), HasSubstr("symbolic links"));
+
+  // Placements, as a gRPC client may send them (the CLI cannot).
+  const auto spec_with =
+      [](const std::function<void(v1::RemoteDevice*)>& change) {
+        v1::ShardingSpec spec = ToProto(RowSpec());
+        change(spec.mutable_chunk()->mutable_placements(1));
+        return spec;
+      };
+  const std::vector<std::pair<v1::ShardingSpec, std::string>> bad = {
+      {spec_with([](v1::RemoteDevice* d) { d->clear_rank(); }),
+       "names no owner"},
+      {spec_with([](v1::RemoteDevice* d) {
+         d->mutable_device()->set_type(v1::DEVICE_TYPE_META);
+       }),
+       "meta device"},
+      {spec_with([](v1::RemoteDevice* d) {
+         d->mutable_device()->set_type(v1::DEVICE_TYPE_CUDA);
+         d->mutable_device()->set_index(0);
+       }),
+       "cannot hold CUDA shards"},
+      {spec_with([](v1::RemoteDevice* d) { d->set_rank(-1); }), "rank"},
+      {spec_with([](v1::RemoteDevice* d) { d->set_worker_name("nobody"); }),
+       "Invalid worker name: nobody"},
+      {spec_with([](v1::RemoteDevice* d) { d->set_rank(9); }),
+       "Global rank 9 does not exist"},
+  };
+  for (const auto& [spec, message] : bad) {
+    SCOPED_TRACE(message);
+    auto stub = Stub(2);
+    {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(30));
+      v1::CreateTensorRequest request;
+      request.set_name("placed");
+      request.add_sizes(8);
+      request.add_sizes(4);
+      *request.mutable_spec() = spec;
+      v1::TensorInfo info;
+      const grpc::Status status = stub->CreateTensor(&context, request, &info);
+      EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT)
+          << status.error_message();
+      EXPECT_THAT(status.error_message(), HasSubstr(message));
+    }
+    {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(30));
+      v1::ReshardRequest request;
+      request.set_name("keep");
+      *request.mutable_spec() = spec;
+      v1::TensorInfo info;
+      const grpc::Status status = stub->Reshard(&context, request, &info);
+      EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT)
+          << status.error_message();
+      EXPECT_THAT(status.error_message(), HasSubstr(message));
+    }
+  }
+  EXPECT_THAT(client_->Open("placed").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // Nothing was lost, and the cluster still works as a whole.
+  ASSERT_OK_AND_ASSIGN(view, client_->Open("keep"));
+  ASSERT_OK_AND_ASSIGN(Tensor read, view.Read());
+  EXPECT_TRUE(Equal(read, values));
+  ASSERT_OK(client_->Reshard("keep", ColumnSpec()).status());
+  ASSERT_OK_AND_ASSIGN(view, client_->Open("keep"));
+  ASSERT_OK_AND_ASSIGN(read, view.Read());
+  EXPECT_TRUE(Equal(read, values));
+  ASSERT_OK(client_->Delete("keep"));
 }
 
 TEST_F(DaemonTest, ConcurrentClientsKeepListingsConsistent) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shard_metadata.h"
+#include "common/sharding_spec.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -112,6 +113,50 @@ TEST(TestShardedTensorSubGroupInit, SubProcessGroupPlacementValidation) {
     EXPECT_THAT(ParseAndValidateRemoteDevice(sub_pg->global_ranks(), other),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("does not exist in input process group")));
+  });
+}
+
+// Reshard to a layout that names no owner, or puts data on the meta
+// device, is refused on every rank before anything moves (it used to index
+// the plan with rank -1, or return OK with the data gone); the tensor keeps
+// its values.
+TEST(ReshardPlacements, OwnerlessOrMetaTargetsAreRefused) {
+  SpawnThreadsAndInitComms([](const std::shared_ptr<Rank>& rank) {
+    std::vector<std::string> rows;
+    for (int r = 0; r < kWorldSize; ++r) {
+      rows.push_back(absl::StrCat("rank:", r, "/cpu"));
+    }
+    ShardedTensorOptions options;
+    options.rank = rank;
+    ASSERT_OK_AND_ASSIGN(ChunkShardingSpec row_spec,
+                         ChunkShardingSpec::Create(0, rows));
+    ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                         ShardedTensor::Ones(row_spec, {8, 4}, options));
+
+    std::vector<RemoteDevice> ownerless;
+    for (int r = 0; r < kWorldSize; ++r) {
+      ownerless.push_back(r == 2 ? RemoteDevice::Local(Device::Cpu())
+                                 : *RemoteDevice::Parse(rows[r]));
+    }
+    ASSERT_OK_AND_ASSIGN(ChunkShardingSpec columns,
+                         ChunkShardingSpec::Create(1, ownerless));
+    EXPECT_THAT(st.Reshard(columns).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("names no rank or worker")));
+
+    std::vector<std::string> meta = rows;
+    meta[1] = "rank:1/meta";
+    ASSERT_OK_AND_ASSIGN(ChunkShardingSpec to_meta,
+                         ChunkShardingSpec::Create(1, meta));
+    EXPECT_THAT(
+        st.Reshard(to_meta).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("meta device")));
+
+    ASSERT_EQ(st.local_shards().size(), 1u);
+    const Tensor& local = st.local_shards()[0].tensor;
+    EXPECT_EQ(local.sizes(), (std::vector<int64_t>{2, 4}));
+    ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Ones({2, 4}));
+    EXPECT_TRUE(Equal(local, ones));
   });
 }
 
