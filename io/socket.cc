@@ -50,8 +50,11 @@ absl::Status AwaitReady(int fd, short events, absl::Time deadline,
           absl::StrCat(what, ": deadline exceeded"));
     }
     pollfd p{fd, events, 0};
+    // Capped before the +1: an infinite deadline is INT64_MAX milliseconds,
+    // which would wrap to a zero timeout and spin.
+    constexpr int64_t kMaxWaitMs = int64_t{1} << 30;
     const int timeout_ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+        std::min(absl::ToInt64Milliseconds(left), kMaxWaitMs - 1) + 1);
     const int ready = poll(&p, 1, timeout_ms);
     if (ready > 0) return absl::OkStatus();
     if (ready < 0 && errno != EINTR) return Errno(what);

@@ -266,9 +266,11 @@ absl::StatusOr<ShardAssembler::CheckedHeader> ShardAssembler::CheckHeader(
                      absl::StrJoin(metadata->shard_sizes(), ", "), "]"));
   }
   const std::optional<int64_t> numel = CheckedProduct(sizes);
+  int64_t nbytes = 0;
   if (!numel.has_value() ||
-      header.total_bytes() !=
-          *numel * static_cast<int64_t>(ElementSize(*dtype))) {
+      __builtin_mul_overflow(*numel, static_cast<int64_t>(ElementSize(*dtype)),
+                             &nbytes) ||
+      header.total_bytes() != nbytes) {
     return absl::DataLossError(
         absl::StrCat(what, ": total_bytes ", header.total_bytes(),
                      " does not match its dtype and sizes"));

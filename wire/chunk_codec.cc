@@ -95,6 +95,7 @@ bool ParseField(SliceReader& reader, ParsedChunk& chunk) {
   uint64_t tag;
   if (!reader.ReadVarint(&tag)) return false;
   const uint64_t field = tag >> 3;
+  if (field == 0) return false;  // Protobuf has no field 0.
   uint64_t value;
   switch (tag & 7) {
     case kVarint:

@@ -79,6 +79,7 @@ TEST_P(RegionPieceTest, EveryOverlapOnceAndEveryElementOnce) {
   EXPECT_EQ(seen[2].box_sizes, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(seen[2].offsets_in_shard, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(seen[3].box_offsets, (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(seen[3].box_sizes, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(seen[3].offsets_in_shard, (std::vector<int64_t>{0, 0}));
   // Every element written exactly once, by the shard that holds it.
   const int64_t* values = static_cast<const int64_t*>(region.data_ptr());
@@ -107,6 +108,61 @@ TEST(RegionPieceTest, ARegionInsideOneShardIsOnePiece) {
   EXPECT_THAT(shards, ElementsAre(3u));
 }
 
+TEST(RegionPieceTest, OnlyTheShardsTheRegionTouches) {
+  // Rows 0..1, columns 3..6: shards 0 and 1, not the lower two.
+  const Tensor region =
+      *Tensor::Zeros({2, 4}, TensorOptions().WithDType(DType::kInt32));
+  absl::Mutex mu;
+  std::vector<Seen> seen;
+  ASSERT_OK(ForEachRegionPiece(
+      Grid(), {0, 3}, region, 4, [&](const RegionPiece& piece) {
+        absl::MutexLock lock(&mu);
+        seen.push_back(Seen{piece.shard, piece.box->shard_offsets(),
+                            piece.box->shard_sizes(), piece.offsets_in_shard});
+        EXPECT_EQ(piece.view.sizes(), piece.box->shard_sizes());
+        return absl::OkStatus();
+      }));
+  std::sort(seen.begin(), seen.end(),
+            [](const Seen& a, const Seen& b) { return a.shard < b.shard; });
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].shard, 0u);
+  EXPECT_EQ(seen[0].box_sizes, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(seen[0].offsets_in_shard, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(seen[1].shard, 1u);
+  EXPECT_EQ(seen[1].box_offsets, (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(seen[1].offsets_in_shard, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(RegionPieceTest, AStridedRegionBuffer) {
+  // The region (rows 3..6, columns 2..7) as the transpose of a 6x4 buffer:
+  // each piece's view must address the right elements of it all the same.
+  const Tensor base =
+      *Tensor::Zeros({6, 4}, TensorOptions().WithDType(DType::kInt64));
+  const Tensor region = *base.T();
+  ASSERT_FALSE(region.is_contiguous());
+  ASSERT_OK(ForEachRegionPiece(
+      Grid(), {3, 2}, region, 2, [&](const RegionPiece& piece) {
+        const Tensor& view = piece.view;
+        for (int64_t i = 0; i < view.sizes()[0]; ++i) {
+          for (int64_t j = 0; j < view.sizes()[1]; ++j) {
+            // The global coordinates, encoded.
+            static_cast<int64_t*>(view.data_ptr())[i * view.strides()[0] +
+                                                   j * view.strides()[1]] =
+                (piece.box->shard_offsets()[0] + i) * 100 +
+                piece.box->shard_offsets()[1] + j;
+          }
+        }
+        return absl::OkStatus();
+      }));
+  const int64_t* values = static_cast<const int64_t*>(base.data_ptr());
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 6; ++j) {
+      EXPECT_EQ(values[j * 4 + i], (3 + i) * 100 + 2 + j)
+          << "at " << i << "," << j;
+    }
+  }
+}
+
 TEST(RegionPieceTest, TheLowestFailingPieceWins) {
   const Tensor region =
       *Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kFloat32));
@@ -120,6 +176,37 @@ TEST(RegionPieceTest, TheLowestFailingPieceWins) {
       });
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
                                HasSubstr("shard 1 is down")));
+}
+
+TEST(RegionPieceTest, NoPieceStartsAfterAFailureWhenSequential) {
+  const Tensor region =
+      *Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kFloat32));
+  std::vector<size_t> called;
+  const absl::Status status = ForEachRegionPiece(
+      Grid(), {0, 0}, region, 1, [&](const RegionPiece& piece) -> absl::Status {
+        called.push_back(piece.shard);
+        if (piece.shard == 1) return absl::InternalError("shard 1 failed");
+        return absl::OkStatus();
+      });
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInternal, "shard 1 failed"));
+  EXPECT_THAT(called, ElementsAre(0u, 1u));
+}
+
+TEST(RegionPieceTest, AFailureInParallelIsReturned) {
+  const Tensor region =
+      *Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kFloat32));
+  for (int parallelism : {2, 4}) {
+    SCOPED_TRACE(parallelism);
+    const absl::Status status =
+        ForEachRegionPiece(Grid(), {0, 0}, region, parallelism,
+                           [](const RegionPiece& piece) -> absl::Status {
+                             if (piece.shard == 2)
+                               return absl::DataLossError("shard 2 is bad");
+                             return absl::OkStatus();
+                           });
+    EXPECT_THAT(status,
+                StatusIs(absl::StatusCode::kDataLoss, "shard 2 is bad"));
+  }
 }
 
 TEST(RegionPieceTest, EmptyLayoutVisitsNothing) {

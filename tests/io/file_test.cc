@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -186,6 +187,23 @@ TEST_F(FileTest, AtomicFileDoesNotFollowALinkAtItsTemporaryName) {
   EXPECT_THAT(AtomicFile::Create(Path("y")),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(guessed)));
   EXPECT_EQ(Contents(Path("victim")), "keep");
+}
+
+TEST_F(FileTest, AtomicFileTempNameLiesBesideItsTarget) {
+  ASSERT_OK_AND_ASSIGN(AtomicFile file, AtomicFile::Create(Path("w.npy")));
+  EXPECT_EQ(file.path(), Path("w.npy"));
+  ASSERT_EQ(file.temp_path().rfind(dir_ + "/", 0), 0u) << file.temp_path();
+  const std::string name = file.temp_path().substr(dir_.size() + 1);
+  // A crash leaves this name behind; a scan of the directory maps it back.
+  EXPECT_EQ(AtomicFileTarget(name), "w.npy");
+  EXPECT_THAT(Entries(), ElementsAre(name));
+}
+
+TEST_F(FileTest, AtomicFileKeepsItsMode) {
+  ASSERT_OK(WriteFileAtomically(Path("secret"), "s", 0600));
+  struct stat st;
+  ASSERT_EQ(stat(Path("secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST_F(FileTest, AtomicFileInAMissingDirectoryIsNotFound) {

@@ -4,6 +4,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <string>
@@ -50,6 +51,33 @@ TEST(AwaitReadyTest, PastDeadlineFailsAtOnce) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
 }
 
+// CPU time of the calling thread.
+absl::Duration ThreadCpuTime() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return absl::DurationFromTimespec(now);
+}
+
+// Regression: AwaitReady computed the poll timeout as
+// ToInt64Milliseconds(left) + 1, which overflowed for an infinite `left`
+// and left poll(2) a timeout of 0: the wait spun (300 ms of CPU here).
+TEST(AwaitReadyTest, NoDeadlineBlocksWithoutSpinning) {
+  // absl::InfiniteFuture() is a deadline like any other: the wait sleeps in
+  // poll(2) until the peer writes, it does not burn a core meanwhile.
+  auto [a, b] = StreamPair();
+  std::thread writer([fd = b.get()] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_EQ(write(fd, "x", 1), 1);
+  });
+  const absl::Time start = absl::Now();
+  const absl::Duration cpu_before = ThreadCpuTime();
+  EXPECT_OK(AwaitReady(a.get(), POLLIN, absl::InfiniteFuture(), "waiting"));
+  const absl::Duration cpu = ThreadCpuTime() - cpu_before;
+  writer.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_LT(cpu, absl::Milliseconds(100)) << "AwaitReady spun on the CPU";
+}
+
 TEST(TcpTest, ListenConnectAndMoveBytes) {
   ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
   auto& [listener, port] = listening;
@@ -69,6 +97,20 @@ TEST(TcpTest, ListenConnectAndMoveBytes) {
       ReadFull(server.get(), got.data(), got.size(), absl::Now() + kWait));
   writer.join();
   EXPECT_EQ(got, big);
+}
+
+TEST(TcpTest, ConnectsToAResolvableName) {
+  ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+  auto& [listener, port] = listening;
+  ASSERT_OK_AND_ASSIGN(
+      UniqueFd client,
+      ConnectTcp("localhost:" + std::to_string(port), absl::Now() + kWait));
+  UniqueFd server(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(server.valid());
+  ASSERT_OK(WriteFull(server.get(), "pong", 4, absl::Now() + kWait));
+  std::string got(4, '\0');
+  ASSERT_OK(ReadFull(client.get(), got.data(), 4, absl::Now() + kWait));
+  EXPECT_EQ(got, "pong");
 }
 
 TEST(TcpTest, ListenNeedsAnIpv4Address) {

@@ -20,6 +20,11 @@ using ::tessera::testing::StatusIs;
 using ::testing::HasSubstr;
 
 bool IsOpen(int fd) { return fcntl(fd, F_GETFD) != -1; }
+// Closed as the kernel sees it: fcntl fails with EBADF (not just any error).
+bool IsClosed(int fd) {
+  errno = 0;
+  return fcntl(fd, F_GETFD) == -1 && errno == EBADF;
+}
 
 // A fresh descriptor (one end of a pipe; the other is closed at once).
 int NewFd() {
@@ -33,7 +38,7 @@ TEST(UniqueFdTest, ClosesWhenDestroyed) {
   const int fd = NewFd();
   ASSERT_GE(fd, 0);
   { UniqueFd owned(fd); }
-  EXPECT_FALSE(IsOpen(fd));
+  EXPECT_TRUE(IsClosed(fd));
 }
 
 TEST(UniqueFdTest, EmptyByDefault) {
@@ -59,9 +64,12 @@ TEST(UniqueFdTest, ResetClosesTheOldOne) {
   const int second = NewFd();
   UniqueFd owned(first);
   owned.reset(second);
-  EXPECT_FALSE(IsOpen(first));
+  EXPECT_TRUE(IsClosed(first));
   EXPECT_TRUE(IsOpen(second));
   EXPECT_EQ(owned.get(), second);
+  owned.reset();
+  EXPECT_TRUE(IsClosed(second));
+  EXPECT_FALSE(owned.valid());
 }
 
 TEST(UniqueFdTest, MovesOwnership) {
@@ -73,9 +81,30 @@ TEST(UniqueFdTest, MovesOwnership) {
   EXPECT_EQ(b.get(), first);
   UniqueFd c(second);
   c = std::move(b);  // Closes `second`.
-  EXPECT_FALSE(IsOpen(second));
+  EXPECT_TRUE(IsClosed(second));
   EXPECT_TRUE(IsOpen(first));
   EXPECT_EQ(c.get(), first);
+  EXPECT_FALSE(b.valid());  // NOLINT(bugprone-use-after-move): specified.
+  // Moving into itself (through an alias) keeps the descriptor open.
+  UniqueFd& alias = c;
+  c = std::move(alias);
+  EXPECT_EQ(c.get(), first);
+  EXPECT_TRUE(IsOpen(first));
+}
+
+TEST(UniqueFdTest, CloseClosesOnceAndThenIsANoOp) {
+  const int fd = NewFd();
+  UniqueFd owned(fd);
+  EXPECT_OK(owned.Close("closing the pipe"));
+  EXPECT_TRUE(IsClosed(fd));
+  EXPECT_FALSE(owned.valid());
+  EXPECT_EQ(owned.get(), -1);
+  // Closing twice: the second call has nothing to close (it must not close
+  // whatever now has the same number).
+  const int reused = NewFd();
+  EXPECT_OK(owned.Close("closing again"));
+  EXPECT_TRUE(IsOpen(reused));
+  close(reused);
 }
 
 TEST(UniqueFdTest, CloseReportsTheError) {
@@ -106,6 +135,10 @@ TEST(ErrnoErrorTest, FixedCodeKeepsTheMessage) {
   EXPECT_THAT(
       ErrnoError(EINVAL, "send", absl::StatusCode::kUnavailable),
       StatusIs(absl::StatusCode::kUnavailable, "send: Invalid argument"));
+  // Whatever errno would have chosen: ENOENT alone is NOT_FOUND.
+  EXPECT_THAT(ErrnoError(ENOENT, "connect", absl::StatusCode::kUnavailable),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       "connect: No such file or directory"));
 }
 
 }  // namespace
