@@ -35,11 +35,13 @@ void CommandContext::PrintError(absl::string_view command,
 int CommandContext::ReportUserError(absl::string_view command,
                                     const absl::Status& status) const {
   PrintError(command, status.message());
+  // What the request asked for is wrong: a usage error. The state of the
+  // cluster (FAILED_PRECONDITION: a broken group, a daemon still starting,
+  // a tensor changed meanwhile) is a failed operation, like any other.
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kUnimplemented:
     case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
       return kExitUsage;
     default:
       return kExitFailure;

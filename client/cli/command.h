@@ -57,10 +57,10 @@ class CommandContext {
   // for an empty command) on one line: newlines in `message` become spaces.
   void PrintError(absl::string_view command, absl::string_view message) const;
 
-  // PrintError(command, status.message()), then the exit code for a status
-  // that reports the user's mistake: kExitUsage for INVALID_ARGUMENT,
-  // UNIMPLEMENTED, OUT_OF_RANGE and FAILED_PRECONDITION, kExitFailure
-  // otherwise.
+  // PrintError(command, status.message()), then the exit code: kExitUsage
+  // when the request itself is wrong (INVALID_ARGUMENT, UNIMPLEMENTED,
+  // OUT_OF_RANGE), kExitFailure for everything else, the cluster's state
+  // included (FAILED_PRECONDITION: a broken group, a starting daemon).
   int ReportUserError(absl::string_view command,
                       const absl::Status& status) const;
 

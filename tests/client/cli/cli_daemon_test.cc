@@ -194,6 +194,35 @@ TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
+// A failed operation is exit 1 even when the daemons call it a failed
+// precondition: after a peer died the group is broken, and every later op
+// says so (FAILED_PRECONDITION); that is the cluster's state, not a usage
+// error (issue 14).
+TEST(CliFailureTest, ABrokenGroupIsAFailureNotAUsageError) {
+  DaemonClusterOptions options;
+  options.world_size = 2;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--timeout", "3", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ASSERT_EQ(kill(cluster->daemon(1).pid(), SIGKILL), 0);
+  cluster->daemon(1).WaitFor(absl::Seconds(10));
+  const std::string spec = "chunk:dim=0:rank:0/cpu,rank:1/cpu";
+  std::vector<CliResult> results;
+  for (int i = 0; i < 3; ++i) {
+    results.push_back(RunCli(
+        cluster->address(0),
+        {"create", absl::StrCat("t", i), "--size", "4,4", "--spec", spec},
+        absl::StrCat(cluster->scratch_dir(), "/create", i, ".log")));
+  }
+  bool saw_precondition = false;
+  for (const CliResult& result : results) {
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    saw_precondition |= absl::StrContains(result.output, "broken") ||
+                        absl::StrContains(result.output, "shut down");
+  }
+  EXPECT_TRUE(saw_precondition) << results.back().output;
+}
+
 // The address of the "ready: export TESSERA_ADDRESS=HOST:PORT" line once
 // the launcher printed it; "" when the launcher exited or `timeout` passed.
 std::string WaitForReady(Subprocess& launcher, absl::Duration timeout) {
