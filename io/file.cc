@@ -123,25 +123,48 @@ absl::Status SyncDirectory(const std::string& dir) {
   return SyncFile(fd->get(), dir);
 }
 
-absl::StatusOr<AtomicFile> AtomicFile::Create(std::string path, mode_t mode) {
-  static std::atomic<uint64_t> counter{0};
-  std::string temp_path =
-      absl::StrCat(path, kTempMarker, ::getpid(), ".", counter.fetch_add(1));
-  absl::StatusOr<UniqueFd> fd =
-      OpenFile(temp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
-  if (!fd.ok()) return fd.status();
-  return AtomicFile(std::move(path), std::move(temp_path), *std::move(fd));
+absl::StatusOr<AtomicFile> AtomicFile::Create(const std::string& path,
+                                              mode_t mode) {
+  const size_t slash = path.rfind('/');
+  absl::StatusOr<Directory> dir = Directory::Open(DirectoryOf(path));
+  if (!dir.ok()) return dir.status();
+  return CreateIn(
+      *dir, slash == std::string::npos ? path : path.substr(slash + 1), mode);
 }
 
+absl::StatusOr<AtomicFile> AtomicFile::CreateIn(const Directory& dir,
+                                                std::string name, mode_t mode) {
+  static std::atomic<uint64_t> counter{0};
+  if (absl::Status ok = CheckSingleComponent(name); !ok.ok()) return ok;
+  std::string temp_name =
+      absl::StrCat(name, kTempMarker, ::getpid(), ".", counter.fetch_add(1));
+  absl::StatusOr<UniqueFd> fd =
+      dir.OpenFile(temp_name, O_WRONLY | O_CREAT | O_EXCL, mode);
+  if (!fd.ok()) return fd.status();
+  return AtomicFile(dir, std::move(name), std::move(temp_name), *std::move(fd));
+}
+
+AtomicFile::AtomicFile(Directory dir, std::string name, std::string temp_name,
+                       UniqueFd fd)
+    : dir_(std::move(dir)),
+      name_(std::move(name)),
+      temp_name_(std::move(temp_name)),
+      path_(dir_.PathOf(name_)),
+      temp_path_(dir_.PathOf(temp_name_)),
+      fd_(std::move(fd)) {}
+
 AtomicFile::AtomicFile(AtomicFile&& other) noexcept
-    : path_(std::move(other.path_)),
+    : dir_(other.dir_),
+      name_(std::move(other.name_)),
+      temp_name_(std::move(other.temp_name_)),
+      path_(std::move(other.path_)),
       temp_path_(std::move(other.temp_path_)),
       fd_(std::move(other.fd_)),
       size_(other.size_),
       committed_(std::exchange(other.committed_, true)) {}
 
 AtomicFile::~AtomicFile() {
-  if (!committed_) ::unlink(temp_path_.c_str());
+  if (!committed_) dir_.Remove(temp_name_).IgnoreError();
 }
 
 absl::Status AtomicFile::Append(const void* data, size_t size) {
@@ -160,11 +183,10 @@ absl::Status AtomicFile::Commit() {
   if (!status.ok()) return status;
   status = fd_.Close(absl::StrCat("close ", temp_path_));
   if (!status.ok()) return status;
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return ErrnoError(errno, absl::StrCat("rename to ", path_));
-  }
+  status = dir_.Rename(temp_name_, name_);
+  if (!status.ok()) return status;
   committed_ = true;
-  return SyncDirectory(DirectoryOf(path_));
+  return dir_.Sync();
 }
 
 absl::string_view AtomicFileTarget(absl::string_view name) {

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "io/directory.h"
 #include "io/unique_fd.h"
 
 namespace tessera {
@@ -58,14 +59,21 @@ absl::Status SyncDirectory(const std::string& dir);
 // file is removed when the object dies uncommitted.
 class AtomicFile {
  public:
-  static absl::StatusOr<AtomicFile> Create(std::string path,
+  static absl::StatusOr<AtomicFile> Create(const std::string& path,
                                            mode_t mode = 0644);
+  // The same for the file `name` (one component) of `dir`: every step is
+  // relative to the held directory and follows no symbolic link.
+  static absl::StatusOr<AtomicFile> CreateIn(const Directory& dir,
+                                             std::string name,
+                                             mode_t mode = 0644);
   AtomicFile(AtomicFile&& other) noexcept;
   AtomicFile& operator=(AtomicFile&&) = delete;
   ~AtomicFile();
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
+  const std::string& name() const { return name_; }
+  const std::string& temp_name() const { return temp_name_; }
   int64_t size() const { return size_; }
 
   absl::Status Append(const void* data, size_t size);
@@ -73,11 +81,12 @@ class AtomicFile {
   absl::Status Commit();
 
  private:
-  AtomicFile(std::string path, std::string temp_path, UniqueFd fd)
-      : path_(std::move(path)),
-        temp_path_(std::move(temp_path)),
-        fd_(std::move(fd)) {}
+  AtomicFile(Directory dir, std::string name, std::string temp_name,
+             UniqueFd fd);
 
+  Directory dir_;
+  std::string name_;
+  std::string temp_name_;
   std::string path_;
   std::string temp_path_;
   UniqueFd fd_;
