@@ -1,6 +1,7 @@
 #include "server/daemon/control_core.h"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -258,29 +259,49 @@ void Core::Execute(absl::string_view entry, int64_t n) {
     spdlog::error("control: log entry {} is malformed; skipping it", n);
     return;
   }
+  if (op.request_case() == v1::ControlOp::REQUEST_NOT_SET) {
+    spdlog::error("control: log entry {} holds no request; skipping it", n);
+    return;
+  }
+  // The op boundary: request handling never throws out of here (docs/
+  // thread_model.md). What the code below throws after all (an allocation
+  // refused, a library's exception) fails this op on this daemon with
+  // INTERNAL, agreed like any other failure where the op still can.
   Outcome outcome;
-  switch (op.request_case()) {
-    case v1::ControlOp::kCreateTensor:
-      outcome = RunCreate(op);
-      break;
-    case v1::ControlOp::kDeleteTensor:
-      outcome = RunDelete(op);
-      break;
-    case v1::ControlOp::kReshard:
-      outcome = RunReshard(op);
-      break;
-    case v1::ControlOp::kGather:
-      outcome = RunGather(op);
-      break;
-    case v1::ControlOp::kSaveCheckpoint:
-      outcome = RunSave(op);
-      break;
-    case v1::ControlOp::kLoadCheckpoint:
-      outcome = RunLoad(op);
-      break;
-    case v1::ControlOp::REQUEST_NOT_SET:
-      spdlog::error("control: log entry {} holds no request; skipping it", n);
-      return;
+  try {
+    switch (op.request_case()) {
+      case v1::ControlOp::kCreateTensor:
+        outcome = RunCreate(op);
+        break;
+      case v1::ControlOp::kDeleteTensor:
+        outcome = RunDelete(op);
+        break;
+      case v1::ControlOp::kReshard:
+        outcome = RunReshard(op);
+        break;
+      case v1::ControlOp::kGather:
+        outcome = RunGather(op);
+        break;
+      case v1::ControlOp::kSaveCheckpoint:
+        outcome = RunSave(op);
+        break;
+      case v1::ControlOp::kLoadCheckpoint:
+        outcome = RunLoad(op);
+        break;
+      case v1::ControlOp::REQUEST_NOT_SET:
+        break;
+    }
+  } catch (const std::exception& e) {
+    outcome = Outcome();
+    outcome.status = absl::InternalError(absl::StrCat(
+        OpName(op), " failed on rank ", rank_->rank(), ": ", e.what()));
+    spdlog::error("control: op {} threw: {}", n, e.what());
+  } catch (...) {
+    outcome = Outcome();
+    outcome.status = absl::InternalError(
+        absl::StrCat(OpName(op), " failed on rank ", rank_->rank(),
+                     ": an unknown exception"));
+    spdlog::error("control: op {} threw an unknown exception", n);
   }
   // The call returns once every daemon shows the change (control.proto:
   // after a call returns, every daemon lists and describes the same

@@ -8,6 +8,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "wire/request_guard.h"
 
 namespace tessera {
 namespace {
@@ -38,6 +39,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // A busy port must fail here, not be shared with another server (gRPC
   // sets SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  AddRequestGuard(builder);
   ConfigureShardServer(&builder);
   builder.RegisterService(server->service_.get());
   for (grpc::Service* service : options.services) {

@@ -1,0 +1,91 @@
+#include "wire/request_guard.h"
+
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/support/server_interceptor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+
+namespace tessera {
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+
+// The method's descriptor for "/package.Service/Method"; null when this
+// binary knows no such method.
+const google::protobuf::MethodDescriptor* FindMethod(absl::string_view path) {
+  absl::ConsumePrefix(&path, "/");
+  return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
+      absl::StrReplaceAll(path, {{"/", "."}}));
+}
+
+class RequestGuard final : public grpc::experimental::Interceptor {
+ public:
+  explicit RequestGuard(grpc::experimental::ServerRpcInfo* info)
+      : method_(info->method() != nullptr ? info->method() : "") {}
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      malformed_ = true;
+    }
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
+          status.error_message().empty()) {
+        if (const auto* method = FindMethod(method_)) {
+          methods->ModifySendStatus(Rewrite(*method));
+        }
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  grpc::Status Rewrite(const google::protobuf::MethodDescriptor& method) const {
+    if (malformed_) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat(method_, ": malformed request: not a valid ",
+                       method.input_type()->full_name()));
+    }
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat(method_,
+                                     ": the request failed unexpectedly on "
+                                     "this server (see its log)"));
+  }
+
+  const std::string method_;
+  bool malformed_ = false;
+};
+
+class RequestGuardFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new RequestGuard(info);
+  }
+};
+
+}  // namespace
+
+void AddRequestGuard(grpc::ServerBuilder& builder) {
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      creators;
+  creators.push_back(std::make_unique<RequestGuardFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(creators));
+}
+
+}  // namespace tessera

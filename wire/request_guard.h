@@ -1,0 +1,29 @@
+// What every Tessera gRPC server installs so that a request it cannot use
+// gets a status that says why, naming the method.
+//
+// gRPC's callback API answers a request whose bytes do not parse as the
+// method's message with UNIMPLEMENTED and an empty message (and so it does
+// when a handler throws while creating its reactor). The guard, a server
+// interceptor, rewrites those answers of methods the server does
+// implement:
+//  - a request that failed to parse: INVALID_ARGUMENT "<Service>/<Method>:
+//    malformed request: not a valid <request type>";
+//  - anything else answered UNIMPLEMENTED without a message (a handler that
+//    failed unexpectedly): INTERNAL "<Service>/<Method>: the request failed
+//    unexpectedly on this server (see its log)".
+// Unknown methods keep UNIMPLEMENTED. It costs one flag per call.
+//
+// Thread-safety: the factory is stateless; interceptors belong to one call.
+#ifndef TESSERA_WIRE_REQUEST_GUARD_H_
+#define TESSERA_WIRE_REQUEST_GUARD_H_
+
+#include <grpcpp/server_builder.h>
+
+namespace tessera {
+
+// Adds the guard to `builder`'s interceptors (call before BuildAndStart).
+void AddRequestGuard(grpc::ServerBuilder& builder);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WIRE_REQUEST_GUARD_H_
