@@ -432,9 +432,11 @@ absl::StatusOr<Tensor> Client::Gather(const std::string& name,
 }
 
 absl::StatusOr<std::vector<std::string>> Client::Save(
-    const std::string& path, const std::vector<std::string>& names) {
+    const std::string& path, const std::vector<std::string>& names,
+    bool overwrite) {
   v1::SaveCheckpointRequest request;
   request.set_path(path);
+  request.set_overwrite(overwrite);
   for (const std::string& name : names) request.add_names(name);
   v1::SaveCheckpointResponse response;
   RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,

@@ -182,9 +182,12 @@ class Client {
                                 const TransferOptions& options = {}) const;
 
   // Saves tensors (empty: all) into `path`, a directory every daemon can
-  // write. Returns the names saved.
+  // write, relative to the daemons' checkpoint root or inside one
+  // (control.proto). A checkpoint already there is ALREADY_EXISTS unless
+  // `overwrite`. Returns the names saved.
   absl::StatusOr<std::vector<std::string>> Save(
-      const std::string& path, const std::vector<std::string>& names = {});
+      const std::string& path, const std::vector<std::string>& names = {},
+      bool overwrite = false);
   // Loads a checkpoint (request.path; names, as_names, replace, spec as in
   // control.proto).
   absl::StatusOr<std::vector<ShardedTensorView>> Load(

@@ -36,7 +36,8 @@ trap stop EXIT
 
 echo "\$ tessera launch --nproc 4 --cpu"
 "$bin/tessera" launch --nproc 4 --cpu --host 127.0.0.1 \
-  --master-port "$master_port" --base-port "$base_port" >"$log" 2>&1 &
+  --master-port "$master_port" --base-port "$base_port" \
+  --checkpoint-root "$checkpoint" >"$log" 2>&1 &
 launcher=$!
 for _ in $(seq 1 600); do
   grep -q '^ready' "$log" && break
@@ -56,8 +57,8 @@ run() {
   "$bin/tessera" "$@"
 }
 echo
-echo "\$ tessera-demo --checkpoint $checkpoint"
-"$bin/tessera-demo" --checkpoint "$checkpoint"
+echo "\$ tessera-demo --checkpoint demo"
+"$bin/tessera-demo" --checkpoint demo
 
 run health
 run ls

@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   const char* env_address = std::getenv("TESSERA_ADDRESS");
   std::string address =
       env_address != nullptr ? env_address : "127.0.0.1:29600";
-  std::string checkpoint = "/tmp/tessera-demo-checkpoint";
+  // Relative to the daemons' --checkpoint-root.
+  std::string checkpoint = "tessera-demo-checkpoint";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--address") {
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
   Verdict(CheckWhole(*gathered), all_ok);
 
   std::cout << "\n6. save to " << checkpoint << ", delete, load back\n";
-  auto saved = (*client)->Save(checkpoint, {"demo"});
+  auto saved = (*client)->Save(checkpoint, {"demo"}, /*overwrite=*/true);
   if (!saved.ok()) return Fail("save", saved.status());
   if (absl::Status s = (*client)->Delete("demo"); !s.ok()) {
     return Fail("delete", s);

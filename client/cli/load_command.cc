@@ -19,8 +19,10 @@ constexpr absl::string_view kCommand = "load";
 
 int RunLoad(const LoadOptions& options, const CommandContext& context) {
   v1::LoadCheckpointRequest request;
-  absl::StatusOr<std::string> path = AbsoluteCheckpointPath(options.path);
-  if (!path.ok()) return context.ReportUserError(kCommand, path.status());
+  if (absl::Status path = CheckCheckpointPath(options.path); !path.ok()) {
+    return context.ReportUserError(kCommand, path);
+  }
+  const std::string* path = &options.path;
   request.set_path(*path);
   std::vector<std::string> names;
   if (!options.names.empty()) {
@@ -77,8 +79,8 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
       "Load tensors from a checkpoint, in their saved layout or resharded");
   auto options = std::make_shared<LoadOptions>();
   load->add_option("path", options->path,
-                   "The checkpoint directory (relative paths are resolved "
-                   "here)")
+                   "The checkpoint directory: relative to the daemons' "
+                   "--checkpoint-root, or an absolute path inside one")
       ->required()
       ->type_name("PATH");
   load->add_option("--names", options->names,

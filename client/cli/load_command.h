@@ -6,7 +6,8 @@
 //
 // --names picks entries (default: all), --as renames them (same count as
 // --names), --replace overwrites tensors of the same name, --spec reshards
-// every loaded tensor while loading. Prints the loaded tensors as `tessera
+// every loaded tensor while loading. PATH is resolved by the daemons, as
+// for `tessera save`. Prints the loaded tensors as `tessera
 // ls` does. Exit codes (command.h): 0 ok; 1 when the checkpoint or an entry
 // does not exist, a name is taken or the cluster cannot be reached; 2 for
 // a usage error or a bad spec.

@@ -1,13 +1,15 @@
 // `tessera save PATH [NAME...]`: saves tensors (default: all of them) into
 // a checkpoint directory that every daemon writes its own shards into.
 //
-//   tessera save /shared/ckpt [w x ...]
+//   tessera save [--overwrite] step100 [w x ...]
 //
-// A relative PATH is made absolute against the current directory, since
-// the daemons run elsewhere; it must name a place every daemon can write
-// (one host, or a shared filesystem). Exit codes (command.h): 0 ok; 1 when
-// a tensor does not exist, the directory cannot be written or the cluster
-// cannot be reached; 2 for a usage error.
+// PATH is the daemons' to resolve: relative to their first
+// --checkpoint-root, or an absolute path inside one (never through ".." or
+// a symbolic link); it must name a place every daemon can write (one host,
+// or a shared filesystem). Exit codes (command.h): 0 ok; 1 when a tensor
+// does not exist, the checkpoint exists (without --overwrite), the path is
+// refused or cannot be written, or the cluster cannot be reached; 2 for a
+// usage error.
 #ifndef TESSERA_CLIENT_CLI_SAVE_COMMAND_H_
 #define TESSERA_CLIENT_CLI_SAVE_COMMAND_H_
 
@@ -25,15 +27,15 @@ struct SaveOptions {
   ConnectionFlags connection;
   std::string path;
   std::vector<std::string> names;
+  bool overwrite = false;
 };
 
 void AddSaveCommand(CLI::App& app, CommandContext& context);
 
 int RunSave(const SaveOptions& options, const CommandContext& context);
 
-// `path` made absolute against the current directory (unchanged when it
-// already is). Shared with `tessera load`.
-absl::StatusOr<std::string> AbsoluteCheckpointPath(const std::string& path);
+// INVALID_ARGUMENT for an empty path. Shared with `tessera load`.
+absl::Status CheckCheckpointPath(const std::string& path);
 
 }  // namespace tessera::cli
 

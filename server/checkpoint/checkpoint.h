@@ -46,6 +46,19 @@
 //  - the collectives' errors (UNAVAILABLE, DEADLINE_EXCEEDED) when a peer
 //    dies during a save.
 //
+// Files: every file is opened relative to the checkpoint directory, held
+// open (io/directory.h), by a single name and never through a symbolic
+// link; data files get fresh random names and are written as temporary
+// files (O_EXCL | O_NOFOLLOW) renamed into place, so a save never writes
+// through or over anything it did not create. The manifest ends with an
+// XXH3-64 of its own bytes (format version 2), so a damaged manifest is
+// DATA_LOSS, never a checkpoint that loads with shards moved. After a save
+// commits, its writer removes the files the replaced manifest named, and a
+// save or load removes the leftovers of a killed save: files of this
+// format's names (and their temporary files) that the manifest does not
+// name, owned by the calling process's user, last modified before the
+// operation began. Nothing else in the directory is touched.
+//
 // Thread-safety: the functions are reentrant; a save's collectives follow
 // the group's ordering rules (process_group.h). A directory must not be
 // saved to by two saves at once, nor loaded while a save replaces it (a
@@ -59,9 +72,11 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/sharding_spec.h"
+#include "io/directory.h"
 #include "server/collective/process_group.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
@@ -70,8 +85,9 @@
 
 namespace tessera {
 
-// The manifest format this build writes, and the newest it reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// The manifest format this build writes, and the newest it reads. Version 1
+// (no manifest checksum) is still read.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 
 struct SaveOptions {
   // The saving rank; null: DefaultRank().
@@ -84,6 +100,10 @@ struct SaveOptions {
   // blocks make partial reads tighter and the manifest larger (8 bytes per
   // block); tests set it tiny so that small shards span many blocks.
   int64_t block_bytes = int64_t{1} << 20;
+  // Whether a save may replace a checkpoint already in the directory (as
+  // torch.save replaces a file); false: ALREADY_EXISTS naming it. The
+  // daemon's SaveCheckpoint defaults to false.
+  bool overwrite = true;
 };
 
 // Where a resharding load puts one sharded entry: new shards laid out by a
@@ -124,6 +144,13 @@ struct LoadOptions {
 // on any device and non-contiguous; its bytes are saved row-major.
 absl::Status SaveStateDict(const StateDict& state_dict, const std::string& dir,
                            const SaveOptions& options = {});
+// The same into the directory `open_dir` returns, called once by every
+// member inside the collective (so that a member that cannot open it fails
+// the save on every member instead of leaving them waiting).
+absl::Status SaveStateDict(
+    const StateDict& state_dict,
+    absl::FunctionRef<absl::StatusOr<Directory>()> open_dir,
+    const SaveOptions& options = {});
 
 // Loads the checkpoint in `dir`, in saved order. Dense tensors come back as
 // CPU tensors. Sharded entries are new ShardedTensors on the load group (or
@@ -132,11 +159,19 @@ absl::Status SaveStateDict(const StateDict& state_dict, const std::string& dir,
 // returned (Into targets may have been partly written).
 absl::StatusOr<StateDict> LoadStateDict(const std::string& dir,
                                         const LoadOptions& options = {});
+absl::StatusOr<StateDict> LoadStateDict(const Directory& dir,
+                                        const LoadOptions& options = {});
 
 // The manifest of the checkpoint in `dir` (for tools and tests). NOT_FOUND,
 // DATA_LOSS or INVALID_ARGUMENT (newer format version) as above.
 absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(
     const std::string& dir);
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(
+    const Directory& dir);
+// Replaces the manifest of `dir` with `manifest` (its format version as
+// given), checksummed as a save writes it (for tools and tests).
+absl::Status WriteCheckpointManifest(const Directory& dir,
+                                     const v1::CheckpointManifest& manifest);
 
 }  // namespace tessera
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,10 +21,12 @@
 #include "common/device.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/status_macros.h"
+#include "io/directory.h"
 #include "io/file.h"
 #include "io/unique_fd.h"
 #include "server/collective/process_group.h"
 #include "server/rank/rank.h"
+#include "tessera/v1/checkpoint.pb.h"
 
 namespace tessera::checkpoint_internal {
 
@@ -35,10 +38,11 @@ inline constexpr int64_t kBlockAlignment = 16;
 // A checkpoint file open for reading.
 class File {
  public:
-  static absl::StatusOr<File> Open(const std::string& path, int flags) {
-    absl::StatusOr<UniqueFd> fd = OpenFile(path, flags);
+  static absl::StatusOr<File> Open(const Directory& dir, absl::string_view name,
+                                   int flags) {
+    absl::StatusOr<UniqueFd> fd = dir.OpenFile(name, flags);
     if (!fd.ok()) return Annotate(fd.status(), "checkpoint");
-    return File(*std::move(fd), path);
+    return File(*std::move(fd), dir.PathOf(name));
   }
 
   const std::string& path() const { return path_; }
@@ -70,14 +74,21 @@ class File {
   std::string path_;
 };
 
-// "<dir>/<name>".
-std::string JoinPath(const std::string& dir, absl::string_view name);
 // "shard 3 of \"w\"", for messages.
 std::string ShardWhat(absl::string_view name, int64_t shard);
-// Whether `name` is a file a save of this format creates (or the temporary
-// file of one), so that files the current manifest no longer names can be
-// removed.
+// Whether `name` is a file a save of this format creates: manifest.pb,
+// rank<r>.<16 hex digits>.shards, dense.<16 hex digits>.bin, or the
+// temporary file of one.
 bool IsCheckpointFile(absl::string_view name);
+// Best effort, after a commit or a load: removes from `dir` the regular
+// files owned by this process's user, not in `keep`, that are either
+// checkpoint files named in `replaced` (the manifest a save replaced), or
+// checkpoint files last modified before `before_ns` (leftovers of a killed
+// save). Never anything else.
+void RemoveLeftovers(const Directory& dir, const std::set<std::string>& keep,
+                     const std::set<std::string>& replaced, int64_t before_ns);
+// The files a manifest names, itself included.
+std::set<std::string> NamedFiles(const v1::CheckpointManifest& manifest);
 // Each shard's owner (global rank) and device, resolved against `group` as
 // ShardedTensor does (worker names need the rank's RPC).
 absl::StatusOr<std::vector<std::pair<int, Device>>> ResolveOwners(

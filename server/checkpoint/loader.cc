@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/shard_layout.h"
@@ -21,8 +22,9 @@
 namespace tessera {
 
 using checkpoint_internal::File;
-using checkpoint_internal::JoinPath;
 using checkpoint_internal::kBlockAlignment;
+using checkpoint_internal::NamedFiles;
+using checkpoint_internal::RemoveLeftovers;
 using checkpoint_internal::ResolveOwners;
 using checkpoint_internal::ShardWhat;
 
@@ -41,8 +43,7 @@ absl::Status ValidateExtent(const v1::DataExtent& extent, int64_t length,
                             absl::string_view what) {
   const int64_t block = extent.block_bytes();
   const char* problem = nullptr;
-  if (extent.file().empty() || absl::StrContains(extent.file(), '/') ||
-      extent.file() == "..") {
+  if (!CheckSingleComponent(extent.file()).ok()) {
     problem = "a bad file name";
   } else if (extent.offset() < 0 || extent.length() != length) {
     problem = "a bad offset or length";
@@ -60,7 +61,7 @@ absl::Status ValidateExtent(const v1::DataExtent& extent, int64_t length,
 // file once.
 class CheckpointReader {
  public:
-  explicit CheckpointReader(std::string dir) : dir_(std::move(dir)) {}
+  explicit CheckpointReader(Directory dir) : dir_(std::move(dir)) {}
 
   // Elements [first, first + count) of the run `extent` holds, as a 1-d CPU
   // tensor of `dtype`. Reads and verifies only the blocks that hold them.
@@ -100,7 +101,7 @@ class CheckpointReader {
                                    absl::string_view what) {
     auto it = files_.find(name);
     if (it == files_.end()) {
-      absl::StatusOr<File> file = File::Open(JoinPath(dir_, name), O_RDONLY);
+      absl::StatusOr<File> file = File::Open(dir_, name, O_RDONLY);
       if (!file.ok()) {
         return Annotate(file.status(), absl::StrCat("reading ", what));
       }
@@ -109,7 +110,7 @@ class CheckpointReader {
     return &it->second;
   }
 
-  std::string dir_;
+  Directory dir_;
   std::map<std::string, File> files_;
 };
 
@@ -221,7 +222,7 @@ absl::Status CheckSameGroup(const v1::ShardedTensorEntry& entry,
 // Loads one checkpoint's entries, sharing open files between them.
 class Loader {
  public:
-  Loader(const std::string& dir, const LoadOptions& options)
+  Loader(const Directory& dir, const LoadOptions& options)
       : reader_(dir), options_(options) {}
 
   absl::StatusOr<StateValue> Load(const v1::CheckpointEntry& entry) {
@@ -380,7 +381,7 @@ class Loader {
 
 // Every resharding target names a sharded entry and says where it goes.
 absl::Status CheckTargets(const v1::CheckpointManifest& manifest,
-                          const LoadOptions& options, const std::string& dir) {
+                          const LoadOptions& options, const Directory& dir) {
   for (const auto& [name, target] : options.reshard) {
     if (target.spec.has_value() == target.into.has_value()) {
       return absl::InvalidArgumentError(
@@ -392,8 +393,8 @@ absl::Status CheckTargets(const v1::CheckpointManifest& manifest,
         entries.begin(), entries.end(),
         [&](const v1::CheckpointEntry& entry) { return entry.name() == name; });
     if (it == entries.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("no entry named \"", name, "\" in checkpoint ", dir));
+      return absl::NotFoundError(absl::StrCat("no entry named \"", name,
+                                              "\" in checkpoint ", dir.path()));
     }
     if (!it->has_sharded()) {
       return absl::InvalidArgumentError(
@@ -407,10 +408,13 @@ absl::Status CheckTargets(const v1::CheckpointManifest& manifest,
 
 }  // namespace
 
-absl::StatusOr<StateDict> LoadStateDict(const std::string& dir,
+absl::StatusOr<StateDict> LoadStateDict(const Directory& dir,
                                         const LoadOptions& options) {
+  const int64_t start_ns = absl::GetCurrentTimeNanos();
   ASSIGN_OR_RETURN(v1::CheckpointManifest manifest,
                    ReadCheckpointManifest(dir));
+  // Best effort (the directory may be read-only to this process).
+  RemoveLeftovers(dir, NamedFiles(manifest), {}, start_ns);
   RETURN_IF_ERROR(CheckTargets(manifest, options, dir));
   Loader loader(dir, options);
   StateDict state_dict;
@@ -419,6 +423,12 @@ absl::StatusOr<StateDict> LoadStateDict(const std::string& dir,
     state_dict.emplace_back(entry.name(), std::move(value));
   }
   return state_dict;
+}
+
+absl::StatusOr<StateDict> LoadStateDict(const std::string& dir,
+                                        const LoadOptions& options) {
+  ASSIGN_OR_RETURN(Directory opened, Directory::Open(dir));
+  return LoadStateDict(opened, options);
 }
 
 }  // namespace tessera

@@ -1,9 +1,7 @@
 #include "server/checkpoint/checkpoint.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -16,33 +14,28 @@
 #include "absl/time/clock.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
-#include "io/errno.h"
 #include "io/file.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "xxhash.h"
 
 namespace tessera {
 
-using checkpoint_internal::IsCheckpointFile;
-using checkpoint_internal::JoinPath;
 using checkpoint_internal::kBlockAlignment;
 using checkpoint_internal::kManifestName;
+using checkpoint_internal::NamedFiles;
+using checkpoint_internal::RemoveLeftovers;
 using checkpoint_internal::ResolveOwners;
 using checkpoint_internal::ShardWhat;
 
 namespace {
-
-absl::Status IoError(int err, absl::string_view what, absl::string_view path) {
-  return Annotate(ErrnoError(err, absl::StrCat(what, " ", path)), "checkpoint");
-}
 
 // A checkpoint file written atomically (io/file.h's AtomicFile) under its
 // name in the checkpoint directory.
 class CheckpointFile {
  public:
   static absl::StatusOr<std::unique_ptr<CheckpointFile>> Create(
-      const std::string& dir, const std::string& name) {
-    absl::StatusOr<AtomicFile> file = AtomicFile::Create(JoinPath(dir, name));
+      const Directory& dir, const std::string& name) {
+    absl::StatusOr<AtomicFile> file = AtomicFile::CreateIn(dir, name);
     if (!file.ok()) return Annotate(file.status(), "checkpoint");
     return absl::WrapUnique(new CheckpointFile(name, *std::move(file)));
   }
@@ -211,11 +204,14 @@ absl::Status PieceStatus(const v1::CheckpointSavePiece& piece) {
 // exchanges nothing.
 class Saver {
  public:
-  Saver(const StateDict& state_dict, const std::string& dir,
+  Saver(const StateDict& state_dict,
+        absl::FunctionRef<absl::StatusOr<Directory>()> open_dir,
         std::shared_ptr<ProcessGroup> group, const SaveOptions& options)
       : state_dict_(state_dict),
-        dir_(dir),
+        open_dir_(open_dir),
         group_(std::move(group)),
+        overwrite_(options.overwrite),
+        start_ns_(absl::GetCurrentTimeNanos()),
         block_bytes_(
             (std::max<int64_t>(options.block_bytes, 1) + kBlockAlignment - 1) /
             kBlockAlignment * kBlockAlignment) {}
@@ -249,18 +245,27 @@ class Saver {
     manifest_ = Skeleton(state_dict_);
     const std::string plan = manifest_.SerializeAsString();
     piece_.set_plan_digest(XXH3_64bits(plan.data(), plan.size()));
-    // Only the overloads that report through std::error_code: a request's
-    // path must never make a daemon throw (ENAMETOOLONG, ELOOP, EACCES...).
-    std::error_code error;
-    std::filesystem::create_directories(dir_, error);
-    if (error) {
-      std::error_code is_dir_error;
-      if (!std::filesystem::is_directory(dir_, is_dir_error)) {
-        return IoError(error.value(), "create directory", dir_);
-      }
-    }
+    absl::StatusOr<Directory> dir = open_dir_();
+    if (!dir.ok()) return Annotate(dir.status(), "checkpoint");
+    dir_ = *std::move(dir);
+    if (writer()) RETURN_IF_ERROR(CheckReplaced());
     RETURN_IF_ERROR(WriteShards());
     return writer() ? WriteDense() : absl::OkStatus();
+  }
+
+  // A checkpoint already in the directory is replaced only with overwrite;
+  // the files its manifest names are removed after the commit.
+  absl::Status CheckReplaced() {
+    absl::StatusOr<Directory::Entry> existing = dir_->Stat(kManifestName);
+    if (absl::IsNotFound(existing.status())) return absl::OkStatus();
+    if (!overwrite_) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("checkpoint ", dir_->path(),
+                       " exists; save with overwrite to replace it"));
+    }
+    absl::StatusOr<v1::CheckpointManifest> old = ReadCheckpointManifest(*dir_);
+    if (old.ok()) replaced_ = NamedFiles(*old);
+    return absl::OkStatus();
   }
 
   // This member's local shards, in state-dict and shard order, into
@@ -272,8 +277,9 @@ class Saver {
           std::get_if<ShardedTensor>(&state_dict_[e].second);
       if (st == nullptr || st->local_shards().empty()) continue;
       if (file == nullptr) {
-        ASSIGN_OR_RETURN(file, CheckpointFile::Create(
-                                   dir_, absl::StrCat("rank", group_rank(), ".",
+        ASSIGN_OR_RETURN(
+            file, CheckpointFile::Create(*dir_,
+                                         absl::StrCat("rank", group_rank(), ".",
                                                       NewFileId(), ".shards")));
       }
       RETURN_IF_ERROR(AppendLocalShards(*st, static_cast<int>(e), *file));
@@ -318,7 +324,7 @@ class Saver {
       if (file == nullptr) {
         ASSIGN_OR_RETURN(
             file, CheckpointFile::Create(
-                      dir_, absl::StrCat("dense.", NewFileId(), ".bin")));
+                      *dir_, absl::StrCat("dense.", NewFileId(), ".bin")));
       }
       ASSIGN_OR_RETURN(*manifest_.mutable_entries(static_cast<int>(e))
                             ->mutable_dense()
@@ -331,7 +337,7 @@ class Saver {
   absl::Status CommitFile(CheckpointFile* file) {
     if (file == nullptr) return absl::OkStatus();
     RETURN_IF_ERROR(file->Commit());
-    written_.push_back(JoinPath(dir_, file->name()));
+    written_.push_back(file->name());
     return absl::OkStatus();
   }
 
@@ -396,35 +402,10 @@ class Saver {
         }
       }
     }
-    ASSIGN_OR_RETURN(auto file, CheckpointFile::Create(dir_, kManifestName));
-    const std::string bytes = manifest_.SerializeAsString();
-    RETURN_IF_ERROR(file->Append(bytes.data(), bytes.size()));
-    RETURN_IF_ERROR(file->Commit());
-    RemoveUnreferenced();
+    RETURN_IF_ERROR(WriteCheckpointManifest(*dir_, manifest_));
+    // Best effort: the checkpoint is committed whether or not this succeeds.
+    RemoveLeftovers(*dir_, NamedFiles(manifest_), replaced_, start_ns_);
     return absl::OkStatus();
-  }
-
-  // Best effort: the checkpoint is committed whether or not this succeeds.
-  void RemoveUnreferenced() {
-    std::set<std::string> keep = {kManifestName};
-    for (const v1::CheckpointEntry& entry : manifest_.entries()) {
-      keep.insert(entry.dense().data().file());
-      for (const v1::SavedShard& shard : entry.sharded().shards()) {
-        keep.insert(shard.data().file());
-      }
-    }
-    // Iterated with increment(error_code): a range-for's operator++ throws.
-    std::error_code error;
-    std::filesystem::directory_iterator it(dir_, error);
-    const std::filesystem::directory_iterator end;
-    for (; !error && it != end; it.increment(error)) {
-      const std::string name = it->path().filename().string();
-      std::error_code ignored;
-      if (it->is_regular_file(ignored) && IsCheckpointFile(name) &&
-          keep.count(name) == 0) {
-        std::filesystem::remove(it->path(), ignored);
-      }
-    }
   }
 
   // The writer's outcome, on every member; also the closing barrier, so
@@ -443,12 +424,16 @@ class Saver {
   }
 
   void RemoveWritten() {
-    for (const std::string& path : written_) unlink(path.c_str());
+    for (const std::string& name : written_) dir_->Remove(name).IgnoreError();
   }
 
   const StateDict& state_dict_;
-  const std::string& dir_;
+  absl::FunctionRef<absl::StatusOr<Directory>()> open_dir_;
+  std::optional<Directory> dir_;
   std::shared_ptr<ProcessGroup> group_;
+  const bool overwrite_;
+  const int64_t start_ns_;
+  std::set<std::string> replaced_;
   const int64_t block_bytes_;
   v1::CheckpointManifest manifest_;
   v1::CheckpointSavePiece piece_;
@@ -457,12 +442,21 @@ class Saver {
 
 }  // namespace
 
-absl::Status SaveStateDict(const StateDict& state_dict, const std::string& dir,
-                           const SaveOptions& options) {
+absl::Status SaveStateDict(
+    const StateDict& state_dict,
+    absl::FunctionRef<absl::StatusOr<Directory>()> open_dir,
+    const SaveOptions& options) {
   ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> group,
                    ResolveSaveGroup(state_dict, options));
   if (group != nullptr && !group->is_member()) return absl::OkStatus();
-  return Saver(state_dict, dir, std::move(group), options).Run();
+  return Saver(state_dict, open_dir, std::move(group), options).Run();
+}
+
+absl::Status SaveStateDict(const StateDict& state_dict, const std::string& dir,
+                           const SaveOptions& options) {
+  return SaveStateDict(
+      state_dict, [&dir] { return Directory::Open(dir, /*create=*/true); },
+      options);
 }
 
 }  // namespace tessera

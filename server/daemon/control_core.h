@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_service.h"
+#include "server/daemon/memory_budget.h"
 #include "server/daemon/region_io.h"
 #include "server/rank/rank.h"
 #include "server/serve/fetch.h"
@@ -48,8 +49,13 @@ inline constexpr char kStarting[] = "daemon is starting";
 absl::Status UnknownTensor(absl::string_view name);
 // The method name of `op` ("CreateTensor", ...), for messages.
 const char* OpName(const v1::ControlOp& op);
-// This host's physical memory, the default limit of max_host_bytes.
-int64_t PhysicalMemoryBytes();
+// The budget of a daemon whose options name none: DefaultMemoryLimit for
+// a daemon alone on its host.
+inline std::shared_ptr<MemoryBudget> DefaultBudget() {
+  std::string source;
+  const int64_t limit = DefaultMemoryLimit(1, &source);
+  return MemoryBudget::Create(limit, source);
+}
 
 // What an op produced, for its coordinator's reply.
 struct OpResult {
@@ -57,6 +63,8 @@ struct OpResult {
   std::vector<std::string> names;     // SaveCheckpoint
   std::vector<v1::TensorInfo> infos;  // LoadCheckpoint
   Tensor gathered;                    // Gather, on the coordinator
+  // Its share of the memory budget, held until the stream is done with it.
+  std::shared_ptr<MemoryBudget::Reservation> gathered_reservation;
 };
 
 using Completion = std::function<void(const absl::Status&, OpResult)>;
@@ -134,6 +142,8 @@ class Core : public std::enable_shared_from_this<Core> {
   Core(std::shared_ptr<Rank> rank, ControlOptions options)
       : rank_(std::move(rank)),
         options_(std::move(options)),
+        budget_(options_.memory_budget != nullptr ? options_.memory_budget
+                                                  : DefaultBudget()),
         store_(std::make_shared<PrefixStore>("control", rank_->store())),
         incarnation_(std::random_device()() ^
                      (uint64_t{std::random_device()()} << 32) ^
@@ -184,16 +194,7 @@ class Core : public std::enable_shared_from_this<Core> {
     return chunks;
   }
   int rank() const { return rank_->rank(); }
-  // RESOURCE_EXHAUSTED when `bytes` of host memory for `what` exceed
-  // ControlOptions::max_host_bytes.
-  absl::Status CheckHostBytes(int64_t bytes, absl::string_view what) const {
-    const int64_t limit = options_.max_host_bytes > 0 ? options_.max_host_bytes
-                                                      : PhysicalMemoryBytes();
-    if (bytes <= limit) return absl::OkStatus();
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " needs ", bytes, " bytes of host memory; rank ",
-                     rank_->rank(), " allows ", limit));
-  }
+  const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
   int64_t applied_ops() const { return applied_.load(); }
 
  private:
@@ -201,6 +202,8 @@ class Core : public std::enable_shared_from_this<Core> {
   struct Entry {
     ShardedTensor tensor;
     v1::TensorInfo info;
+    // This daemon's CPU shards of it, in the memory budget.
+    MemoryBudget::Reservation held;
   };
   struct Queued {
     v1::ControlOp op;
@@ -281,11 +284,15 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<ShardingSpec> SpecOf(bool has_spec,
                                       const v1::ShardingSpec& proto,
                                       absl::string_view what) const;
+  // The bytes of `metadata`'s shards this daemon holds in host memory.
+  absl::StatusOr<int64_t> LocalHostBytes(
+      const ShardedTensorMetadata& metadata) const;
   absl::Status CheckPlacement(const std::optional<RemoteDevice>& placement,
                               absl::Span<const std::string> devices) const;
 
   const std::shared_ptr<Rank> rank_;
   const ControlOptions options_;
+  const std::shared_ptr<MemoryBudget> budget_;
   const std::shared_ptr<Store> store_;
   const uint64_t incarnation_;
   std::shared_ptr<ProcessGroup> group_;  // Set by Start().

@@ -103,11 +103,18 @@ absl::Status UnknownTensor(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
 }
 
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
-  return static_cast<int64_t>(pages) * page_size;
+absl::StatusOr<int64_t> Core::LocalHostBytes(
+    const ShardedTensorMetadata& metadata) const {
+  int64_t host_bytes = 0;
+  for (const ShardMetadata& shard : metadata.shards_metadata) {
+    ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
+                                         group_->global_ranks(),
+                                         shard.placement(), rank_.get()));
+    if (placement.first == rank_->rank() && placement.second.is_cpu()) {
+      host_bytes += BytesOf(shard.numel(), metadata.tensor_properties.dtype);
+    }
+  }
+  return host_bytes;
 }
 
 absl::StatusOr<ShardingSpec> Core::SpecOf(bool has_spec,
@@ -197,15 +204,7 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
     properties.dtype = dtype;
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      BuildMetadata(spec, sizes, properties));
-    int64_t host_bytes = 0;
-    for (const ShardMetadata& shard : metadata.shards_metadata) {
-      ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
-                                           group_->global_ranks(),
-                                           shard.placement(), rank_.get()));
-      if (placement.first == rank_->rank() && placement.second.is_cpu()) {
-        host_bytes += BytesOf(shard.numel(), dtype);
-      }
-    }
+    ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
     return Plan{dtype, std::move(spec), host_bytes};
   }();
   std::optional<Entry> made;
@@ -213,12 +212,16 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
   if (plan.ok()) {
     local = [&]() -> absl::Status {
       RETURN_IF_ERROR(CheckDeadline(op));
-      RETURN_IF_ERROR(CheckHostBytes(
-          plan->host_bytes, absl::StrCat("tensor \"", request.name(), "\"")));
+      ASSIGN_OR_RETURN(
+          MemoryBudget::Reservation held,
+          budget_->Reserve(
+              plan->host_bytes,
+              absl::StrCat("CreateTensor \"", request.name(),
+                           "\" (its shards on rank ", rank(), ")")));
       ASSIGN_OR_RETURN(ShardedTensor tensor,
                        NewTensor(request, plan->dtype, plan->spec, sizes));
       ASSIGN_OR_RETURN(v1::TensorInfo info, InfoOf(request.name(), tensor));
-      made.emplace(Entry{std::move(tensor), std::move(info)});
+      made.emplace(Entry{std::move(tensor), std::move(info), std::move(held)});
       return absl::OkStatus();
     }();
   }
@@ -281,9 +284,25 @@ Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   std::optional<ShardedTensor> tensor = Lookup(request.name());
   absl::StatusOr<ShardingSpec> spec =
       SpecOf(request.has_spec(), request.spec(), "Reshard");
+  MemoryBudget::Reservation held;
   absl::Status ready = !tensor.has_value() ? UnknownTensor(request.name())
                        : !spec.ok()        ? spec.status()
                                            : CheckDeadline(op);
+  if (ready.ok()) {
+    // The new shards are allocated while the old ones still live.
+    ready = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                       BuildMetadata(*spec, tensor->size(),
+                                     tensor->metadata().tensor_properties));
+      ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
+      ASSIGN_OR_RETURN(
+          held, budget_->Reserve(
+                    host_bytes,
+                    absl::StrCat("Reshard \"", request.name(),
+                                 "\" (its new shards on rank ", rank(), ")")));
+      return absl::OkStatus();
+    }();
+  }
   outcome.status = Agree(ready, &outcome.agreed);
   if (!outcome.status.ok()) return outcome;
 
@@ -293,9 +312,15 @@ Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   absl::StatusOr<v1::TensorInfo> info = InfoOf(request.name(), *tensor);
   outcome.status =
       Agree(resharded.ok() ? info.status() : resharded, &outcome.agreed);
+  MemoryBudget::Reservation replaced;  // Released outside the lock.
   if (info.ok()) {
     absl::MutexLock lock(&mu_);
-    table_.at(request.name()).info = *info;
+    Entry& entry = table_.at(request.name());
+    entry.info = *info;
+    if (resharded.ok()) {
+      replaced = std::move(entry.held);
+      entry.held = std::move(held);
+    }
   }
   if (outcome.status.ok()) {
     outcome.result.info = *std::move(info);
@@ -311,6 +336,7 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
   Outcome outcome;
   std::optional<ShardedTensor> tensor = Lookup(request.name());
   Tensor out;
+  MemoryBudget::Reservation gathering;
   absl::Status ready = [&]() -> absl::Status {
     if (!tensor.has_value()) return UnknownTensor(request.name());
     if (request.chunk_bytes() < 0) {
@@ -319,9 +345,12 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
     }
     RETURN_IF_ERROR(CheckDeadline(op));
     if (destination) {
-      RETURN_IF_ERROR(CheckHostBytes(
-          BytesOf(CheckedProduct(tensor->size()).value_or(0), tensor->dtype()),
-          absl::StrCat("gathering \"", request.name(), "\"")));
+      ASSIGN_OR_RETURN(
+          gathering,
+          budget_->Reserve(BytesOf(CheckedProduct(tensor->size()).value_or(0),
+                                   tensor->dtype()),
+                           absl::StrCat("Gather \"", request.name(),
+                                        "\" (on rank ", rank(), ")")));
       ASSIGN_OR_RETURN(
           out, Tensor::Empty(tensor->size(),
                              TensorOptions().WithDType(tensor->dtype())));
@@ -337,6 +366,8 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
     absl::MutexLock lock(&mu_);
     outcome.result.info = table_.at(request.name()).info;
     outcome.result.gathered = std::move(out);
+    outcome.result.gathered_reservation =
+        std::make_shared<MemoryBudget::Reservation>(std::move(gathering));
   }
   return outcome;
 }
@@ -345,10 +376,13 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
   const v1::SaveCheckpointRequest& request = op.save_checkpoint();
   Outcome outcome;
   StateDict dict;
+  std::optional<Directory> dir;
   absl::Status ready = [&]() -> absl::Status {
     if (request.path().empty()) {
       return absl::InvalidArgumentError("SaveCheckpoint: path is required");
     }
+    ASSIGN_OR_RETURN(dir, options_.checkpoint_roots.Resolve(request.path(),
+                                                            /*create=*/true));
     absl::MutexLock lock(&mu_);
     if (request.names().empty()) {
       for (const auto& [name, entry] : table_) {
@@ -373,8 +407,12 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
 
   SaveOptions options;
   options.rank = rank_;
+  options.overwrite = request.overwrite();
   outcome.status =
-      Agree(SaveStateDict(dict, request.path(), options), &outcome.agreed);
+      Agree(SaveStateDict(
+                dict, [&dir]() -> absl::StatusOr<Directory> { return *dir; },
+                options),
+            &outcome.agreed);
   if (outcome.status.ok()) {
     for (const auto& [name, value] : dict) outcome.result.names.push_back(name);
   }
@@ -405,11 +443,15 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
   std::vector<std::pair<std::string, std::string>> wanted;  // entry, name
   std::vector<std::pair<std::string, ShardedTensor>> loaded;
   std::vector<v1::TensorInfo> infos;
+  std::vector<MemoryBudget::Reservation> held;  // One per wanted entry.
   absl::Status local = valid;
   if (valid.ok()) {
     local = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(Directory dir,
+                       options_.checkpoint_roots.Resolve(request.path(),
+                                                         /*create=*/false));
       ASSIGN_OR_RETURN(v1::CheckpointManifest manifest,
-                       ReadCheckpointManifest(request.path()));
+                       ReadCheckpointManifest(dir));
       std::map<std::string, const v1::CheckpointEntry*> entries;
       for (const v1::CheckpointEntry& entry : manifest.entries()) {
         entries.emplace(entry.name(), &entry);
@@ -447,6 +489,29 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
         }
       }
       RETURN_IF_ERROR(CheckDeadline(op));
+      // Every loaded tensor's shards here, reserved before they are read.
+      for (const auto& [entry_name, name] : wanted) {
+        const v1::ShardedTensorEntry& saved = entries.at(entry_name)->sharded();
+        absl::StatusOr<ShardedTensorMetadata> metadata =
+            FromProto(saved.metadata());
+        if (!metadata.ok()) {
+          return absl::DataLossError(absl::StrCat(
+              "checkpoint ", request.path(), ": entry \"", entry_name,
+              "\" has bad metadata: ", metadata.status().message()));
+        }
+        if (spec.has_value()) {
+          ASSIGN_OR_RETURN(metadata,
+                           BuildMetadata(*spec, metadata->size,
+                                         metadata->tensor_properties));
+        }
+        ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(*metadata));
+        ASSIGN_OR_RETURN(
+            held.emplace_back(),
+            budget_->Reserve(host_bytes, absl::StrCat("LoadCheckpoint \"", name,
+                                                      "\" (its shards "
+                                                      "on rank ",
+                                                      rank(), ")")));
+      }
       LoadOptions options;
       options.rank = rank_;
       if (spec.has_value()) {
@@ -454,7 +519,7 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
           options.reshard.emplace(entry_name, LoadTarget::Spec(*spec));
         }
       }
-      ASSIGN_OR_RETURN(StateDict dict, LoadStateDict(request.path(), options));
+      ASSIGN_OR_RETURN(StateDict dict, LoadStateDict(dir, options));
       std::map<std::string, const ShardedTensor*> by_entry;
       for (const auto& [entry_name, value] : dict) {
         if (const auto* tensor = std::get_if<ShardedTensor>(&value)) {
@@ -485,7 +550,8 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
         replaced.push_back(std::move(it->second));
         table_.erase(it);
       }
-      table_.emplace(loaded[i].first, Entry{loaded[i].second, infos[i]});
+      table_.emplace(loaded[i].first,
+                     Entry{loaded[i].second, infos[i], std::move(held[i])});
     }
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {

@@ -222,7 +222,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
                              std::vector<int64_t>(sizes.size(), 0),
                              std::vector<int64_t>(sizes.begin(), sizes.end()),
                              RemoteDevice::ForRank(rank, Device::Cpu())));
-        return PrepareTensorFetch(result.gathered, whole);
+        ASSIGN_OR_RETURN(PreparedFetch prepared,
+                         PrepareTensorFetch(result.gathered, whole));
+        prepared.keepalive = std::move(result.gathered_reservation);
+        return prepared;
       },
       ChunkBytesFor(core_->Chunks(), parsed->chunk_bytes()));
 }

@@ -34,6 +34,8 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "server/checkpoint/checkpoint_roots.h"
+#include "server/daemon/memory_budget.h"
 #include "server/rank/rank.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/control.pb.h"
@@ -51,16 +53,20 @@ struct ControlOptions {
   // The slice of the executor's waits on the store: how soon Shutdown()
   // is noticed while the log is idle.
   absl::Duration poll_interval = absl::Milliseconds(200);
-  // The most host memory one CreateTensor (this daemon's CPU shards) or
-  // Gather (the whole tensor, on the daemon called) may allocate here;
-  // more is RESOURCE_EXHAUSTED before allocating, rather than an
-  // allocation that succeeds lazily and gets the daemon killed once
-  // touched. 0: the host's physical memory.
-  int64_t max_host_bytes = 0;
+  // The daemon's host-memory budget (server/daemon/memory_budget.h): the
+  // CPU shards of every tensor, loads, reshards, gathers and region
+  // staging are reserved in it before they are allocated; more is
+  // RESOURCE_EXHAUSTED on every daemon, rather than an allocation that
+  // succeeds lazily and gets the daemon killed once touched. Null: the
+  // default limit for a daemon alone on its host.
+  std::shared_ptr<MemoryBudget> memory_budget;
   // Chunk size of ReadRegion and Gather streams that ask for 0, and the
   // largest a stream gets (as ShardServiceOptions).
   int64_t default_chunk_bytes = int64_t{512} << 10;
   int64_t max_chunk_bytes = int64_t{16} << 20;
+  // Where SaveCheckpoint and LoadCheckpoint may go; none: refused with
+  // FAILED_PRECONDITION.
+  CheckpointRoots checkpoint_roots;
 };
 
 namespace control_internal {

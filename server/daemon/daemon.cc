@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "io/file.h"
@@ -65,14 +67,39 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
 absl::Status Daemon::Init() {
   const DaemonOptions& o = options_;
+  // Before joining: a bad root must not leave the other ranks waiting.
+  ASSIGN_OR_RETURN(CheckpointRoots roots,
+                   CheckpointRoots::Open(o.checkpoint_roots));
+  if (!roots.empty()) {
+    spdlog::info("checkpoints allowed under {}",
+                 absl::StrJoin(roots.paths(), ", "));
+  }
+  std::string budget_source = "--memory-limit";
+  const int64_t memory_limit =
+      o.memory_limit > 0
+          ? o.memory_limit
+          : DefaultMemoryLimit(o.local_world_size, &budget_source);
+  std::shared_ptr<MemoryBudget> budget =
+      MemoryBudget::Create(memory_limit, budget_source);
+  spdlog::info("memory budget: {} MiB ({})", memory_limit >> 20, budget_source);
+  // The store's keys and values count against rank 0's budget: a quarter
+  // of it at most, set aside now.
+  HashStoreLimits store_limits;
+  store_limits.max_total_bytes =
+      std::min(store_limits.max_total_bytes, memory_limit / 4);
+  store_limits.max_value_bytes =
+      std::min(store_limits.max_value_bytes, store_limits.max_total_bytes);
   std::shared_ptr<Store> store;
   if (o.world_size == 1) {
     // Nobody to meet: the keys stay in this process.
     store = std::make_shared<HashStore>();
   } else if (o.rank == 0) {
     const std::string listen = StoreListenAddress(o);
+    ASSIGN_OR_RETURN(store_reservation_,
+                     budget->Reserve(store_limits.max_total_bytes,
+                                     "the store's keys and values"));
     absl::StatusOr<std::unique_ptr<StoreServer>> server =
-        StoreServer::Start(listen);
+        StoreServer::Start(listen, store_limits);
     if (!server.ok()) {
       return absl::UnavailableError(
           absl::StrCat("cannot serve the store on ", listen,
@@ -117,6 +144,8 @@ absl::Status Daemon::Init() {
   ControlOptions control_options;
   control_options.op_timeout = o.timeout;
   control_options.device = o.device.ToString();
+  control_options.checkpoint_roots = std::move(roots);
+  control_options.memory_budget = budget;
   control_ = std::make_unique<ControlServiceImpl>(rank_, control_options);
 
   RpcOptions rpc;

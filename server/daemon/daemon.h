@@ -71,6 +71,8 @@ class Daemon {
   // Destroyed in reverse order: the rank (and its gRPC server) before the
   // control service it serves, the store server last.
   std::unique_ptr<StoreServer> store_server_;
+  // Rank 0: the store's share of the memory budget.
+  MemoryBudget::Reservation store_reservation_;
   std::unique_ptr<ControlServiceImpl> control_;
   std::shared_ptr<Rank> rank_;
   std::string address_;

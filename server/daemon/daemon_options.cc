@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -225,6 +226,46 @@ DaemonEnvironment ProcessEnvironment() {
   return env;
 }
 
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
+                                      absl::string_view text) {
+  struct Unit {
+    absl::string_view suffix;
+    double factor;
+  };
+  static constexpr Unit kUnits[] = {{"KiB", 1024.0},
+                                    {"MiB", 1048576.0},
+                                    {"GiB", 1073741824.0},
+                                    {"TiB", 1099511627776.0},
+                                    {"Ki", 1024.0},
+                                    {"Mi", 1048576.0},
+                                    {"Gi", 1073741824.0},
+                                    {"Ti", 1099511627776.0},
+                                    {"KB", 1e3},
+                                    {"MB", 1e6},
+                                    {"GB", 1e9},
+                                    {"TB", 1e12},
+                                    {"K", 1e3},
+                                    {"M", 1e6},
+                                    {"G", 1e9},
+                                    {"T", 1e12},
+                                    {"B", 1.0}};
+  absl::string_view number = absl::StripAsciiWhitespace(text);
+  double factor = 1;
+  for (const Unit& unit : kUnits) {
+    if (absl::ConsumeSuffix(&number, unit.suffix)) {
+      factor = unit.factor;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !(value >= 0) ||
+      value * factor > 9.0e18) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " must be a size such as 512MiB or 8GiB; got '", text, "'"));
+  }
+  return static_cast<int64_t>(value * factor);
+}
+
 absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     const DaemonFlags& flags, const DaemonEnvironment& env) {
   constexpr int kMaxPort = 65535;
@@ -312,6 +353,19 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
         "; got '", options.log_level, "'"));
   }
   options.address_file = flags.address_file.value_or("");
+  for (const std::string& root : flags.checkpoint_roots) {
+    if (root.empty()) {
+      return absl::InvalidArgumentError("--checkpoint-root must not be empty");
+    }
+  }
+  options.checkpoint_roots = flags.checkpoint_roots;
+  if (flags.memory_limit.has_value()) {
+    ASSIGN_OR_RETURN(options.memory_limit,
+                     ParseByteSize("--memory-limit", *flags.memory_limit));
+    if (options.memory_limit <= 0) {
+      return absl::InvalidArgumentError("--memory-limit must be positive");
+    }
+  }
 
   RETURN_IF_ERROR(ResolveDevice(flags.device.value_or("auto"), env, options));
 
@@ -401,6 +455,17 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   add("--log-level", flags.log_level,
       "trace, debug, info, warn or error [default info]")
       ->type_name("LEVEL");
+  add("--memory-limit", flags.memory_limit,
+      "host memory this daemon may hold: shards, staging, gathers (e.g. "
+      "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
+      "reserve]")
+      ->type_name("SIZE");
+  app.add_option("--checkpoint-root", flags.checkpoint_roots,
+                 "a directory save and load may use (created if missing; "
+                 "repeatable); a checkpoint path is relative to the first or "
+                 "an absolute path inside one [default none: save and load "
+                 "are refused]")
+      ->type_name("DIR");
 
   try {
     app.parse(argc, argv);

@@ -14,6 +14,8 @@
 //   --device                                                auto
 //   --timeout, --store-timeout, --shutdown-grace            60s, 60s, 10s
 //   --address-file, --log-level                             none, info
+//   --checkpoint-root (repeatable)                          none: no save/load
+//   --memory-limit                                          see memory_budget.h
 //
 // A flag wins over its variables, the first variable set (non-empty) over
 // the next. The host peers and clients dial (--advertise-host) defaults to
@@ -40,6 +42,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -57,6 +60,12 @@ inline constexpr int kExitUsage = 2;
 
 inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kDefaultBasePort = 29600;
+
+// "512MiB", "8GiB", "1.5G", "1000000": bytes. Ki/Mi/Gi/Ti (with or
+// without a trailing B) are powers of 1024, K/M/G/T and KB/MB/GB/TB powers
+// of 1000 (as Kubernetes quantities). INVALID_ARGUMENT naming `flag`.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
+                                      absl::string_view text);
 
 struct DaemonOptions {
   int rank = 0;
@@ -85,6 +94,12 @@ struct DaemonOptions {
   std::string address_file;
   // trace, debug, info, warn or error.
   std::string log_level = "info";
+  // Directories save and load may use (server/checkpoint/checkpoint_roots.h);
+  // none: checkpoints are refused.
+  std::vector<std::string> checkpoint_roots;
+  // Host memory this daemon may hold (server/daemon/memory_budget.h); 0:
+  // the default.
+  int64_t memory_limit = 0;
 
   // "host:port" of the master's store.
   std::string store_address() const;
@@ -94,7 +109,8 @@ struct DaemonOptions {
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, host, port, advertise_host, device, timeout,
-      store_timeout, shutdown_grace, address_file, log_level;
+      store_timeout, shutdown_grace, address_file, log_level, memory_limit;
+  std::vector<std::string> checkpoint_roots;
 };
 
 // What resolution needs from the process.

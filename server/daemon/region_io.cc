@@ -126,6 +126,15 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                    Resolve(env, request.name(), request.tensor_id(),
                            request.offsets(), request.sizes(), "ReadRegion"));
   const ShardMetadata& region = resolved.region;
+  std::shared_ptr<MemoryBudget::Reservation> staged;
+  if (env.budget != nullptr) {
+    ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation,
+                     env.budget->Reserve(
+                         resolved.nbytes,
+                         absl::StrCat("ReadRegion of tensor ", resolved.name)));
+    staged =
+        std::make_shared<MemoryBudget::Reservation>(std::move(reservation));
+  }
   ASSIGN_OR_RETURN(
       const Tensor box,
       Tensor::Empty(region.shard_sizes(),
@@ -162,7 +171,9 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                    ShardMetadata::Create(
                        region.shard_offsets(), region.shard_sizes(),
                        RemoteDevice::ForRank(env.rank->rank(), Device::Cpu())));
-  return PrepareTensorFetch(box, where);
+  ASSIGN_OR_RETURN(PreparedFetch prepared, PrepareTensorFetch(box, where));
+  prepared.keepalive = std::move(staged);
+  return prepared;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegion(
@@ -276,6 +287,10 @@ class WriteRegionReactor final
           What(), ": total_bytes ", header.total_bytes(), " is not the ",
           resolved_->nbytes, " bytes of the region"));
     }
+    if (env_.budget != nullptr) {
+      ASSIGN_OR_RETURN(staged_,
+                       env_.budget->Reserve(resolved_->nbytes, What()));
+    }
     ASSIGN_OR_RETURN(buffer_, Tensor::Empty(resolved_->region.shard_sizes(),
                                             TensorOptions().WithDType(dtype)));
     sequence_.Start(resolved_->nbytes);
@@ -353,6 +368,7 @@ class WriteRegionReactor final
   v1::WriteRegionChunk chunk_;
   // Set by the header.
   std::optional<ResolvedRegion> resolved_;
+  MemoryBudget::Reservation staged_;  // Of buffer_.
   Tensor buffer_;
   // Chunks are the client's: out of order or too long is its mistake.
   ChunkSequence sequence_{absl::StatusCode::kInvalidArgument, "region"};

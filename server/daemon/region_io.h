@@ -16,7 +16,9 @@
 // offsets or sizes, a dtype other than the tensor's, or a malformed write
 // stream (no header, a repeated header, offsets that do not continue, more
 // or fewer bytes than total_bytes); OUT_OF_RANGE for a region outside the
-// tensor; RESOURCE_EXHAUSTED for a region larger than max_region_bytes;
+// tensor; RESOURCE_EXHAUSTED for a region larger than max_region_bytes or
+// than what is left of the daemon's memory budget (the region is staged in
+// host memory while it moves);
 // DATA_LOSS for a chunk whose checksum does not match; the owners' errors
 // (UNAVAILABLE, DEADLINE_EXCEEDED...) annotated with the shard and owner.
 // Sizes are checked before anything is allocated; nothing here aborts the
@@ -41,6 +43,7 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
+#include "server/daemon/memory_budget.h"
 #include "server/rank/rank.h"
 #include "server/serve/shard_service.h"
 #include "tessera/v1/control.pb.h"
@@ -62,6 +65,9 @@ struct RegionEnv {
   absl::Duration max_call_time = absl::Minutes(10);
   // Owners a call transfers to or from at once.
   int parallelism = 16;
+  // The daemon's memory budget: a read stages its region, a write its
+  // box, within it (RESOURCE_EXHAUSTED beyond); null: no budget.
+  std::shared_ptr<MemoryBudget> budget;
 };
 
 // Reads the region of `request` into a new contiguous host tensor,

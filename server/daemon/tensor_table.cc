@@ -83,6 +83,7 @@ RegionEnv Core::Env() {
   RegionEnv env;
   env.rank = rank_;
   env.max_call_time = options_.op_timeout;
+  env.budget = budget_;
   env.resolve = [weak = weak_from_this()](
                     const std::string& name) -> absl::StatusOr<v1::TensorInfo> {
     std::shared_ptr<Core> core = weak.lock();

@@ -65,6 +65,7 @@ class ChunkStreamReactor final
       return;
     }
     tensor_ = std::move(prepared->tensor);
+    keepalive_ = std::move(prepared->keepalive);
     source_ = *std::move(source);
     header_ = std::move(prepared->header);
     NextWrite();
@@ -123,6 +124,7 @@ class ChunkStreamReactor final
   const int64_t chunk_bytes_;
   const int staging_depth_;
   std::shared_ptr<const RegisteredTensor> tensor_;
+  std::shared_ptr<const void> keepalive_;
   std::unique_ptr<ChunkSource> source_;
   v1::ShardHeader header_;
   // The message being written; gRPC reads it until OnWriteDone.

@@ -66,6 +66,9 @@ struct PreparedFetch {
   // holds a reference to their storage.
   Tensor bytes;
   v1::ShardHeader header;
+  // Anything else the stream keeps until it is done (a daemon's memory
+  // reservation for `bytes`); may be null.
+  std::shared_ptr<const void> keepalive;
 };
 
 // A fetch's elements where they lie: the shard, or the view of its region,

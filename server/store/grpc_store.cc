@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "wire/grpc_status.h"
+#include "wire/request_guard.h"
 
 namespace tessera {
 namespace grpc_store_internal {
@@ -336,8 +337,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::Check(
 }
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
-    const std::string& listen_address) {
-  auto service = std::make_unique<StoreServiceImpl>();
+    const std::string& listen_address, HashStoreLimits limits) {
+  auto service =
+      std::make_unique<StoreServiceImpl>(std::make_shared<HashStore>(limits));
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
@@ -345,6 +347,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
   // Two stores sharing a port (gRPC's default SO_REUSEPORT) would split the
   // world: a busy port fails instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  AddRequestGuard(builder);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -99,7 +99,8 @@ class StoreServer {
   // Listens on `listen_address` ("host:port"; port 0 picks a free one).
   // UNAVAILABLE when it cannot listen there.
   static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
-      const std::string& listen_address = "127.0.0.1:0");
+      const std::string& listen_address = "127.0.0.1:0",
+      HashStoreLimits limits = {});
   ~StoreServer();  // Shutdown()
 
   StoreServer(const StoreServer&) = delete;

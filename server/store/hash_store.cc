@@ -21,12 +21,43 @@ auto HashStore::MutateAndNotify(absl::string_view key, Mutate mutate) {
   return result;
 }
 
+absl::Status HashStore::Admit(absl::string_view key, size_t size) const {
+  if (static_cast<int64_t>(size) > limits_.max_value_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("store value of \"", key, "\": ", size,
+                     " bytes exceeds the limit of ", limits_.max_value_bytes));
+  }
+  auto it = values_.find(key);
+  const int64_t now =
+      it == values_.end()
+          ? 0
+          : static_cast<int64_t>(key.size() + it->second.size());
+  const int64_t after =
+      total_bytes_ - now + static_cast<int64_t>(key.size() + size);
+  if (after > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("store is full: setting \"", key, "\" would hold ", after,
+                     " bytes, over the limit of ", limits_.max_total_bytes));
+  }
+  return absl::OkStatus();
+}
+
+void HashStore::Put(absl::string_view key, std::string value) {
+  auto [it, inserted] = values_.try_emplace(key);
+  total_bytes_ += static_cast<int64_t>(value.size()) -
+                  (inserted ? -static_cast<int64_t>(key.size())
+                            : static_cast<int64_t>(it->second.size()));
+  it->second = std::move(value);
+}
+
 absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
   RETURN_IF_ERROR(ValidateStoreKey(key));
-  return MutateAndNotify(key, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    values_[key] = std::string(value);
-    return absl::OkStatus();
-  });
+  return MutateAndNotify(
+      key, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+        RETURN_IF_ERROR(Admit(key, value.size()));
+        Put(key, std::string(value));
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::string> HashStore::Get(absl::string_view key,
@@ -45,7 +76,9 @@ absl::StatusOr<int64_t> HashStore::Add(absl::string_view key, int64_t delta) {
             int64_t sum,
             StoreAddResult(key, it == values_.end() ? nullptr : &it->second,
                            delta));
-        values_[key] = absl::StrCat(sum);
+        std::string text = absl::StrCat(sum);
+        RETURN_IF_ERROR(Admit(key, text.size()));
+        Put(key, std::move(text));
         return sum;
       });
 }
@@ -60,7 +93,10 @@ absl::StatusOr<std::string> HashStore::CompareSet(absl::string_view key,
         auto it = values_.find(key);
         CompareSetOutcome outcome = StoreCompareSetResult(
             it == values_.end() ? nullptr : &it->second, expected, desired);
-        if (outcome.write) values_[key] = std::string(desired);
+        if (outcome.write) {
+          RETURN_IF_ERROR(Admit(key, desired.size()));
+          Put(key, std::string(desired));
+        }
         return std::move(outcome.value);
       });
 }
@@ -68,7 +104,11 @@ absl::StatusOr<std::string> HashStore::CompareSet(absl::string_view key,
 absl::StatusOr<bool> HashStore::Delete(absl::string_view key) {
   RETURN_IF_ERROR(ValidateStoreKey(key));
   absl::MutexLock lock(&mu_);
-  return values_.erase(key) > 0;
+  auto it = values_.find(key);
+  if (it == values_.end()) return false;
+  total_bytes_ -= static_cast<int64_t>(key.size() + it->second.size());
+  values_.erase(it);
+  return true;
 }
 
 absl::Status HashStore::Wait(absl::Span<const std::string> keys,

@@ -10,7 +10,9 @@
 // the store; they must not block, since they run on the thread of the Set
 // that completed them.
 // Failure: see store.h; nothing here touches I/O, so the only errors are
-// bad arguments, non-integer Adds and timeouts.
+// bad arguments, non-integer Adds, timeouts, and RESOURCE_EXHAUSTED for a
+// write past the store's limits (HashStoreLimits: one value's size, and
+// the keys and values held in all), which changes nothing.
 #ifndef TESSERA_SERVER_STORE_HASH_STORE_H_
 #define TESSERA_SERVER_STORE_HASH_STORE_H_
 
@@ -28,6 +30,14 @@
 
 namespace tessera {
 
+// How much a HashStore holds: a served store's memory is the control
+// plane's, and a client must not be able to exhaust it.
+struct HashStoreLimits {
+  int64_t max_value_bytes = int64_t{64} << 20;
+  // Keys and values together.
+  int64_t max_total_bytes = int64_t{1} << 30;
+};
+
 class HashStore : public Store {
  public:
   using WatchId = uint64_t;
@@ -36,6 +46,7 @@ class HashStore : public Store {
   using WatchCallback = std::function<void(std::vector<std::string> values)>;
 
   HashStore() = default;
+  explicit HashStore(HashStoreLimits limits) : limits_(limits) {}
   HashStore(const HashStore&) = delete;
   HashStore& operator=(const HashStore&) = delete;
 
@@ -89,8 +100,17 @@ class HashStore : public Store {
   // Drops a watch from both indexes; false when it is not there.
   bool Forget(WatchId id, Watcher* watcher) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // OK when `key` may hold `size` bytes (replacing what it holds).
+  absl::Status Admit(absl::string_view key, size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets `key` to `value`, keeping total_bytes_.
+  void Put(absl::string_view key, std::string value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const HashStoreLimits limits_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   WatchId next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   // Which watches a key can complete, so a Set looks only at those.

@@ -440,7 +440,7 @@ TEST_P(TestShardedTensorChunked, MissingShardFileIsNotFound) {
   options.reshard["sharded_tensor1"] = LoadTarget::Spec(columns);
   EXPECT_THAT(LoadStateDict(Dir(), options), missing);
   EXPECT_THAT(LoadStateDict(absl::StrCat(Dir(), "/absent")),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("manifest.pb")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent")));
 }
 
 TEST_P(TestShardedTensorChunked, NewerFormatVersionIsInvalidArgument) {
@@ -462,6 +462,68 @@ TEST_P(TestShardedTensorChunked, NewerFormatVersionIsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(absl::StrCat("format version ",
                                               kCheckpointFormatVersion + 1))));
+}
+
+// The manifest checks itself: every single-bit flip of it is refused
+// (DATA_LOSS, or INVALID_ARGUMENT for a flip into a newer format version),
+// never a checkpoint that loads with shards moved.
+TEST_P(TestShardedTensorChunked, EveryBitFlipOfTheManifestIsRefused) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(StateDict m, MyShardedModel1(spec));
+  ASSERT_OK(SaveStateDict(m, Dir()));
+  ASSERT_OK(Barrier());
+  if (rank() == 0) {
+    const std::string path = Dir() + "/manifest.pb";
+    const std::string good = ReadWholeFile(path);
+    ASSERT_GT(good.size(), 100u);
+    ASSERT_OK_AND_ASSIGN(v1::CheckpointManifest manifest,
+                         ReadCheckpointManifest(Dir()));
+    EXPECT_EQ(manifest.format_version(), kCheckpointFormatVersion);
+    int refused = 0;
+    for (size_t bit = 0; bit < good.size() * 8; ++bit) {
+      std::string bad = good;
+      bad[bit / 8] = static_cast<char>(bad[bit / 8] ^ (1 << (bit % 8)));
+      {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out << bad;
+      }
+      absl::StatusOr<v1::CheckpointManifest> read =
+          ReadCheckpointManifest(Dir());
+      EXPECT_TRUE(absl::IsDataLoss(read.status()) ||
+                  absl::IsInvalidArgument(read.status()))
+          << "bit " << bit << ": " << read.status();
+      refused += read.ok() ? 0 : 1;
+    }
+    EXPECT_EQ(refused, static_cast<int>(good.size() * 8));
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << good;
+  }
+  ASSERT_OK(Barrier());
+  ASSERT_OK_AND_ASSIGN(StateDict loaded, LoadStateDict(Dir()));
+  ExpectSameStateDict(m, loaded);
+}
+
+// SaveOptions::overwrite = false refuses to replace a checkpoint, on every
+// member, and leaves it whole.
+TEST_P(TestShardedTensorChunked, SaveWithoutOverwriteKeepsTheCheckpoint) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(StateDict a, MyShardedModel1(spec, nullptr, 1));
+  SaveOptions once;
+  once.overwrite = false;
+  ASSERT_OK(SaveStateDict(a, Dir(), once));
+  const std::set<std::string> files = ListDir(Dir());
+  ASSERT_OK_AND_ASSIGN(StateDict b, MyShardedModel1(spec, nullptr, 2));
+  EXPECT_THAT(
+      SaveStateDict(b, Dir(), once),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("overwrite")));
+  ASSERT_OK(Barrier());
+  EXPECT_EQ(files, ListDir(Dir()));
+  ASSERT_OK_AND_ASSIGN(StateDict loaded, LoadStateDict(Dir()));
+  ExpectSameStateDict(a, loaded);
 }
 
 TEST_P(TestShardedTensorChunked, SaveIsAtomic) {

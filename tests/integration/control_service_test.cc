@@ -79,6 +79,10 @@ class ControlServiceTest : public testing::MultiProcessTest {
     ControlOptions options;
     options.claim_timeout = absl::Milliseconds(300);
     options.op_timeout = absl::Seconds(30);
+    const char* tmp = getenv("TMPDIR");
+    ASSERT_OK_AND_ASSIGN(
+        options.checkpoint_roots,
+        CheckpointRoots::Open({tmp != nullptr ? tmp : "/tmp"}));
     service_ = std::make_unique<ControlServiceImpl>(rank_runtime(), options);
     RpcOptions rpc;
     rpc.services.push_back(service_.get());

@@ -8,13 +8,17 @@
 // dtype, a truncated message) get clear gRPC errors and the daemons keep
 // running; two clients creating and deleting at once leave every daemon
 // with the same, consistent listing.
+#include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -31,7 +35,9 @@
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/directory.h"
 #include "io/unix_socket.h"
+#include "server/checkpoint/checkpoint.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
@@ -468,7 +474,7 @@ TEST_F(DaemonTest, BadPathsAndPlacementsAreRefusedNotFatal) {
   ASSERT_EQ(symlink((loop + "_a").c_str(), (loop + "_b").c_str()), 0);
   saved = client_->Save(loop + "_a/ckpt", {"keep"}).status();
   EXPECT_FALSE(saved.ok());
-  EXPECT_THAT(saved.message(), HasSubstr("symbolic links"));
+  EXPECT_THAT(saved.message(), HasSubstr("symbolic link"));
 
   // Placements, as a gRPC client may send them (the CLI cannot).
   const auto spec_with =
@@ -671,6 +677,256 @@ TEST(DaemonFailureTest, SigtermStopsADaemonPromptly) {
   ASSERT_EQ(health.size(), 4u);
   EXPECT_THAT(health[2], StatusIs(absl::StatusCode::kUnavailable,
                                   HasSubstr(cluster->address(2))));
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// Sets a file's modification time `seconds` from now.
+void SetMtime(const std::string& path, int seconds) {
+  const struct timespec times[2] = {{time(nullptr) + seconds, 0},
+                                    {time(nullptr) + seconds, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW), 0)
+      << path << ": " << strerror(errno);
+}
+
+// An hour back: a leftover of a save that was killed before this one
+// began.
+void MakeOld(const std::string& path) { SetMtime(path, -3600); }
+
+// Checkpoint paths as a hostile local user would send them (issue 14): the
+// daemons run with the cluster's scratch directory as --checkpoint-root and
+// never read, write, create or remove anything outside it, never follow a
+// symbolic link, never replace a checkpoint without overwrite, and remove
+// only their own leftovers.
+TEST_F(DaemonTest, CheckpointPathsStayInsideTheRoot) {
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("guarded", {8, 4}, RowSpec()));
+  ASSERT_OK(view.Write({0, 0}, Iota(8, 4)));
+  const std::string root = cluster_->scratch_dir();
+  char outside_template[] = "/tmp/tessera-outside-XXXXXX";
+  ASSERT_NE(mkdtemp(outside_template), nullptr);
+  const std::string outside = outside_template;
+  WriteFile(outside + "/secret", "root-only secret");
+
+  // Paths that leave the root: refused, nothing created anywhere.
+  for (const std::string& path :
+       {std::string("../escape"), std::string("a/../../escape"),
+        root + "/../escape", outside + "/ckpt", std::string("/escape"),
+        std::string("/")}) {
+    SCOPED_TRACE(path);
+    EXPECT_THAT(client_->Save(path, {"guarded"}).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied,
+                         AnyOf(HasSubstr("outside the daemon's checkpoint "
+                                         "roots"),
+                               HasSubstr("\"..\""))));
+    v1::LoadCheckpointRequest load;
+    load.set_path(path);
+    EXPECT_THAT(client_->Load(load).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  }
+  EXPECT_FALSE(Exists(outside + "/ckpt"));
+  EXPECT_FALSE(Exists(root + "/../escape"));
+  EXPECT_FALSE(Exists(root + "/a"));
+  EXPECT_FALSE(Exists("/escape"));
+
+  // A symbolic link inside the root, to a directory outside: refused for
+  // save and load, relative or absolute, at any depth.
+  ASSERT_EQ(symlink(outside.c_str(), (root + "/link").c_str()), 0);
+  for (const std::string& path :
+       {std::string("link/ckpt"), root + "/link/ckpt", std::string("link")}) {
+    SCOPED_TRACE(path);
+    EXPECT_THAT(client_->Save(path, {"guarded"}).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied,
+                         HasSubstr("symbolic link")));
+  }
+  v1::LoadCheckpointRequest through_link;
+  through_link.set_path("link");
+  EXPECT_THAT(client_->Load(through_link).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("symbolic link")));
+  EXPECT_FALSE(Exists(outside + "/ckpt"));
+  EXPECT_FALSE(Exists(outside + "/manifest.pb"));
+
+  // A relative path is beneath the root; a second save needs overwrite.
+  ASSERT_OK(client_->Save("rel/ckpt", {"guarded"}).status());
+  const std::string ckpt = root + "/rel/ckpt";
+  const std::string first_manifest = ReadFile(ckpt + "/manifest.pb");
+  ASSERT_FALSE(first_manifest.empty());
+  const std::set<std::string> first_files = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+      names.insert(e.path().filename().string());
+    }
+    return names;
+  }();
+  EXPECT_THAT(
+      client_->Save("rel/ckpt", {"guarded"}).status(),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("overwrite")));
+  EXPECT_THAT(client_->Save(ckpt, {"guarded"}).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+  EXPECT_EQ(ReadFile(ckpt + "/manifest.pb"), first_manifest);
+
+  // Files that are not this save's to remove survive an overwrite: other
+  // names, names of the format's old loose patterns, files modified since
+  // the save began, another user's files. Leftovers of a killed save (this
+  // format's names, not in any manifest, older than the save) are removed.
+  const std::vector<std::string> survivors = {
+      "notes.txt", "rank7.shards", "dense.x.bin",
+      "rank2.0123456789abcdef.shards.tmp.77.0"};
+  for (const std::string& name : survivors) WriteFile(ckpt + "/" + name, "x");
+  MakeOld(ckpt + "/notes.txt");
+  MakeOld(ckpt + "/rank7.shards");
+  // Still being written (by a save this one must not disturb).
+  SetMtime(ckpt + "/rank2.0123456789abcdef.shards.tmp.77.0", 3600);
+  const std::vector<std::string> leftovers = {
+      "rank1.0123456789abcdef.shards.tmp.4242.0", "dense.fedcba9876543210.bin",
+      "manifest.pb.tmp.4242.1"};
+  for (const std::string& name : leftovers) {
+    WriteFile(ckpt + "/" + name, "left over");
+    MakeOld(ckpt + "/" + name);
+  }
+  const bool root_user = geteuid() == 0;
+  const std::string foreign = "rank3.00000000deadbeef.shards";
+  if (root_user) {
+    WriteFile(ckpt + "/" + foreign, "another user's");
+    ASSERT_EQ(chown((ckpt + "/" + foreign).c_str(), 65534, 65534), 0);
+    MakeOld(ckpt + "/" + foreign);
+  }
+  ASSERT_OK(
+      client_->Save("rel/ckpt", {"guarded"}, /*overwrite=*/true).status());
+  EXPECT_NE(ReadFile(ckpt + "/manifest.pb"), first_manifest);
+  for (const std::string& name : survivors) {
+    EXPECT_TRUE(Exists(ckpt + "/" + name)) << name;
+  }
+  if (root_user) EXPECT_TRUE(Exists(ckpt + "/" + foreign));
+  for (const std::string& name : leftovers) {
+    EXPECT_FALSE(Exists(ckpt + "/" + name)) << name;
+  }
+  // The replaced checkpoint's data files are gone (its manifest named them).
+  for (const std::string& name : first_files) {
+    if (name == "manifest.pb") continue;
+    EXPECT_FALSE(Exists(ckpt + "/" + name)) << name;
+  }
+
+  // The next load removes a killed save's leftovers too.
+  WriteFile(ckpt + "/rank0.00112233445566ff.shards", "left over");
+  MakeOld(ckpt + "/rank0.00112233445566ff.shards");
+  v1::LoadCheckpointRequest load;
+  load.set_path("rel/ckpt");
+  load.add_names("guarded");
+  load.add_as_names("guarded_copy");
+  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> loaded,
+                       client_->Load(load));
+  ASSERT_EQ(loaded.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(Tensor copy, loaded[0].Read());
+  ExpectIotaBox(copy, 0, 0, 4);
+  EXPECT_FALSE(Exists(ckpt + "/rank0.00112233445566ff.shards"));
+
+  // A manifest.pb planted as a symbolic link to a file outside: an
+  // overwriting save replaces the link, never writes through it.
+  ASSERT_EQ(mkdir((root + "/rel/planted").c_str(), 0755), 0);
+  ASSERT_EQ(symlink((outside + "/secret").c_str(),
+                    (root + "/rel/planted/manifest.pb").c_str()),
+            0);
+  EXPECT_THAT(client_->Save("rel/planted", {"guarded"}).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+  ASSERT_OK(
+      client_->Save("rel/planted", {"guarded"}, /*overwrite=*/true).status());
+  EXPECT_EQ(ReadFile(outside + "/secret"), "root-only secret");
+  struct stat st;
+  ASSERT_EQ(lstat((root + "/rel/planted/manifest.pb").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+
+  // A crafted manifest whose data extents are a symbolic link to a secret:
+  // the load fails without reading through it (no checksum oracle).
+  ASSERT_EQ(mkdir((root + "/rel/crafted").c_str(), 0755), 0);
+  ASSERT_EQ(symlink((outside + "/secret").c_str(),
+                    (root + "/rel/crafted/stolen").c_str()),
+            0);
+  ASSERT_OK_AND_ASSIGN(Directory source, Directory::Open(ckpt));
+  ASSERT_OK_AND_ASSIGN(v1::CheckpointManifest manifest,
+                       ReadCheckpointManifest(source));
+  for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
+    for (v1::SavedShard& shard : *entry.mutable_sharded()->mutable_shards()) {
+      shard.mutable_data()->set_file("stolen");
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(Directory crafted,
+                       Directory::Open(root + "/rel/crafted"));
+  ASSERT_OK(WriteCheckpointManifest(crafted, manifest));
+  v1::LoadCheckpointRequest steal;
+  steal.set_path("rel/crafted");
+  steal.add_names("guarded");
+  steal.add_as_names("stolen");
+  const absl::Status stolen = client_->Load(steal).status();
+  EXPECT_FALSE(stolen.ok());
+  EXPECT_THAT(stolen.message(), HasSubstr("stolen"));
+  for (const std::string& name : {"../x", "/etc/passwd", "."}) {
+    for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
+      for (v1::SavedShard& shard : *entry.mutable_sharded()->mutable_shards()) {
+        shard.mutable_data()->set_file(name);
+      }
+    }
+    ASSERT_OK(WriteCheckpointManifest(crafted, manifest));
+    EXPECT_THAT(
+        client_->Load(steal).status(),
+        StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad file name")))
+        << name;
+  }
+  EXPECT_THAT(client_->Open("stolen").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+
+  // The tensor kept its values through all of it.
+  ASSERT_OK_AND_ASSIGN(Tensor after, view.Read());
+  ExpectIotaBox(after, 0, 0, 4);
+  std::filesystem::remove_all(outside);
+}
+
+// Without --checkpoint-root a daemon refuses every save and load, saying
+// how to enable them.
+TEST(DaemonCheckpointRootTest, NoRootRefusesSaveAndLoad) {
+  DaemonClusterOptions options;
+  options.world_size = 1;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.checkpoint_root = false;
+  options.extra_args = {"--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DaemonCluster> cluster,
+                       DaemonCluster::Start(options));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  ASSERT_OK(
+      client->Create("t", {4}, *ChunkShardingSpec::Create(0, {"rank:0/cpu"}))
+          .status());
+  const std::string path = cluster->scratch_dir() + "/ckpt";
+  EXPECT_THAT(client->Save(path, {"t"}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--checkpoint-root")));
+  v1::LoadCheckpointRequest load;
+  load.set_path(path);
+  EXPECT_THAT(client->Load(load).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--checkpoint-root")));
+  EXPECT_FALSE(Exists(path));
+  EXPECT_FALSE(cluster->daemon(0).WaitFor(absl::ZeroDuration()));
 }
 
 }  // namespace

@@ -80,6 +80,10 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
                   options.device,
                   "--address-file",
                   absl::StrCat(cluster->dir_, "/rank", rank, ".address")};
+    if (options.checkpoint_root) {
+      spawn.args.push_back("--checkpoint-root");
+      spawn.args.push_back(cluster->dir_);
+    }
     spawn.args.insert(spawn.args.end(), options.extra_args.begin(),
                       options.extra_args.end());
     // The daemons must not pick up a launcher's environment.

@@ -28,6 +28,9 @@ struct DaemonClusterOptions {
   // "cuda" they spread over the visible GPUs, sharing them (over Gloo)
   // when there are fewer GPUs than daemons.
   std::string device = "cpu";
+  // Whether the daemons get the scratch directory as --checkpoint-root (so
+  // that checkpoint paths inside it are allowed).
+  bool checkpoint_root = true;
   // More flags for every daemon.
   std::vector<std::string> extra_args;
   // Bounds the wait for every daemon to serve.
@@ -49,7 +52,8 @@ class DaemonCluster {
   Subprocess& daemon(int rank) { return daemons_[rank]; }
   // Its log so far (the last `max_bytes`).
   std::string Log(int rank, size_t max_bytes = 8192) const;
-  // A directory that lives as long as the cluster (checkpoints, files).
+  // A directory that lives as long as the cluster (checkpoints, files); the
+  // daemons' checkpoint root unless the options said otherwise.
   const std::string& scratch_dir() const { return dir_; }
 
   // SIGKILL: the daemon dies without a goodbye.

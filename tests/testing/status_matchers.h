@@ -35,6 +35,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
          ::testing::Matches(message_matcher)(std::string(status.message()));
 }
 
+// For an absl::StatusOr<T>: OK, and its value matches `value_matcher`.
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
+}
+
 }  // namespace tessera::testing
 
 #define TESSERA_TEST_CONCAT_INNER_(a, b) a##b

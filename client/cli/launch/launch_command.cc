@@ -482,6 +482,10 @@ DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
     command.args.push_back("--log-level");
     command.args.push_back(options.log_level);
   }
+  if (!options.checkpoint_root.empty()) {
+    command.args.push_back("--checkpoint-root");
+    command.args.push_back(options.checkpoint_root);
+  }
   command.args.insert(command.args.end(), options.server_flags.begin(),
                       options.server_flags.end());
   command.env = {{"RANK", absl::StrCat(rank)},
@@ -508,7 +512,18 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
     return kExitFailure;
   }
 
-  Supervisor supervisor(options, context);
+  LaunchOptions resolved = options;
+  if (resolved.checkpoint_root.empty()) {
+    std::error_code error;
+    resolved.checkpoint_root = std::filesystem::current_path(error).string();
+    if (error) {
+      context.PrintError(kCommand, absl::StrCat("cannot read the working "
+                                                "directory: ",
+                                                error.message()));
+      return kExitFailure;
+    }
+  }
+  Supervisor supervisor(resolved, context);
   absl::Status status = supervisor.Prepare();
   if (status.ok()) status = supervisor.StartAll(*server);
   if (!status.ok()) {
@@ -556,6 +571,11 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       ->add_option("--log-dir", options->log_dir,
                    "Write rank i's output to DIR/rank<i>.log instead of "
                    "this terminal")
+      ->type_name("DIR");
+  launch
+      ->add_option("--checkpoint-root", options->checkpoint_root,
+                   "Where the daemons may save and load checkpoints "
+                   "(default: this directory)")
       ->type_name("DIR");
   launch
       ->add_option("--server", options->server,

@@ -54,6 +54,9 @@ struct LaunchOptions {
   std::string log_level;  // empty: the daemons' default
   std::string log_dir;    // empty: daemons share the launcher's stdout/stderr
   std::string server;     // empty: FindServerBinary
+  // The daemons' --checkpoint-root; empty: the launcher's working directory
+  // (RunLaunch), so `tessera save ckpt` run here saves to ./ckpt.
+  std::string checkpoint_root;
   double start_timeout_seconds = 120;
   double stop_timeout_seconds = 15;
   std::vector<std::string> server_flags;  // after "--"

@@ -15,6 +15,7 @@
 namespace tessera::daemon {
 namespace {
 
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -469,6 +470,45 @@ TEST_F(DaemonOptionsTest, CommandLineUnfindableAddressExitsOne) {
       {"--rank", "0", "--world-size", "1", "--master-addr", "node0"}, Env());
   EXPECT_EQ(r.parsed.exit_code, kExitFailure);
   EXPECT_EQ(r.err, "tessera-server: error: cannot find this host's address\n");
+}
+
+TEST(DaemonOptionsHelpersTest, ParseByteSize) {
+  EXPECT_THAT(ParseByteSize("--memory-limit", "1000"), IsOkAndHolds(1000));
+  EXPECT_THAT(ParseByteSize("--memory-limit", "512MiB"),
+              IsOkAndHolds(int64_t{512} << 20));
+  EXPECT_THAT(ParseByteSize("--memory-limit", "8Gi"),
+              IsOkAndHolds(int64_t{8} << 30));
+  EXPECT_THAT(ParseByteSize("--memory-limit", "1.5G"),
+              IsOkAndHolds(int64_t{1500000000}));
+  EXPECT_THAT(ParseByteSize("--memory-limit", "2KB"), IsOkAndHolds(2000));
+  EXPECT_THAT(ParseByteSize("--memory-limit", "64B"), IsOkAndHolds(64));
+  for (const char* bad : {"", "GiB", "-1GiB", "1XB", "1e30", "nan", "1 2"}) {
+    EXPECT_THAT(ParseByteSize("--memory-limit", bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("--memory-limit")))
+        << bad;
+  }
+}
+
+TEST_F(DaemonOptionsTest, MemoryLimitAndCheckpointRoots) {
+  DaemonFlags flags;
+  flags.rank = "0";
+  flags.world_size = "1";
+  flags.memory_limit = "2GiB";
+  flags.checkpoint_roots = {"/a", "/b"};
+  ASSERT_OK_AND_ASSIGN(DaemonOptions options,
+                       ResolveDaemonOptions(flags, Env()));
+  EXPECT_EQ(options.memory_limit, int64_t{2} << 30);
+  EXPECT_THAT(options.checkpoint_roots, ::testing::ElementsAre("/a", "/b"));
+  flags.memory_limit = "0";
+  EXPECT_THAT(ResolveDaemonOptions(flags, Env()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--memory-limit must be positive")));
+  flags.memory_limit = std::nullopt;
+  flags.checkpoint_roots = {""};
+  EXPECT_THAT(ResolveDaemonOptions(flags, Env()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--checkpoint-root")));
 }
 
 }  // namespace

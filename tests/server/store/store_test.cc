@@ -313,6 +313,33 @@ INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest,
 // ---------------------------------------------------------------------------
 // HashStore's watches, which the gRPC service parks calls on.
 
+// A store refuses writes past its limits and changes nothing; deleting
+// and overwriting give the room back.
+TEST(HashStoreTest, LimitsRefuseWithoutChangingAnything) {
+  HashStoreLimits limits;
+  limits.max_value_bytes = 10;
+  limits.max_total_bytes = 30;
+  HashStore store(limits);
+  EXPECT_THAT(store.Set("k", std::string(11, 'x')),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("exceeds the limit of 10")));
+  EXPECT_THAT(store.Check({"k"}), ::tessera::testing::IsOkAndHolds(false));
+  ASSERT_OK(store.Set("a", std::string(9, 'x')));  // 10 bytes
+  ASSERT_OK(store.Set("b", std::string(9, 'x')));  // 20 bytes
+  EXPECT_THAT(store.Set("c", std::string(10, 'x')),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("store is full")));
+  EXPECT_THAT(store.CompareSet("c", "", std::string(10, 'x')),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  ASSERT_OK(store.Set("a", "1"));  // Overwriting frees the difference.
+  ASSERT_OK(store.Set("c", std::string(9, 'x')));
+  ASSERT_OK(store.Add("n", 5).status());
+  ASSERT_OK_AND_ASSIGN(bool deleted, store.Delete("b"));
+  EXPECT_TRUE(deleted);
+  ASSERT_OK(store.Set("d", std::string(9, 'x')));
+  EXPECT_THAT(store.Get("a"), ::tessera::testing::IsOkAndHolds("1"));
+}
+
 TEST(HashStoreTest, WatchFiresOnceWithTheValuesWhenAllKeysAreSet) {
   HashStore store;
   int fired = 0;

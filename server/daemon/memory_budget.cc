@@ -1,0 +1,117 @@
+#include "server/daemon/memory_budget.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace tessera {
+namespace {
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// " (1.5 GiB)" for a size of a GiB or more, for messages.
+std::string InGiB(int64_t bytes) {
+  if (bytes < (int64_t{1} << 30)) return "";
+  return absl::StrCat(" (", bytes / static_cast<double>(int64_t{1} << 30),
+                      " GiB)");
+}
+
+}  // namespace
+
+void MemoryBudget::Reservation::Release() {
+  if (budget_ != nullptr && bytes_ > 0) {
+    budget_->used_.fetch_sub(bytes_, std::memory_order_relaxed);
+  }
+  bytes_ = 0;
+  budget_.reset();
+}
+
+std::shared_ptr<MemoryBudget> MemoryBudget::Create(int64_t limit,
+                                                   std::string source) {
+  return std::shared_ptr<MemoryBudget>(
+      new MemoryBudget(std::max<int64_t>(limit, 0), std::move(source)));
+}
+
+absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
+    int64_t bytes, absl::string_view what) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a negative size (", bytes, " bytes)"));
+  }
+  int64_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit_ - used) {
+      const int64_t left = std::max<int64_t>(limit_ - used, 0);
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " needs ", bytes, " bytes of host memory",
+                       InGiB(bytes), ", but this daemon has ", left,
+                       " bytes left", InGiB(left), " of its ", limit_,
+                       " bytes budget", InGiB(limit_), " (", source_, ")"));
+    }
+  } while (!used_.compare_exchange_weak(used, used + bytes,
+                                        std::memory_order_relaxed));
+  return Reservation(shared_from_this(), bytes);
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page_size;
+}
+
+int64_t CgroupMemoryLimit() {
+  // cgroup v2: "0::/path" in /proc/self/cgroup; the limit is memory.max of
+  // that path or, inside a container's namespace, of the mount's root.
+  std::string path;
+  for (absl::string_view line :
+       absl::StrSplit(ReadSmallFile("/proc/self/cgroup"), '\n')) {
+    if (absl::ConsumePrefix(&line, "0::")) path = std::string(line);
+  }
+  for (const std::string& file :
+       {absl::StrCat("/sys/fs/cgroup", path, "/memory.max"),
+        std::string("/sys/fs/cgroup/memory.max"),
+        std::string("/sys/fs/cgroup/memory/memory.limit_in_bytes")}) {
+    const std::string text(absl::StripAsciiWhitespace(ReadSmallFile(file)));
+    int64_t limit = 0;
+    // "max", or v1's "unlimited" (a huge page-rounded number).
+    if (absl::SimpleAtoi(text, &limit) && limit > 0 &&
+        limit < (int64_t{1} << 60)) {
+      return limit;
+    }
+  }
+  return 0;
+}
+
+int64_t DefaultMemoryLimit(int local_world_size, std::string* source) {
+  int64_t base = PhysicalMemoryBytes();
+  const int64_t cgroup = CgroupMemoryLimit();
+  if (cgroup > 0 && cgroup < base) {
+    base = cgroup;
+    *source = "the default: its cgroup's memory limit, less a reserve";
+  } else {
+    base /= std::max(local_world_size, 1);
+    *source = absl::StrCat("the default: physical memory / ",
+                           std::max(local_world_size, 1),
+                           " daemons on this host, less a reserve");
+  }
+  const int64_t reserve = std::max<int64_t>(int64_t{256} << 20, base / 10);
+  return std::max<int64_t>(base - reserve, base / 2);
+}
+
+}  // namespace tessera

@@ -1,0 +1,98 @@
+// A daemon's budget of host memory: every tensor shard it holds on the CPU,
+// every staging buffer of a region read or write and every gathered tensor
+// is reserved here before it is allocated, so that a request too big for
+// what is left is refused (RESOURCE_EXHAUSTED, naming the request, the
+// bytes asked and left) instead of being admitted and getting the daemon
+// OOM-killed once its pages are touched. The store's values count through
+// a fixed share set aside on the rank that serves it.
+//
+// The limit (tessera-server --memory-limit) defaults to DefaultMemoryLimit:
+// the cgroup's memory limit when the daemon runs under one (a systemd unit,
+// a Kubernetes pod: one daemon each), else the host's physical memory
+// divided among the daemons of the host; less a reserve for the daemon's
+// own code, threads and gRPC buffers (a tenth, at least 256 MiB).
+//
+// Thread-safety: every method may be called from any thread. A Reservation
+// is movable, owned by one holder, and gives its bytes back when destroyed
+// (it keeps its budget alive).
+#ifndef TESSERA_SERVER_DAEMON_MEMORY_BUDGET_H_
+#define TESSERA_SERVER_DAEMON_MEMORY_BUDGET_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera {
+
+class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
+ public:
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept
+        : budget_(std::move(other.budget_)), bytes_(other.bytes_) {
+      other.bytes_ = 0;
+    }
+    Reservation& operator=(Reservation&& other) noexcept {
+      if (this != &other) {
+        Release();
+        budget_ = std::move(other.budget_);
+        bytes_ = other.bytes_;
+        other.bytes_ = 0;
+      }
+      return *this;
+    }
+    ~Reservation() { Release(); }
+
+    int64_t bytes() const { return bytes_; }
+    // Gives the bytes back now.
+    void Release();
+
+   private:
+    friend class MemoryBudget;
+    Reservation(std::shared_ptr<MemoryBudget> budget, int64_t bytes)
+        : budget_(std::move(budget)), bytes_(bytes) {}
+
+    std::shared_ptr<MemoryBudget> budget_;
+    int64_t bytes_ = 0;
+  };
+
+  // `limit` bytes; `name` says where it comes from in messages ("--memory-
+  // limit", "the cgroup limit"...).
+  static std::shared_ptr<MemoryBudget> Create(int64_t limit,
+                                              std::string source);
+
+  int64_t limit() const { return limit_; }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  const std::string& source() const { return source_; }
+
+  // Reserves `bytes` (>= 0) for `what`, or RESOURCE_EXHAUSTED saying what
+  // asked for how much and how much is left of the limit.
+  absl::StatusOr<Reservation> Reserve(int64_t bytes, absl::string_view what);
+
+ private:
+  MemoryBudget(int64_t limit, std::string source)
+      : limit_(limit), source_(std::move(source)) {}
+
+  const int64_t limit_;
+  const std::string source_;
+  std::atomic<int64_t> used_{0};
+};
+
+// The host's physical memory in bytes.
+int64_t PhysicalMemoryBytes();
+// This process's cgroup memory limit (v2 memory.max, else v1
+// memory.limit_in_bytes); 0 when there is none.
+int64_t CgroupMemoryLimit();
+// The default limit described above, for a daemon among
+// `local_world_size` on its host (0: unknown, taken as 1); `source` is set
+// to where it came from.
+int64_t DefaultMemoryLimit(int local_world_size, std::string* source);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_DAEMON_MEMORY_BUDGET_H_

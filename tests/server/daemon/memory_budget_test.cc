@@ -1,0 +1,98 @@
+// MemoryBudget (server/daemon/memory_budget.h): reservations add up, are
+// refused past the limit with a message naming what asked, and give their
+// bytes back when released, moved from or destroyed; concurrent reserving
+// never overshoots. Plus the default limit's inputs.
+#include "server/daemon/memory_budget.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TEST(MemoryBudgetTest, ReservesUpToTheLimitAndGivesBack) {
+  auto budget = MemoryBudget::Create(100, "--memory-limit");
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation a, budget->Reserve(60, "a"));
+  EXPECT_EQ(budget->used(), 60);
+  EXPECT_THAT(budget->Reserve(41, "CreateTensor \"w\"").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("CreateTensor \"w\" needs 41 bytes"),
+                             HasSubstr("40 bytes left of its 100 bytes"),
+                             HasSubstr("--memory-limit"))));
+  EXPECT_EQ(budget->used(), 60);
+  {
+    ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation b, budget->Reserve(40, "b"));
+    EXPECT_EQ(budget->used(), 100);
+    ASSERT_OK(budget->Reserve(0, "nothing").status());
+  }
+  EXPECT_EQ(budget->used(), 60);
+  MemoryBudget::Reservation moved = std::move(a);
+  EXPECT_EQ(budget->used(), 60);
+  EXPECT_EQ(moved.bytes(), 60);
+  moved.Release();
+  EXPECT_EQ(budget->used(), 0);
+  moved.Release();  // Once only.
+  EXPECT_EQ(budget->used(), 0);
+  EXPECT_THAT(budget->Reserve(-1, "negative").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(budget->Reserve(int64_t{1} << 62, "huge").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+}
+
+TEST(MemoryBudgetTest, AReservationOutlivesItsBudgetHandle) {
+  MemoryBudget::Reservation held;
+  {
+    auto budget = MemoryBudget::Create(10, "test");
+    ASSERT_OK_AND_ASSIGN(held, budget->Reserve(10, "x"));
+  }
+  held.Release();  // The reservation kept the budget alive.
+}
+
+TEST(MemoryBudgetTest, ConcurrentReservationsNeverOvershoot) {
+  auto budget = MemoryBudget::Create(1000, "test");
+  std::atomic<int> granted{0};
+  std::vector<std::thread> threads;
+  std::vector<std::vector<MemoryBudget::Reservation>> held(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 1000; ++i) {
+        absl::StatusOr<MemoryBudget::Reservation> r = budget->Reserve(7, "x");
+        if (r.ok()) {
+          held[t].push_back(*std::move(r));
+          granted.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(granted.load(), 1000 / 7);
+  EXPECT_EQ(budget->used(), 1000 / 7 * 7);
+  held.clear();
+  EXPECT_EQ(budget->used(), 0);
+}
+
+TEST(MemoryBudgetTest, DefaultLimitIsBelowWhatTheHostHas) {
+  std::string source;
+  const int64_t one = DefaultMemoryLimit(1, &source);
+  EXPECT_FALSE(source.empty());
+  EXPECT_GT(one, 0);
+  EXPECT_LT(one, PhysicalMemoryBytes());
+  const int64_t cgroup = CgroupMemoryLimit();
+  if (cgroup > 0) EXPECT_LT(one, cgroup);
+  if (cgroup == 0 || cgroup >= PhysicalMemoryBytes()) {
+    // Shared among the daemons of the host.
+    EXPECT_LE(DefaultMemoryLimit(8, &source), one / 4);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
