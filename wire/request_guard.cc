@@ -33,10 +33,12 @@ class RequestGuard final : public grpc::experimental::Interceptor {
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
+    // A request that parsed reaches this hook with its message; one that
+    // did not, with none or (for a server-streaming method) not at all.
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_MESSAGE) &&
-        methods->GetRecvMessage() == nullptr) {
-      malformed_ = true;
+        methods->GetRecvMessage() != nullptr) {
+      parsed_ = true;
     }
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_SEND_STATUS)) {
@@ -53,7 +55,7 @@ class RequestGuard final : public grpc::experimental::Interceptor {
 
  private:
   grpc::Status Rewrite(const google::protobuf::MethodDescriptor& method) const {
-    if (malformed_) {
+    if (!parsed_) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrCat(method_, ": malformed request: not a valid ",
@@ -66,7 +68,7 @@ class RequestGuard final : public grpc::experimental::Interceptor {
   }
 
   const std::string method_;
-  bool malformed_ = false;
+  bool parsed_ = false;
 };
 
 class RequestGuardFactory final

@@ -6,11 +6,12 @@
 // when a handler throws while creating its reactor). The guard, a server
 // interceptor, rewrites those answers of methods the server does
 // implement:
-//  - a request that failed to parse: INVALID_ARGUMENT "<Service>/<Method>:
-//    malformed request: not a valid <request type>";
-//  - anything else answered UNIMPLEMENTED without a message (a handler that
-//    failed unexpectedly): INTERNAL "<Service>/<Method>: the request failed
-//    unexpectedly on this server (see its log)".
+//  - when no request message was parsed (gRPC hands the interceptor none):
+//    INVALID_ARGUMENT "<Service>/<Method>: malformed request: not a valid
+//    <request type>";
+//  - when one was (a handler that then failed unexpectedly): INTERNAL
+//    "<Service>/<Method>: the request failed unexpectedly on this server
+//    (see its log)".
 // Unknown methods keep UNIMPLEMENTED. It costs one flag per call.
 //
 // Thread-safety: the factory is stateless; interceptors belong to one call.

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
   cluster->dir_ = dir_template;
   absl::StatusOr<int> master_port = PickFreePort();
   if (!master_port.ok()) return master_port.status();
+  cluster->store_address_ = absl::StrCat("127.0.0.1:", *master_port);
 
   for (int rank = 0; rank < options.world_size; ++rank) {
     SpawnOptions spawn;

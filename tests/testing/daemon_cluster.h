@@ -49,6 +49,8 @@ class DaemonCluster {
   int world_size() const { return static_cast<int>(daemons_.size()); }
   // The gRPC address ("127.0.0.1:port") of `rank`.
   const std::string& address(int rank) const { return addresses_[rank]; }
+  // Where rank 0 serves the store ("127.0.0.1:port").
+  const std::string& store_address() const { return store_address_; }
   Subprocess& daemon(int rank) { return daemons_[rank]; }
   // Its log so far (the last `max_bytes`).
   std::string Log(int rank, size_t max_bytes = 8192) const;
@@ -68,6 +70,7 @@ class DaemonCluster {
   std::string dir_;
   std::vector<Subprocess> daemons_;
   std::vector<std::string> addresses_;
+  std::string store_address_;
 };
 
 // A TCP port that was free on 127.0.0.1 a moment ago.
