@@ -254,6 +254,9 @@ class Core : public std::enable_shared_from_this<Core> {
   // the service stops first.
   std::optional<std::string> AwaitEntry(int64_t n);
   void Execute(absl::string_view entry, int64_t n);
+  // Run(op), with what it throws turned into INTERNAL (log number `n`).
+  Outcome RunGuarded(const v1::ControlOp& op, int64_t n);
+  Outcome Run(const v1::ControlOp& op);
   Outcome RunCreate(const v1::ControlOp& op);
   // CreateTensor's tensor (this daemon's shards), filled by its init kind.
   absl::StatusOr<ShardedTensor> NewTensor(

@@ -21,6 +21,17 @@
 namespace tessera::control_internal {
 namespace {
 
+// The message of the exception being handled (call inside a catch block).
+std::string WhatWasThrown() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
 // Store keys, under the "control" prefix.
 constexpr char kSeqKey[] = "seq";
 constexpr char kSkip[] = "skip";
@@ -250,6 +261,50 @@ std::optional<std::string> Core::AwaitEntry(int64_t n) {
   return std::nullopt;
 }
 
+// The op boundary: request handling never throws out of here (docs/
+// thread_model.md). What an op throws after all (an allocation refused, a
+// library's exception) fails it on this daemon with INTERNAL, agreed like
+// any other failure where the op still can.
+Core::Outcome Core::RunGuarded(const v1::ControlOp& op, int64_t n) {
+  try {
+    return Run(op);
+  } catch (...) {
+    const std::string what = WhatWasThrown();
+    spdlog::error("control: op {} threw: {}", n, what);
+    Outcome outcome;
+    outcome.status = absl::InternalError(absl::StrCat(
+        OpName(op), " failed on rank ", rank_->rank(), ": ", what));
+    return outcome;
+  }
+}
+
+Core::Outcome Core::Run(const v1::ControlOp& op) {
+  Outcome outcome;
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      outcome = RunCreate(op);
+      break;
+    case v1::ControlOp::kDeleteTensor:
+      outcome = RunDelete(op);
+      break;
+    case v1::ControlOp::kReshard:
+      outcome = RunReshard(op);
+      break;
+    case v1::ControlOp::kGather:
+      outcome = RunGather(op);
+      break;
+    case v1::ControlOp::kSaveCheckpoint:
+      outcome = RunSave(op);
+      break;
+    case v1::ControlOp::kLoadCheckpoint:
+      outcome = RunLoad(op);
+      break;
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return outcome;
+}
+
 void Core::Execute(absl::string_view entry, int64_t n) {
   if (entry == kSkip) return;
   v1::ControlOp op;
@@ -263,46 +318,7 @@ void Core::Execute(absl::string_view entry, int64_t n) {
     spdlog::error("control: log entry {} holds no request; skipping it", n);
     return;
   }
-  // The op boundary: request handling never throws out of here (docs/
-  // thread_model.md). What the code below throws after all (an allocation
-  // refused, a library's exception) fails this op on this daemon with
-  // INTERNAL, agreed like any other failure where the op still can.
-  Outcome outcome;
-  try {
-    switch (op.request_case()) {
-      case v1::ControlOp::kCreateTensor:
-        outcome = RunCreate(op);
-        break;
-      case v1::ControlOp::kDeleteTensor:
-        outcome = RunDelete(op);
-        break;
-      case v1::ControlOp::kReshard:
-        outcome = RunReshard(op);
-        break;
-      case v1::ControlOp::kGather:
-        outcome = RunGather(op);
-        break;
-      case v1::ControlOp::kSaveCheckpoint:
-        outcome = RunSave(op);
-        break;
-      case v1::ControlOp::kLoadCheckpoint:
-        outcome = RunLoad(op);
-        break;
-      case v1::ControlOp::REQUEST_NOT_SET:
-        break;
-    }
-  } catch (const std::exception& e) {
-    outcome = Outcome();
-    outcome.status = absl::InternalError(absl::StrCat(
-        OpName(op), " failed on rank ", rank_->rank(), ": ", e.what()));
-    spdlog::error("control: op {} threw: {}", n, e.what());
-  } catch (...) {
-    outcome = Outcome();
-    outcome.status = absl::InternalError(
-        absl::StrCat(OpName(op), " failed on rank ", rank_->rank(),
-                     ": an unknown exception"));
-    spdlog::error("control: op {} threw an unknown exception", n);
-  }
+  Outcome outcome = RunGuarded(op, n);
   // The call returns once every daemon shows the change (control.proto:
   // after a call returns, every daemon lists and describes the same
   // tensors), so the daemons confirm their commits to each other first.

@@ -101,6 +101,17 @@ class TestShardedTensorChunked : public DeviceRanksTest {
                      {"submodule.sharded_tensor2", st2}};
   }
 
+  // Every rank: MyShardedModel1 in rows over the 4 ranks, saved to Dir(),
+  // once every rank is done saving.
+  absl::StatusOr<StateDict> SavedModel() {
+    RETURN_IF_ERROR(InitComms());
+    ASSIGN_OR_RETURN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+    ASSIGN_OR_RETURN(StateDict m, MyShardedModel1(spec));
+    RETURN_IF_ERROR(SaveStateDict(m, Dir()));
+    RETURN_IF_ERROR(Barrier());
+    return m;
+  }
+
   // Where group rank `owner`'s shard of `name` was saved.
   absl::StatusOr<v1::DataExtent> ShardExtent(const std::string& name,
                                              int owner) {
@@ -445,11 +456,7 @@ TEST_P(TestShardedTensorChunked, MissingShardFileIsNotFound) {
 
 TEST_P(TestShardedTensorChunked, NewerFormatVersionIsInvalidArgument) {
   RANKS_TEST_BEGIN();
-  ASSERT_OK(InitComms());
-  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
-  ASSERT_OK_AND_ASSIGN(StateDict m, MyShardedModel1(spec));
-  ASSERT_OK(SaveStateDict(m, Dir()));
-  ASSERT_OK(Barrier());
+  ASSERT_OK_AND_ASSIGN(StateDict m, SavedModel());
   if (rank() == 0) {
     ASSERT_OK_AND_ASSIGN(v1::CheckpointManifest manifest,
                          ReadCheckpointManifest(Dir()));
@@ -469,11 +476,7 @@ TEST_P(TestShardedTensorChunked, NewerFormatVersionIsInvalidArgument) {
 // never a checkpoint that loads with shards moved.
 TEST_P(TestShardedTensorChunked, EveryBitFlipOfTheManifestIsRefused) {
   RANKS_TEST_BEGIN();
-  ASSERT_OK(InitComms());
-  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
-  ASSERT_OK_AND_ASSIGN(StateDict m, MyShardedModel1(spec));
-  ASSERT_OK(SaveStateDict(m, Dir()));
-  ASSERT_OK(Barrier());
+  ASSERT_OK_AND_ASSIGN(StateDict m, SavedModel());
   if (rank() == 0) {
     const std::string path = Dir() + "/manifest.pb";
     const std::string good = ReadWholeFile(path);
@@ -505,27 +508,6 @@ TEST_P(TestShardedTensorChunked, EveryBitFlipOfTheManifestIsRefused) {
   ExpectSameStateDict(m, loaded);
 }
 
-// SaveOptions::overwrite = false refuses to replace a checkpoint, on every
-// member, and leaves it whole.
-TEST_P(TestShardedTensorChunked, SaveWithoutOverwriteKeepsTheCheckpoint) {
-  RANKS_TEST_BEGIN();
-  ASSERT_OK(InitComms());
-  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
-  ASSERT_OK_AND_ASSIGN(StateDict a, MyShardedModel1(spec, nullptr, 1));
-  SaveOptions once;
-  once.overwrite = false;
-  ASSERT_OK(SaveStateDict(a, Dir(), once));
-  const std::set<std::string> files = ListDir(Dir());
-  ASSERT_OK_AND_ASSIGN(StateDict b, MyShardedModel1(spec, nullptr, 2));
-  EXPECT_THAT(
-      SaveStateDict(b, Dir(), once),
-      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("overwrite")));
-  ASSERT_OK(Barrier());
-  EXPECT_EQ(files, ListDir(Dir()));
-  ASSERT_OK_AND_ASSIGN(StateDict loaded, LoadStateDict(Dir()));
-  ExpectSameStateDict(a, loaded);
-}
-
 TEST_P(TestShardedTensorChunked, SaveIsAtomic) {
   RANKS_TEST_BEGIN();
   ASSERT_OK(InitComms());
@@ -537,9 +519,16 @@ TEST_P(TestShardedTensorChunked, SaveIsAtomic) {
   const std::string manifest_a = ReadWholeFile(Dir() + "/manifest.pb");
   ASSERT_FALSE(manifest_a.empty());
 
+  // Without overwrite, a save refuses to replace it, on every member.
+  SaveOptions once;
+  once.overwrite = false;
+  ASSERT_OK_AND_ASSIGN(StateDict b, MyShardedModel1(spec, nullptr, 2));
+  EXPECT_THAT(
+      SaveStateDict(b, Dir(), once),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("overwrite")));
+
   // Failing saves: one rank's own mistake (after the others wrote their
   // shards), and a rank whose state dict differs from the others'.
-  ASSERT_OK_AND_ASSIGN(StateDict b, MyShardedModel1(spec, nullptr, 2));
   StateDict bad_name = b;
   if (rank() == 3) bad_name.emplace_back("", std::get<Tensor>(b[0].second));
   EXPECT_THAT(SaveStateDict(bad_name, Dir()),

@@ -9,7 +9,6 @@
 // running; two clients creating and deleting at once leave every daemon
 // with the same, consistent listing.
 #include <fcntl.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -41,7 +40,9 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_cluster_test.h"
 #include "tests/testing/iota.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -59,12 +60,16 @@ using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
 
-absl::StatusOr<std::unique_ptr<DaemonCluster>> StartCluster() {
+DaemonClusterOptions ClusterOptions() {
   DaemonClusterOptions options;
   options.world_size = kWorld;
   options.server_path = TESSERA_SERVER_PATH;
   options.extra_args = {"--timeout", "10", "--log-level", "warn"};
-  return DaemonCluster::Start(options);
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<DaemonCluster>> StartCluster() {
+  return DaemonCluster::Start(ClusterOptions());
 }
 
 ShardingSpec RowSpec() {
@@ -90,42 +95,15 @@ std::vector<std::string> Names(const std::vector<ShardedTensorView>& views) {
   return names;
 }
 
-class DaemonTest : public ::testing::Test {
+class DaemonTest : public ::tessera::testing::DaemonClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<DaemonCluster>> cluster = StartCluster();
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-
-  void SetUp() override {
-    ASSERT_NE(cluster_, nullptr);
-    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(cluster_->address(0)));
-  }
-
-  // After every test: all daemons still run.
-  void TearDown() override {
-    for (int r = 0; r < kWorld; ++r) {
-      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
-          << "daemon " << r << " died:\n"
-          << cluster_->Log(r);
-    }
-  }
+  static void SetUpTestSuite() { StartSuiteCluster(ClusterOptions()); }
 
   std::unique_ptr<v1::ControlService::Stub> Stub(int rank) {
     return v1::ControlService::NewStub(grpc::CreateChannel(
         cluster_->address(rank), grpc::InsecureChannelCredentials()));
   }
-
-  static DaemonCluster* cluster_;
-  std::shared_ptr<Client> client_;
 };
-
-DaemonCluster* DaemonTest::cluster_ = nullptr;
 
 TEST_F(DaemonTest, ConnectLearnsTheCluster) {
   const v1::ClusterInfo& info = client_->cluster();
@@ -418,30 +396,19 @@ TEST_F(DaemonTest, BadRequestsGetClearErrors) {
     EXPECT_EQ(reader->Finish().error_code(), grpc::NOT_FOUND);
   }
   {
-    auto channel = grpc::CreateChannel(cluster_->address(3),
-                                       grpc::InsecureChannelCredentials());
-    grpc::GenericStub generic(channel);
     v1::CreateTensorRequest request;
     request.set_name("truncated");
     request.add_sizes(4);
     *request.mutable_spec() = ToProto(RowSpec());
     std::string wire = request.SerializeAsString();
     wire.resize(wire.size() / 2);  // cut inside the spec
-    grpc::Slice slice(wire);
-    grpc::ByteBuffer send(&slice, 1);
-    grpc::ByteBuffer receive;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(&context, "/tessera.v1.ControlService/CreateTensor",
-                      grpc::StubOptions(), &send, &receive,
-                      [&](grpc::Status s) {
-                        status = s;
-                        done.Notify();
-                      });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(15)));
+    const grpc::Status status = ::tessera::testing::RawUnaryCall(
+        grpc::CreateChannel(cluster_->address(3),
+                            grpc::InsecureChannelCredentials()),
+        "/tessera.v1.ControlService/CreateTensor", wire);
+    EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("CreateTensor: malformed request"));
     EXPECT_FALSE(status.ok());
     EXPECT_NE(status.error_code(), grpc::DEADLINE_EXCEEDED);
   }

@@ -19,20 +19,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
-#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_cluster_test.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
-using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
-using ::tessera::testing::ExpectIotaBox;
-using ::tessera::testing::Iota;
-using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
@@ -55,7 +50,7 @@ std::vector<int64_t> SizesFor(int64_t mib_per_rank) {
   return {kWorld * mib_per_rank * 256, 1024};
 }
 
-class MemoryBudgetTest : public ::testing::Test {
+class MemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
  protected:
   static void SetUpTestSuite() {
     DaemonClusterOptions options;
@@ -63,38 +58,19 @@ class MemoryBudgetTest : public ::testing::Test {
     options.server_path = TESSERA_SERVER_PATH;
     options.extra_args = {"--timeout",      "20",   "--log-level", "warn",
                           "--memory-limit", "64MiB"};
-    absl::StatusOr<std::unique_ptr<DaemonCluster>> cluster =
-        DaemonCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
+    StartSuiteCluster(std::move(options));
   }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(cluster_, nullptr);
-    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(cluster_->address(0)));
-  }
+
+  // Every test leaves the cluster empty.
   void TearDown() override {
-    for (int r = 0; r < kWorld; ++r) {
-      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
-          << "daemon " << r << " died:\n"
-          << cluster_->Log(r);
-    }
-    // Every test leaves the cluster empty.
+    DaemonClusterTest::TearDown();
     absl::StatusOr<std::vector<ShardedTensorView>> listed = client_->List();
     ASSERT_OK(listed.status());
     for (const ShardedTensorView& view : *listed) {
       EXPECT_OK(client_->Delete(view.name()));
     }
   }
-
-  static DaemonCluster* cluster_;
-  std::shared_ptr<Client> client_;
 };
-
-DaemonCluster* MemoryBudgetTest::cluster_ = nullptr;
 
 TEST_F(MemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
   // 8 MiB per daemon: rank 0 fits six (48 MiB), the seventh is refused on
@@ -104,11 +80,11 @@ TEST_F(MemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
         client_->Create(absl::StrCat("t", i), SizesFor(8), Rows()).status())
         << i;
   }
-  EXPECT_THAT(
-      client_->Create("t6", SizesFor(8), Rows()).status(),
-      StatusIs(absl::StatusCode::kResourceExhausted,
-               AllOf(HasSubstr("CreateTensor \"t6\""), HasSubstr("rank 0"),
-                     HasSubstr("--memory-limit"))));
+  EXPECT_THAT(client_->Create("t6", SizesFor(8), Rows()).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("CreateTensor \"t6\""),
+                                        HasSubstr("rank 0"),
+                                        HasSubstr("--memory-limit"))));
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(cluster_->address(r)));
     EXPECT_THAT(other->Open("t6").status(),
@@ -162,15 +138,12 @@ TEST_F(MemoryBudgetTest, ReshardsGathersAndRegionsStageWithinTheBudget) {
   auto stub = v1::ControlService::NewStub(grpc::CreateChannel(
       cluster_->address(0), grpc::InsecureChannelCredentials()));
   auto read = [&](int64_t rows) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(20));
     v1::ReadRegionRequest request;
     request.set_name("big");
-    request.add_offsets(0);
-    request.add_offsets(0);
-    request.add_sizes(rows);
-    request.add_sizes(1024);
+    for (int64_t x : {int64_t{0}, int64_t{0}}) request.add_offsets(x);
+    for (int64_t x : {rows, int64_t{1024}}) request.add_sizes(x);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     auto reader = stub->ReadRegion(&context, request);
     v1::ShardChunk chunk;
     int64_t bytes = 0;
@@ -190,9 +163,9 @@ TEST_F(MemoryBudgetTest, ReshardsGathersAndRegionsStageWithinTheBudget) {
   // Small writes and reads still go through.
   ASSERT_OK_AND_ASSIGN(ShardedTensorView small,
                        client_->Create("small", {8, 4}, Rows()));
-  ASSERT_OK(small.Write({0, 0}, Iota(8, 4)));
+  ASSERT_OK(small.Write({0, 0}, ::tessera::testing::Iota(8, 4)));
   ASSERT_OK_AND_ASSIGN(Tensor values, small.Read());
-  ExpectIotaBox(values, 0, 0, 4);
+  ::tessera::testing::ExpectIotaBox(values, 0, 0, 4);
   // After all of it, the budget is whole again: the same creates fit.
   ASSERT_OK(client_->Delete("big"));
   ASSERT_OK(client_->Create("again", SizesFor(40), Rows()).status());

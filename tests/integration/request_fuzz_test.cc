@@ -26,7 +26,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
@@ -37,15 +36,13 @@
 #include "tessera/v1/store.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/iota.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
-using ::tessera::testing::DaemonCluster;
-using ::tessera::testing::DaemonClusterOptions;
-using ::tessera::testing::ExpectIotaBox;
-using ::tessera::testing::Iota;
+namespace tt = ::tessera::testing;
 
 constexpr int kWorld = 4;
 constexpr int kDefaultRequestsPerMethod = 2000;
@@ -138,79 +135,19 @@ std::string Mutate(const std::string& base, const std::string& other,
   return out;
 }
 
-// One call of any kind over the generic callback API: writes `messages`,
-// half-closes, reads everything, and returns the status.
-class RawCall
-    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  static grpc::Status Run(grpc::GenericStub& stub, const std::string& method,
-                          const std::vector<std::string>& messages,
-                          absl::Duration timeout) {
-    RawCall call(messages);
-    call.context_.set_deadline(std::chrono::system_clock::now() +
-                               absl::ToChronoMilliseconds(timeout));
-    stub.PrepareBidiStreamingCall(&call.context_, method, grpc::StubOptions(),
-                                  &call);
-    call.AddHold();  // Until the writes are done.
-    call.StartRead(&call.read_);
-    call.StartCall();
-    call.WriteNext();
-    call.done_.WaitForNotification();
-    return call.status_;
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      RemoveHold();
-      return;
-    }
-    WriteNext();
-  }
-  void OnReadDone(bool ok) override {
-    if (ok) StartRead(&read_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    done_.Notify();
-  }
-
- private:
-  explicit RawCall(const std::vector<std::string>& messages)
-      : messages_(messages) {}
-
-  void WriteNext() {
-    if (next_ == messages_.size()) {
-      StartWritesDone();
-      RemoveHold();
-      return;
-    }
-    grpc::Slice slice(messages_[next_++]);
-    write_ = grpc::ByteBuffer(&slice, 1);
-    StartWrite(&write_);
-  }
-
-  const std::vector<std::string>& messages_;
-  size_t next_ = 0;
-  grpc::ClientContext context_;
-  grpc::ByteBuffer write_;
-  grpc::ByteBuffer read_;
-  grpc::Status status_;
-  absl::Notification done_;
-};
-
 class RequestFuzzTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    DaemonClusterOptions options;
+    tt::DaemonClusterOptions options;
     options.world_size = kWorld;
     options.server_path = TESSERA_SERVER_PATH;
     options.extra_args = {"--timeout",      "20",    "--log-level", "error",
                           "--memory-limit", "256MiB"};
-    ASSERT_OK_AND_ASSIGN(cluster_, DaemonCluster::Start(options));
+    ASSERT_OK_AND_ASSIGN(cluster_, tt::DaemonCluster::Start(options));
     ASSERT_OK_AND_ASSIGN(client_, Client::Connect(cluster_->address(0)));
   }
 
-  std::unique_ptr<DaemonCluster> cluster_;
+  std::unique_ptr<tt::DaemonCluster> cluster_;
   std::shared_ptr<Client> client_;
 };
 
@@ -230,7 +167,7 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
       0, {"rank:0/cpu", "rank:1/cpu", "rank:2/cpu", "rank:3/cpu"});
   ASSERT_OK_AND_ASSIGN(ShardedTensorView sentinel,
                        client_->Create("sentinel", {16, 8}, rows));
-  ASSERT_OK(sentinel.Write({0, 0}, Iota(16, 8)));
+  ASSERT_OK(sentinel.Write({0, 0}, tt::Iota(16, 8)));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView target,
                        client_->Create("fuzz-w", {8, 4}, rows));
   ASSERT_OK(client_->Create("fuzz-r", {8, 4}, rows).status());
@@ -399,7 +336,7 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
                                              : absl::Milliseconds(500);
           const absl::Time start = absl::Now();
           const grpc::Status status =
-              RawCall::Run(stub, method.path, messages, timeout);
+              tt::RawCall::Run(stub, method.path, messages, timeout);
           // Every call ends by its deadline (plus scheduling slack).
           EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(5))
               << method.path;
@@ -449,7 +386,7 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
     ASSERT_OK_AND_ASSIGN(ShardedTensorView view, other->Open("sentinel"));
     EXPECT_EQ(view.tensor_id(), sentinel.tensor_id());
     ASSERT_OK_AND_ASSIGN(Tensor values, view.Read());
-    ExpectIotaBox(values, 0, 0, 8);
+    tt::ExpectIotaBox(values, 0, 0, 8);
   }
   for (const absl::Status& health : client_->Health()) EXPECT_OK(health);
   ASSERT_OK(client_->Create("after", {4, 4}, rows).status());

@@ -5,17 +5,16 @@
 // untouched.
 #include "wire/request_guard.h"
 
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <stdexcept>
 #include <string>
 
-#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "tests/testing/raw_call.h"
 
 namespace tessera {
 namespace {
@@ -56,24 +55,8 @@ class RequestGuardTest : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
 
-  // A unary call of `method` with `bytes` as the request.
   grpc::Status RawCall(const std::string& method, const std::string& bytes) {
-    grpc::GenericStub generic(channel_);
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer send(&slice, 1);
-    grpc::ByteBuffer receive;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(&context, method, grpc::StubOptions(), &send, &receive,
-                      [&](grpc::Status s) {
-                        status = std::move(s);
-                        done.Notify();
-                      });
-    done.WaitForNotification();
-    return status;
+    return ::tessera::testing::RawUnaryCall(channel_, method, bytes);
   }
 
   TestControl service_;
