@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -324,6 +325,24 @@ absl::StatusOr<NpyHeader> ParseHeaderText(absl::string_view text,
   return header;
 }
 
+// The array's data size, for a header ParseNpyHeader accepted (its size
+// fits in int64).
+int64_t DataBytes(const NpyHeader& header) {
+  return CheckedProduct(header.shape).value_or(0) *
+         static_cast<int64_t>(ElementSize(header.dtype));
+}
+
+// INVALID_ARGUMENT unless `available` bytes hold the array's data: checked
+// before the array is allocated, so that a header cannot ask for memory its
+// file does not back.
+absl::Status CheckDataBytes(const NpyHeader& header, int64_t available) {
+  const int64_t nbytes = DataBytes(header);
+  if (available >= nbytes) return absl::OkStatus();
+  return Malformed(absl::StrCat("truncated: the header promises ", nbytes,
+                                " data bytes, the file holds ",
+                                std::max<int64_t>(available, 0)));
+}
+
 absl::Status CheckBoolBytes(const Tensor& tensor) {
   if (tensor.dtype() != DType::kBool || tensor.numel() == 0) {
     return absl::OkStatus();
@@ -424,16 +443,12 @@ absl::StatusOr<Tensor> ParseNpy(absl::string_view contents) {
     return Malformed("the file ends inside its header");
   }
   RETURN_IF_ERROR(header.status());
+  RETURN_IF_ERROR(CheckDataBytes(
+      *header, static_cast<int64_t>(contents.size()) - header->data_offset));
   ASSIGN_OR_RETURN(
       Tensor tensor,
       Tensor::Empty(header->shape, TensorOptions().WithDType(header->dtype)));
   const size_t nbytes = tensor.nbytes();
-  const size_t available =
-      contents.size() - static_cast<size_t>(header->data_offset);
-  if (available < nbytes) {
-    return Malformed(absl::StrCat("truncated: the header promises ", nbytes,
-                                  " data bytes, the file holds ", available));
-  }
   if (nbytes > 0) {
     std::memcpy(tensor.data_ptr(), contents.data() + header->data_offset,
                 nbytes);
@@ -486,6 +501,11 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   if (::lseek(fd->get(), header->data_offset, SEEK_SET) < 0) {
     return ErrnoError(errno, absl::StrCat("cannot seek in '", path, "'"));
   }
+  absl::StatusOr<int64_t> file_size = FileSize(fd->get(), path);
+  if (!file_size.ok()) return Annotate(file_size.status(), what);
+  absl::Status backed =
+      CheckDataBytes(*header, *file_size - header->data_offset);
+  if (!backed.ok()) return Annotate(backed, path);
   ASSIGN_OR_RETURN(
       Tensor tensor,
       Tensor::Empty(header->shape, TensorOptions().WithDType(header->dtype)));

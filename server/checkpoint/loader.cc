@@ -37,6 +37,15 @@ constexpr char kNeedDefaultGroup[] =
 // ---------------------------------------------------------------------------
 // Loading.
 
+// `numel` elements of `element` bytes; nullopt when negative or past what
+// a checkpoint may hold (2^60 bytes), so that no offset computed from it
+// overflows.
+std::optional<int64_t> RunBytes(int64_t numel, int64_t element) {
+  constexpr int64_t kMaxRunBytes = int64_t{1} << 60;
+  if (numel < 0 || numel > kMaxRunBytes / element) return std::nullopt;
+  return numel * element;
+}
+
 // A manifest run checked against what it should hold, so that reads stay
 // inside it and every block has its checksum.
 absl::Status ValidateExtent(const v1::DataExtent& extent, int64_t length,
@@ -76,9 +85,18 @@ class CheckpointReader {
     const int64_t end_block = ((first + count) * element + block - 1) / block;
     const int64_t begin = first_block * block;
     const int64_t end = std::min(end_block * block, extent.length());
+    // The file must hold the run before anything is allocated for it: a
+    // manifest's sizes are not to be trusted with memory.
+    ASSIGN_OR_RETURN(const File* file, Open(extent.file(), what));
+    ASSIGN_OR_RETURN(const int64_t file_size, file->Size());
+    if (extent.offset() > file_size || end > file_size - extent.offset()) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file ", file->path(), " is truncated: ", what,
+          " needs bytes [", extent.offset() + begin, ", ",
+          extent.offset() + end, ") of its ", file_size));
+    }
     ASSIGN_OR_RETURN(Tensor raw,
                      Tensor::Empty({(end - begin) / element}, options));
-    ASSIGN_OR_RETURN(const File* file, Open(extent.file(), what));
     char* data = static_cast<char*>(raw.data_ptr());
     RETURN_IF_ERROR(file->ReadAt(extent.offset() + begin, data,
                                  static_cast<size_t>(end - begin), what));
@@ -141,9 +159,14 @@ absl::StatusOr<SavedTensor> ParseSaved(const std::string& name,
   }
   const int64_t element = ElementSize(metadata->tensor_properties.dtype);
   for (size_t i = 0; i < shards.size(); ++i) {
-    RETURN_IF_ERROR(ValidateExtent(entry.shards(static_cast<int>(i)).data(),
-                                   shards[i].numel() * element,
-                                   ShardWhat(name, static_cast<int64_t>(i))));
+    const std::string what = ShardWhat(name, static_cast<int64_t>(i));
+    const std::optional<int64_t> bytes = RunBytes(shards[i].numel(), element);
+    if (!bytes.has_value()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint manifest: ", what, " is too large"));
+    }
+    RETURN_IF_ERROR(
+        ValidateExtent(entry.shards(static_cast<int>(i)).data(), *bytes, what));
   }
   return SavedTensor{name, &entry, *std::move(metadata)};
 }
@@ -252,14 +275,16 @@ class Loader {
                     [](int64_t s) { return s >= 0; })) {
       numel = CheckedProduct(sizes);
     }
-    if (!dtype.ok() || !numel.has_value()) {
+    std::optional<int64_t> bytes;
+    if (dtype.ok() && numel.has_value()) {
+      bytes = RunBytes(*numel, static_cast<int64_t>(ElementSize(*dtype)));
+    }
+    if (!bytes.has_value()) {
       return absl::DataLossError(absl::StrCat("checkpoint manifest: \"", name,
                                               "\" has a bad dtype or sizes"));
     }
     const std::string what = absl::StrCat("\"", name, "\"");
-    RETURN_IF_ERROR(ValidateExtent(
-        dense.data(), *numel * static_cast<int64_t>(ElementSize(*dtype)),
-        what));
+    RETURN_IF_ERROR(ValidateExtent(dense.data(), *bytes, what));
     ASSIGN_OR_RETURN(Tensor raw,
                      reader_.Read(dense.data(), *dtype, 0, *numel, what));
     return raw.View(sizes);
@@ -389,9 +414,10 @@ absl::Status CheckTargets(const v1::CheckpointManifest& manifest,
                        "\" needs exactly one of a spec and a tensor to fill"));
     }
     const auto& entries = manifest.entries();
-    auto it = std::find_if(
-        entries.begin(), entries.end(),
-        [&](const v1::CheckpointEntry& entry) { return entry.name() == name; });
+    auto it = std::find_if(entries.begin(), entries.end(),
+                           [&wanted = name](const v1::CheckpointEntry& entry) {
+                             return entry.name() == wanted;
+                           });
     if (it == entries.end()) {
       return absl::NotFoundError(absl::StrCat("no entry named \"", name,
                                               "\" in checkpoint ", dir.path()));

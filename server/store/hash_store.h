@@ -107,7 +107,7 @@ class HashStore : public Store {
   void Put(absl::string_view key, std::string value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const HashStoreLimits limits_;
+  const HashStoreLimits limits_ = HashStoreLimits();
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
   int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;

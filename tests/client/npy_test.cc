@@ -281,6 +281,14 @@ TEST(NpyTest, MalformedFilesAreInvalidArgument) {
       {"truncated",
        NpyFile("{'descr': '<f4', 'fortran_order': False, 'shape': (7,), }", f4),
        "truncated: the header promises 28 data bytes, the file holds 24"},
+      // Found by npy_fuzz: a shape the data does not back is refused
+      // before the array is allocated (6 PB here; ASan aborted on it).
+      {"shape larger than the file",
+       NpyFile("{'descr': '<f8', 'fortran_order': False, "
+               "'shape': (777777777777732, ), }",
+               f4),
+       "truncated: the header promises 6222222222221856 data bytes, the "
+       "file holds 24"},
       {"bool byte",
        NpyFile("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }",
                std::string("\x01\x00\x02", 3)),

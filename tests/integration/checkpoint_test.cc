@@ -24,6 +24,7 @@
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/directory.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/sharded/sharded_tensor.h"
 #include "server/sharded/state_dict.h"
@@ -506,6 +507,42 @@ TEST_P(TestShardedTensorChunked, EveryBitFlipOfTheManifestIsRefused) {
   ASSERT_OK(Barrier());
   ASSERT_OK_AND_ASSIGN(StateDict loaded, LoadStateDict(Dir()));
   ExpectSameStateDict(m, loaded);
+}
+
+// A manifest's sizes are not trusted with memory: a dense entry of 4 TiB
+// whose file holds a few bytes is DATA_LOSS before anything is allocated,
+// and absurd sizes are refused outright.
+TEST_P(TestShardedTensorChunked, ManifestSizesAreNotTrustedWithMemory) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK_AND_ASSIGN(StateDict m, SavedModel());
+  if (rank() == 0) {
+    ASSERT_OK_AND_ASSIGN(Directory dir, Directory::Open(Dir()));
+    ASSERT_OK_AND_ASSIGN(v1::CheckpointManifest manifest,
+                         ReadCheckpointManifest(dir));
+    for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
+      if (!entry.has_dense()) continue;
+      v1::DenseTensorEntry& dense = *entry.mutable_dense();
+      dense.clear_sizes();
+      dense.add_sizes(int64_t{1} << 40);
+      v1::DataExtent& data = *dense.mutable_data();
+      data.set_length(int64_t{4} << 40);
+      data.set_block_bytes(int64_t{1} << 40);
+      data.clear_block_xxh3();
+      for (int i = 0; i < 4; ++i) data.add_block_xxh3(i);
+    }
+    ASSERT_OK(WriteCheckpointManifest(dir, manifest));
+    EXPECT_THAT(LoadStateDict(Dir()),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+    for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
+      if (entry.has_dense())
+        entry.mutable_dense()->set_sizes(0, int64_t{1} << 62);
+    }
+    ASSERT_OK(WriteCheckpointManifest(dir, manifest));
+    EXPECT_THAT(
+        LoadStateDict(Dir()),
+        StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad dtype or sizes")));
+  }
+  ASSERT_OK(Barrier());
 }
 
 TEST_P(TestShardedTensorChunked, SaveIsAtomic) {
