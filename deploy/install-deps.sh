@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libgmock-dev
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
-  clang-format
+  clang-format clang-14 libclang-rt-14-dev
   libeigen3-dev libspdlog-dev
 )
 

@@ -1,15 +1,63 @@
 #!/usr/bin/env bash
 # Builds Tessera and runs every test (unit, CLI, benchmark smoke runs and
 # the formatting check) through ctest. Installs missing Debian packages
-# first. Environment: TESSERA_BUILD_DIR (default build),
-# TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO).
+# first.
+#
+# Then, in CI (CI set) or with --sanitize / TESSERA_SANITIZE, a second
+# build with clang under AddressSanitizer and UndefinedBehaviorSanitizer
+# (default address,undefined) runs the suite again, without the benchmark,
+# style and GPU tiers, plus the libFuzzer targets of tests/fuzz/ for
+# TESSERA_FUZZ_SECONDS each (default 20).
+#
+#   deploy/test.sh                            # the suite
+#   deploy/test.sh --sanitize address,undefined   # the suite, then sanitized
+#   deploy/test.sh --sanitize-only            # only the sanitized run
+#
+# Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
+# (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
+# TESSERA_SANITIZE (sanitizers; empty: none unless CI is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sanitize=${TESSERA_SANITIZE:-}
+if [[ -z "$sanitize" && -n "${CI:-}" ]]; then sanitize=address,undefined; fi
+normal=1
+while (($#)); do
+  case "$1" in
+    --sanitize) sanitize=${2:?--sanitize needs a list, e.g. address,undefined}; shift ;;
+    --sanitize=*) sanitize=${1#--sanitize=} ;;
+    --sanitize-only) normal=0; sanitize=${sanitize:-address,undefined} ;;
+    *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 deploy/install-deps.sh
-build_dir=${TESSERA_BUILD_DIR:-build}
 jobs=$(nproc)
-cmake -S . -B "$build_dir" -G Ninja \
-  -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}"
-cmake --build "$build_dir" -j "$jobs"
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
+
+if ((normal)); then
+  build_dir=${TESSERA_BUILD_DIR:-build}
+  cmake -S . -B "$build_dir" -G Ninja \
+    -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}"
+  cmake --build "$build_dir" -j "$jobs"
+  ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
+fi
+
+if [[ -n "$sanitize" ]]; then
+  san_dir=${TESSERA_SANITIZE_BUILD_DIR:-build-san}
+  echo "test.sh: sanitized run ($sanitize, fuzzing) in $san_dir"
+  # CUDA code is built and tested by the normal run; clang compiles the rest.
+  CC=clang-14 CXX=clang++-14 cmake -S . -B "$san_dir" -G Ninja \
+    -DTESSERA_WITH_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF \
+    -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
+    -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-20}"
+  cmake --build "$san_dir" -j "$jobs"
+  # allocator_may_return_null: an impossible allocation is an error the
+  # code reports (Storage::Allocate), not an abort; the fuzzers still flag
+  # inputs that make them allocate over 1 GiB (run_fuzzer.sh).
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=1:strict_string_checks=1} \
+  LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+    ctest --test-dir "$san_dir" --output-on-failure -j "$jobs" --timeout 600 \
+      -LE 'bench|style|gpu'
+fi

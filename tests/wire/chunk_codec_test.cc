@@ -110,8 +110,10 @@ TEST(ShardChunkTest, RoundTripsMatchProtobuf) {
     EXPECT_EQ(reference.data(), c.payload);
     EXPECT_EQ(reference.checksum(),
               XXH3_64bits(c.payload.data(), c.payload.size()));
+    // The chunk's data views point into the slices: they outlive it.
+    const std::vector<grpc::Slice> slices = SlicesOf(message);
     ParsedChunk chunk;
-    ASSERT_TRUE(ParseShardChunk(SlicesOf(message), &chunk));
+    ASSERT_TRUE(ParseShardChunk(slices, &chunk));
     EXPECT_EQ(chunk.header.has_value(), c.header != nullptr);
     if (c.header != nullptr) {
       EXPECT_EQ(chunk.header->SerializeAsString(),
@@ -222,9 +224,9 @@ TEST(ShardChunkTest, EveryCutOfAnEncodedChunk) {
     v1::ShardChunk reference;
     const bool reference_valid =
         reference.ParseFromString(bytes.substr(0, cut));
+    const std::vector<grpc::Slice> slices = {grpc::Slice(bytes.substr(0, cut))};
     ParsedChunk chunk;
-    ASSERT_EQ(ParseShardChunk({grpc::Slice(bytes.substr(0, cut))}, &chunk),
-              reference_valid);
+    ASSERT_EQ(ParseShardChunk(slices, &chunk), reference_valid);
     if (!reference_valid) continue;
     ++valid;
     EXPECT_EQ(chunk.offset, reference.offset());
@@ -324,8 +326,9 @@ TEST(ShardChunkTest, UnknownFieldsAreSkipped) {
       5);                               // Field 8, fixed32.
   bytes += std::string("\x10\x09", 2);  // Offset again: 9.
   ASSERT_TRUE(message.ParseFromString(bytes));
+  const std::vector<grpc::Slice> slices = {grpc::Slice(bytes)};
   ParsedChunk chunk;
-  ASSERT_TRUE(ParseShardChunk({grpc::Slice(bytes)}, &chunk));
+  ASSERT_TRUE(ParseShardChunk(slices, &chunk));
   EXPECT_EQ(chunk.offset, 9);  // The later value wins.
   EXPECT_EQ(Joined(chunk), "abc");
   EXPECT_EQ(chunk.data_size, 3);
