@@ -20,6 +20,7 @@
 #include "wire/grpc_status.h"
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
 #include "wire/chunk_codec.h"
+#include "wire/credentials.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -118,8 +119,7 @@ const std::string& FetchShardMethod() {
 std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(address, ProcessChannelCredentials(), args);
 }
 
 absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,

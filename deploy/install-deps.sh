@@ -14,6 +14,7 @@ packages=(
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   clang-format clang-14 libclang-rt-14-dev
+  openssl
   libeigen3-dev libspdlog-dev
 )
 

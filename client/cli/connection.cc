@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "wire/credentials.h"
 
 namespace tessera::cli {
 
@@ -61,6 +63,9 @@ absl::Duration Timeout(const ConnectionFlags& flags) {
 absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
     const ConnectionFlags& flags) {
   const std::string address = ResolveAddress(flags);
+  const TlsConfig tls = ProcessTls();
+  RETURN_IF_ERROR(ValidateTlsConfig(tls, /*server=*/false, "$TESSERA_TLS_CERT",
+                                    "$TESSERA_TLS_KEY", "$TESSERA_TLS_CA"));
   ClientOptions options;
   options.timeout = Timeout(flags);
   absl::StatusOr<std::shared_ptr<Client>> client =
@@ -73,7 +78,14 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
     absl::StrAppend(&message,
                     " (is a daemon running there? start some with 'tessera "
                     "launch', or choose one with --address or $",
-                    kAddressEnv, ")");
+                    kAddressEnv,
+                    tls.enabled()
+                        ? "; check that $TESSERA_TLS_CA signed the daemon's "
+                          "certificate and the daemon's CA yours"
+                        : "; a daemon started with --tls-cert needs "
+                          "$TESSERA_TLS_CA (and $TESSERA_TLS_CERT, "
+                          "$TESSERA_TLS_KEY for mutual TLS)",
+                    ")");
   }
   return absl::Status(client.status().code(), message);
 }

@@ -67,6 +67,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
 absl::Status Daemon::Init() {
   const DaemonOptions& o = options_;
+  // Every channel and server of this process (the store's, the ranks',
+  // the clients of peers) uses the daemon's TLS configuration.
+  SetProcessTls(o.tls);
+  if (o.tls.enabled()) {
+    spdlog::info(
+        "TLS on every gRPC surface ({}); the data plane and the "
+        "local path are off",
+        o.tls.ca_file.empty() ? "server certificate only"
+                              : "mutual, client certificates "
+                                "required");
+  }
   // Before joining: a bad root must not leave the other ranks waiting.
   ASSIGN_OR_RETURN(CheckpointRoots roots,
                    CheckpointRoots::Open(o.checkpoint_roots));
@@ -153,6 +164,12 @@ absl::Status Daemon::Init() {
   rpc.advertise_host = o.advertise_host;
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;
+  if (o.tls.enabled()) {
+    // Neither is encrypted or authenticated yet: with TLS on, every shard
+    // byte moves over gRPC (issue 15).
+    rpc.data_plane = false;
+    rpc.serve_local_path = false;
+  }
   if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
     return absl::Status(
         status.code(), absl::StrCat("starting the server: ", status.message()));

@@ -359,6 +359,15 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     }
   }
   options.checkpoint_roots = flags.checkpoint_roots;
+  options.tls.cert_file = flags.tls_cert.value_or("");
+  options.tls.key_file = flags.tls_key.value_or("");
+  options.tls.ca_file = flags.tls_ca.value_or("");
+  if (flags.tls_refresh.has_value()) {
+    ASSIGN_OR_RETURN(
+        options.tls.refresh_seconds,
+        ParseInt(Setting{"--tls-refresh", *flags.tls_refresh}, 1, 86400));
+  }
+  RETURN_IF_ERROR(ValidateTlsConfig(options.tls, /*server=*/true));
   if (flags.memory_limit.has_value()) {
     ASSIGN_OR_RETURN(options.memory_limit,
                      ParseByteSize("--memory-limit", *flags.memory_limit));
@@ -460,6 +469,20 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
       "reserve]")
       ->type_name("SIZE");
+  add("--tls-cert", flags.tls_cert,
+      "PEM certificate chain: serve (and dial peers) over TLS; reloaded when "
+      "the file changes")
+      ->type_name("FILE");
+  add("--tls-key", flags.tls_key, "PEM private key of --tls-cert")
+      ->type_name("FILE");
+  add("--tls-refresh", flags.tls_refresh,
+      "seconds between checks of the TLS files for rotated certificates "
+      "[default 60]")
+      ->type_name("SECONDS");
+  add("--tls-ca", flags.tls_ca,
+      "PEM CA certificates: require and verify client certificates (mutual "
+      "TLS) and verify peers")
+      ->type_name("FILE");
   app.add_option("--checkpoint-root", flags.checkpoint_roots,
                  "a directory save and load may use (created if missing; "
                  "repeatable); a checkpoint path is relative to the first or "

@@ -16,6 +16,8 @@
 //   --address-file, --log-level                             none, info
 //   --checkpoint-root (repeatable)                          none: no save/load
 //   --memory-limit                                          see memory_budget.h
+//   --tls-cert, --tls-key, --tls-ca                         none: plaintext
+//   --tls-refresh                                           60 (seconds)
 //
 // A flag wins over its variables, the first variable set (non-empty) over
 // the next. The host peers and clients dial (--advertise-host) defaults to
@@ -48,6 +50,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/device.h"
+#include "wire/credentials.h"
 
 namespace tessera::daemon {
 
@@ -100,6 +103,11 @@ struct DaemonOptions {
   // Host memory this daemon may hold (server/daemon/memory_budget.h); 0:
   // the default.
   int64_t memory_limit = 0;
+  // TLS of every gRPC surface, served and dialled (wire/credentials.h);
+  // with TLS on, the raw data plane and the local path are not served
+  // (they are not encrypted or authenticated yet), so every shard byte
+  // moves over TLS.
+  TlsConfig tls;
 
   // "host:port" of the master's store.
   std::string store_address() const;
@@ -109,7 +117,8 @@ struct DaemonOptions {
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, host, port, advertise_host, device, timeout,
-      store_timeout, shutdown_grace, address_file, log_level, memory_limit;
+      store_timeout, shutdown_grace, address_file, log_level, memory_limit,
+      tls_cert, tls_key, tls_ca, tls_refresh;
   std::vector<std::string> checkpoint_roots;
 };
 

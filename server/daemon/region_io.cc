@@ -21,6 +21,7 @@
 #include "grpcpp/security/credentials.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/chunk_assembler.h"
+#include "wire/credentials.h"
 #include "wire/grpc_status.h"
 #include "xxhash.h"
 
@@ -351,7 +352,7 @@ class WriteRegionReactor final
           // with the same arguments, so a channel per forward is cheap.
           std::unique_ptr<v1::ControlService::Stub> stub =
               v1::ControlService::NewStub(grpc::CreateChannel(
-                  worker->address, grpc::InsecureChannelCredentials()));
+                  worker->address, ProcessChannelCredentials()));
           RegionWriteOptions options;
           options.deadline = deadline_;
           return Annotate(

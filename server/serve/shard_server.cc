@@ -8,6 +8,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "wire/credentials.h"
 #include "wire/request_guard.h"
 
 namespace tessera {
@@ -35,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+                           ServerCredentialsFor(ProcessTls()), &port);
   // A busy port must fail here, not be shared with another server (gRPC
   // sets SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "wire/credentials.h"
 #include "wire/grpc_status.h"
 #include "wire/request_guard.h"
 
@@ -342,7 +343,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
       std::make_unique<StoreServiceImpl>(std::make_shared<HashStore>(limits));
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(listen_address, ServerCredentialsFor(ProcessTls()),
                            &port);
   // Two stores sharing a port (gRPC's default SO_REUSEPORT) would split the
   // world: a busy port fails instead.
@@ -390,8 +391,8 @@ absl::StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Connect(
   // after gRPC's default backoff that grows to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, ProcessChannelCredentials(), args);
   if (!channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + connect_timeout))) {
     return absl::UnavailableError(

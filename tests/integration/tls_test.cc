@@ -1,0 +1,257 @@
+// TLS on every gRPC surface (wire/credentials.h) with 2 real
+// `tessera-server` processes started with --tls-cert/--tls-key/--tls-ca
+// (mutual TLS), certificates made for the test by the `openssl` command: a
+// client with the cluster's CA and a certificate it signed creates, writes,
+// reads, gathers, saves and loads; a plaintext client, a client without a
+// certificate and a client trusting another CA are refused on the
+// daemons' port and on the store's, and the daemons keep serving.
+#include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/control.grpc.pb.h"
+#include "tessera/v1/store.grpc.pb.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/iota.h"
+#include "tests/testing/status_matchers.h"
+#include "wire/credentials.h"
+
+namespace tessera {
+namespace {
+
+namespace tt = ::tessera::testing;
+
+// Runs a shell command quietly; false when it fails.
+bool Shell(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// A CA and certificates it signs, in `dir`: <name>.pem and <name>.key.
+class TestPki {
+ public:
+  explicit TestPki(std::string dir) : dir_(std::move(dir)) {}
+
+  bool MakeCa(const std::string& name) {
+    return Shell(absl::StrCat(
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+        "-nodes -days 1 -subj /CN=",
+        name, " -keyout ", Path(name, "key"), " -out ", Path(name, "pem")));
+  }
+  // A certificate for 127.0.0.1 and localhost, signed by `ca`.
+  bool MakeCert(const std::string& name, const std::string& ca) {
+    const std::string ext = absl::StrCat(dir_, "/", name, ".ext");
+    std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+    return Shell(absl::StrCat(
+               "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+               "-nodes -subj /CN=",
+               name, " -keyout ", Path(name, "key"), " -out ",
+               Path(name, "csr"))) &&
+           Shell(absl::StrCat(
+               "openssl x509 -req -days 1 -in ", Path(name, "csr"), " -CA ",
+               Path(ca, "pem"), " -CAkey ", Path(ca, "key"),
+               " -CAcreateserial -extfile ", ext, " -out ", Path(name, "pem")));
+  }
+  std::string Path(const std::string& name, const std::string& kind) const {
+    return absl::StrCat(dir_, "/", name, ".", kind);
+  }
+  TlsConfig Client(const std::string& ca, const std::string& cert) const {
+    TlsConfig config;
+    config.ca_file = Path(ca, "pem");
+    if (!cert.empty()) {
+      config.cert_file = Path(cert, "pem");
+      config.key_file = Path(cert, "key");
+    }
+    return config;
+  }
+
+ private:
+  std::string dir_;
+};
+
+// GetCluster on `address` with `credentials`.
+grpc::Status GetCluster(const std::string& address,
+                        std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  auto stub = v1::ControlService::NewStub(
+      grpc::CreateChannel(address, std::move(credentials)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  v1::ClusterInfo info;
+  return stub->GetCluster(&context, {}, &info);
+}
+
+// A store Set on `address` with `credentials`.
+grpc::Status StoreSet(const std::string& address,
+                      std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  auto stub = v1::StoreService::NewStub(
+      grpc::CreateChannel(address, std::move(credentials)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  v1::StoreSetRequest request;
+  request.set_key("control/op/1");
+  request.set_value("forged");
+  v1::StoreSetResponse response;
+  return stub->Set(&context, request, &response);
+}
+
+TEST(TlsTest, MutualTlsOnEveryGrpcSurface) {
+  if (!Shell("openssl version"))
+    GTEST_SKIP() << "the openssl command is missing";
+  char dir_template[] = "/tmp/tessera-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  TestPki pki(dir_template);
+  ASSERT_TRUE(pki.MakeCa("ca"));
+  ASSERT_TRUE(pki.MakeCert("daemon", "ca"));
+  ASSERT_TRUE(pki.MakeCert("client", "ca"));
+  ASSERT_TRUE(pki.MakeCa("other_ca"));
+  ASSERT_TRUE(pki.MakeCert("stranger", "other_ca"));
+
+  tt::DaemonClusterOptions options;
+  options.world_size = 2;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--log-level", "warn",
+                        "--tls-cert",  pki.Path("daemon", "pem"),
+                        "--tls-key",   pki.Path("daemon", "key"),
+                        "--tls-ca",    pki.Path("ca", "pem")};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
+                       tt::DaemonCluster::Start(options));
+
+  // Refused: plaintext, TLS without a client certificate, another CA's
+  // certificate (trusting either CA), on the daemons' and the store's port.
+  const std::vector<std::pair<std::string, TlsConfig>> refused = {
+      {"plaintext", TlsConfig()},
+      {"no client certificate", pki.Client("ca", "")},
+      {"another CA's certificate", pki.Client("ca", "stranger")},
+      {"trusting another CA", pki.Client("other_ca", "stranger")},
+  };
+  for (const auto& [what, config] : refused) {
+    SCOPED_TRACE(what);
+    for (const std::string& address :
+         {cluster->address(0), cluster->address(1)}) {
+      const grpc::Status status =
+          GetCluster(address, ChannelCredentialsFor(config));
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+          << status.error_message();
+    }
+    EXPECT_EQ(StoreSet(cluster->store_address(), ChannelCredentialsFor(config))
+                  .error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+
+  // The cluster's own client: everything works, over TLS.
+  const TlsConfig good = pki.Client("ca", "client");
+  ASSERT_OK(ValidateTlsConfig(good, /*server=*/false));
+  EXPECT_TRUE(
+      GetCluster(cluster->address(1), ChannelCredentialsFor(good)).ok());
+  SetProcessTls(good);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  const std::vector<std::string> placements = {"rank:0/cpu", "rank:1/cpu"};
+  ShardingSpec rows = *ChunkShardingSpec::Create(0, placements);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("secret", {8, 4}, rows));
+  ASSERT_OK(view.Write({0, 0}, tt::Iota(8, 4)));
+  ASSERT_OK_AND_ASSIGN(Tensor values, view.Read());
+  tt::ExpectIotaBox(values, 0, 0, 4);
+  ASSERT_OK_AND_ASSIGN(Tensor box, view.ReadRegion({3, 1}, {4, 2}));
+  tt::ExpectIotaBox(box, 3, 1, 4);
+  ASSERT_OK_AND_ASSIGN(Tensor gathered, client->Gather("secret"));
+  tt::ExpectIotaBox(gathered, 0, 0, 4);
+  ASSERT_OK(client->Save("ckpt", {"secret"}).status());
+  v1::LoadCheckpointRequest load;
+  load.set_path("ckpt");
+  load.add_names("secret");
+  load.add_as_names("loaded");
+  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> loaded,
+                       client->Load(load));
+  ASSERT_EQ(loaded.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(Tensor again, loaded[0].Read());
+  tt::ExpectIotaBox(again, 0, 0, 4);
+  for (const absl::Status& health : client->Health()) EXPECT_OK(health);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(cluster->daemon(r).WaitFor(absl::ZeroDuration()))
+        << cluster->Log(r);
+  }
+  SetProcessTls(TlsConfig());
+  Shell(absl::StrCat("rm -rf ", dir_template));
+}
+
+// Certificates are reloaded from their files without a restart: a daemon
+// that trusts one CA starts trusting a second once its --tls-ca file holds
+// both.
+TEST(TlsTest, RotatedFilesTakeEffectWithoutRestart) {
+  if (!Shell("openssl version"))
+    GTEST_SKIP() << "the openssl command is missing";
+  char dir_template[] = "/tmp/tessera-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  TestPki pki(dir_template);
+  ASSERT_TRUE(pki.MakeCa("ca"));
+  ASSERT_TRUE(pki.MakeCert("daemon", "ca"));
+  ASSERT_TRUE(pki.MakeCa("new_ca"));
+  ASSERT_TRUE(pki.MakeCert("new_client", "new_ca"));
+  const std::string trusted = pki.Path("trusted", "pem");
+  ASSERT_TRUE(Shell(absl::StrCat("cp ", pki.Path("ca", "pem"), " ", trusted)));
+
+  tt::DaemonClusterOptions options;
+  options.world_size = 1;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--log-level",   "error",
+                        "--tls-cert",    pki.Path("daemon", "pem"),
+                        "--tls-key",     pki.Path("daemon", "key"),
+                        "--tls-ca",      trusted,
+                        "--tls-refresh", "1"};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
+                       tt::DaemonCluster::Start(options));
+  // The new client verifies the daemon with the old CA, and presents a
+  // certificate of the new one.
+  const TlsConfig client = pki.Client("ca", "new_client");
+  EXPECT_EQ(GetCluster(cluster->address(0), ChannelCredentialsFor(client))
+                .error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // Rotate: the daemon's CA file now holds both (written aside, renamed).
+  ASSERT_TRUE(Shell(absl::StrCat("cat ", pki.Path("ca", "pem"), " ",
+                                 pki.Path("new_ca", "pem"), " > ", trusted,
+                                 ".next && mv ", trusted, ".next ", trusted)));
+  bool accepted = false;
+  for (int i = 0; i < 50 && !accepted; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    accepted =
+        GetCluster(cluster->address(0), ChannelCredentialsFor(client)).ok();
+  }
+  EXPECT_TRUE(accepted) << "the daemon did not reload its CA file";
+  EXPECT_FALSE(cluster->daemon(0).WaitFor(absl::ZeroDuration()));
+  Shell(absl::StrCat("rm -rf ", dir_template));
+}
+
+TEST(TlsTest, BadTlsFlagsAreUsageErrors) {
+  TlsConfig config;
+  config.cert_file = "/nonexistent/cert.pem";
+  EXPECT_THAT(ValidateTlsConfig(config, /*server=*/true),
+              tt::StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::HasSubstr("give both or neither")));
+  config.key_file = "/nonexistent/key.pem";
+  EXPECT_THAT(ValidateTlsConfig(config, /*server=*/true),
+              tt::StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::HasSubstr("--tls-cert")));
+  TlsConfig ca_only;
+  ca_only.ca_file = "/etc/hostname";
+  EXPECT_THAT(ValidateTlsConfig(ca_only, /*server=*/true),
+              tt::StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::HasSubstr("needs --tls-cert")));
+  EXPECT_THAT(ValidateTlsConfig(ca_only, /*server=*/false),
+              tt::StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::HasSubstr("holds no PEM certificate")));
+}
+
+}  // namespace
+}  // namespace tessera
