@@ -469,20 +469,30 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
       "reserve]")
       ->type_name("SIZE");
-  add("--tls-cert", flags.tls_cert,
-      "PEM certificate chain: serve (and dial peers) over TLS; reloaded when "
-      "the file changes")
-      ->type_name("FILE");
-  add("--tls-key", flags.tls_key, "PEM private key of --tls-cert")
-      ->type_name("FILE");
-  add("--tls-refresh", flags.tls_refresh,
-      "seconds between checks of the TLS files for rotated certificates "
-      "[default 60]")
-      ->type_name("SECONDS");
-  add("--tls-ca", flags.tls_ca,
-      "PEM CA certificates: require and verify client certificates (mutual "
-      "TLS) and verify peers")
-      ->type_name("FILE");
+  // TLS (wire/credentials.h).
+  const struct {
+    const char* name;
+    std::optional<std::string>* field;
+    const char* help;
+    const char* type;
+  } tls_flags[] = {
+      {"--tls-cert", &flags.tls_cert,
+       "PEM certificate chain: serve (and dial peers) over TLS; reloaded "
+       "when the file changes",
+       "FILE"},
+      {"--tls-key", &flags.tls_key, "PEM private key of --tls-cert", "FILE"},
+      {"--tls-ca", &flags.tls_ca,
+       "PEM CA certificates: require and verify client certificates (mutual "
+       "TLS) and verify peers",
+       "FILE"},
+      {"--tls-refresh", &flags.tls_refresh,
+       "seconds between checks of the TLS files for rotated certificates "
+       "[default 60]",
+       "SECONDS"},
+  };
+  for (const auto& flag : tls_flags) {
+    add(flag.name, *flag.field, flag.help)->type_name(flag.type);
+  }
   app.add_option("--checkpoint-root", flags.checkpoint_roots,
                  "a directory save and load may use (created if missing; "
                  "repeatable); a checkpoint path is relative to the first or "

@@ -78,54 +78,84 @@ class TestPki {
   std::string dir_;
 };
 
-// GetCluster on `address` with `credentials`.
-grpc::Status GetCluster(const std::string& address,
-                        std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  auto stub = v1::ControlService::NewStub(
-      grpc::CreateChannel(address, std::move(credentials)));
+// One call of `method` on a fresh channel to `address` with
+// `credentials`, within 5 s.
+template <typename Service, typename Request, typename Response>
+grpc::Status Call(const std::string& address,
+                  std::shared_ptr<grpc::ChannelCredentials> credentials,
+                  grpc::Status (Service::Stub::*method)(grpc::ClientContext*,
+                                                        const Request&,
+                                                        Response*),
+                  const Request& request) {
+  auto stub =
+      Service::NewStub(grpc::CreateChannel(address, std::move(credentials)));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
-  v1::ClusterInfo info;
-  return stub->GetCluster(&context, {}, &info);
+  Response response;
+  return ((*stub).*method)(&context, request, &response);
 }
 
-// A store Set on `address` with `credentials`.
+grpc::Status GetCluster(const std::string& address,
+                        std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return Call<v1::ControlService>(address, std::move(credentials),
+                                  &v1::ControlService::Stub::GetCluster,
+                                  v1::GetClusterRequest());
+}
+
+// A forged operation-log entry, as an attacker would write it.
 grpc::Status StoreSet(const std::string& address,
                       std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  auto stub = v1::StoreService::NewStub(
-      grpc::CreateChannel(address, std::move(credentials)));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(5));
   v1::StoreSetRequest request;
   request.set_key("control/op/1");
   request.set_value("forged");
-  v1::StoreSetResponse response;
-  return stub->Set(&context, request, &response);
+  return Call<v1::StoreService>(address, std::move(credentials),
+                                &v1::StoreService::Stub::Set, request);
 }
 
-TEST(TlsTest, MutualTlsOnEveryGrpcSurface) {
-  if (!Shell("openssl version"))
-    GTEST_SKIP() << "the openssl command is missing";
-  char dir_template[] = "/tmp/tessera-tls-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  TestPki pki(dir_template);
-  ASSERT_TRUE(pki.MakeCa("ca"));
-  ASSERT_TRUE(pki.MakeCert("daemon", "ca"));
+// Every test: a fresh directory with a CA ("ca") and a daemon certificate
+// it signed ("daemon"); removed afterwards.
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Shell("openssl version")) {
+      GTEST_SKIP() << "the openssl command is missing";
+    }
+    char dir_template[] = "/tmp/tessera-tls-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    pki_ = std::make_unique<TestPki>(dir_);
+    ASSERT_TRUE(pki_->MakeCa("ca"));
+    ASSERT_TRUE(pki_->MakeCert("daemon", "ca"));
+  }
+  void TearDown() override {
+    if (!dir_.empty()) Shell(absl::StrCat("rm -rf ", dir_));
+  }
+
+  // Daemons serving with the "daemon" certificate, trusting `ca_file`.
+  tt::DaemonClusterOptions Daemons(int world_size, const std::string& ca_file) {
+    tt::DaemonClusterOptions options;
+    options.world_size = world_size;
+    options.server_path = TESSERA_SERVER_PATH;
+    options.extra_args = {"--log-level", "error",
+                          "--tls-cert",  pki_->Path("daemon", "pem"),
+                          "--tls-key",   pki_->Path("daemon", "key"),
+                          "--tls-ca",    ca_file};
+    return options;
+  }
+
+  std::string dir_;
+  std::unique_ptr<TestPki> pki_;
+};
+
+TEST_F(TlsTest, MutualTlsOnEveryGrpcSurface) {
+  TestPki& pki = *pki_;
   ASSERT_TRUE(pki.MakeCert("client", "ca"));
   ASSERT_TRUE(pki.MakeCa("other_ca"));
   ASSERT_TRUE(pki.MakeCert("stranger", "other_ca"));
-
-  tt::DaemonClusterOptions options;
-  options.world_size = 2;
-  options.server_path = TESSERA_SERVER_PATH;
-  options.extra_args = {"--log-level", "warn",
-                        "--tls-cert",  pki.Path("daemon", "pem"),
-                        "--tls-key",   pki.Path("daemon", "key"),
-                        "--tls-ca",    pki.Path("ca", "pem")};
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
-                       tt::DaemonCluster::Start(options));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<tt::DaemonCluster> cluster,
+      tt::DaemonCluster::Start(Daemons(2, pki.Path("ca", "pem"))));
 
   // Refused: plaintext, TLS without a client certificate, another CA's
   // certificate (trusting either CA), on the daemons' and the store's port.
@@ -168,14 +198,12 @@ TEST(TlsTest, MutualTlsOnEveryGrpcSurface) {
   ASSERT_OK_AND_ASSIGN(Tensor gathered, client->Gather("secret"));
   tt::ExpectIotaBox(gathered, 0, 0, 4);
   ASSERT_OK(client->Save("ckpt", {"secret"}).status());
-  v1::LoadCheckpointRequest load;
-  load.set_path("ckpt");
-  load.add_names("secret");
-  load.add_as_names("loaded");
-  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> loaded,
-                       client->Load(load));
-  ASSERT_EQ(loaded.size(), 1u);
-  ASSERT_OK_AND_ASSIGN(Tensor again, loaded[0].Read());
+  ASSERT_OK(client->Delete("secret"));
+  v1::LoadCheckpointRequest load_all;
+  load_all.set_path("ckpt");
+  ASSERT_OK(client->Load(load_all).status());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView reloaded, client->Open("secret"));
+  ASSERT_OK_AND_ASSIGN(Tensor again, reloaded.Read());
   tt::ExpectIotaBox(again, 0, 0, 4);
   for (const absl::Status& health : client->Health()) EXPECT_OK(health);
   for (int r = 0; r < 2; ++r) {
@@ -183,33 +211,20 @@ TEST(TlsTest, MutualTlsOnEveryGrpcSurface) {
         << cluster->Log(r);
   }
   SetProcessTls(TlsConfig());
-  Shell(absl::StrCat("rm -rf ", dir_template));
 }
 
 // Certificates are reloaded from their files without a restart: a daemon
 // that trusts one CA starts trusting a second once its --tls-ca file holds
 // both.
-TEST(TlsTest, RotatedFilesTakeEffectWithoutRestart) {
-  if (!Shell("openssl version"))
-    GTEST_SKIP() << "the openssl command is missing";
-  char dir_template[] = "/tmp/tessera-tls-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  TestPki pki(dir_template);
-  ASSERT_TRUE(pki.MakeCa("ca"));
-  ASSERT_TRUE(pki.MakeCert("daemon", "ca"));
+TEST_F(TlsTest, RotatedFilesTakeEffectWithoutRestart) {
+  TestPki& pki = *pki_;
   ASSERT_TRUE(pki.MakeCa("new_ca"));
   ASSERT_TRUE(pki.MakeCert("new_client", "new_ca"));
   const std::string trusted = pki.Path("trusted", "pem");
   ASSERT_TRUE(Shell(absl::StrCat("cp ", pki.Path("ca", "pem"), " ", trusted)));
-
-  tt::DaemonClusterOptions options;
-  options.world_size = 1;
-  options.server_path = TESSERA_SERVER_PATH;
-  options.extra_args = {"--log-level",   "error",
-                        "--tls-cert",    pki.Path("daemon", "pem"),
-                        "--tls-key",     pki.Path("daemon", "key"),
-                        "--tls-ca",      trusted,
-                        "--tls-refresh", "1"};
+  tt::DaemonClusterOptions options = Daemons(1, trusted);
+  options.extra_args.push_back("--tls-refresh");
+  options.extra_args.push_back("1");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
                        tt::DaemonCluster::Start(options));
   // The new client verifies the daemon with the old CA, and presents a
@@ -230,10 +245,9 @@ TEST(TlsTest, RotatedFilesTakeEffectWithoutRestart) {
   }
   EXPECT_TRUE(accepted) << "the daemon did not reload its CA file";
   EXPECT_FALSE(cluster->daemon(0).WaitFor(absl::ZeroDuration()));
-  Shell(absl::StrCat("rm -rf ", dir_template));
 }
 
-TEST(TlsTest, BadTlsFlagsAreUsageErrors) {
+TEST(TlsConfigTest, BadTlsFlagsAreUsageErrors) {
   TlsConfig config;
   config.cert_file = "/nonexistent/cert.pem";
   EXPECT_THAT(ValidateTlsConfig(config, /*server=*/true),
