@@ -258,6 +258,7 @@ class Saver {
   absl::Status CheckReplaced() {
     absl::StatusOr<Directory::Entry> existing = dir_->Stat(kManifestName);
     if (absl::IsNotFound(existing.status())) return absl::OkStatus();
+    if (!existing.ok()) return Annotate(existing.status(), "checkpoint");
     if (!overwrite_) {
       return absl::AlreadyExistsError(
           absl::StrCat("checkpoint ", dir_->path(),

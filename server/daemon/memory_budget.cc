@@ -3,9 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -13,15 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "io/file.h"
 
 namespace tessera {
 namespace {
 
+// A small /proc or /sys file; empty when it cannot be read.
 std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
+  return ReadFileToString(path).value_or("");
 }
 
 // " (1.5 GiB)" for a size of a GiB or more, for messages.
