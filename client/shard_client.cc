@@ -19,8 +19,8 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "wire/grpc_status.h"
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
+#include "wire/auth.h"
 #include "wire/chunk_codec.h"
-#include "wire/credentials.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -119,7 +119,7 @@ const std::string& FetchShardMethod() {
 std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
-  return grpc::CreateCustomChannel(address, ProcessChannelCredentials(), args);
+  return CreateTesseraChannel(address, args);
 }
 
 absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,

@@ -14,7 +14,7 @@ packages=(
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   clang-format clang-14 libclang-rt-14-dev
-  openssl
+  openssl libssl-dev
   libeigen3-dev libspdlog-dev
 )
 

@@ -97,7 +97,11 @@ absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
     if (options.signal_mask.has_value()) {
       ::sigprocmask(SIG_SETMASK, &*options.signal_mask, nullptr);
     }
-    ::execve(argv[0], argv.data(), envp.data());
+    if (options.search_path) {
+      ::execvpe(argv[0], argv.data(), envp.data());
+    } else {
+      ::execve(argv[0], argv.data(), envp.data());
+    }
     const int error = errno;
     ssize_t ignored = ::write(exec_write.get(), &error, sizeof(error));
     (void)ignored;

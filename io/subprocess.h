@@ -24,6 +24,8 @@ namespace tessera {
 struct SpawnOptions {
   // Path of the executable.
   std::string program;
+  // Look a `program` without a slash up in PATH (as a shell would).
+  bool search_path = false;
   // argv[1..].
   std::vector<std::string> args;
   // Variables set (or replaced) in the child; the rest is inherited.

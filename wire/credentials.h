@@ -19,8 +19,9 @@
 // CLI) take TESSERA_TLS_CA, TESSERA_TLS_CERT and TESSERA_TLS_KEY from the
 // environment unless the process set a configuration (SetProcessTls).
 //
-// What this does not cover yet (issue 15): the raw data plane and the
-// local path, tokens and roles; see docs/security.md.
+// Who may call what is wire/auth.h (tokens and roles); the raw data plane
+// is not served with TLS on, and the local path checks the peer's uid:
+// docs/security.md.
 //
 // Thread-safety: every function may be called from any thread;
 // SetProcessTls should run before the first channel is made.

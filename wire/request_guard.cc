@@ -1,13 +1,19 @@
 #include "wire/request_guard.h"
 
 #include <google/protobuf/descriptor.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/support/server_interceptor.h>
+
+#include <algorithm>
+#include <atomic>
 
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
@@ -18,10 +24,12 @@ namespace {
 
 using grpc::experimental::InterceptionHookPoints;
 
-// The method's descriptor for "/package.Service/Method"; null when this
-// binary knows no such method.
+// The descriptor of Tessera's method "/tessera.v1.Service/Method"; null
+// for any other (gRPC's own services, such as reflection when it is off,
+// keep their UNIMPLEMENTED).
 const google::protobuf::MethodDescriptor* FindMethod(absl::string_view path) {
   absl::ConsumePrefix(&path, "/");
+  if (!absl::StartsWith(path, "tessera.")) return nullptr;
   return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
       absl::StrReplaceAll(path, {{"/", "."}}));
 }
@@ -80,6 +88,23 @@ class RequestGuardFactory final
   }
 };
 
+std::atomic<bool> reflection_enabled{true};
+
+// Drops gRPC's reflection plugin from a builder.
+class NoReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
+    plugins->erase(
+        std::remove_if(plugins->begin(), plugins->end(),
+                       [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                         return p->name() == "proto_server_reflection";
+                       }),
+        plugins->end());
+  }
+};
+
 }  // namespace
 
 void AddRequestGuard(grpc::ServerBuilder& builder) {
@@ -88,6 +113,11 @@ void AddRequestGuard(grpc::ServerBuilder& builder) {
       creators;
   creators.push_back(std::make_unique<RequestGuardFactory>());
   builder.experimental().SetInterceptorCreators(std::move(creators));
+  if (!reflection_enabled.load()) {
+    builder.SetOption(std::make_unique<NoReflection>());
+  }
 }
+
+void SetServerReflection(bool enabled) { reflection_enabled.store(enabled); }
 
 }  // namespace tessera

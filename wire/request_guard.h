@@ -22,8 +22,15 @@
 
 namespace tessera {
 
-// Adds the guard to `builder`'s interceptors (call before BuildAndStart).
+// Adds the guard to `builder`'s interceptors (call before BuildAndStart),
+// and removes gRPC's server reflection when SetServerReflection(false)
+// was called.
 void AddRequestGuard(grpc::ServerBuilder& builder);
+
+// Whether every Tessera gRPC server this process builds from now on
+// serves reflection (the default: linking gRPC's reflection library adds
+// it to every server). A daemon's --reflection=false.
+void SetServerReflection(bool enabled);
 
 }  // namespace tessera
 

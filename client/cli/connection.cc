@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "wire/auth.h"
 #include "wire/credentials.h"
 
 namespace tessera::cli {
@@ -66,6 +67,7 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
   const TlsConfig tls = ProcessTls();
   RETURN_IF_ERROR(ValidateTlsConfig(tls, /*server=*/false, "$TESSERA_TLS_CERT",
                                     "$TESSERA_TLS_KEY", "$TESSERA_TLS_CA"));
+  RETURN_IF_ERROR(ProcessToken().status());
   ClientOptions options;
   options.timeout = Timeout(flags);
   absl::StatusOr<std::shared_ptr<Client>> client =

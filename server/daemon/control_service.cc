@@ -10,6 +10,7 @@
 #include "server/daemon/region_io.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
+#include "wire/auth.h"
 #include "wire/grpc_status.h"
 
 namespace tessera {
@@ -59,6 +60,14 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   std::weak_ptr<PendingCall> call_;
 };
 
+// OK when the caller's token may call ControlService/`method` (wire/auth.h).
+absl::Status Authorize(const grpc::CallbackServerContext& context,
+                       absl::string_view method) {
+  return AuthorizeCall(
+      context,
+      absl::StrCat(v1::ControlService::service_full_name(), "/", method));
+}
+
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
                                const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -106,6 +115,11 @@ int64_t ControlServiceImpl::applied_ops() const { return core_->applied_ops(); }
 grpc::ServerUnaryReactor* ControlServiceImpl::GetCluster(
     grpc::CallbackServerContext* context, const v1::GetClusterRequest* request,
     v1::ClusterInfo* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "GetCluster");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   absl::StatusOr<v1::ClusterInfo> info = core_->Cluster();
   if (info.ok()) *response = *std::move(info);
   return control_internal::Done(context, info.status());
@@ -114,6 +128,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::GetCluster(
 grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
     grpc::CallbackServerContext* context, const v1::ListTensorsRequest* request,
     v1::ListTensorsResponse* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "ListTensors");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   absl::Status accepting = core_->Accepting();
   if (accepting.ok()) *response = core_->List();
   return control_internal::Done(context, accepting);
@@ -122,6 +141,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
 grpc::ServerUnaryReactor* ControlServiceImpl::DescribeTensor(
     grpc::CallbackServerContext* context,
     const v1::DescribeNamedTensorRequest* request, v1::TensorInfo* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "DescribeTensor");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   absl::StatusOr<v1::TensorInfo> info = core_->Describe(request->name());
   if (info.ok()) *response = *std::move(info);
   return control_internal::Done(context, info.status());
@@ -130,6 +154,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::DescribeTensor(
 grpc::ServerUnaryReactor* ControlServiceImpl::CreateTensor(
     grpc::CallbackServerContext* context,
     const v1::CreateTensorRequest* request, v1::TensorInfo* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "CreateTensor");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   v1::ControlOp op;
   *op.mutable_create_tensor() = *request;
   return control_internal::RunLogged(
@@ -141,6 +170,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::DeleteTensor(
     grpc::CallbackServerContext* context,
     const v1::DeleteTensorRequest* request,
     v1::DeleteTensorResponse* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "DeleteTensor");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   v1::ControlOp op;
   *op.mutable_delete_tensor() = *request;
   return control_internal::RunLogged(core_, context, "DeleteTensor",
@@ -150,6 +184,10 @@ grpc::ServerUnaryReactor* ControlServiceImpl::DeleteTensor(
 grpc::ServerUnaryReactor* ControlServiceImpl::Reshard(
     grpc::CallbackServerContext* context, const v1::ReshardRequest* request,
     v1::TensorInfo* response) {
+  if (absl::Status allowed = control_internal::Authorize(*context, "Reshard");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   v1::ControlOp op;
   *op.mutable_reshard() = *request;
   return control_internal::RunLogged(
@@ -161,6 +199,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::SaveCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::SaveCheckpointRequest* request,
     v1::SaveCheckpointResponse* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "SaveCheckpoint");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   v1::ControlOp op;
   *op.mutable_save_checkpoint() = *request;
   return control_internal::RunLogged(core_, context, "SaveCheckpoint",
@@ -176,6 +219,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::LoadCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::LoadCheckpointRequest* request,
     v1::LoadCheckpointResponse* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "LoadCheckpoint");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
   v1::ControlOp op;
   *op.mutable_load_checkpoint() = *request;
   return control_internal::RunLogged(
@@ -189,6 +237,10 @@ grpc::ServerUnaryReactor* ControlServiceImpl::LoadCheckpoint(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (absl::Status allowed = control_internal::Authorize(*context, "Gather");
+      !allowed.ok()) {
+    return NewFailedChunkStream(allowed);
+  }
   absl::StatusOr<v1::GatherRequest> parsed =
       control_internal::ParseRaw<v1::GatherRequest>(*request, "Gather");
   if (!parsed.ok()) return NewFailedChunkStream(parsed.status());
@@ -232,6 +284,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::ReadRegion(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "ReadRegion");
+      !allowed.ok()) {
+    return NewFailedChunkStream(allowed);
+  }
   absl::Status accepting = core_->Accepting();
   if (!accepting.ok()) return NewFailedChunkStream(accepting);
   return StartReadRegion(context, request, core_->Env(), core_->Chunks());
@@ -239,7 +296,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::ReadRegion(
 
 grpc::ServerReadReactor<v1::WriteRegionChunk>* ControlServiceImpl::WriteRegion(
     grpc::CallbackServerContext* context, v1::WriteRegionResponse* response) {
-  absl::Status accepting = core_->Accepting();
+  absl::Status accepting = control_internal::Authorize(*context, "WriteRegion");
+  if (accepting.ok()) accepting = core_->Accepting();
   if (!accepting.ok()) {
     // A reader that fails at once.
     class Failed final : public grpc::ServerReadReactor<v1::WriteRegionChunk> {

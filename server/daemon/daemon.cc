@@ -18,6 +18,8 @@
 #include "common/status_macros.h"
 #include "io/file.h"
 #include "server/store/hash_store.h"
+#include "wire/auth.h"
+#include "wire/request_guard.h"
 
 namespace tessera::daemon {
 namespace {
@@ -70,13 +72,34 @@ absl::Status Daemon::Init() {
   // Every channel and server of this process (the store's, the ranks',
   // the clients of peers) uses the daemon's TLS configuration.
   SetProcessTls(o.tls);
+  // Every server of this process: the store's and the rank's.
+  SetServerReflection(o.reflection);
   if (o.tls.enabled()) {
+    spdlog::info("TLS on every gRPC surface ({})",
+                 o.tls.ca_file.empty() ? "server certificate only"
+                                       : "mutual, client certificates "
+                                         "required");
+  }
+  if (!o.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<TokenTable> tokens,
+                     TokenTable::FromFile(o.auth_token_file));
+    // The daemons present the cluster token to each other and the store.
+    SetProcessToken(tokens->cluster_token());
+    SetProcessTokenTable(std::move(tokens));
+    spdlog::info("tokens and roles from {}{}", o.auth_token_file,
+                 o.tls.enabled() ? "" : " (sent in the clear: TLS is off)");
+  }
+  if (o.tls.enabled() || !o.auth_token_file.empty()) {
     spdlog::info(
-        "TLS on every gRPC surface ({}); the data plane and the "
-        "local path are off",
-        o.tls.ca_file.empty() ? "server certificate only"
-                              : "mutual, client certificates "
-                                "required");
+        "the raw data plane is off (it neither encrypts nor checks tokens): "
+        "shard bytes move over gRPC; the local path serves this host's "
+        "allowed users");
+  }
+  if (o.insecure && !o.authenticates()) {
+    spdlog::warn(
+        "--insecure: listening on {} without authenticating callers: anyone "
+        "who reaches this port can read, change and delete every tensor",
+        o.host);
   }
   // Before joining: a bad root must not leave the other ranks waiting.
   ASSIGN_OR_RETURN(CheckpointRoots roots,
@@ -164,12 +187,11 @@ absl::Status Daemon::Init() {
   rpc.advertise_host = o.advertise_host;
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;
-  if (o.tls.enabled()) {
-    // Neither is encrypted or authenticated yet: with TLS on, every shard
-    // byte moves over gRPC (issue 15).
-    rpc.data_plane = false;
-    rpc.serve_local_path = false;
-  }
+  rpc.local_users = o.local_users;
+  // The data plane neither encrypts nor checks tokens: with TLS or tokens
+  // on, every shard byte leaving the host moves over gRPC. The local path
+  // stays: the kernel tells it who the peer is.
+  if (o.tls.enabled() || !o.auth_token_file.empty()) rpc.data_plane = false;
   if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
     return absl::Status(
         status.code(), absl::StrCat("starting the server: ", status.message()));

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
 #include "server/collective/process_group.h"
+#include "wire/auth.h"
 
 namespace tessera::daemon {
 namespace {
@@ -120,6 +122,22 @@ absl::Status ResolveDevice(const std::string& text,
   }
   options.backend = "gloo";
   return absl::OkStatus();
+}
+
+// A user name or a numeric uid (--local-users).
+absl::StatusOr<uid_t> ResolveUser(const std::string& user) {
+  uint32_t uid = 0;
+  if (absl::SimpleAtoi(user, &uid)) return static_cast<uid_t>(uid);
+  passwd entry{};
+  passwd* found = nullptr;
+  std::vector<char> buffer(16384);
+  if (getpwnam_r(user.c_str(), &entry, buffer.data(), buffer.size(), &found) !=
+          0 ||
+      found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--local-users: no user '", user, "' on this host"));
+  }
+  return found->pw_uid;
 }
 
 }  // namespace
@@ -322,7 +340,43 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     ASSIGN_OR_RETURN(options.master_port, ParseInt(*port, 1, kMaxPort));
   }
 
-  options.host = flags.host.value_or("0.0.0.0");
+  options.insecure = flags.insecure;
+  options.auth_token_file = flags.auth_token_file.value_or("");
+  if (flags.auth_token_file.has_value()) {
+    if (options.auth_token_file.empty()) {
+      return absl::InvalidArgumentError("--auth-token-file must not be empty");
+    }
+    absl::StatusOr<std::shared_ptr<TokenTable>> tokens =
+        TokenTable::FromFile(options.auth_token_file);
+    if (!tokens.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--auth-token-file: ", tokens.status().message()));
+    }
+    if ((*tokens)->cluster_token().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auth-token-file: ", options.auth_token_file,
+          " has no token with the cluster role: the daemons present it to "
+          "each other and to the store"));
+    }
+  }
+  if (flags.reflection.has_value()) {
+    const std::string value = absl::AsciiStrToLower(*flags.reflection);
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--reflection must be true or false; got '", *flags.reflection, "'"));
+    }
+    options.reflection = value == "true";
+  }
+  for (const std::string& user : flags.local_users) {
+    ASSIGN_OR_RETURN(uid_t uid, ResolveUser(user));
+    options.local_users.push_back(uid);
+  }
+  options.tls.cert_file = flags.tls_cert.value_or("");
+  options.tls.key_file = flags.tls_key.value_or("");
+  options.tls.ca_file = flags.tls_ca.value_or("");
+
+  options.host = flags.host.value_or(
+      options.authenticates() || options.insecure ? "0.0.0.0" : "127.0.0.1");
   if (options.host.empty()) {
     return absl::InvalidArgumentError("--host must not be empty");
   }
@@ -359,9 +413,6 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     }
   }
   options.checkpoint_roots = flags.checkpoint_roots;
-  options.tls.cert_file = flags.tls_cert.value_or("");
-  options.tls.key_file = flags.tls_key.value_or("");
-  options.tls.ca_file = flags.tls_ca.value_or("");
   if (flags.tls_refresh.has_value()) {
     ASSIGN_OR_RETURN(
         options.tls.refresh_seconds,
@@ -377,6 +428,25 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
   }
 
   RETURN_IF_ERROR(ResolveDevice(flags.device.value_or("auto"), env, options));
+
+  if (!options.authenticates() && !options.insecure) {
+    std::string beyond;
+    if (!IsLoopbackHost(options.host)) {
+      beyond =
+          absl::StrCat("--host ", options.host, " listens beyond this host");
+    } else if (!IsLoopbackHost(options.master_addr)) {
+      beyond = absl::StrCat("the master ", options.master_addr,
+                            " is not on loopback: a cluster beyond this host");
+    }
+    if (!beyond.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          beyond,
+          " without authentication: anyone who reaches it could read, "
+          "change and delete every tensor. Authenticate callers (--tls-ca "
+          "for mutual TLS, or --auth-token-file), or pass --insecure on a "
+          "network only trusted users reach"));
+    }
+  }
 
   // Last: the only step that may look at the network.
   if (flags.advertise_host.has_value() && !flags.advertise_host->empty()) {
@@ -437,7 +507,10 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   add("--master-port", flags.master_port,
       "port of rank 0's store [env MASTER_PORT; default 29500]")
       ->type_name("PORT");
-  add("--host", flags.host, "listen host [default 0.0.0.0]")->type_name("HOST");
+  add("--host", flags.host,
+      "listen host [default 0.0.0.0 with --tls-ca, --auth-token-file or "
+      "--insecure, else 127.0.0.1]")
+      ->type_name("HOST");
   add("--port", flags.port,
       "gRPC port; 0 picks a free one [default 29600 + local rank]")
       ->type_name("PORT");
@@ -493,6 +566,22 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   for (const auto& flag : tls_flags) {
     add(flag.name, *flag.field, flag.help)->type_name(flag.type);
   }
+  add("--auth-token-file", flags.auth_token_file,
+      "tokens and roles, '<token> <read|write|admin|cluster> [name]' per "
+      "line: every call needs a token of a role that may make it; reloaded "
+      "when the file changes")
+      ->type_name("FILE");
+  app.add_flag("--insecure", flags.insecure,
+               "listen beyond loopback (or join a cluster beyond this host) "
+               "without authenticating callers");
+  add("--reflection", flags.reflection,
+      "serve gRPC server reflection [default true]")
+      ->type_name("BOOL");
+  app.add_option("--local-users", flags.local_users,
+                 "a user (name or uid) whose processes may map shards "
+                 "through the local path, besides this daemon's user and "
+                 "root (repeatable)")
+      ->type_name("USER");
   app.add_option("--checkpoint-root", flags.checkpoint_roots,
                  "a directory save and load may use (created if missing; "
                  "repeatable); a checkpoint path is relative to the first or "

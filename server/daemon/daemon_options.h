@@ -8,7 +8,7 @@
 //   --local-world-size LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE  unknown
 //   --master-addr      MASTER_ADDR                          127.0.0.1
 //   --master-port      MASTER_PORT                          29500
-//   --host                                                  0.0.0.0
+//   --host                                                  see below
 //   --port                                                  29600 + local rank
 //   --advertise-host                                        see below
 //   --device                                                auto
@@ -18,6 +18,16 @@
 //   --memory-limit                                          see memory_budget.h
 //   --tls-cert, --tls-key, --tls-ca                         none: plaintext
 //   --tls-refresh                                           60 (seconds)
+//   --auth-token-file                                       none: no tokens
+//   --insecure, --reflection                                false, true
+//   --local-users (repeatable)                              none
+//
+// Safe defaults: a daemon that does not authenticate its callers (neither
+// mutual TLS, --tls-ca, nor tokens, --auth-token-file) listens on
+// 127.0.0.1 by default and refuses to listen anywhere else, or to join a
+// cluster whose master is not loopback (a cluster beyond this host),
+// unless --insecure says so (and it warns at start). An authenticating
+// daemon listens on 0.0.0.0 by default.
 //
 // A flag wins over its variables, the first variable set (non-empty) over
 // the next. The host peers and clients dial (--advertise-host) defaults to
@@ -39,6 +49,8 @@
 // ProcessEnvironment().local_address.
 #ifndef TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
 #define TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
+
+#include <sys/types.h>
 
 #include <functional>
 #include <optional>
@@ -108,7 +120,19 @@ struct DaemonOptions {
   // (they are not encrypted or authenticated yet), so every shard byte
   // moves over TLS.
   TlsConfig tls;
+  // Tokens and roles (wire/auth.h); empty: none.
+  std::string auth_token_file;
+  // Listening beyond loopback without authentication was asked for.
+  bool insecure = false;
+  // Serve gRPC server reflection (it shows the API, never data).
+  bool reflection = true;
+  // Users besides the daemon's own and root that may use the local path.
+  std::vector<uid_t> local_users;
 
+  // Whether callers must prove who they are: mutual TLS or tokens.
+  bool authenticates() const {
+    return !tls.ca_file.empty() || !auth_token_file.empty();
+  }
   // "host:port" of the master's store.
   std::string store_address() const;
 };
@@ -118,8 +142,10 @@ struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, host, port, advertise_host, device, timeout,
       store_timeout, shutdown_grace, address_file, log_level, memory_limit,
-      tls_cert, tls_key, tls_ca, tls_refresh;
+      tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file, reflection;
+  bool insecure = false;
   std::vector<std::string> checkpoint_roots;
+  std::vector<std::string> local_users;
 };
 
 // What resolution needs from the process.

@@ -20,8 +20,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/auth.h"
 #include "wire/chunk_assembler.h"
-#include "wire/credentials.h"
 #include "wire/grpc_status.h"
 #include "xxhash.h"
 
@@ -351,8 +351,8 @@ class WriteRegionReactor final
           // gRPC shares one connection among channels to the same address
           // with the same arguments, so a channel per forward is cheap.
           std::unique_ptr<v1::ControlService::Stub> stub =
-              v1::ControlService::NewStub(grpc::CreateChannel(
-                  worker->address, ProcessChannelCredentials()));
+              v1::ControlService::NewStub(
+                  CreateTesseraChannel(worker->address));
           RegionWriteOptions options;
           options.deadline = deadline_;
           return Annotate(

@@ -25,6 +25,8 @@
 #ifndef TESSERA_SERVER_RANK_RANK_H_
 #define TESSERA_SERVER_RANK_RANK_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -95,6 +97,9 @@ struct RpcOptions {
   // its default threshold), so that CPU shards allocated from then on can
   // be lent. When its socket cannot be made the rank serves without it.
   bool serve_local_path = true;
+  // Users besides this process's own and root whose processes may use the
+  // local path.
+  std::vector<uid_t> local_users;
   // More services served on the same gRPC server (the daemon's
   // ControlService). Not owned: each must outlive Shutdown().
   std::vector<grpc::Service*> services;

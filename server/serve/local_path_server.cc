@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -105,11 +106,19 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
   absl::StatusOr<std::string> magic =
       ReceiveLocalMessage(fd, absl::Now() + options_.io_timeout);
   if (!magic.ok() || *magic != kLocalMagic) return;
-  // CUDA IPC handles give write access to device memory: only processes of
-  // this user get them (memory files are lent read-only to anyone who can
-  // reach the socket, the same bytes the data plane would send).
+  // Memory files are lent read-only to the allowed users; CUDA IPC
+  // handles give write access to device memory: only processes of this
+  // user get them.
   const absl::StatusOr<uid_t> peer = PeerUid(fd);
   const bool same_user = peer.ok() && *peer == geteuid();
+  const bool allowed =
+      peer.ok() &&
+      (same_user || *peer == 0 ||
+       std::find(options_.allowed_users.begin(), options_.allowed_users.end(),
+                 *peer) != options_.allowed_users.end());
+  const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+      "the local path serves only the daemon's allowed users (uid ",
+      peer.ok() ? absl::StrCat(*peer) : "unknown", " is not one)"));
   connection.ServeRequests(
       [&] {
         return ReceiveLocalMessage(fd, absl::Now() + options_.idle_timeout);
@@ -122,6 +131,9 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
             .IgnoreError();
       },
       [&](const std::string& message) {
+        if (!allowed) {
+          return SendError(fd, refused, absl::Now() + options_.io_timeout).ok();
+        }
         absl::StatusOr<std::shared_ptr<const FetchView>> lent =
             Answer(fd, message, same_user);
         if (!lent.ok()) return false;

@@ -30,6 +30,10 @@
 // message instead of "done") closes that connection only; the server never
 // aborts.
 //
+// Who: only processes of this process's user, root and
+// `allowed_users` are lent anything (SO_PEERCRED); CUDA IPC handles, which
+// give write access to device memory, only to this process's user.
+//
 // Thread-safety: Start/Shutdown from one owner thread; address() and
 // active_leases() from any. Shutdown(grace) (idempotent; also run by the
 // destructor, with no grace) stops accepting, closes idle connections,
@@ -43,6 +47,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <sys/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -62,6 +69,12 @@ struct LocalPathServerOptions {
   absl::Duration lease_timeout = absl::Minutes(5);
   // Connections beyond this are refused (closed at once).
   int max_connections = 512;
+  // Users whose processes may use the local path besides this process's
+  // own user and root (the kernel says who the peer is: SO_PEERCRED).
+  // Requests of anyone else are answered FAILED_PRECONDITION before they
+  // are read, so their clients fetch over a stream, where tokens and TLS
+  // apply.
+  std::vector<uid_t> allowed_users;
 };
 
 class LocalPathServer {

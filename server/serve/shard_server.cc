@@ -84,10 +84,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   if (options.serve_local_path) {
     SetHostMemorySharing();
+    LocalPathServerOptions local_options;
+    local_options.allowed_users = options.local_users;
     // An optimisation only: without it, clients on this host use the
     // streams like everyone else.
     absl::StatusOr<std::unique_ptr<LocalPathServer>> local =
-        LocalPathServer::Start(registry);
+        LocalPathServer::Start(registry, local_options);
     if (local.ok()) {
       server->local_address_ = (*local)->address();
       absl::MutexLock lock(&server->mu_);

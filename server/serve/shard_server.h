@@ -48,6 +48,9 @@ struct ShardServerOptions {
   // Serving the local path turns host memory sharing on for the whole
   // process (SetHostMemorySharing), so that CPU shards can be lent.
   bool serve_local_path = true;
+  // Users besides this process's own and root that may use the local path
+  // (LocalPathServerOptions::allowed_users).
+  std::vector<uid_t> local_users;
   // More services on the gRPC server. Not owned.
   std::vector<grpc::Service*> services;
   // grpc.health.v1 (NOT_SERVING until the owner says otherwise through

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/proto_convert.h"
+#include "wire/auth.h"
 #include "wire/grpc_status.h"
 
 namespace tessera {
@@ -15,12 +17,27 @@ ShardServiceImpl::ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,
                                    ShardServiceOptions options)
     : registry_(std::move(registry)), options_(ClampChunkOptions(options)) {}
 
+namespace {
+
+// OK when the caller's token may call ShardService/`method` (wire/auth.h).
+absl::Status Authorize(const grpc::CallbackServerContext& context,
+                       absl::string_view method) {
+  return AuthorizeCall(
+      context,
+      absl::StrCat(v1::ShardService::service_full_name(), "/", method));
+}
+
+}  // namespace
+
 int64_t ShardServiceImpl::ChunkBytesFor(int64_t requested) const {
   return tessera::ChunkBytesFor(options_, requested);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (absl::Status allowed = Authorize(*context, "FetchShard"); !allowed.ok()) {
+    return NewFailedChunkStream(allowed);
+  }
   absl::StatusOr<v1::FetchShardRequest> parsed = ParseFetchRequest(*request);
   if (!parsed.ok()) return NewFailedChunkStream(parsed.status());
   absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, *parsed);
@@ -35,6 +52,11 @@ grpc::ServerUnaryReactor* ShardServiceImpl::DescribeTensor(
     const v1::DescribeTensorRequest* request,
     v1::DescribeTensorResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = Authorize(*context, "DescribeTensor");
+      !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   std::shared_ptr<const RegisteredTensor> tensor =
       registry_->Find(request->tensor_id());
   if (tensor == nullptr) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "wire/auth.h"
 #include "wire/credentials.h"
 #include "wire/grpc_status.h"
 #include "wire/request_guard.h"
@@ -238,6 +239,14 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// OK when the caller's token may call StoreService/`method` (wire/auth.h).
+absl::Status Authorize(const grpc::CallbackServerContext& context,
+                       absl::string_view method) {
+  return AuthorizeCall(
+      context,
+      absl::StrCat(v1::StoreService::service_full_name(), "/", method));
+}
+
 grpc::ServerUnaryReactor* ParkWait(ParkingLot& lot,
                                    grpc::CallbackServerContext* context,
                                    std::vector<std::string> keys,
@@ -286,12 +295,18 @@ size_t StoreServiceImpl::parked_calls() const { return lot_->size(); }
 grpc::ServerUnaryReactor* StoreServiceImpl::Set(
     grpc::CallbackServerContext* context, const v1::StoreSetRequest* request,
     v1::StoreSetResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Set"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   return Done(context, store_->Set(request->key(), request->value()));
 }
 
 grpc::ServerUnaryReactor* StoreServiceImpl::Get(
     grpc::CallbackServerContext* context, const v1::StoreGetRequest* request,
     v1::StoreGetResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Get"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   return ParkWait(*lot_, context, {request->key()}, request->timeout_ms(),
                   response->mutable_value());
 }
@@ -299,6 +314,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::Get(
 grpc::ServerUnaryReactor* StoreServiceImpl::Add(
     grpc::CallbackServerContext* context, const v1::StoreAddRequest* request,
     v1::StoreAddResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Add"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
   return Done(context, value.status());
@@ -308,6 +326,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::CompareSet(
     grpc::CallbackServerContext* context,
     const v1::StoreCompareSetRequest* request,
     v1::StoreCompareSetResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "CompareSet"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   absl::StatusOr<std::string> value = store_->CompareSet(
       request->key(), request->expected(), request->desired());
   if (value.ok()) response->set_value(*std::move(value));
@@ -317,6 +338,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::CompareSet(
 grpc::ServerUnaryReactor* StoreServiceImpl::Delete(
     grpc::CallbackServerContext* context, const v1::StoreDeleteRequest* request,
     v1::StoreDeleteResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Delete"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   absl::StatusOr<bool> deleted = store_->Delete(request->key());
   if (deleted.ok()) response->set_deleted(*deleted);
   return Done(context, deleted.status());
@@ -325,6 +349,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::Delete(
 grpc::ServerUnaryReactor* StoreServiceImpl::Wait(
     grpc::CallbackServerContext* context, const v1::StoreWaitRequest* request,
     v1::StoreWaitResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Wait"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   return ParkWait(*lot_, context, KeysOf(request->keys()),
                   request->timeout_ms(), nullptr);
 }
@@ -332,6 +359,9 @@ grpc::ServerUnaryReactor* StoreServiceImpl::Wait(
 grpc::ServerUnaryReactor* StoreServiceImpl::Check(
     grpc::CallbackServerContext* context, const v1::StoreCheckRequest* request,
     v1::StoreCheckResponse* response) {
+  if (absl::Status allowed = Authorize(*context, "Check"); !allowed.ok()) {
+    return Done(context, allowed);
+  }
   absl::StatusOr<bool> ready = store_->Check(KeysOf(request->keys()));
   if (ready.ok()) response->set_ready(*ready);
   return Done(context, ready.status());
@@ -391,8 +421,7 @@ absl::StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Connect(
   // after gRPC's default backoff that grows to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, ProcessChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = CreateTesseraChannel(address, args);
   if (!channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + connect_timeout))) {
     return absl::UnavailableError(

@@ -24,59 +24,15 @@
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_pki.h"
 #include "wire/credentials.h"
 
 namespace tessera {
 namespace {
 
 namespace tt = ::tessera::testing;
-
-// Runs a shell command quietly; false when it fails.
-bool Shell(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// A CA and certificates it signs, in `dir`: <name>.pem and <name>.key.
-class TestPki {
- public:
-  explicit TestPki(std::string dir) : dir_(std::move(dir)) {}
-
-  bool MakeCa(const std::string& name) {
-    return Shell(absl::StrCat(
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-        "-nodes -days 1 -subj /CN=",
-        name, " -keyout ", Path(name, "key"), " -out ", Path(name, "pem")));
-  }
-  // A certificate for 127.0.0.1 and localhost, signed by `ca`.
-  bool MakeCert(const std::string& name, const std::string& ca) {
-    const std::string ext = absl::StrCat(dir_, "/", name, ".ext");
-    std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
-    return Shell(absl::StrCat(
-               "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-               "-nodes -subj /CN=",
-               name, " -keyout ", Path(name, "key"), " -out ",
-               Path(name, "csr"))) &&
-           Shell(absl::StrCat(
-               "openssl x509 -req -days 1 -in ", Path(name, "csr"), " -CA ",
-               Path(ca, "pem"), " -CAkey ", Path(ca, "key"),
-               " -CAcreateserial -extfile ", ext, " -out ", Path(name, "pem")));
-  }
-  std::string Path(const std::string& name, const std::string& kind) const {
-    return absl::StrCat(dir_, "/", name, ".", kind);
-  }
-  TlsConfig Client(const std::string& ca, const std::string& cert) const {
-    TlsConfig config;
-    config.ca_file = Path(ca, "pem");
-    if (!cert.empty()) {
-      config.cert_file = Path(cert, "pem");
-      config.key_file = Path(cert, "key");
-    }
-    return config;
-  }
-
- private:
-  std::string dir_;
-};
+using tt::Shell;
+using tt::TestPki;
 
 // One call of `method` on a fresh channel to `address` with
 // `credentials`, within 5 s.
@@ -113,39 +69,19 @@ grpc::Status StoreSet(const std::string& address,
                                 &v1::StoreService::Stub::Set, request);
 }
 
-// Every test: a fresh directory with a CA ("ca") and a daemon certificate
-// it signed ("daemon"); removed afterwards.
-class TlsTest : public ::testing::Test {
+class TlsTest : public tt::PkiTest {
  protected:
-  void SetUp() override {
-    if (!Shell("openssl version")) {
-      GTEST_SKIP() << "the openssl command is missing";
-    }
-    char dir_template[] = "/tmp/tessera-tls-XXXXXX";
-    ASSERT_NE(mkdtemp(dir_template), nullptr);
-    dir_ = dir_template;
-    pki_ = std::make_unique<TestPki>(dir_);
-    ASSERT_TRUE(pki_->MakeCa("ca"));
-    ASSERT_TRUE(pki_->MakeCert("daemon", "ca"));
-  }
-  void TearDown() override {
-    if (!dir_.empty()) Shell(absl::StrCat("rm -rf ", dir_));
-  }
-
   // Daemons serving with the "daemon" certificate, trusting `ca_file`.
   tt::DaemonClusterOptions Daemons(int world_size, const std::string& ca_file) {
     tt::DaemonClusterOptions options;
     options.world_size = world_size;
     options.server_path = TESSERA_SERVER_PATH;
-    options.extra_args = {"--log-level", "error",
-                          "--tls-cert",  pki_->Path("daemon", "pem"),
-                          "--tls-key",   pki_->Path("daemon", "key"),
-                          "--tls-ca",    ca_file};
+    options.extra_args = {"--log-level", "error"};
+    for (const std::string& flag : DaemonTlsFlags(ca_file)) {
+      options.extra_args.push_back(flag);
+    }
     return options;
   }
-
-  std::string dir_;
-  std::unique_ptr<TestPki> pki_;
 };
 
 TEST_F(TlsTest, MutualTlsOnEveryGrpcSurface) {

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -20,10 +21,14 @@ namespace tessera::testing {
 class RawCall
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  static grpc::Status Run(grpc::GenericStub& stub, const std::string& method,
-                          const std::vector<std::string>& messages,
-                          absl::Duration timeout) {
+  static grpc::Status Run(
+      grpc::GenericStub& stub, const std::string& method,
+      const std::vector<std::string>& messages, absl::Duration timeout,
+      const std::vector<std::pair<std::string, std::string>>& metadata = {}) {
     RawCall call(messages);
+    for (const auto& [key, value] : metadata) {
+      call.context_.AddMetadata(key, value);
+    }
     call.context_.set_deadline(std::chrono::system_clock::now() +
                                absl::ToChronoMilliseconds(timeout));
     stub.PrepareBidiStreamingCall(&call.context_, method, grpc::StubOptions(),
@@ -76,12 +81,12 @@ class RawCall
 };
 
 // A call of `method` on `channel` with one request, `bytes`.
-inline grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
-                                 const std::string& method,
-                                 const std::string& bytes,
-                                 absl::Duration timeout = absl::Seconds(10)) {
+inline grpc::Status RawUnaryCall(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+    const std::string& bytes, absl::Duration timeout = absl::Seconds(10),
+    const std::vector<std::pair<std::string, std::string>>& metadata = {}) {
   grpc::GenericStub stub(channel);
-  return RawCall::Run(stub, method, {bytes}, timeout);
+  return RawCall::Run(stub, method, {bytes}, timeout, metadata);
 }
 
 }  // namespace tessera::testing

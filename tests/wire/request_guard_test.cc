@@ -5,6 +5,7 @@
 // untouched.
 #include "wire/request_guard.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -101,6 +102,40 @@ TEST_F(RequestGuardTest, UnknownMethodsStayUnimplemented) {
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(RawCall("/no.Such/Service", "").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// SetServerReflection(false) takes reflection off every server built
+// afterwards (gRPC's reflection library adds it to every server once
+// linked in).
+TEST(ServerReflectionTest, CanBeTurnedOff) {
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  constexpr char kMethod[] =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  auto serve = [](TestControl& service, int* port) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             port);
+    AddRequestGuard(builder);
+    builder.RegisterService(&service);
+    return builder.BuildAndStart();
+  };
+  auto call = [&](int port) {
+    return ::tessera::testing::RawUnaryCall(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()),
+        kMethod, "");
+  };
+  TestControl service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> with = serve(service, &port);
+  EXPECT_TRUE(call(port).ok());
+  with->Shutdown();
+  SetServerReflection(false);
+  TestControl other;
+  std::unique_ptr<grpc::Server> without = serve(other, &port);
+  EXPECT_EQ(call(port).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  without->Shutdown();
+  SetServerReflection(true);
 }
 
 }  // namespace

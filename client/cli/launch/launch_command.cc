@@ -16,11 +16,13 @@
 #include <sstream>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/launch/secure_setup.h"
 #include "common/status_macros.h"
 #include "io/errno.h"
 #include "io/subprocess.h"
@@ -127,6 +129,7 @@ class Supervisor {
   const CommandContext& context_;
   std::vector<Daemon> daemons_;
   std::string address_dir_;
+  std::optional<SecureSetup> secure_;  // with --secure, in address_dir_
   sigset_t old_mask_;
   bool mask_changed_ = false;
   struct sigaction old_sigchld_;
@@ -176,6 +179,16 @@ absl::Status Supervisor::Prepare() {
                       absl::StatusCode::kInternal);
   }
   address_dir_ = pattern;
+  if (options_.secure) {
+    absl::StatusOr<SecureSetup> secure =
+        MakeSecureSetup(address_dir_, options_.host);
+    if (!secure.ok()) {
+      return absl::Status(
+          secure.status().code(),
+          absl::StrCat("--secure: ", secure.status().message()));
+    }
+    secure_ = *std::move(secure);
+  }
   if (!options_.log_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(options_.log_dir, error);
@@ -200,7 +213,10 @@ absl::Status Supervisor::StartAll(const std::string& server) {
 }
 
 absl::Status Supervisor::Start(const std::string& server, int rank) {
-  DaemonCommand command = BuildDaemonCommand(options_, rank, address_dir_);
+  DaemonCommand command =
+      BuildDaemonCommand(options_, rank, address_dir_,
+                         secure_.has_value() ? secure_->DaemonFlags()
+                                             : std::vector<std::string>());
   SpawnOptions spawn;
   spawn.program = server;
   spawn.args = command.args;
@@ -350,8 +366,13 @@ int Supervisor::Supervise() {
     context_.out() << "rank " << daemon.rank << ": " << daemon.address
                    << " (pid " << daemon.pid << ")\n";
   }
-  context_.out() << "ready: export TESSERA_ADDRESS=" << daemons_[0].address
-                 << std::endl;
+  context_.out() << "ready: export TESSERA_ADDRESS=" << daemons_[0].address;
+  if (secure_.has_value()) {
+    for (const auto& [name, value] : secure_->ClientEnvironment()) {
+      context_.out() << " " << name << "=" << value;
+    }
+  }
+  context_.out() << std::endl;
 
   // In the foreground until told to stop or a daemon exits.
   while (true) {
@@ -404,6 +425,17 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
   if (options.host.empty()) {
     return absl::InvalidArgumentError("--host must not be empty");
   }
+  const bool loopback = options.host == "localhost" ||
+                        absl::StartsWith(options.host, "127.") ||
+                        options.host == "::1";
+  if (!loopback && !options.secure &&
+      std::find(options.server_flags.begin(), options.server_flags.end(),
+                "--insecure") == options.server_flags.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host ", options.host,
+        " listens beyond this host: add --secure (TLS and tokens), or '-- "
+        "--insecure' on a network only trusted users reach"));
+  }
   if (!options.log_level.empty()) {
     bool known = false;
     for (absl::string_view level : kLogLevels)
@@ -452,8 +484,9 @@ absl::StatusOr<std::string> FindServerBinary(const std::string& server,
       kServerName, ") or pass --server PATH"));
 }
 
-DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
-                                 const std::string& address_dir) {
+DaemonCommand BuildDaemonCommand(
+    const LaunchOptions& options, int rank, const std::string& address_dir,
+    const std::vector<std::string>& security_flags) {
   DaemonCommand command;
   const std::string master = MasterAddress(options.host);
   const int port = options.base_port > 0 ? options.base_port + rank : 0;
@@ -486,6 +519,8 @@ DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
     command.args.push_back("--checkpoint-root");
     command.args.push_back(options.checkpoint_root);
   }
+  command.args.insert(command.args.end(), security_flags.begin(),
+                      security_flags.end());
   command.args.insert(command.args.end(), options.server_flags.begin(),
                       options.server_flags.end());
   command.env = {{"RANK", absl::StrCat(rank)},
@@ -577,6 +612,9 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
                    "Where the daemons may save and load checkpoints "
                    "(default: this directory)")
       ->type_name("DIR");
+  launch->add_flag("--secure", options->secure,
+                   "Mutual TLS and tokens from a throwaway CA made for this "
+                   "launch; the ready line exports the client's credentials");
   launch
       ->add_option("--server", options->server,
                    "The tessera-server executable (default: next to this "
@@ -601,7 +639,9 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
   launch->footer(
       "Examples:\n"
       "  tessera launch --nproc 4 --cpu\n"
-      "  tessera launch --nproc 8 --host 0.0.0.0 --log-dir /tmp/tessera\n"
+      "  tessera launch --nproc 4 --cpu --secure\n"
+      "  tessera launch --nproc 8 --host 0.0.0.0 --secure --log-dir "
+      "/tmp/tessera\n"
       "  tessera launch --nproc 2 --cpu -- --shutdown-grace 30s\n\n"
       "Each daemon gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"
       "MASTER_PORT (and the same flags). Once all serve, one line per rank\n"

@@ -19,7 +19,15 @@
 //   ...
 //   ready: export TESSERA_ADDRESS=127.0.0.1:29600
 //
-// and waits. SIGINT, SIGTERM or SIGHUP: SIGTERM to every daemon, a bounded
+// and waits. With --secure, the daemons get mutual TLS and tokens from a
+// throwaway CA made for this launch (secure_setup.h, in the launch's
+// private directory, removed when it stops), and the ready line also
+// exports TESSERA_TLS_CA, TESSERA_TLS_CERT, TESSERA_TLS_KEY and
+// TESSERA_TOKEN_FILE (an admin token): `eval` it to be a client. Without
+// --secure and with a --host beyond loopback, the daemons need --insecure
+// after "--" (they refuse to listen unauthenticated otherwise).
+//
+// SIGINT, SIGTERM or SIGHUP: SIGTERM to every daemon, a bounded
 // wait (--stop-timeout), SIGKILL for the rest, exit 0. A daemon that exits
 // on its own: the others are stopped the same way and the launcher exits 1
 // naming the rank and its exit status. The daemons run in their own process
@@ -57,6 +65,9 @@ struct LaunchOptions {
   // The daemons' --checkpoint-root; empty: the launcher's working directory
   // (RunLaunch), so `tessera save ckpt` run here saves to ./ckpt.
   std::string checkpoint_root;
+  // Make a throwaway CA, certificates and tokens (secure_setup.h) and
+  // start the daemons with mutual TLS and tokens.
+  bool secure = false;
   double start_timeout_seconds = 120;
   double stop_timeout_seconds = 15;
   std::vector<std::string> server_flags;  // after "--"
@@ -86,8 +97,10 @@ struct DaemonCommand {
   std::vector<std::pair<std::string, std::string>> env;
   std::string address_file;
 };
-DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
-                                 const std::string& address_dir);
+// `security_flags` (SecureSetup::DaemonFlags) come before the extra flags.
+DaemonCommand BuildDaemonCommand(
+    const LaunchOptions& options, int rank, const std::string& address_dir,
+    const std::vector<std::string>& security_flags = {});
 
 // The address rank 0 serves its store on and that peers dial: --host, or
 // 127.0.0.1 when --host is a wildcard (0.0.0.0, ::).

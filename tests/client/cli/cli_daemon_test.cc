@@ -5,10 +5,12 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -39,12 +41,18 @@ struct CliResult {
 };
 
 // Runs `tessera args...` with TESSERA_ADDRESS=address, bounded by 60 s.
-CliResult RunCli(const std::string& address, std::vector<std::string> args,
-                 const std::string& log_path) {
+CliResult RunCli(
+    const std::string& address, std::vector<std::string> args,
+    const std::string& log_path,
+    const std::vector<std::pair<std::string, std::string>>& env = {},
+    const std::string& program = TESSERA_CLI_PATH) {
   SpawnOptions spawn;
-  spawn.program = TESSERA_CLI_PATH;
+  spawn.program = program;
   spawn.args = std::move(args);
   spawn.env = {{"TESSERA_ADDRESS", address}};
+  spawn.env.insert(spawn.env.end(), env.begin(), env.end());
+  spawn.unset_env = {"TESSERA_TLS_CA", "TESSERA_TLS_CERT", "TESSERA_TLS_KEY",
+                     "TESSERA_TOKEN", "TESSERA_TOKEN_FILE"};
   spawn.log_path = log_path;
   absl::StatusOr<Subprocess> process = Subprocess::Spawn(spawn);
   CliResult result;
@@ -244,7 +252,7 @@ struct Launched {
   std::string dir;
 };
 
-Launched Launch(int nproc) {
+Launched Launch(int nproc, const std::vector<std::string>& more = {}) {
   Launched launched;
   char dir[] = "/tmp/tessera-launch-XXXXXX";
   if (mkdtemp(dir) == nullptr) return launched;
@@ -256,7 +264,9 @@ Launched Launch(int nproc) {
                 "127.0.0.1", "--master-port", absl::StrCat(master),
                 // Every daemon binds a free port: a picked base port says
                 // nothing about base + 1, which another test may hold.
-                "--base-port", "0", "--server", TESSERA_SERVER_PATH};
+                "--base-port", "0", "--server", TESSERA_SERVER_PATH,
+                "--checkpoint-root", launched.dir};
+  spawn.args.insert(spawn.args.end(), more.begin(), more.end());
   spawn.log_path = absl::StrCat(launched.dir, "/launch.log");
   spawn.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                      "MASTER_PORT"};
@@ -316,6 +326,58 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
   CliResult after = RunCli(address, {"health", "--timeout", "2"},
                            launched.dir + "/after.log");
   EXPECT_EQ(after.exit_code, 1) << after.output;
+}
+
+// `tessera launch --secure`: mutual TLS and tokens from a throwaway CA;
+// the ready line's variables make a client that runs the demo end to end,
+// and a client without them is refused in one clear line. Stopping removes
+// the keys.
+TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
+  Launched launched = Launch(2, {"--secure"});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string ready = WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(ready.empty()) << launched.launcher->LogTail();
+  // "HOST:PORT NAME=VALUE...".
+  std::vector<std::string> words = absl::StrSplit(ready, ' ');
+  const std::string address = words[0];
+  std::vector<std::pair<std::string, std::string>> env;
+  for (size_t i = 1; i < words.size(); ++i) {
+    std::vector<std::string> pair =
+        absl::StrSplit(words[i], absl::MaxSplits('=', 1));
+    ASSERT_EQ(pair.size(), 2u) << ready;
+    env.emplace_back(pair[0], pair[1]);
+  }
+  ASSERT_EQ(env.size(), 4u) << ready;
+  const std::string dir = launched.dir;
+
+  CliResult demo = RunCli(address, {"--checkpoint", "demo"}, dir + "/demo.log",
+                          env, TESSERA_DEMO_PATH);
+  EXPECT_EQ(demo.exit_code, 0) << demo.output;
+  CliResult health = RunCli(address, {"health"}, dir + "/health.log", env);
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+
+  // No credentials: the TLS handshake fails, and the line says what to set.
+  CliResult stranger =
+      RunCli(address, {"ls", "--timeout", "5"}, dir + "/stranger.log");
+  EXPECT_EQ(stranger.exit_code, 1) << stranger.output;
+  EXPECT_THAT(stranger.output, HasSubstr("TESSERA_TLS_CA"));
+  // The certificate without a token: unauthenticated, in one line.
+  std::vector<std::pair<std::string, std::string>> no_token(env.begin(),
+                                                            env.end() - 1);
+  CliResult tokenless = RunCli(address, {"ls", "--timeout", "5"},
+                               dir + "/tokenless.log", no_token);
+  EXPECT_EQ(tokenless.exit_code, 1) << tokenless.output;
+  EXPECT_THAT(tokenless.output,
+              HasSubstr("unauthenticated: this cluster requires a token"));
+  EXPECT_EQ(std::count(tokenless.output.begin(), tokenless.output.end(), '\n'),
+            1)
+      << tokenless.output;
+
+  launched.launcher->Signal(SIGINT);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  // The CA, keys and tokens went with the launch.
+  EXPECT_FALSE(std::filesystem::exists(env[0].second)) << env[0].second;
 }
 
 }  // namespace

@@ -2,6 +2,10 @@
 // environment, defaults and validation, with a fake environment.
 #include "server/daemon/daemon_options.h"
 
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -17,6 +21,7 @@ namespace {
 
 using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -50,6 +55,24 @@ class DaemonOptionsTest : public ::testing::Test {
     return flags;
   }
 
+  // A file of this test's scratch directory holding `text`.
+  std::string ScratchFile(const std::string& name, const std::string& text,
+                          mode_t mode = 0644) {
+    if (dir_.empty()) {
+      char dir[] = "/tmp/tessera-options-XXXXXX";
+      EXPECT_NE(mkdtemp(dir), nullptr);
+      dir_ = dir;
+    }
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    EXPECT_EQ(chmod(path.c_str(), mode), 0);
+    return path;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string dir_;
   std::map<std::string, std::string> vars_;
   int cuda_devices_ = 0;
   bool nccl_ = false;
@@ -65,7 +88,10 @@ TEST_F(DaemonOptionsTest, DefaultsWithRankAndWorldSizeFlags) {
   EXPECT_EQ(o.master_addr, "127.0.0.1");
   EXPECT_EQ(o.master_port, 29500);
   EXPECT_EQ(o.store_address(), "127.0.0.1:29500");
-  EXPECT_EQ(o.host, "0.0.0.0");
+  // Nobody is authenticated: loopback only.
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_FALSE(o.authenticates());
+  EXPECT_TRUE(o.reflection);
   EXPECT_EQ(o.port, 29600);
   // A loopback master: everything is on this host.
   EXPECT_EQ(o.advertise_host, "127.0.0.1");
@@ -83,7 +109,10 @@ TEST_F(DaemonOptionsTest, TorchrunEnvironment) {
   vars_ = {{"RANK", "3"},           {"WORLD_SIZE", "8"},
            {"LOCAL_RANK", "1"},     {"MASTER_ADDR", "10.0.0.1"},
            {"MASTER_PORT", "1234"}, {"SLURM_PROCID", "6"}};
-  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve({}));
+  DaemonFlags insecure;
+  insecure.insecure = true;  // A cluster beyond this host, unauthenticated.
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(insecure));
+  EXPECT_EQ(o.host, "0.0.0.0");
   EXPECT_EQ(o.rank, 3);  // RANK wins over SLURM_PROCID.
   EXPECT_EQ(o.world_size, 8);
   EXPECT_EQ(o.local_rank, 1);
@@ -149,6 +178,7 @@ TEST_F(DaemonOptionsTest, FlagsOverrideEnvironment) {
 TEST_F(DaemonOptionsTest, AdvertiseHost) {
   DaemonFlags flags = RankOf(0, 1);
   flags.master_addr = "node0";
+  flags.insecure = true;
   flags.host = "10.1.2.3";  // A specific listen address is what peers dial.
   ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
   EXPECT_EQ(o.advertise_host, "10.1.2.3");
@@ -164,6 +194,83 @@ TEST_F(DaemonOptionsTest, AdvertiseHost) {
   local_address_ = absl::UnavailableError("no route");
   EXPECT_THAT(Resolve(flags),
               StatusIs(absl::StatusCode::kUnavailable, "no route"));
+}
+
+// Unauthenticated daemons stay on this host unless --insecure says
+// otherwise; authenticated ones (mutual TLS or tokens) listen everywhere.
+TEST_F(DaemonOptionsTest, SafeDefaultsWithoutAuthentication) {
+  DaemonFlags flags = RankOf(0, 2);
+  for (const char* host : {"0.0.0.0", "10.1.2.3", "::", "node0"}) {
+    SCOPED_TRACE(host);
+    flags.host = host;
+    EXPECT_THAT(Resolve(flags),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("without authentication"),
+                               HasSubstr("--insecure"))));
+  }
+  flags.host.reset();
+  flags.master_addr = "10.0.0.1";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the master 10.0.0.1 is not on loopback")));
+  // Server-only TLS encrypts but does not say who the caller is.
+  const std::string pem = ScratchFile("cert.pem",
+                                      "-----BEGIN CERTIFICATE-----\nx\n"
+                                      "-----END CERTIFICATE-----\n");
+  const std::string key = ScratchFile("key.pem",
+                                      "-----BEGIN PRIVATE KEY-----\nx\n"
+                                      "-----END PRIVATE KEY-----\n");
+  flags.tls_cert = pem;
+  flags.tls_key = key;
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  flags.insecure = true;
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.host, "0.0.0.0");
+  flags.insecure = false;
+  flags.tls_ca = pem;  // mutual TLS
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_TRUE(o.authenticates());
+  flags.tls_cert.reset();
+  flags.tls_key.reset();
+  flags.tls_ca.reset();
+  flags.auth_token_file =
+      ScratchFile("tokens", "0123456789abcdef0123 cluster daemons\n", 0600);
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_TRUE(o.authenticates());
+}
+
+TEST_F(DaemonOptionsTest, AuthAndReflectionFlags) {
+  DaemonFlags flags = RankOf(0, 1);
+  flags.auth_token_file =
+      ScratchFile("tokens", "0123456789abcdef0123 admin ops\n", 0600);
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("no token with the cluster role")));
+  flags.auth_token_file =
+      ScratchFile("open", "0123456789abcdef0123 cluster\n", 0644);
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("every user may read it")));
+  flags.auth_token_file = "";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  flags.auth_token_file.reset();
+  flags.reflection = "false";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_FALSE(o.reflection);
+  flags.reflection = "maybe";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--reflection must be true or false")));
+  flags.reflection.reset();
+  flags.local_users = {"root", "65534"};
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_THAT(o.local_users, ::testing::ElementsAre(0u, 65534u));
+  flags.local_users = {"no-such-user-here"};
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("--local-users: no user")));
 }
 
 TEST_F(DaemonOptionsTest, MissingRankOrWorldSize) {
@@ -455,19 +562,35 @@ TEST_F(DaemonOptionsTest, CommandLineHelp) {
   CommandLineResult r = Parse({"--help"}, Env());
   EXPECT_FALSE(r.parsed.options.has_value());
   EXPECT_EQ(r.parsed.exit_code, kExitOk);
-  for (const char* flag :
-       {"--rank", "--world-size", "--local-rank", "--local-world-size",
-        "--master-addr", "--master-port", "--host", "--port",
-        "--advertise-host", "--device", "--timeout", "--store-timeout",
-        "--shutdown-grace", "--address-file", "--log-level", "SLURM_PROCID"}) {
+  for (const char* flag : {"--rank",
+                           "--world-size",
+                           "--local-rank",
+                           "--local-world-size",
+                           "--master-addr",
+                           "--master-port",
+                           "--host",
+                           "--port",
+                           "--advertise-host",
+                           "--device",
+                           "--timeout",
+                           "--store-timeout",
+                           "--shutdown-grace",
+                           "--address-file",
+                           "--log-level",
+                           "--insecure",
+                           "--auth-token-file",
+                           "--reflection",
+                           "--local-users",
+                           "SLURM_PROCID"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }
 
 TEST_F(DaemonOptionsTest, CommandLineUnfindableAddressExitsOne) {
   local_address_ = absl::UnavailableError("cannot find this host's address");
-  CommandLineResult r = Parse(
-      {"--rank", "0", "--world-size", "1", "--master-addr", "node0"}, Env());
+  CommandLineResult r = Parse({"--rank", "0", "--world-size", "1",
+                               "--master-addr", "node0", "--insecure"},
+                              Env());
   EXPECT_EQ(r.parsed.exit_code, kExitFailure);
   EXPECT_EQ(r.err, "tessera-server: error: cannot find this host's address\n");
 }

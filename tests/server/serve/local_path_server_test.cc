@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -26,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -557,6 +559,57 @@ TEST_F(LocalPathServerTest, ShutdownCutsLeasesPastTheGrace) {
   server_->Shutdown(absl::Milliseconds(200));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(server_->active_leases(), 0);
+}
+
+// Only the daemon's own user, root and the allowed users are lent
+// anything: a process of another user (a child that dropped to `nobody`)
+// is told FAILED_PRECONDITION before its request is looked at, so its
+// client falls back to a stream, where tokens and TLS apply.
+TEST_F(LocalPathServerTest, OnlyAllowedUsersAreServed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as nobody";
+  constexpr uid_t kNobody = 65534;
+  // The child's verdict: 0 refused as expected, 1 lent a memory file,
+  // 2 anything else.
+  auto ask_as_nobody = [&]() -> int {
+    const pid_t child = fork();
+    if (child == 0) {
+      if (setresgid(kNobody, kNobody, kNobody) != 0 ||
+          setresuid(kNobody, kNobody, kNobody) != 0) {
+        _exit(3);
+      }
+      absl::StatusOr<UniqueFd> socket =
+          ConnectLocal(socket_name_, absl::Now() + kWait);
+      if (!socket.ok() ||
+          !SendLocalMessage(socket->get(), kLocalMagic, absl::Now() + kWait)
+               .ok()) {
+        _exit(4);
+      }
+      UniqueFd fd;
+      absl::StatusOr<v1::LocalFetchReply> reply =
+          Ask(socket->get(), Request(kId), &fd);
+      if (!reply.ok()) _exit(5);
+      if (reply->code() ==
+              static_cast<int>(absl::StatusCode::kFailedPrecondition) &&
+          absl::StrContains(reply->message(), "allowed users") && !fd.valid()) {
+        _exit(0);
+      }
+      _exit(reply->code() == 0 && fd.valid() ? 1 : 2);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(ask_as_nobody(), 0);
+  EXPECT_EQ(server_->active_leases(), 0);
+  // This user still is.
+  UniqueFd socket = Lease();
+  ASSERT_TRUE(socket.valid());
+  ASSERT_OK(SendDone(socket.get()));
+
+  LocalPathServerOptions allowing;
+  allowing.allowed_users = {kNobody};
+  StartServer(allowing);
+  EXPECT_EQ(ask_as_nobody(), 1);
 }
 
 TEST_F(LocalPathServerTest, ShardClientInTheSameProcess) {

@@ -1,0 +1,390 @@
+#include "wire/auth.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/client_interceptor.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "io/file.h"
+#include "wire/credentials.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kMinTokenBytes = 16;
+constexpr size_t kMaxTokenBytes = 512;
+
+struct MethodRole {
+  const char* method;
+  Role role;
+};
+
+// Every method of every Tessera service. A method missing here is refused
+// (RequiredRole returns nullopt); auth_test checks that the table covers
+// each service's descriptor.
+constexpr MethodRole kMethodRoles[] = {
+    {"tessera.v1.ControlService/GetCluster", Role::kRead},
+    {"tessera.v1.ControlService/ListTensors", Role::kRead},
+    {"tessera.v1.ControlService/DescribeTensor", Role::kRead},
+    {"tessera.v1.ControlService/ReadRegion", Role::kRead},
+    {"tessera.v1.ControlService/Gather", Role::kRead},
+    {"tessera.v1.ControlService/CreateTensor", Role::kWrite},
+    {"tessera.v1.ControlService/WriteRegion", Role::kWrite},
+    {"tessera.v1.ControlService/Reshard", Role::kWrite},
+    {"tessera.v1.ControlService/DeleteTensor", Role::kWrite},
+    {"tessera.v1.ControlService/SaveCheckpoint", Role::kAdmin},
+    {"tessera.v1.ControlService/LoadCheckpoint", Role::kAdmin},
+    {"tessera.v1.ShardService/FetchShard", Role::kRead},
+    {"tessera.v1.ShardService/DescribeTensor", Role::kRead},
+    {"tessera.v1.StoreService/Get", Role::kAdmin},
+    {"tessera.v1.StoreService/Wait", Role::kAdmin},
+    {"tessera.v1.StoreService/Check", Role::kAdmin},
+    {"tessera.v1.StoreService/Set", Role::kCluster},
+    {"tessera.v1.StoreService/Add", Role::kCluster},
+    {"tessera.v1.StoreService/CompareSet", Role::kCluster},
+    {"tessera.v1.StoreService/Delete", Role::kCluster},
+};
+
+std::array<unsigned char, 32> Digest(absl::string_view token) {
+  std::array<unsigned char, 32> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(),
+         digest.data());
+  return digest;
+}
+
+bool ValidTokenCharacters(absl::string_view token) {
+  for (char c : token) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// "ControlService/CreateTensor" for "tessera.v1.ControlService/CreateTensor".
+absl::string_view ShortName(absl::string_view method) {
+  const size_t slash = method.find('/');
+  const size_t dot = method.rfind('.', slash);
+  return dot == absl::string_view::npos ? method : method.substr(dot + 1);
+}
+
+absl::Mutex process_mu(absl::kConstInit);
+// Never destroyed: calls may arrive during static destruction.
+std::shared_ptr<TokenTable>& ProcessTable() {
+  static auto* table = new std::shared_ptr<TokenTable>();
+  return *table;
+}
+std::optional<absl::StatusOr<std::string>>& ProcessTokenSlot() {
+  static auto* token = new std::optional<absl::StatusOr<std::string>>();
+  return *token;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> TokenFromEnvironment() {
+  if (const char* token = std::getenv("TESSERA_TOKEN");
+      token != nullptr && *token != '\0') {
+    return std::string(absl::StripAsciiWhitespace(token));
+  }
+  const char* file = std::getenv("TESSERA_TOKEN_FILE");
+  if (file == nullptr || *file == '\0') return std::string();
+  absl::StatusOr<std::string> text = ReadFileToString(file);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TESSERA_TOKEN_FILE: ", text.status().message()));
+  }
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    return std::string(line.substr(0, line.find_first_of(" \t")));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("TESSERA_TOKEN_FILE: ", file, " holds no token"));
+}
+
+namespace {
+
+// Adds the bearer token to every call of a channel.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class TokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const std::string& token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new TokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // outlives the channel's calls
+};
+
+}  // namespace
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kRead:
+      return "read";
+    case Role::kWrite:
+      return "write";
+    case Role::kAdmin:
+      return "admin";
+    case Role::kCluster:
+      return "cluster";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Role> ParseRole(absl::string_view name) {
+  for (Role role : {Role::kRead, Role::kWrite, Role::kAdmin, Role::kCluster}) {
+    if (name == RoleName(role)) return role;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown role '", name, "' (read, write, admin or cluster)"));
+}
+
+std::optional<Role> RequiredRole(absl::string_view method) {
+  for (const MethodRole& entry : kMethodRoles) {
+    if (method == entry.method) return entry.role;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, Role>> MethodRoles() {
+  std::vector<std::pair<std::string, Role>> roles;
+  for (const MethodRole& entry : kMethodRoles) {
+    roles.emplace_back(entry.method, entry.role);
+  }
+  return roles;
+}
+
+TokenTable::TokenTable(std::string path, absl::Duration refresh)
+    : path_(std::move(path)), refresh_(refresh) {}
+
+absl::StatusOr<std::vector<TokenTable::Entry>> TokenTable::Parse(
+    absl::string_view text, absl::string_view origin) {
+  std::vector<Entry> entries;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    auto error = [&](absl::string_view why) {
+      // Never the token itself: the message may reach a log.
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, " line ", number, ": ", why));
+    };
+    if (fields.size() < 2 || fields.size() > 3) {
+      return error("expected '<token> <role> [name]'");
+    }
+    const absl::string_view token = fields[0];
+    if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes ||
+        !ValidTokenCharacters(token)) {
+      return error(absl::StrCat("a token has ", kMinTokenBytes, " to ",
+                                kMaxTokenBytes, " printable characters"));
+    }
+    absl::StatusOr<Role> role = ParseRole(fields[1]);
+    if (!role.ok()) return error(role.status().message());
+    Entry entry{Digest(token), *role,
+                fields.size() == 3 ? std::string(fields[2])
+                                   : absl::StrCat("line ", number)};
+    for (const Entry& other : entries) {
+      if (other.digest == entry.digest) {
+        return error(absl::StrCat("the token of ", other.name, " again"));
+      }
+    }
+    entries.push_back(std::move(entry));
+  }
+  if (entries.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": no tokens"));
+  }
+  return entries;
+}
+
+absl::Status TokenTable::Load() {
+  struct stat info;
+  if (stat(path_.c_str(), &info) != 0) {
+    return absl::NotFoundError(absl::StrCat(path_, ": ", std::strerror(errno)));
+  }
+  if ((info.st_mode & S_IROTH) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": every user may read it (chmod o-r)"));
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path_));
+  ASSIGN_OR_RETURN(std::vector<Entry> entries, Parse(text, path_));
+  // The cluster token: the first line whose role is cluster.
+  std::string cluster;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(absl::StripAsciiWhitespace(line), absl::ByAnyChar(" \t"),
+                       absl::SkipEmpty());
+    if (fields.size() >= 2 && fields[0].front() != '#' &&
+        fields[1] == RoleName(Role::kCluster)) {
+      cluster = std::string(fields[0]);
+      break;
+    }
+  }
+  entries_ = std::move(entries);
+  cluster_token_ = std::move(cluster);
+  mtime_ns_ = int64_t{info.st_mtim.tv_sec} * 1000000000 + info.st_mtim.tv_nsec;
+  size_ = info.st_size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<TokenTable>> TokenTable::FromFile(
+    const std::string& path, absl::Duration refresh) {
+  std::shared_ptr<TokenTable> table(new TokenTable(path, refresh));
+  absl::MutexLock lock(&table->mu_);
+  RETURN_IF_ERROR(table->Load());
+  table->checked_ = absl::Now();
+  return table;
+}
+
+void TokenTable::MaybeReload() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - checked_ < refresh_) return;
+  checked_ = now;
+  struct stat info;
+  if (stat(path_.c_str(), &info) == 0 &&
+      int64_t{info.st_mtim.tv_sec} * 1000000000 + info.st_mtim.tv_nsec ==
+          mtime_ns_ &&
+      info.st_size == size_) {
+    return;
+  }
+  if (absl::Status loaded = Load(); !loaded.ok()) {
+    spdlog::error("auth: keeping the previous tokens: {}",
+                  std::string(loaded.message()));
+    return;
+  }
+  spdlog::info("auth: reloaded {} tokens from {}", entries_.size(), path_);
+}
+
+std::optional<TokenTable::Entry> TokenTable::Find(absl::string_view token) {
+  MaybeReload();
+  const std::array<unsigned char, 32> digest = Digest(token);
+  absl::MutexLock lock(&mu_);
+  std::optional<Entry> found;
+  // Every entry is compared, each in constant time.
+  for (const Entry& entry : entries_) {
+    if (CRYPTO_memcmp(entry.digest.data(), digest.data(), digest.size()) == 0 &&
+        !found.has_value()) {
+      found = entry;
+    }
+  }
+  return found;
+}
+
+std::string TokenTable::cluster_token() {
+  absl::MutexLock lock(&mu_);
+  return cluster_token_;
+}
+
+void SetProcessTokenTable(std::shared_ptr<TokenTable> table) {
+  absl::MutexLock lock(&process_mu);
+  ProcessTable() = std::move(table);
+}
+
+std::shared_ptr<TokenTable> ProcessTokenTable() {
+  absl::MutexLock lock(&process_mu);
+  return ProcessTable();
+}
+
+absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
+                           absl::string_view method) {
+  const std::shared_ptr<TokenTable> table = ProcessTokenTable();
+  if (table == nullptr) return absl::OkStatus();
+  const absl::string_view name = ShortName(method);
+  const std::optional<Role> needed = RequiredRole(method);
+  if (!needed.has_value()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(name, ": permission denied: no role may call it"));
+  }
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find("authorization");
+  if (header == metadata.end()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(name,
+                     ": unauthenticated: this cluster requires a token (set "
+                     "TESSERA_TOKEN or TESSERA_TOKEN_FILE)"));
+  }
+  const absl::string_view value(header->second.data(), header->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(name,
+                     ": unauthenticated: the authorization metadata is not "
+                     "'Bearer <token>'"));
+  }
+  const std::optional<TokenTable::Entry> entry =
+      table->Find(value.substr(kBearer.size()));
+  if (!entry.has_value()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(name,
+                     ": unauthenticated: the token is not one this "
+                     "cluster knows (revoked, or from another cluster)"));
+  }
+  if (entry->role < *needed) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        name, ": permission denied: it needs the ", RoleName(*needed),
+        " role; the token of ", entry->name, " has ", RoleName(entry->role)));
+  }
+  return absl::OkStatus();
+}
+
+void SetProcessToken(std::string token) {
+  absl::MutexLock lock(&process_mu);
+  ProcessTokenSlot() = std::move(token);
+}
+
+absl::StatusOr<std::string> ProcessToken() {
+  absl::MutexLock lock(&process_mu);
+  auto& slot = ProcessTokenSlot();
+  if (!slot.has_value()) slot = TokenFromEnvironment();
+  return *slot;
+}
+
+std::shared_ptr<grpc::Channel> CreateTesseraChannel(
+    const std::string& target, const grpc::ChannelArguments& args) {
+  absl::StatusOr<std::string> token = ProcessToken();
+  if (!token.ok() || token->empty()) {
+    return grpc::CreateCustomChannel(target, ProcessChannelCredentials(), args);
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, ProcessChannelCredentials(), args, std::move(interceptors));
+}
+
+}  // namespace tessera
