@@ -7,8 +7,22 @@
 #
 # Ports: the store on TESSERA_MASTER_PORT (29500), daemons on
 # TESSERA_BASE_PORT + rank (29600..29603).
+#
+# --secure (or TESSERA_SECURE=1): the same with mutual TLS and tokens
+# (`tessera launch --secure`); the demo and the CLI use the client
+# credentials the launcher's ready line exports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+secure=${TESSERA_SECURE:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --secure) secure=1 ;;
+    *) echo "usage: $0 [--secure]" >&2; exit 2 ;;
+  esac
+done
+secure_flag=()
+[[ "$secure" == 1 ]] && secure_flag=(--secure)
 
 deploy/install-deps.sh
 build_dir=${TESSERA_BUILD_DIR:-build}
@@ -34,8 +48,8 @@ stop() {
 }
 trap stop EXIT
 
-echo "\$ tessera launch --nproc 4 --cpu"
-"$bin/tessera" launch --nproc 4 --cpu --host 127.0.0.1 \
+echo "\$ tessera launch --nproc 4 --cpu ${secure_flag[*]}"
+"$bin/tessera" launch --nproc 4 --cpu "${secure_flag[@]}" --host 127.0.0.1 \
   --master-port "$master_port" --base-port "$base_port" \
   --checkpoint-root "$checkpoint" >"$log" 2>&1 &
 launcher=$!
@@ -50,6 +64,8 @@ for _ in $(seq 1 600); do
 done
 grep -q '^ready' "$log" || { cat "$log" >&2; echo "demo: timeout" >&2; exit 1; }
 grep -v '^\[' "$log"
+# TESSERA_ADDRESS, and with --secure the client's certificate and token.
+eval "$(sed -n 's/^ready: //p' "$log")"
 
 run() {
   echo
