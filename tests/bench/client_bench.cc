@@ -8,22 +8,34 @@
 //   {"bench":"client_region_latency", "transport":T, "bytes":B, "p50_us",
 //       "p99_us"}  a box of 4 KiB, 64 KiB or 1 MiB inside one shard
 //   {"bench":"client_open_latency", "p50_us", "p99_us"}    Open (metadata)
+// Every line says "security": "plaintext", or "mtls+tokens" with --secure
+// (daemons as `tessera launch --secure` starts them; the data plane is
+// not served then, so there is no "data_plane" transport).
 // Every read is checked against the bytes written first.
+#include <stdlib.h>
+
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cli/launch/secure_setup.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
+#include "io/file.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/daemon_cluster.h"
+#include "wire/auth.h"
+#include "wire/credentials.h"
 
 namespace tessera {
 namespace {
@@ -37,6 +49,8 @@ using bench::Seconds;
 
 struct Config {
   std::string server = TESSERA_SERVER_PATH;
+  // Mutual TLS and tokens (cli::MakeSecureSetup), as `launch --secure`.
+  bool secure = false;
   std::vector<int64_t> mib = {64, 256};
   int reps = 5;
   int latency_iterations = 2000;
@@ -49,6 +63,22 @@ struct Transport {
 };
 constexpr Transport kTransports[] = {
     {"local", true, true}, {"data_plane", true, false}, {"grpc", false, false}};
+
+// What the cluster runs with, on every line.
+const char* Security(const Config& config) {
+  return config.secure ? "mtls+tokens" : "plaintext";
+}
+
+// The transports worth measuring: with TLS and tokens the data plane is
+// not served (every remote byte moves over gRPC).
+std::vector<Transport> TransportsFor(const Config& config) {
+  std::vector<Transport> transports;
+  for (const Transport& transport : kTransports) {
+    if (config.secure && transport.name == std::string("data_plane")) continue;
+    transports.push_back(transport);
+  }
+  return transports;
+}
 
 constexpr int64_t kColumns = 1024;  // float32: 4 KiB rows
 
@@ -65,7 +95,7 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectWith(
 // A float32 [rows, 1024] tensor cut by rows over every rank, written from
 // a host tensor of distinct values (returned, to check reads against).
 absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
-                                      int64_t mib) {
+                                      int64_t mib, const Config& config) {
   std::vector<std::string> placements;
   for (int rank = 0; rank < client.world_size(); ++rank) {
     placements.push_back(absl::StrCat("rank:", rank, "/cpu"));
@@ -89,6 +119,7 @@ absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
   const double median = Median(seconds);
   PrintJsonLine(
       JsonLine{{"bench", "client_write"},
+               {"security", Security(config)},
                {"mib", mib},
                {"p50_ms", median * 1e3},
                {"gbps", Gbps(static_cast<double>(data.nbytes()), median)}});
@@ -98,7 +129,7 @@ absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
 absl::Status MeasureReads(const std::string& address, const std::string& name,
                           const Tensor& expected, int64_t mib,
                           const Config& config) {
-  for (const Transport& transport : kTransports) {
+  for (const Transport& transport : TransportsFor(config)) {
     ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
                      ConnectWith(address, transport));
     ASSIGN_OR_RETURN(ShardedTensorView view, client->Open(name));
@@ -118,6 +149,7 @@ absl::Status MeasureReads(const std::string& address, const std::string& name,
     const double median = Median(seconds);
     PrintJsonLine(JsonLine{
         {"bench", "client_read"},
+        {"security", Security(config)},
         {"transport", transport.name},
         {"mib", mib},
         {"p50_ms", median * 1e3},
@@ -132,10 +164,11 @@ absl::Status MeasureReads(const std::string& address, const std::string& name,
 absl::Status MeasureLatency(const std::string& address, const Config& config) {
   ASSIGN_OR_RETURN(std::shared_ptr<Client> setup,
                    ConnectWith(address, kTransports[0]));
-  ASSIGN_OR_RETURN(Tensor expected, CreateAndWrite(*setup, "bench_small", 16));
+  ASSIGN_OR_RETURN(Tensor expected,
+                   CreateAndWrite(*setup, "bench_small", 16, config));
   const int64_t shard_rows = expected.sizes()[0] / setup->world_size();
   for (const int64_t rows : {1, 16, 256}) {
-    for (const Transport& transport : kTransports) {
+    for (const Transport& transport : TransportsFor(config)) {
       ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
                        ConnectWith(address, transport));
       ASSIGN_OR_RETURN(ShardedTensorView view, client->Open("bench_small"));
@@ -154,6 +187,7 @@ absl::Status MeasureLatency(const std::string& address, const Config& config) {
         }
       }
       PrintJsonLine(JsonLine{{"bench", "client_region_latency"},
+                             {"security", Security(config)},
                              {"transport", transport.name},
                              {"bytes", rows * kColumns * 4},
                              {"p50_us", Percentile(micros, 0.5)},
@@ -167,6 +201,7 @@ absl::Status MeasureLatency(const std::string& address, const Config& config) {
     micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
   }
   PrintJsonLine(JsonLine{{"bench", "client_open_latency"},
+                         {"security", Security(config)},
                          {"p50_us", Percentile(micros, 0.5)},
                          {"p99_us", Percentile(micros, 0.99)}});
   return setup->Delete("bench_small");
@@ -175,6 +210,26 @@ absl::Status MeasureLatency(const std::string& address, const Config& config) {
 absl::Status Run(const Config& config) {
   testing::DaemonClusterOptions options;
   options.server_path = config.server;
+  std::string secrets;
+  if (config.secure) {
+    char dir[] = "/tmp/tessera-bench-secure-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
+    secrets = dir;
+    ASSIGN_OR_RETURN(cli::SecureSetup setup,
+                     cli::MakeSecureSetup(secrets, "127.0.0.1"));
+    options.extra_args = setup.DaemonFlags();
+    TlsConfig tls;
+    tls.ca_file = setup.ca;
+    tls.cert_file = setup.client_cert;
+    tls.key_file = setup.client_key;
+    SetProcessTls(tls);
+    ASSIGN_OR_RETURN(std::string token,
+                     ReadFileToString(setup.client_token_file));
+    SetProcessToken(std::string(absl::StripAsciiWhitespace(token)));
+  }
+  absl::Cleanup remove_secrets = [&secrets] {
+    if (!secrets.empty()) std::filesystem::remove_all(secrets);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<testing::DaemonCluster> cluster,
                    testing::DaemonCluster::Start(options));
   const std::string address = cluster->address(0);
@@ -182,7 +237,8 @@ absl::Status Run(const Config& config) {
   ASSIGN_OR_RETURN(std::shared_ptr<Client> client, Client::Connect(address));
   for (int64_t mib : config.mib) {
     const std::string name = absl::StrCat("bench_", mib, "mib");
-    ASSIGN_OR_RETURN(Tensor expected, CreateAndWrite(*client, name, mib));
+    ASSIGN_OR_RETURN(Tensor expected,
+                     CreateAndWrite(*client, name, mib, config));
     RETURN_IF_ERROR(MeasureReads(address, name, expected, mib, config));
     RETURN_IF_ERROR(client->Delete(name));
   }
@@ -199,6 +255,8 @@ int main(int argc, char** argv) {
   tessera::Config config;
   bool quick = false;
   app.add_flag("--quick", quick, "small run for ctest");
+  app.add_flag("--secure", config.secure,
+               "daemons with mutual TLS and tokens (a throwaway CA)");
   app.add_option("--server", config.server, "the tessera-server executable")
       ->capture_default_str();
   app.add_option("--mib", config.mib, "tensor sizes in MiB")
