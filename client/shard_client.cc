@@ -286,29 +286,50 @@ absl::Status ShardClient::FetchRegionInto(
   return Fetch(request, options, &assembler);
 }
 
-absl::StatusOr<UniqueFd> ShardClient::TakeConnection(absl::Time deadline,
-                                                     bool reuse) const {
+absl::StatusOr<DataConnection> ShardClient::TakeConnection(absl::Time deadline,
+                                                           bool reuse) const {
   if (reuse) {
     absl::MutexLock lock(&pool_mu_);
     if (!idle_.empty()) {
-      UniqueFd socket = std::move(idle_.back());
+      DataConnection connection = std::move(idle_.back());
       idle_.pop_back();
-      return socket;
+      return connection;
     }
   }
   ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(data_plane_address_, deadline));
-  RETURN_IF_ERROR(WriteFull(socket.get(), kDataPlaneMagic.data(),
-                            kDataPlaneMagic.size(), deadline));
-  return socket;
+  ASSIGN_OR_RETURN(std::shared_ptr<TlsContext> tls, ProcessClientTlsContext());
+  DataConnection connection = DataConnection::Plain(UniqueFd());
+  if (tls != nullptr) {
+    const size_t colon = data_plane_address_.rfind(':');
+    std::string host = data_plane_address_.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[') {
+      host = host.substr(1, host.size() - 2);
+    }
+    ASSIGN_OR_RETURN(connection, DataConnection::Connect(std::move(socket),
+                                                         host, *tls, deadline));
+  } else {
+    connection = DataConnection::Plain(std::move(socket));
+  }
+  ASSIGN_OR_RETURN(const std::string token, ProcessToken());
+  if (token.empty()) {
+    RETURN_IF_ERROR(connection.WriteFull(
+        kDataPlaneMagic.data(), kDataPlaneMagic.size(), deadline, true));
+  } else {
+    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneTokenMagic.data(),
+                                         kDataPlaneTokenMagic.size(), deadline,
+                                         true));
+    RETURN_IF_ERROR(connection.WriteFrame(token, deadline, true));
+  }
+  return connection;
 }
 
-void ShardClient::ReturnConnection(UniqueFd socket) const {
+void ShardClient::ReturnConnection(DataConnection socket) const {
   absl::MutexLock lock(&pool_mu_);
   idle_.push_back(std::move(socket));
 }
 
 void ShardClient::DropIdleConnections() const {
-  std::vector<UniqueFd> closing;
+  std::vector<DataConnection> closing;
   absl::MutexLock lock(&pool_mu_);
   closing.swap(idle_);
 }
@@ -323,12 +344,13 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
   // another pooled connection: those idled at least as long, so after a
   // server's idle timeout they are all closed, and they are dropped.
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<UniqueFd> socket = TakeConnection(deadline, attempt == 0);
+    absl::StatusOr<DataConnection> socket =
+        TakeConnection(deadline, attempt == 0);
     if (!socket.ok()) return Annotate(socket.status(), what);
     absl::Status sent =
-        WriteFrame(socket->get(), request.SerializeAsString(), deadline);
+        socket->WriteFrame(request.SerializeAsString(), deadline);
     absl::StatusOr<std::string> frame =
-        sent.ok() ? ReadFrame(socket->get(), deadline) : sent;
+        sent.ok() ? socket->ReadFrame(deadline) : sent;
     if (!frame.ok()) {
       if (attempt == 0 && absl::IsUnavailable(frame.status())) {
         DropIdleConnections();
@@ -348,7 +370,7 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
                       what);
     }
     RETURN_IF_ERROR(assembler->Start(reply.header()));
-    absl::Status received = ReceiveChunks(socket->get(), deadline, assembler);
+    absl::Status received = ReceiveChunks(*socket, deadline, assembler);
     if (!received.ok() && !absl::IsDataLoss(received)) {
       return Annotate(received, what);
     }
@@ -359,15 +381,16 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
   }
 }
 
-absl::Status ShardClient::ReceiveChunks(int fd, absl::Time deadline,
+absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
+                                        absl::Time deadline,
                                         ShardAssembler* assembler) const {
   char prefix[kDataPlaneChunkPrefixBytes];
   while (assembler->received_bytes() < assembler->total_bytes()) {
-    RETURN_IF_ERROR(ReadFull(fd, prefix, sizeof(prefix), deadline));
+    RETURN_IF_ERROR(stream.ReadFull(prefix, sizeof(prefix), deadline));
     const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
     ASSIGN_OR_RETURN(char* place, assembler->Place(chunk.offset, chunk.length));
     RETURN_IF_ERROR(
-        ReadFull(fd, place, static_cast<size_t>(chunk.length), deadline));
+        stream.ReadFull(place, static_cast<size_t>(chunk.length), deadline));
     RETURN_IF_ERROR(
         assembler->Verify(chunk.offset, chunk.length, chunk.checksum));
   }

@@ -54,6 +54,7 @@
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tessera/v1/shard.pb.h"
 #include "wire/chunk_assembler.h"
+#include "wire/data_connection.h"
 
 namespace tessera {
 
@@ -166,12 +167,13 @@ class ShardClient {
   absl::Status DataPlaneStream(const v1::FetchShardRequest& request,
                                const FetchOptions& options,
                                ShardAssembler* assembler) const;
-  absl::Status ReceiveChunks(int fd, absl::Time deadline,
+  absl::Status ReceiveChunks(DataConnection& stream, absl::Time deadline,
                              ShardAssembler* assembler) const;
-  // An idle pooled connection when `reuse` and there is one, else a new one.
-  absl::StatusOr<UniqueFd> TakeConnection(absl::Time deadline,
-                                          bool reuse) const;
-  void ReturnConnection(UniqueFd socket) const;
+  // An idle pooled connection when `reuse` and there is one, else a new one
+  // (over TLS, with the process token, when this process has them).
+  absl::StatusOr<DataConnection> TakeConnection(absl::Time deadline,
+                                                bool reuse) const;
+  void ReturnConnection(DataConnection socket) const;
   void DropIdleConnections() const;
 
   std::shared_ptr<grpc::Channel> channel_;
@@ -179,7 +181,7 @@ class ShardClient {
   // Null without a local address.
   std::unique_ptr<LocalPathClient> local_;
   mutable absl::Mutex pool_mu_;
-  mutable std::vector<UniqueFd> idle_ ABSL_GUARDED_BY(pool_mu_);
+  mutable std::vector<DataConnection> idle_ ABSL_GUARDED_BY(pool_mu_);
   std::unique_ptr<v1::ShardService::Stub> stub_;
 };
 

@@ -321,6 +321,23 @@ std::shared_ptr<TokenTable> ProcessTokenTable() {
 
 absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
                            absl::string_view method) {
+  if (ProcessTokenTable() == nullptr) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find("authorization");
+  if (header == metadata.end()) return AuthorizeToken(std::nullopt, method);
+  const absl::string_view value(header->second.data(), header->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(ShortName(method),
+                     ": unauthenticated: the authorization metadata is not "
+                     "'Bearer <token>'"));
+  }
+  return AuthorizeToken(value.substr(kBearer.size()), method);
+}
+
+absl::Status AuthorizeToken(std::optional<absl::string_view> token,
+                            absl::string_view method) {
   const std::shared_ptr<TokenTable> table = ProcessTokenTable();
   if (table == nullptr) return absl::OkStatus();
   const absl::string_view name = ShortName(method);
@@ -329,24 +346,13 @@ absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
     return absl::PermissionDeniedError(
         absl::StrCat(name, ": permission denied: no role may call it"));
   }
-  const auto& metadata = context.client_metadata();
-  const auto header = metadata.find("authorization");
-  if (header == metadata.end()) {
+  if (!token.has_value()) {
     return absl::UnauthenticatedError(
         absl::StrCat(name,
                      ": unauthenticated: this cluster requires a token (set "
                      "TESSERA_TOKEN or TESSERA_TOKEN_FILE)"));
   }
-  const absl::string_view value(header->second.data(), header->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWith(value, kBearer)) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(name,
-                     ": unauthenticated: the authorization metadata is not "
-                     "'Bearer <token>'"));
-  }
-  const std::optional<TokenTable::Entry> entry =
-      table->Find(value.substr(kBearer.size()));
+  const std::optional<TokenTable::Entry> entry = table->Find(*token);
   if (!entry.has_value()) {
     return absl::UnauthenticatedError(
         absl::StrCat(name,

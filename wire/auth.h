@@ -124,6 +124,10 @@ std::shared_ptr<TokenTable> ProcessTokenTable();
 // (a full name, as RequiredRole) to the call behind `context`.
 absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
                            absl::string_view method);
+// The same for a caller that presented `token` (nullopt: none) outside
+// gRPC (the data plane).
+absl::Status AuthorizeToken(std::optional<absl::string_view> token,
+                            absl::string_view method);
 
 // The token this process presents: the one set by SetProcessToken, else
 // TESSERA_TOKEN, else TESSERA_TOKEN_FILE's (read once). Empty: none.

@@ -1,5 +1,7 @@
 #include "wire/chunk_codec.h"
 
+#include "wire/data_connection.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -195,33 +197,11 @@ ChunkPrefix DecodeChunkPrefix(const char in[kDataPlaneChunkPrefixBytes]) {
 
 absl::Status WriteFrame(int fd, absl::string_view payload, absl::Time deadline,
                         bool more) {
-  if (payload.size() > kMaxDataPlaneFrameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("frame of ", payload.size(), " bytes is too large"));
-  }
-  char length[4];
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  for (int i = 0; i < 4; ++i) length[i] = static_cast<char>(n >> (8 * i));
-  absl::Status status = WriteFull(fd, length, sizeof(length), deadline, true);
-  if (!status.ok()) return status;
-  return WriteFull(fd, payload.data(), payload.size(), deadline, more);
+  return DataConnection::PlainView(fd).WriteFrame(payload, deadline, more);
 }
 
 absl::StatusOr<std::string> ReadFrame(int fd, absl::Time deadline) {
-  unsigned char length[4];
-  absl::Status status = ReadFull(fd, length, sizeof(length), deadline);
-  if (!status.ok()) return status;
-  uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
-  if (n > kMaxDataPlaneFrameBytes) {
-    return absl::DataLossError(absl::StrCat("frame of ", n,
-                                            " bytes exceeds the limit of ",
-                                            kMaxDataPlaneFrameBytes));
-  }
-  std::string payload(n, '\0');
-  status = ReadFull(fd, payload.data(), n, deadline);
-  if (!status.ok()) return status;
-  return payload;
+  return DataConnection::PlainView(fd).ReadFrame(deadline);
 }
 
 }  // namespace tessera

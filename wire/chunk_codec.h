@@ -5,8 +5,10 @@
 //    copying it (protobuf serializes the small fields; the payload follows
 //    as the caller's slice), and ParseShardChunk reads one back leaving the
 //    payload where it lies, as views into the message's slices.
-//  - The data plane (docs/data_plane.md): a connection opens with
-//    kDataPlaneMagic; requests and replies are length-prefixed frames
+//  - The data plane (docs/data_plane.md): a connection (plaintext, or TLS
+//    when the cluster uses it: data_connection.h) opens with
+//    kDataPlaneMagic, or kDataPlaneTokenMagic and a frame with the
+//    client's token; requests and replies are length-prefixed frames
 //    (WriteFrame/ReadFrame, at most kMaxDataPlaneFrameBytes); each chunk's
 //    bytes follow a 24-byte little-endian prefix (offset, length, XXH3-64),
 //    EncodeChunkPrefix/DecodeChunkPrefix.
@@ -37,6 +39,9 @@ namespace tessera {
 // The magic that opens every data-plane connection (the wire contract of
 // proto/tessera/v1/shard.proto keeps its historic bytes).
 inline constexpr absl::string_view kDataPlaneMagic = "TSRBULK1";
+// The same for a client that presents a token (wire/auth.h): the magic is
+// followed by one frame holding the token.
+inline constexpr absl::string_view kDataPlaneTokenMagic = "TSRBULK2";
 // Largest control frame (request or reply) either side accepts.
 inline constexpr uint32_t kMaxDataPlaneFrameBytes = 1 << 20;
 // Size of the binary prefix of each data-plane chunk.

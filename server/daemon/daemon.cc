@@ -89,11 +89,8 @@ absl::Status Daemon::Init() {
     spdlog::info("tokens and roles from {}{}", o.auth_token_file,
                  o.tls.enabled() ? "" : " (sent in the clear: TLS is off)");
   }
-  if (o.tls.enabled() || !o.auth_token_file.empty()) {
-    spdlog::info(
-        "the raw data plane is off (it neither encrypts nor checks tokens): "
-        "shard bytes move over gRPC; the local path serves this host's "
-        "allowed users");
+  if (o.tls.enabled()) {
+    spdlog::info("the data plane runs over TLS with the same certificates");
   }
   if (o.insecure && !o.authenticates()) {
     spdlog::warn(
@@ -188,10 +185,6 @@ absl::Status Daemon::Init() {
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;
   rpc.local_users = o.local_users;
-  // The data plane neither encrypts nor checks tokens: with TLS or tokens
-  // on, every shard byte leaving the host moves over gRPC. The local path
-  // stays: the kernel tells it who the peer is.
-  if (o.tls.enabled() || !o.auth_token_file.empty()) rpc.data_plane = false;
   if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
     return absl::Status(
         status.code(), absl::StrCat("starting the server: ", status.message()));

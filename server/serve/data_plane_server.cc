@@ -4,26 +4,29 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "server/serve/chunk_source.h"
+#include "wire/auth.h"
 #include "wire/chunk_codec.h"
 #include "xxhash.h"
 
 namespace tessera {
 namespace {
 
-absl::Status SendReply(int fd, const v1::BulkFetchReply& reply,
+absl::Status SendReply(DataConnection& stream, const v1::BulkFetchReply& reply,
                        absl::Time deadline, bool more) {
-  return WriteFrame(fd, reply.SerializeAsString(), deadline, more);
+  return stream.WriteFrame(reply.SerializeAsString(), deadline, more);
 }
 
 // Answers a request with `error`, ending it.
-absl::Status SendError(int fd, const absl::Status& error, absl::Time deadline) {
-  return SendReply(fd, ErrorReply<v1::BulkFetchReply>(error), deadline,
+absl::Status SendError(DataConnection& stream, const absl::Status& error,
+                       absl::Time deadline) {
+  return SendReply(stream, ErrorReply<v1::BulkFetchReply>(error), deadline,
                    /*more=*/false);
 }
 
@@ -63,33 +66,57 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
   const int fd = connection.fd();
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  char magic[kDataPlaneMagic.size()];
-  absl::Status status =
-      ReadFull(fd, magic, sizeof(magic), absl::Now() + options_.io_timeout);
-  if (status.ok() &&
-      absl::string_view(magic, sizeof(magic)) != kDataPlaneMagic) {
-    status = absl::InvalidArgumentError("not a Tessera data-plane client");
+  const absl::Time opening = absl::Now() + options_.io_timeout;
+  DataConnection stream = DataConnection::PlainView(fd);
+  if (options_.tls != nullptr) {
+    // A client without the cluster's certificates ends here.
+    absl::StatusOr<DataConnection> accepted =
+        DataConnection::Accept(fd, *options_.tls, opening);
+    if (!accepted.ok()) return;
+    stream = *std::move(accepted);
   }
-  if (!status.ok()) return;
+  char magic[kDataPlaneMagic.size()];
+  if (!stream.ReadFull(magic, sizeof(magic), opening).ok()) return;
+  std::optional<std::string> token;
+  if (absl::string_view(magic, sizeof(magic)) == kDataPlaneTokenMagic) {
+    absl::StatusOr<std::string> presented = stream.ReadFrame(opening);
+    if (!presented.ok()) return;
+    token = *std::move(presented);
+  } else if (absl::string_view(magic, sizeof(magic)) != kDataPlaneMagic) {
+    return;  // Not a Tessera data-plane client.
+  }
+  // The data plane serves FetchShard only.
+  const absl::Status allowed = AuthorizeToken(
+      token,
+      absl::StrCat(v1::ShardService::service_full_name(), "/FetchShard"));
   connection.ServeRequests(
-      [&] { return ReadFrame(fd, absl::Now() + options_.idle_timeout); },
+      [&] { return stream.ReadFrame(absl::Now() + options_.idle_timeout); },
       [&] {
         // Shutdown began after the request left the client: refuse it the
         // way a stopped gRPC server would.
-        SendError(fd, ShuttingDownError(), absl::Now() + options_.io_timeout)
+        SendError(stream, ShuttingDownError(),
+                  absl::Now() + options_.io_timeout)
             .IgnoreError();
       },
-      [&](const std::string& frame) { return Answer(fd, frame).ok(); });
+      [&](const std::string& frame) {
+        if (!allowed.ok()) {
+          SendError(stream, allowed, absl::Now() + options_.io_timeout)
+              .IgnoreError();
+          return false;
+        }
+        return Answer(stream, frame).ok();
+      });
 }
 
-absl::Status DataPlaneServer::Answer(int fd, const std::string& frame) {
+absl::Status DataPlaneServer::Answer(DataConnection& stream,
+                                     const std::string& frame) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;
   v1::FetchShardRequest request;
   if (!request.ParseFromString(frame)) {
-    return SendError(fd, MalformedFetchError(), deadline);
+    return SendError(stream, MalformedFetchError(), deadline);
   }
   absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, request);
-  if (!prepared.ok()) return SendError(fd, prepared.status(), deadline);
+  if (!prepared.ok()) return SendError(stream, prepared.status(), deadline);
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
   // The first chunk is had before the reply, so that a source that cannot
@@ -104,11 +131,11 @@ absl::Status DataPlaneServer::Answer(int fd, const std::string& frame) {
     started = first.status();
     if (first.ok()) chunk = *std::move(first);
   }
-  if (!started.ok()) return SendError(fd, started, deadline);
+  if (!started.ok()) return SendError(stream, started, deadline);
   v1::BulkFetchReply reply;
   *reply.mutable_header() = prepared->header;
   reply.set_chunk_bytes(chunk_bytes);
-  RETURN_IF_ERROR(SendReply(fd, reply, deadline, chunk.size > 0));
+  RETURN_IF_ERROR(SendReply(stream, reply, deadline, chunk.size > 0));
   char prefix[kDataPlaneChunkPrefixBytes];
   while (chunk.size > 0) {
     EncodeChunkPrefix(
@@ -116,10 +143,10 @@ absl::Status DataPlaneServer::Answer(int fd, const std::string& frame) {
                     XXH3_64bits(chunk.data, chunk.size)},
         prefix);
     const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
-    RETURN_IF_ERROR(
-        WriteFull(fd, prefix, sizeof(prefix), chunk_deadline, /*more=*/true));
+    RETURN_IF_ERROR(stream.WriteFull(prefix, sizeof(prefix), chunk_deadline,
+                                     /*more=*/true));
     // While this chunk is written, the copies of the next ones run.
-    RETURN_IF_ERROR(WriteFull(fd, chunk.data, chunk.size, chunk_deadline));
+    RETURN_IF_ERROR(stream.WriteFull(chunk.data, chunk.size, chunk_deadline));
     if ((*source)->done()) break;
     chunk = HostChunk();  // Written: its staging buffer may take a copy.
     ASSIGN_OR_RETURN(chunk, (*source)->Next());

@@ -24,6 +24,13 @@
 // closed. Malformed input (wrong magic, oversized or unparsable frames) closes
 // that connection only; the server never aborts.
 //
+// Security (docs/security.md): with `tls`, every connection is TLS (mutual
+// when the context has a CA), handshaken within io_timeout. With a
+// process token table (wire/auth.h), a connection's token (sent after
+// kDataPlaneTokenMagic) must allow ShardService/FetchShard; otherwise its
+// first request is answered UNAUTHENTICATED or PERMISSION_DENIED and the
+// connection closed.
+//
 // Thread-safety: Start/Shutdown from one owner thread; port()/address()
 // from any. Shutdown(grace) (idempotent; also run by the destructor, with
 // no grace) stops accepting, closes idle connections, answers requests that
@@ -41,6 +48,7 @@
 #include "server/serve/connection_server.h"
 #include "server/serve/shard_registry.h"
 #include "server/serve/shard_service.h"
+#include "wire/data_connection.h"
 
 namespace tessera {
 
@@ -52,6 +60,8 @@ struct DataPlaneServerOptions {
   absl::Duration idle_timeout = absl::Minutes(10);
   // Connections beyond this are refused (closed at once).
   int max_connections = 512;
+  // TLS for every connection (wire/data_connection.h); null: plaintext.
+  std::shared_ptr<TlsContext> tls;
 };
 
 class DataPlaneServer {
@@ -78,7 +88,7 @@ class DataPlaneServer {
   friend class ConnectionServer;
   void Serve(ConnectionServer::Connection& connection);
   // Answers one request; an error means the connection must be closed.
-  absl::Status Answer(int fd, const std::string& frame);
+  absl::Status Answer(DataConnection& stream, const std::string& frame);
 
   const std::string host_;
   const int port_;

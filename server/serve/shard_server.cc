@@ -70,6 +70,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.data_plane) {
     DataPlaneServerOptions data_plane_options;
     data_plane_options.chunks = service_options;
+    // TLS like the gRPC server's (the process's configuration).
+    absl::StatusOr<std::shared_ptr<TlsContext>> tls = ProcessServerTlsContext();
+    if (!tls.ok()) {
+      server->Shutdown(absl::ZeroDuration());
+      return tls.status();
+    }
+    data_plane_options.tls = *std::move(tls);
     absl::StatusOr<std::unique_ptr<DataPlaneServer>> data_plane =
         DataPlaneServer::Start(HostOf(options.listen_address), registry,
                                data_plane_options);

@@ -13,6 +13,7 @@
 
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,8 +23,10 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/socket.h"
 #include "tessera/v1/store.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/iota.h"
@@ -31,7 +34,9 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_pki.h"
 #include "wire/auth.h"
+#include "wire/chunk_codec.h"
 #include "wire/credentials.h"
+#include "wire/data_connection.h"
 
 namespace tessera {
 namespace {
@@ -123,10 +128,56 @@ class AuthTest : public tt::PkiTest {
   // A client of the cluster presenting `token`.
   absl::StatusOr<std::shared_ptr<Client>> Connect(
       const tt::DaemonCluster& cluster, const std::string& token,
-      bool tls = true) {
+      bool tls = true, ClientOptions options = {}) {
     SetProcessTls(tls ? pki_->Client("ca", "client") : TlsConfig());
     SetProcessToken(token);
-    return Client::Connect(cluster.address(0));
+    return Client::Connect(cluster.address(0), options);
+  }
+
+  // A write-token client reading over the data plane (not the local path)
+  // a [rows, cols] tensor split over 2 daemons that it wrote; checked.
+  void WriteAndReadOverTheDataPlane(const tt::DaemonCluster& cluster, bool tls,
+                                    const std::vector<int64_t>& sizes,
+                                    std::shared_ptr<Client>* writer,
+                                    std::optional<ShardedTensorView>* view) {
+    ClientOptions data_plane;
+    data_plane.use_local_path = false;
+    ASSERT_OK_AND_ASSIGN(*writer,
+                         Connect(cluster, kWriteToken, tls, data_plane));
+    const ShardingSpec rows = *ChunkShardingSpec::Create(
+        0, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu"});
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView created,
+                         (*writer)->Create("t", sizes, rows));
+    *view = created;
+    ASSERT_OK(created.Write({0, 0}, tt::Iota(sizes[0], sizes[1])));
+    ASSERT_OK_AND_ASSIGN(Tensor values, created.Read());
+    tt::ExpectIotaBox(values, 0, 0, sizes[1]);
+  }
+
+  // The reply to one fetch of shard 0 of `tensor_id` over a raw data-plane
+  // connection to `address` that opened with `magic` (and `token` when it
+  // is kDataPlaneTokenMagic), in the clear; its status when the daemon
+  // closed the connection instead.
+  static absl::StatusOr<v1::BulkFetchReply> RawFetch(
+      const std::string& address, const std::string& tensor_id,
+      absl::string_view magic, const std::string& token = "") {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
+    DataConnection connection = DataConnection::Plain(std::move(socket));
+    RETURN_IF_ERROR(connection.WriteFull(magic.data(), magic.size(), deadline));
+    if (magic == kDataPlaneTokenMagic) {
+      RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
+    }
+    v1::FetchShardRequest request;
+    request.set_tensor_id(tensor_id);
+    RETURN_IF_ERROR(
+        connection.WriteFrame(request.SerializeAsString(), deadline));
+    ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
+    v1::BulkFetchReply reply;
+    if (!reply.ParseFromString(frame)) {
+      return absl::DataLossError("unparsable reply");
+    }
+    return reply;
   }
 
   std::string tokens_;
@@ -343,24 +394,80 @@ TEST_F(AuthTest, TokensChangeWithoutRestart) {
   EXPECT_FALSE(cluster->daemon(0).WaitFor(absl::ZeroDuration()));
 }
 
-// Tokens without TLS (on loopback): the same checks, and every byte over
-// gRPC or the local path (the data plane checks no tokens: it is off).
+// Tokens without TLS (on loopback): the same checks on gRPC and on the
+// data plane, whose connections present their token first.
 TEST_F(AuthTest, TokensWithoutTls) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
                        tt::DaemonCluster::Start(Daemons(2, /*tls=*/false)));
   EXPECT_THAT(Connect(*cluster, "", /*tls=*/false).status(),
               tt::StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
-  ASSERT_OK_AND_ASSIGN(auto writer,
-                       Connect(*cluster, kWriteToken, /*tls=*/false));
-  const ShardingSpec rows = *ChunkShardingSpec::Create(
-      0, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu"});
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
-                       writer->Create("plain", {16, 8}, rows));
-  ASSERT_OK(view.Write({0, 0}, tt::Iota(16, 8)));
-  ASSERT_OK_AND_ASSIGN(Tensor values, view.Read());
-  tt::ExpectIotaBox(values, 0, 0, 8);
-  for (const auto& worker : writer->cluster().workers()) {
-    EXPECT_EQ(worker.data_address(), "") << "the data plane is served";
+  std::shared_ptr<Client> writer;
+  std::optional<ShardedTensorView> view;
+  WriteAndReadOverTheDataPlane(*cluster, /*tls=*/false, {16, 8}, &writer,
+                               &view);
+  if (HasFatalFailure()) return;
+
+  // Shard 0 lives on rank 0.
+  const std::string data_address = writer->cluster().workers(0).data_address();
+  ASSERT_NE(data_address, "");
+  const std::string id = view->tensor_id();
+  const auto code = [](const absl::StatusOr<v1::BulkFetchReply>& reply) {
+    return reply.ok() ? reply->code() : -1;
+  };
+  EXPECT_EQ(code(RawFetch(data_address, id, kDataPlaneMagic)),
+            static_cast<int>(absl::StatusCode::kUnauthenticated));
+  absl::StatusOr<v1::BulkFetchReply> unknown =
+      RawFetch(data_address, id, kDataPlaneTokenMagic, kUnknownToken);
+  EXPECT_EQ(code(unknown),
+            static_cast<int>(absl::StatusCode::kUnauthenticated));
+  if (unknown.ok()) {
+    EXPECT_THAT(unknown->message(),
+                HasSubstr("FetchShard: unauthenticated: the token is not"));
+  }
+  EXPECT_EQ(code(RawFetch(data_address, id, kDataPlaneTokenMagic, kReadToken)),
+            0);
+}
+
+// With mutual TLS the data plane is TLS too: the cluster's client reads
+// over it; a plaintext client, or one whose certificate another CA signed,
+// never gets past the handshake; and the token still applies.
+TEST_F(AuthTest, DataPlaneOverMutualTls) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
+                       tt::DaemonCluster::Start(Daemons(2)));
+  std::shared_ptr<Client> writer;
+  std::optional<ShardedTensorView> view;
+  WriteAndReadOverTheDataPlane(*cluster, /*tls=*/true, {512, 256}, &writer,
+                               &view);
+  if (HasFatalFailure()) return;
+  ASSERT_OK_AND_ASSIGN(Tensor box, view->ReadRegion({300, 7}, {20, 30}));
+  tt::ExpectIotaBox(box, 300, 7, 256);
+
+  const std::string data_address = writer->cluster().workers(1).data_address();
+  ASSERT_NE(data_address, "");
+  // Plaintext: the daemon's handshake fails and it closes the connection.
+  EXPECT_FALSE(RawFetch(data_address, view->tensor_id(), kDataPlaneTokenMagic,
+                        kReadToken)
+                   .ok());
+  // Another CA's certificate: refused by the handshake.
+  ASSERT_TRUE(pki_->MakeCa("other_ca"));
+  ASSERT_TRUE(pki_->MakeCert("stranger", "other_ca"));
+  TlsConfig stranger = pki_->Client("ca", "stranger");
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<TlsContext> context,
+                       TlsContext::ForClient(stranger));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(UniqueFd socket, ConnectTcp(data_address, deadline));
+  absl::StatusOr<DataConnection> connection = DataConnection::Connect(
+      std::move(socket), "127.0.0.1", *context, deadline);
+  if (connection.ok()) {
+    // TLS 1.3 reports a refused client certificate after the handshake:
+    // at the next write or read.
+    const absl::Status written = connection->WriteFull(
+        kDataPlaneMagic.data(), kDataPlaneMagic.size(), deadline);
+    EXPECT_FALSE(written.ok() && connection->ReadFrame(deadline).ok());
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(cluster->daemon(r).WaitFor(absl::ZeroDuration()))
+        << cluster->Log(r);
   }
 }
 

@@ -1,0 +1,134 @@
+// A data-plane connection (docs/data_plane.md): a TCP socket carrying
+// frames and chunk bytes, in the clear or over TLS (OpenSSL, TLS 1.2 or
+// 1.3) with the same certificates as gRPC (wire/credentials.h).
+//
+//   server  TlsContext::ForServer(config): the daemon's certificate; with a
+//           CA, a client certificate it signed is required (mutual TLS).
+//   client  TlsContext::ForClient(config): verifies the server's
+//           certificate against the CA and its subjectAltName against the
+//           host dialled (an IP address or a DNS name); presents the
+//           client certificate when the configuration has one.
+//
+// Contexts re-read their files when they change (checked at most every
+// config.refresh_seconds), as gRPC's certificate provider does; a rotation
+// that fails to load keeps the previous context (and logs why).
+//
+// Every read, write and handshake is bounded by an absolute deadline:
+// DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer goes away or
+// the TLS layer fails (the message carries OpenSSL's reason). A TLS
+// connection's socket is made non-blocking; InterruptSocket(fd()) still
+// interrupts a thread blocked in it.
+//
+// Thread-safety: a TlsContext may be used from any thread; a
+// DataConnection by one thread at a time.
+#ifndef TESSERA_WIRE_DATA_CONNECTION_H_
+#define TESSERA_WIRE_DATA_CONNECTION_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "io/unique_fd.h"
+#include "wire/credentials.h"
+
+typedef struct ssl_ctx_st SSL_CTX;
+typedef struct ssl_st SSL;
+typedef struct bio_st BIO;
+
+namespace tessera {
+
+class TlsContext {
+ public:
+  // INVALID_ARGUMENT naming the file when a certificate, key or CA cannot
+  // be loaded (or the key does not match the certificate).
+  static absl::StatusOr<std::shared_ptr<TlsContext>> ForServer(
+      const TlsConfig& config);
+  static absl::StatusOr<std::shared_ptr<TlsContext>> ForClient(
+      const TlsConfig& config);
+  ~TlsContext();
+
+  // The current SSL_CTX (reloaded first when the files changed).
+  std::shared_ptr<SSL_CTX> Current();
+
+ private:
+  TlsContext(TlsConfig config, bool server)
+      : config_(config), server_(server) {}
+  static absl::StatusOr<std::shared_ptr<TlsContext>> Make(
+      const TlsConfig& config, bool server);
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> Build() const;
+  // mtime and size of the configuration's files, for change detection.
+  std::string Fingerprint() const;
+
+  const TlsConfig config_;
+  const bool server_;
+  absl::Mutex mu_;
+  std::shared_ptr<SSL_CTX> ctx_ ABSL_GUARDED_BY(mu_);
+  std::string fingerprint_ ABSL_GUARDED_BY(mu_);
+  absl::Time checked_ ABSL_GUARDED_BY(mu_);
+};
+
+// The contexts of this process's data plane, made from ProcessTls() on
+// first use and again when it changes; null when TLS is off. Errors (files
+// unreadable) come back on every call.
+absl::StatusOr<std::shared_ptr<TlsContext>> ProcessServerTlsContext();
+absl::StatusOr<std::shared_ptr<TlsContext>> ProcessClientTlsContext();
+
+class DataConnection {
+ public:
+  // A plaintext connection over `fd`, owned or not.
+  static DataConnection Plain(UniqueFd fd);
+  static DataConnection PlainView(int fd);
+  // The server's side of a TLS connection over `fd` (not owned: the
+  // connection server closes it), handshaken by `deadline`.
+  static absl::StatusOr<DataConnection> Accept(int fd, TlsContext& context,
+                                               absl::Time deadline);
+  // The client's side over `fd` (owned), checking that the server's
+  // certificate names `host`.
+  static absl::StatusOr<DataConnection> Connect(UniqueFd fd,
+                                                const std::string& host,
+                                                TlsContext& context,
+                                                absl::Time deadline);
+
+  DataConnection(DataConnection&&) noexcept;
+  DataConnection& operator=(DataConnection&&) noexcept;
+  ~DataConnection();
+
+  int fd() const { return fd_; }
+  bool tls() const { return ssl_ != nullptr; }
+
+  absl::Status ReadFull(void* data, size_t size, absl::Time deadline);
+  // `more`: more bytes follow at once (MSG_MORE in the clear).
+  absl::Status WriteFull(const void* data, size_t size, absl::Time deadline,
+                         bool more = false);
+  // A length-prefixed frame (chunk_codec.h's format).
+  absl::Status WriteFrame(absl::string_view payload, absl::Time deadline,
+                          bool more = false);
+  absl::StatusOr<std::string> ReadFrame(absl::Time deadline);
+
+ private:
+  DataConnection(UniqueFd owned, int fd, SSL* ssl)
+      : owned_(std::move(owned)), fd_(fd), ssl_(ssl) {}
+  // Runs an SSL call until it completes, waiting for the socket as it asks.
+  template <typename Call>
+  absl::StatusOr<int> Drive(Call call, absl::Time deadline,
+                            absl::string_view what);
+  // Makes `ssl_` write through a buffer (records leave in large writes).
+  void AttachBuffer();
+  // Sends what the write buffer holds.
+  absl::Status Flush(absl::Time deadline);
+
+  UniqueFd owned_;
+  int fd_ = -1;
+  SSL* ssl_ = nullptr;     // owned
+  BIO* buffer_ = nullptr;  // owned by ssl_: records on their way out
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WIRE_DATA_CONNECTION_H_
