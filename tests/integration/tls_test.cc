@@ -89,6 +89,7 @@ TEST_F(TlsTest, MutualTlsOnEveryGrpcSurface) {
   ASSERT_TRUE(pki.MakeCert("client", "ca"));
   ASSERT_TRUE(pki.MakeCa("other_ca"));
   ASSERT_TRUE(pki.MakeCert("stranger", "other_ca"));
+  ASSERT_TRUE(pki.MakeCert("expired", "ca", /*days=*/-1));
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<tt::DaemonCluster> cluster,
       tt::DaemonCluster::Start(Daemons(2, pki.Path("ca", "pem"))));
@@ -99,6 +100,7 @@ TEST_F(TlsTest, MutualTlsOnEveryGrpcSurface) {
       {"plaintext", TlsConfig()},
       {"no client certificate", pki.Client("ca", "")},
       {"another CA's certificate", pki.Client("ca", "stranger")},
+      {"an expired certificate", pki.Client("ca", "expired")},
       {"trusting another CA", pki.Client("other_ca", "stranger")},
   };
   for (const auto& [what, config] : refused) {

@@ -36,8 +36,9 @@ class TestPki {
         "-nodes -days 1 -subj /CN=",
         name, " -keyout ", Path(name, "key"), " -out ", Path(name, "pem")));
   }
-  // A certificate for 127.0.0.1 and localhost, signed by `ca`.
-  bool MakeCert(const std::string& name, const std::string& ca) {
+  // A certificate for 127.0.0.1 and localhost, signed by `ca`, valid for
+  // `days` (negative: it expired that many days ago).
+  bool MakeCert(const std::string& name, const std::string& ca, int days = 1) {
     const std::string ext = absl::StrCat(dir_, "/", name, ".ext");
     std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
     return Shell(absl::StrCat(
@@ -46,8 +47,8 @@ class TestPki {
                name, " -keyout ", Path(name, "key"), " -out ",
                Path(name, "csr"))) &&
            Shell(absl::StrCat(
-               "openssl x509 -req -days 1 -in ", Path(name, "csr"), " -CA ",
-               Path(ca, "pem"), " -CAkey ", Path(ca, "key"),
+               "openssl x509 -req -days ", days, " -in ", Path(name, "csr"),
+               " -CA ", Path(ca, "pem"), " -CAkey ", Path(ca, "key"),
                " -CAcreateserial -extfile ", ext, " -out ", Path(name, "pem")));
   }
   std::string Path(const std::string& name, const std::string& kind) const {

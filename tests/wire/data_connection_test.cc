@@ -118,6 +118,7 @@ TEST_F(DataConnectionTest, StrangersAndWrongNamesAreRefused) {
   ASSERT_OK_AND_ASSIGN(auto server, TlsContext::ForServer(ServerConfig()));
   ASSERT_TRUE(pki_->MakeCa("other_ca"));
   ASSERT_TRUE(pki_->MakeCert("stranger", "other_ca"));
+  ASSERT_TRUE(pki_->MakeCert("expired", "ca", /*days=*/-1));
   const struct {
     const char* what;
     TlsConfig client;
@@ -126,6 +127,8 @@ TEST_F(DataConnectionTest, StrangersAndWrongNamesAreRefused) {
       {"a certificate of another CA", pki_->Client("ca", "stranger"),
        "127.0.0.1"},
       {"no client certificate", pki_->Client("ca", ""), "127.0.0.1"},
+      {"an expired client certificate", pki_->Client("ca", "expired"),
+       "127.0.0.1"},
       {"a server not named so", pki_->Client("ca", "client"), "10.1.2.3"},
       {"trusting another CA", pki_->Client("other_ca", "stranger"),
        "127.0.0.1"},
