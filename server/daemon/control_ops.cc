@@ -93,8 +93,23 @@ uint64_t SeedFor(uint64_t seed, int rank) {
 
 // Bytes of `numel` elements of `dtype`; ValidateSizes has ruled out
 // overflow for any part of a validated tensor.
+// Saturates at INT64_MAX (more than any budget): sizes come from requests
+// and manifests, which may be crafted to overflow.
 int64_t BytesOf(int64_t numel, DType dtype) {
-  return numel * static_cast<int64_t>(ElementSize(dtype));
+  int64_t bytes = 0;
+  if (numel < 0 ||
+      __builtin_mul_overflow(numel, static_cast<int64_t>(ElementSize(dtype)),
+                             &bytes)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return bytes;
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum)
+             ? std::numeric_limits<int64_t>::max()
+             : sum;
 }
 
 }  // namespace
@@ -111,7 +126,8 @@ absl::StatusOr<int64_t> Core::LocalHostBytes(
                                          group_->global_ranks(),
                                          shard.placement(), rank_.get()));
     if (placement.first == rank_->rank() && placement.second.is_cpu()) {
-      host_bytes += BytesOf(shard.numel(), metadata.tensor_properties.dtype);
+      host_bytes = SaturatingAdd(
+          host_bytes, BytesOf(shard.numel(), metadata.tensor_properties.dtype));
     }
   }
   return host_bytes;
