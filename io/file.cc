@@ -90,6 +90,13 @@ absl::Status WriteAll(int fd, const void* data, size_t size,
   return absl::OkStatus();
 }
 
+std::string FileVersion(const std::string& path) {
+  struct stat info;
+  if (path.empty() || stat(path.c_str(), &info) != 0) return "-";
+  return absl::StrCat(info.st_mtim.tv_sec, ".", info.st_mtim.tv_nsec, "/",
+                      info.st_size, "/", info.st_ino);
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
   if (!fd.ok()) return fd.status();

@@ -44,6 +44,10 @@ absl::Status WriteAll(int fd, const void* data, size_t size,
                       absl::string_view name);
 // The whole file at `path`. Error contexts: "open <path>", "read <path>".
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// What changes when the file at `path` is rewritten or replaced (its
+// modification time, size and inode), to notice a rotation cheaply; "-"
+// when it cannot be stat'ed.
+std::string FileVersion(const std::string& path);
 // fstat's size. Error context: "stat <name>".
 absl::StatusOr<int64_t> FileSize(int fd, absl::string_view name);
 // fsync(2). Error context: "fsync <name>".

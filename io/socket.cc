@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "io/errno.h"
 
@@ -36,6 +37,23 @@ void TuneSocket(int fd) {
 }
 
 }  // namespace
+
+bool IsLoopbackHost(absl::string_view host) {
+  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
+  if (host == "localhost" || host == "::1") return true;
+  in_addr addr{};
+  const std::string text(host);
+  return inet_pton(AF_INET, text.c_str(), &addr) == 1 &&
+         (ntohl(addr.s_addr) >> 24) == 127;
+}
+
+bool IsIpAddress(absl::string_view host) {
+  const std::string text(host);
+  in_addr v4{};
+  in6_addr v6{};
+  return inet_pton(AF_INET, text.c_str(), &v4) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), &v6) == 1;
+}
 
 void InterruptSocket(int fd) {
   if (fd >= 0) shutdown(fd, SHUT_RDWR);

@@ -20,6 +20,11 @@
 
 namespace tessera {
 
+// "localhost", 127.0.0.0/8 or ::1 (bracketed or not); purely textual.
+bool IsLoopbackHost(absl::string_view host);
+// An IPv4 or IPv6 address (not a name); purely textual.
+bool IsIpAddress(absl::string_view host);
+
 // Interrupts any thread blocked on the socket `fd` (shutdown(2) both
 // ways); does not close it.
 void InterruptSocket(int fd);

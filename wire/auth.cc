@@ -189,8 +189,10 @@ TokenTable::TokenTable(std::string path, absl::Duration refresh)
     : path_(std::move(path)), refresh_(refresh) {}
 
 absl::StatusOr<std::vector<TokenTable::Entry>> TokenTable::Parse(
-    absl::string_view text, absl::string_view origin) {
+    absl::string_view text, absl::string_view origin,
+    std::string* cluster_token) {
   std::vector<Entry> entries;
+  std::string cluster;
   int number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
@@ -222,15 +224,20 @@ absl::StatusOr<std::vector<TokenTable::Entry>> TokenTable::Parse(
         return error(absl::StrCat("the token of ", other.name, " again"));
       }
     }
+    if (*role == Role::kCluster && cluster.empty())
+      cluster = std::string(token);
     entries.push_back(std::move(entry));
   }
   if (entries.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": no tokens"));
   }
+  if (cluster_token != nullptr) *cluster_token = std::move(cluster);
   return entries;
 }
 
 absl::Status TokenTable::Load() {
+  // Taken first: a change while reading is noticed at the next check.
+  const std::string version = FileVersion(path_);
   struct stat info;
   if (stat(path_.c_str(), &info) != 0) {
     return absl::NotFoundError(absl::StrCat(path_, ": ", std::strerror(errno)));
@@ -240,23 +247,11 @@ absl::Status TokenTable::Load() {
         absl::StrCat(path_, ": every user may read it (chmod o-r)"));
   }
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path_));
-  ASSIGN_OR_RETURN(std::vector<Entry> entries, Parse(text, path_));
-  // The cluster token: the first line whose role is cluster.
   std::string cluster;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    const std::vector<absl::string_view> fields =
-        absl::StrSplit(absl::StripAsciiWhitespace(line), absl::ByAnyChar(" \t"),
-                       absl::SkipEmpty());
-    if (fields.size() >= 2 && fields[0].front() != '#' &&
-        fields[1] == RoleName(Role::kCluster)) {
-      cluster = std::string(fields[0]);
-      break;
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<Entry> entries, Parse(text, path_, &cluster));
   entries_ = std::move(entries);
   cluster_token_ = std::move(cluster);
-  mtime_ns_ = int64_t{info.st_mtim.tv_sec} * 1000000000 + info.st_mtim.tv_nsec;
-  size_ = info.st_size;
+  version_ = version;
   return absl::OkStatus();
 }
 
@@ -270,17 +265,10 @@ absl::StatusOr<std::shared_ptr<TokenTable>> TokenTable::FromFile(
 }
 
 void TokenTable::MaybeReload() {
-  absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now - checked_ < refresh_) return;
   checked_ = now;
-  struct stat info;
-  if (stat(path_.c_str(), &info) == 0 &&
-      int64_t{info.st_mtim.tv_sec} * 1000000000 + info.st_mtim.tv_nsec ==
-          mtime_ns_ &&
-      info.st_size == size_) {
-    return;
-  }
+  if (FileVersion(path_) == version_) return;
   if (absl::Status loaded = Load(); !loaded.ok()) {
     spdlog::error("auth: keeping the previous tokens: {}",
                   std::string(loaded.message()));
@@ -290,9 +278,9 @@ void TokenTable::MaybeReload() {
 }
 
 std::optional<TokenTable::Entry> TokenTable::Find(absl::string_view token) {
-  MaybeReload();
   const std::array<unsigned char, 32> digest = Digest(token);
   absl::MutexLock lock(&mu_);
+  MaybeReload();
   std::optional<Entry> found;
   // Every entry is compared, each in constant time.
   for (const Entry& entry : entries_) {
@@ -319,27 +307,12 @@ std::shared_ptr<TokenTable> ProcessTokenTable() {
   return ProcessTable();
 }
 
-absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
-                           absl::string_view method) {
-  if (ProcessTokenTable() == nullptr) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  const auto header = metadata.find("authorization");
-  if (header == metadata.end()) return AuthorizeToken(std::nullopt, method);
-  const absl::string_view value(header->second.data(), header->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWith(value, kBearer)) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(ShortName(method),
-                     ": unauthenticated: the authorization metadata is not "
-                     "'Bearer <token>'"));
-  }
-  return AuthorizeToken(value.substr(kBearer.size()), method);
-}
+namespace {
 
-absl::Status AuthorizeToken(std::optional<absl::string_view> token,
-                            absl::string_view method) {
-  const std::shared_ptr<TokenTable> table = ProcessTokenTable();
-  if (table == nullptr) return absl::OkStatus();
+// OK when `token` (nullopt: none) has a role `table` lets call `method`.
+absl::Status Authorize(TokenTable& table,
+                       std::optional<absl::string_view> token,
+                       absl::string_view method) {
   const absl::string_view name = ShortName(method);
   const std::optional<Role> needed = RequiredRole(method);
   if (!needed.has_value()) {
@@ -352,7 +325,7 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
                      ": unauthenticated: this cluster requires a token (set "
                      "TESSERA_TOKEN or TESSERA_TOKEN_FILE)"));
   }
-  const std::optional<TokenTable::Entry> entry = table->Find(*token);
+  const std::optional<TokenTable::Entry> entry = table.Find(*token);
   if (!entry.has_value()) {
     return absl::UnauthenticatedError(
         absl::StrCat(name,
@@ -365,6 +338,33 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
         " role; the token of ", entry->name, " has ", RoleName(entry->role)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AuthorizeCall(const grpc::ServerContextBase& context,
+                           absl::string_view method) {
+  const std::shared_ptr<TokenTable> table = ProcessTokenTable();
+  if (table == nullptr) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find("authorization");
+  if (header == metadata.end()) return Authorize(*table, std::nullopt, method);
+  const absl::string_view value(header->second.data(), header->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(ShortName(method),
+                     ": unauthenticated: the authorization metadata is not "
+                     "'Bearer <token>'"));
+  }
+  return Authorize(*table, value.substr(kBearer.size()), method);
+}
+
+absl::Status AuthorizeToken(std::optional<absl::string_view> token,
+                            absl::string_view method) {
+  const std::shared_ptr<TokenTable> table = ProcessTokenTable();
+  if (table == nullptr) return absl::OkStatus();
+  return Authorize(*table, token, method);
 }
 
 void SetProcessToken(std::string token) {

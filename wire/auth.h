@@ -89,9 +89,11 @@ class TokenTable {
   // file every user may read; NOT_FOUND etc. when it cannot be read.
   static absl::StatusOr<std::shared_ptr<TokenTable>> FromFile(
       const std::string& path, absl::Duration refresh = absl::Seconds(2));
-  // Parses `text` (the file's format); `origin` names it in errors.
-  static absl::StatusOr<std::vector<Entry>> Parse(absl::string_view text,
-                                                  absl::string_view origin);
+  // Parses `text` (the file's format); `origin` names it in errors. The
+  // first cluster token goes to `cluster_token` when given ("" if none).
+  static absl::StatusOr<std::vector<Entry>> Parse(
+      absl::string_view text, absl::string_view origin,
+      std::string* cluster_token = nullptr);
 
   // The entry of `token`, if any (constant time in the token).
   std::optional<Entry> Find(absl::string_view token);
@@ -102,7 +104,7 @@ class TokenTable {
  private:
   TokenTable(std::string path, absl::Duration refresh);
   // Re-reads the file when it changed and `refresh` has passed.
-  void MaybeReload() ABSL_LOCKS_EXCLUDED(mu_);
+  void MaybeReload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
@@ -111,8 +113,7 @@ class TokenTable {
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::string cluster_token_ ABSL_GUARDED_BY(mu_);
   absl::Time checked_ ABSL_GUARDED_BY(mu_);
-  int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t size_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string version_ ABSL_GUARDED_BY(mu_);  // io/file.h FileVersion
 };
 
 // The table every Tessera server of this process checks calls against;

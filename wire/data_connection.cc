@@ -1,13 +1,11 @@
 #include "wire/data_connection.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "io/file.h"
 #include "io/socket.h"
 #include "wire/chunk_codec.h"
 
@@ -40,13 +39,6 @@ absl::Status Invalid(absl::string_view what) {
 }
 
 void FreeContext(SSL_CTX* ctx) { SSL_CTX_free(ctx); }
-
-std::string StatFingerprint(const std::string& path) {
-  struct stat info;
-  if (path.empty() || stat(path.c_str(), &info) != 0) return "-";
-  return absl::StrCat(info.st_mtim.tv_sec, ".", info.st_mtim.tv_nsec, "/",
-                      info.st_size, "/", info.st_ino);
-}
 
 absl::Status SetNonBlocking(int fd) {
   const int flags = fcntl(fd, F_GETFL);
@@ -109,9 +101,9 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::ForClient(
 TlsContext::~TlsContext() = default;
 
 std::string TlsContext::Fingerprint() const {
-  return absl::StrCat(StatFingerprint(config_.cert_file), "|",
-                      StatFingerprint(config_.key_file), "|",
-                      StatFingerprint(config_.ca_file));
+  return absl::StrCat(FileVersion(config_.cert_file), "|",
+                      FileVersion(config_.key_file), "|",
+                      FileVersion(config_.ca_file));
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContext::Build() const {
@@ -317,10 +309,7 @@ absl::StatusOr<DataConnection> DataConnection::Connect(UniqueFd fd,
   const int raw = fd.get();
   DataConnection connection(std::move(fd), raw, ssl);
   connection.AttachBuffer();
-  in6_addr v6{};
-  in_addr v4{};
-  const bool ip = inet_pton(AF_INET, host.c_str(), &v4) == 1 ||
-                  inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  const bool ip = IsIpAddress(host);
   X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
   if (ip ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1
          : (SSL_set1_host(ssl, host.c_str()) != 1 ||

@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
+#include "io/socket.h"
 #include "server/collective/process_group.h"
 #include "wire/auth.h"
 
@@ -144,15 +145,6 @@ absl::StatusOr<uid_t> ResolveUser(const std::string& user) {
 
 std::string DaemonOptions::store_address() const {
   return absl::StrCat(master_addr, ":", master_port);
-}
-
-bool IsLoopbackHost(absl::string_view host) {
-  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
-  if (host == "localhost" || host == "::1") return true;
-  in_addr addr{};
-  const std::string text(host);
-  return inet_pton(AF_INET, text.c_str(), &addr) == 1 &&
-         (ntohl(addr.s_addr) >> 24) == 127;
 }
 
 absl::StatusOr<std::string> LocalAddressFor(const std::string& host) {

@@ -62,6 +62,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/device.h"
+#include "io/socket.h"  // IsLoopbackHost
 #include "wire/credentials.h"
 
 namespace tessera::daemon {
@@ -187,9 +188,6 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
 
 // Prints "tessera-server: error: <message>" with newlines made spaces.
 void PrintDaemonError(std::ostream& err, absl::string_view message);
-
-// "localhost", 127.0.0.0/8 or ::1 (bracketed or not); purely textual.
-bool IsLoopbackHost(absl::string_view host);
 
 // The local IPv4 address of the route to `host` (a UDP connect, which
 // sends nothing), else the address this host's name resolves to.

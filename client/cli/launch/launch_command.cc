@@ -16,7 +16,6 @@
 #include <sstream>
 #include <system_error>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +24,7 @@
 #include "client/cli/launch/secure_setup.h"
 #include "common/status_macros.h"
 #include "io/errno.h"
+#include "io/socket.h"
 #include "io/subprocess.h"
 
 namespace tessera::cli {
@@ -425,10 +425,7 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
   if (options.host.empty()) {
     return absl::InvalidArgumentError("--host must not be empty");
   }
-  const bool loopback = options.host == "localhost" ||
-                        absl::StartsWith(options.host, "127.") ||
-                        options.host == "::1";
-  if (!loopback && !options.secure &&
+  if (!IsLoopbackHost(options.host) && !options.secure &&
       std::find(options.server_flags.begin(), options.server_flags.end(),
                 "--insecure") == options.server_flags.end()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,6 +1,5 @@
 #include "client/cli/launch/secure_setup.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -15,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "io/errno.h"
+#include "io/socket.h"
 #include "io/subprocess.h"
 
 namespace tessera::cli {
@@ -90,13 +90,6 @@ absl::Status Openssl(const std::string& step, std::vector<std::string> args,
   return absl::InternalError(absl::StrCat("openssl failed ", step, " (",
                                           DescribeWaitStatus(*status),
                                           "): ", child->LogTail(600)));
-}
-
-bool IsIpAddress(const std::string& host) {
-  in_addr v4{};
-  in6_addr v6{};
-  return inet_pton(AF_INET, host.c_str(), &v4) == 1 ||
-         inet_pton(AF_INET6, host.c_str(), &v6) == 1;
 }
 
 }  // namespace
