@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <complex>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -89,13 +90,19 @@ inline absl::StatusOr<int64_t> CheckedNumel(absl::Span<const int64_t> sizes) {
 }
 
 // Row-major strides; zero-size dimensions count as 1 as in PyTorch, so a
-// [2, 0, 3] tensor has strides [3, 3, 1].
+// [2, 0, 3] tensor has strides [3, 3, 1]. The products saturate at
+// INT64_MAX: only a tensor without elements (a zero dimension beside huge
+// ones, e.g. a crafted .npy shape) gets there, and its strides address
+// nothing.
 inline std::vector<int64_t> ContiguousStrides(absl::Span<const int64_t> sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t stride = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(sizes[i], 1);
+    if (__builtin_mul_overflow(stride, std::max<int64_t>(sizes[i], 1),
+                               &stride)) {
+      stride = std::numeric_limits<int64_t>::max();
+    }
   }
   return strides;
 }

@@ -1329,6 +1329,17 @@ TEST(CopyBoxTest, InvalidArguments) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
 }
 
+// A zero dimension beside huge ones (a crafted .npy shape, found by the
+// npy fuzzer): no elements, and strides that saturate instead of
+// overflowing.
+TEST(TensorTest, EmptyTensorsWithHugeDimensionsDoNotOverflowTheirStrides) {
+  constexpr int64_t kHuge = int64_t{1} << 40;
+  ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Empty({0, kHuge, kHuge}));
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_THAT(t.strides(),
+              ElementsAre(std::numeric_limits<int64_t>::max(), kHuge, 1));
+}
+
 TEST(CopyBoxTest, ZeroSizeBoxesCopyNothing) {
   ASSERT_OK_AND_ASSIGN(Tensor src, Iota({3, 4}, DType::kFloat32));
   ASSERT_OK_AND_ASSIGN(Tensor dst, Tensor::Full({3, 4}, 9.0));
