@@ -494,4 +494,26 @@ std::vector<absl::Status> Client::Health() const {
   return health;
 }
 
+std::vector<absl::StatusOr<v1::ClusterInfo>> Client::Clusters() const {
+  const auto& workers = cluster_->workers();
+  std::vector<absl::StatusOr<v1::ClusterInfo>> clusters(workers.size());
+  RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
+    const Worker& worker = *workers[r];
+    const std::unique_ptr<grpc::ClientContext> context =
+        cluster_->ControlContext();
+    v1::ClusterInfo info;
+    const absl::Status called = FromGrpcStatus(worker.control->GetCluster(
+        context.get(), v1::GetClusterRequest(), &info));
+    if (called.ok()) {
+      clusters[r] = std::move(info);
+    } else {
+      clusters[r] = Annotate(
+          called, absl::StrCat("daemon ", worker.address.name(), " (rank ", r,
+                               ") at ", worker.address.address()));
+    }
+    return absl::OkStatus();
+  }).IgnoreError();
+  return clusters;
+}
+
 }  // namespace tessera

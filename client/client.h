@@ -196,6 +196,10 @@ class Client {
   // The health (grpc.health.v1) of every daemon: OK when SERVING,
   // UNAVAILABLE otherwise, with the daemon's address in the message.
   std::vector<absl::Status> Health() const;
+  // Every daemon's own description of the cluster (GetCluster on each, at
+  // once), in rank order: where its control plane stands (generation,
+  // state). An unreachable daemon's entry is the error, naming it.
+  std::vector<absl::StatusOr<v1::ClusterInfo>> Clusters() const;
 
  private:
   explicit Client(std::shared_ptr<internal_client::Cluster> cluster);

@@ -31,6 +31,8 @@ int RunHealth(const HealthOptions& options, const CommandContext& context) {
   }
   const v1::ClusterInfo& cluster = (*client)->cluster();
   const std::vector<absl::Status> health = (*client)->Health();
+  const std::vector<absl::StatusOr<v1::ClusterInfo>> clusters =
+      (*client)->Clusters();
   std::vector<std::vector<std::string>> rows;
   bool all_serving = true;
   for (size_t i = 0; i < health.size(); ++i) {
@@ -43,6 +45,15 @@ int RunHealth(const HealthOptions& options, const CommandContext& context) {
     }
     std::vector<std::string> row = {address, rank,
                                     std::string(HealthState(health[i]))};
+    // Where its control plane stands: "generation 2" and its state when
+    // not plainly serving.
+    if (i < clusters.size() && clusters[i].ok()) {
+      row.push_back(absl::StrCat("generation ", clusters[i]->generation()));
+      if (clusters[i]->state() != "serving" && !clusters[i]->state().empty()) {
+        all_serving = false;
+        row.push_back(absl::StrCat("(", clusters[i]->state(), ")"));
+      }
+    }
     if (!health[i].ok()) {
       all_serving = false;
       // Client::Health names the daemon first ("daemon worker1 (rank 1) at
@@ -69,7 +80,7 @@ void AddHealthCommand(CLI::App& app, CommandContext& context) {
   CLI::App* health = app.add_subcommand(
       std::string(kCommand),
       "Check every daemon of the cluster (grpc.health.v1): SERVING, "
-      "NOT_SERVING or UNAVAILABLE");
+      "NOT_SERVING or UNAVAILABLE, and the generation of its process group");
   auto options = std::make_shared<HealthOptions>();
   options->connection.default_timeout = kHealthTimeoutSeconds;
   AddConnectionFlags(app, health, &options->connection, /*transfers=*/false);
@@ -77,8 +88,9 @@ void AddHealthCommand(CLI::App& app, CommandContext& context) {
       "Examples:\n"
       "  tessera health\n"
       "  tessera health --address 10.0.0.1:29600 --timeout 2\n\n"
-      "Exit status: 0 when every daemon serves, 1 when one does not or the "
-      "cluster cannot be reached, 2 for a usage error.");
+      "Exit status: 0 when every daemon serves, 1 when one does not (or is "
+      "re-forming its process group after a failure) or the cluster cannot "
+      "be reached, 2 for a usage error.");
   RunWhenParsed(health, context, kCommand, options, RunHealth);
 }
 

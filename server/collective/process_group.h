@@ -94,6 +94,11 @@ class ProcessGroup {
   virtual absl::Status AllToAll(absl::Span<const Tensor> inputs,
                                 absl::Span<const Tensor> outputs) = 0;
 
+  // OK while the transport works; after a transport failure or Shutdown,
+  // the FAILED_PRECONDITION later collectives return. Waits for a
+  // collective in flight on another thread.
+  virtual absl::Status Usable() const { return absl::OkStatus(); }
+
   // Tears the transport down; later collectives are FAILED_PRECONDITION.
   // Idempotent; the destructor calls it.
   virtual void Shutdown() = 0;

@@ -250,9 +250,31 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // ---- Executor thread.
   void ExecutorLoop();
+  // Whether the default group must be formed again (its transport broke,
+  // or another daemon asked for a new generation).
+  bool NeedsReform() const;
+  // Forms the next generation of the default group (blocking until every
+  // daemon takes part; calls are refused meanwhile), then brings the
+  // daemons back in step: the log position (`*next`, the next entry to
+  // run) and the table. False when the service stops or this daemon is
+  // fenced.
+  bool Reform(int64_t* next);
+  // After a new generation formed (collective): every daemon continues at
+  // the furthest log position any of them reached, and tensors the
+  // daemons do not all hold alike (an op committed on some only when the
+  // old generation broke) are dropped everywhere.
+  absl::Status ResumeInStep(int64_t* next);
+  // Log entry `n`, which the other daemons passed while this one did not
+  // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
+  void Abandon(int64_t n);
+  // UNAVAILABLE for a call while the group re-forms, naming whom it waits
+  // for; OK otherwise.
+  absl::Status ReformingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry at log number `n`: the op or the skip marker; nullopt when
   // the service stops first.
-  std::optional<std::string> AwaitEntry(int64_t n);
+  // Sets *reform (and returns nullopt) when the default group must be
+  // formed again first (NeedsReform).
+  std::optional<std::string> AwaitEntry(int64_t n, bool* reform);
   void Execute(absl::string_view entry, int64_t n);
   // Run(op), with what it throws turned into INTERNAL (log number `n`).
   Outcome RunGuarded(const v1::ControlOp& op, int64_t n);
@@ -306,6 +328,10 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::CondVar wake_;  // State changes, queued ops, new deadlines.
   State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
   int64_t first_entry_ ABSL_GUARDED_BY(mu_) = 1;
+  // Why the default group is being formed again ("" while it serves), and
+  // why this daemon was fenced off ("" unless it was).
+  std::string reforming_ ABSL_GUARDED_BY(mu_);
+  std::string fenced_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;

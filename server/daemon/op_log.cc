@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
@@ -36,6 +37,8 @@ std::string WhatWasThrown() {
 constexpr char kSeqKey[] = "seq";
 constexpr char kSkip[] = "skip";
 constexpr char kOpPrefix[] = "op:";
+// Starts what daemons exchange after a new generation formed.
+constexpr char kResumeTag[] = "resume ";
 
 std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
 
@@ -123,6 +126,7 @@ void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   {
     absl::MutexLock lock(&mu_);
     accepting = AcceptingLocked();
+    if (accepting.ok()) accepting = ReformingLocked();
     if (accepting.ok()) {
       pending_.emplace(call->id(), call);
       deadlines_.emplace(call->deadline(), call->id());
@@ -215,15 +219,171 @@ void Core::ExecutorLoop() {
     n = first_entry_;
   }
   while (true) {
-    std::optional<std::string> entry = AwaitEntry(n);
+    bool reform = false;
+    std::optional<std::string> entry = AwaitEntry(n, &reform);
+    if (reform) {
+      if (!Reform(&n)) return;
+      continue;
+    }
     if (!entry.has_value()) return;
     Execute(*entry, n);
     applied_.fetch_add(1);
     ++n;
+    // A transport failure in the op: form the next generation before the
+    // next op, so that it runs on a working group.
+    if (!group_->Usable().ok() && !Reform(&n)) return;
   }
 }
 
-std::optional<std::string> Core::AwaitEntry(int64_t n) {
+bool Core::NeedsReform() const { return rank_->world_group()->NeedsReform(); }
+
+absl::Status Core::ReformingLocked() const {
+  if (!fenced_.empty()) return absl::UnavailableError(fenced_);
+  if (reforming_.empty()) return absl::OkStatus();
+  const GroupState state = rank_->world_group()->State();
+  std::string waiting;
+  if (state.forming > 0) {
+    waiting =
+        state.missing.empty()
+            ? absl::StrCat("; forming generation ", state.forming)
+            : absl::StrCat("; generation ", state.forming, " waits for ranks [",
+                           absl::StrJoin(state.missing, ", "),
+                           "] (stalled, dead or unreachable)");
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the daemons are re-forming their process group after a failure (",
+      reforming_, ")", waiting,
+      "; operations resume once every daemon takes part again"));
+}
+
+bool Core::Reform(int64_t* next) {
+  const std::shared_ptr<ReformableGroup>& group = rank_->world_group();
+  const absl::Status usable = group->Usable();
+  const int64_t broken = group->generation();
+  {
+    absl::MutexLock lock(&mu_);
+    reforming_ =
+        usable.ok()
+            ? std::string("another daemon asked for a new generation")
+            : absl::StrCat("generation ", broken, ": ", usable.message());
+    spdlog::warn("control: re-forming the default group: {}", reforming_);
+  }
+  ReformOptions options;
+  options.cancelled = [this] { return !running(); };
+  while (true) {
+    absl::Status formed = group->Reform(options);
+    if (!running()) return false;
+    if (absl::IsFailedPrecondition(formed)) {
+      spdlog::error("control: {}", formed.ToString());
+      absl::MutexLock lock(&mu_);
+      fenced_ = absl::StrCat("fenced: ", formed.message());
+      reforming_.clear();
+      return false;
+    }
+    if (formed.ok()) {
+      formed = ResumeInStep(next);
+      if (formed.ok()) break;
+    }
+    spdlog::warn("control: generation {} did not form: {}", group->generation(),
+                 formed.ToString());
+    if (!Pause(options_.poll_interval)) return false;
+  }
+  absl::MutexLock lock(&mu_);
+  reforming_.clear();
+  spdlog::warn(
+      "control: generation {} formed after generation {} failed; running the "
+      "log again from entry {}",
+      group->generation(), broken, *next);
+  return true;
+}
+
+absl::Status Core::ResumeInStep(int64_t* next) {
+  // "resume <next entry>\n<name> <tensor id>\n...".
+  std::string mine = absl::StrCat(kResumeTag, *next);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, entry] : table_) {
+      absl::StrAppend(&mine, "\n", name, " ", entry.info.tensor_id());
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(*group_, mine));
+  int64_t furthest = *next;
+  int64_t earliest = *next;
+  absl::flat_hash_map<std::string, int> held;
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::vector<absl::string_view> lines = absl::StrSplit(all[r], '\n');
+    absl::string_view position = lines.front();
+    int64_t theirs = 0;
+    if (!absl::ConsumePrefix(&position, kResumeTag) ||
+        !absl::SimpleAtoi(position, &theirs)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", r, " sent no log position after the group formed"));
+    }
+    furthest = std::max(furthest, theirs);
+    earliest = std::min(earliest, theirs);
+    for (size_t i = 1; i < lines.size(); ++i) ++held[lines[i]];
+  }
+  // Entries others passed while this daemon did not run them: they failed
+  // on the others (they could not agree without this daemon).
+  for (int64_t m = *next; m < furthest; ++m) Abandon(m);
+  *next = furthest;
+  std::vector<std::string> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = table_.begin(); it != table_.end();) {
+      const std::string line =
+          absl::StrCat(it->first, " ", it->second.info.tensor_id());
+      if (held[line] == static_cast<int>(all.size())) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(it->first);
+      it = table_.erase(it);
+    }
+  }
+  if (!dropped.empty()) {
+    spdlog::error(
+        "control: dropped tensors [{}]: the daemons did not all hold them "
+        "alike when the last generation broke (an operation on them was "
+        "applied on some daemons only)",
+        absl::StrJoin(dropped, ", "));
+  }
+  ResyncTensorIds();
+  if (rank_->rank() == 0) {
+    for (int64_t m = earliest; m < furthest; ++m) {
+      store_->Delete(OpKey(m)).IgnoreError();
+    }
+  }
+  return group_->Usable();
+}
+
+void Core::Abandon(int64_t n) {
+  absl::StatusOr<std::string> entry =
+      store_->Get(OpKey(n), options_.poll_interval);
+  v1::ControlOp op;
+  if (!entry.ok()) return;
+  absl::string_view bytes = *entry;
+  if (!absl::ConsumePrefix(&bytes, kOpPrefix) ||
+      !op.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return;
+  }
+  if (op.coordinator() != rank_->rank() || op.incarnation() != incarnation_) {
+    return;
+  }
+  std::shared_ptr<PendingCall> call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(op.request_id());
+    if (it != pending_.end()) call = it->second;
+  }
+  if (call == nullptr) return;
+  Finish(call, absl::UnavailableError(absl::StrCat(
+                   OpName(op),
+                   " was not applied: the daemons' process group broke while "
+                   "it ran; retry it")));
+}
+
+std::optional<std::string> Core::AwaitEntry(int64_t n, bool* reform) {
   const std::string key = OpKey(n);
   std::optional<absl::Time> claimed_since;
   while (running()) {
@@ -239,6 +399,11 @@ std::optional<std::string> Core::AwaitEntry(int64_t n) {
                    waited.ToString());
       if (!Pause(options_.poll_interval)) break;
       continue;
+    }
+    // Idle: a daemon that broke or restarted may ask for a new generation.
+    if (NeedsReform()) {
+      *reform = true;
+      return std::nullopt;
     }
     if (rank_->rank() != 0) continue;
     // Rank 0 watches for numbers claimed and never written.

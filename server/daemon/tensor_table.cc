@@ -57,12 +57,20 @@ v1::ListTensorsResponse Core::List() const {
 
 absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
   std::vector<std::string> devices;
+  std::string state = "serving";
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AcceptingLocked());
     devices = devices_;
+    if (!fenced_.empty()) {
+      state = fenced_;
+    } else if (absl::Status reforming = ReformingLocked(); !reforming.ok()) {
+      state = absl::StrCat("re-forming: ", reforming.message());
+    }
   }
   v1::ClusterInfo info;
+  info.set_generation(rank_->world_group()->generation());
+  info.set_state(state);
   info.set_world_size(rank_->world_size());
   info.set_rank(rank_->rank());
   info.set_version(TESSERA_VERSION);

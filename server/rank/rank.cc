@@ -92,8 +92,10 @@ absl::StatusOr<std::shared_ptr<Rank>> Rank::Init(RankOptions options) {
   std::shared_ptr<Rank> rank(new Rank(std::move(options)));
   std::vector<int> world(rank->options_.world_size);
   for (int r = 0; r < rank->options_.world_size; ++r) world[r] = r;
+  // The default group outlives transport failures (generations).
+  ProcessGroupOptions pg = rank->GroupOptions("0", world, rank->options_.rank);
   ASSIGN_OR_RETURN(rank->world_,
-                   rank->CreateGroup("0", world, rank->options_.backend));
+                   ReformableGroup::Create(rank->options_.backend, pg));
   return rank;
 }
 
@@ -115,16 +117,24 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> Rank::CreateGroup(
   if (member == ranks.end()) {
     return std::make_shared<NonMemberGroup>(ranks, name, backend);
   }
+  return CreateProcessGroup(
+      backend,
+      GroupOptions(name, ranks, static_cast<int>(member - ranks.begin())));
+}
+
+ProcessGroupOptions Rank::GroupOptions(const std::string& name,
+                                       const std::vector<int>& ranks,
+                                       int group_rank) const {
   ProcessGroupOptions pg;
   pg.store =
       std::make_shared<PrefixStore>(absl::StrCat("pg/", name), options_.store);
-  pg.rank = static_cast<int>(member - ranks.begin());
+  pg.rank = group_rank;
   pg.global_ranks = ranks;
   pg.name = name;
   pg.timeout = options_.timeout;
   pg.hostname = options_.hostname;
   pg.device_index = options_.device_index;
-  return CreateProcessGroup(backend, pg);
+  return pg;
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> Rank::NewGroup(

@@ -7,6 +7,8 @@
 //                   publishes "name -> rank -> address" in the store and
 //                   learns every other worker's — rpc.init_rpc. Remote
 //                   shards need it; collectives do not.
+//                   The default group is a ReformableGroup: it can be
+//                   formed again after a member failed (world_group()).
 //   NewGroup        sub-groups (dist.new_group), with global <-> group rank
 //                   translation.
 //   Shutdown        barrier (optional), drain the shard server, stop;
@@ -45,6 +47,7 @@
 #include "client/shard_client.h"
 #include "common/shard_metadata.h"
 #include "server/collective/process_group.h"
+#include "server/collective/reformable_group.h"
 #include "server/serve/shard_registry.h"
 #include "server/store/store.h"
 
@@ -143,6 +146,9 @@ class Rank : public WorkerResolver {
   const RankOptions& options() const { return options_; }
   const std::shared_ptr<Store>& store() const { return options_.store; }
   std::shared_ptr<ProcessGroup> default_group() const { return world_; }
+  // The same group, with its generations (reformable_group.h): the daemon
+  // forms it again after a member failed.
+  const std::shared_ptr<ReformableGroup>& world_group() const { return world_; }
 
   // dist.new_group(ranks): a group of the given global ranks. Members get a
   // working group; non-members (when every rank calls) get a handle whose
@@ -198,13 +204,18 @@ class Rank : public WorkerResolver {
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(
       const std::string& name, const std::vector<int>& ranks,
       const std::string& backend);
+  // The options of the group `name` of global `ranks`, for group rank
+  // `group_rank`.
+  ProcessGroupOptions GroupOptions(const std::string& name,
+                                   const std::vector<int>& ranks,
+                                   int group_rank) const;
   // Stops the shard server (gRPC, data plane, local path), draining it
   // for `grace`.
   void StopServer(absl::Duration grace);
 
   RankOptions options_;
   std::shared_ptr<ShardRegistry> registry_;
-  std::shared_ptr<ProcessGroup> world_;
+  std::shared_ptr<ReformableGroup> world_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

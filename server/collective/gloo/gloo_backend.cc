@@ -432,6 +432,11 @@ absl::Status GlooBackend::AllToAll(absl::Span<const Tensor> inputs,
   });
 }
 
+absl::Status GlooBackend::Usable() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
 void GlooBackend::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (context_ == nullptr) return;

@@ -59,6 +59,7 @@ class GlooBackend : public ProcessGroup {
                        int root) override;
   absl::Status AllToAll(absl::Span<const Tensor> inputs,
                         absl::Span<const Tensor> outputs) override;
+  absl::Status Usable() const override;
   void Shutdown() override;
 
   // One collective's view of the transport: a tag no other collective of
@@ -81,7 +82,7 @@ class GlooBackend : public ProcessGroup {
   uint32_t NextTag() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration timeout_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // Null once shut down.
   std::shared_ptr<gloo::Context> context_ ABSL_GUARDED_BY(mu_);
   // Why the group is unusable; OK while it works.

@@ -363,6 +363,11 @@ absl::Status NcclBackend::AllToAll(absl::Span<const Tensor> inputs,
   });
 }
 
+absl::Status NcclBackend::Usable() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
 void NcclBackend::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (comm_ == nullptr) return;

@@ -58,6 +58,7 @@ class NcclBackend : public ProcessGroup {
                        int root) override;
   absl::Status AllToAll(absl::Span<const Tensor> inputs,
                         absl::Span<const Tensor> outputs) override;
+  absl::Status Usable() const override;
   void Shutdown() override;
 
   // The communicator, its stream and a small device scratch buffer
@@ -80,7 +81,7 @@ class NcclBackend : public ProcessGroup {
                    absl::FunctionRef<absl::Status(const Call&)> body);
   const int device_index_;
   const absl::Duration timeout_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // Null once shut down or aborted.
   std::unique_ptr<Comm> comm_ ABSL_GUARDED_BY(mu_);
   // Why the group is unusable; OK while it works.

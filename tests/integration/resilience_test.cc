@@ -1,0 +1,218 @@
+// The cluster survives a stall or a death of one daemon without restarting
+// the others: real `tessera-server` processes on loopback
+// (tests/testing/daemon_cluster.h), a short --timeout, SIGSTOP / SIGCONT /
+// SIGKILL.
+//
+// Covered: a daemon stalled longer than the timeout, then resumed: the
+// operation in flight fails, operations meanwhile are refused at once
+// naming the stalled rank, and within seconds of the resume the daemons
+// form a new generation and every operation works again, with every value
+// kept; a killed daemon is named at once by every later operation.
+#include <signal.h>
+
+#include <algorithm>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "common/tensor/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::IsOk;
+using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr int kWorld = 3;
+// The daemons' --timeout: a stall longer than this breaks a generation.
+constexpr absl::Duration kTimeout = absl::Seconds(2);
+
+DaemonClusterOptions Options() {
+  DaemonClusterOptions options;
+  options.world_size = kWorld;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--timeout",
+                        absl::StrCat(absl::ToInt64Seconds(kTimeout)),
+                        "--log-level", "warn"};
+  return options;
+}
+
+ShardingSpec Rows() {
+  std::vector<std::string> placements;
+  for (int r = 0; r < kWorld; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+CreateOptions Sevens() {
+  CreateOptions options;
+  options.init = TensorInit::kFull;
+  options.fill_value = 7;
+  return options;
+}
+
+// Waits until `rank`'s own description of the cluster satisfies `done`.
+// Asks with a short deadline: a stalled daemon answers nothing.
+bool WaitForState(const DaemonCluster& cluster, int rank,
+                  const std::function<bool(const v1::ClusterInfo&)>& done,
+                  absl::Duration timeout) {
+  ClientOptions options;
+  options.timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::shared_ptr<Client>> client =
+      Client::Connect(cluster.address(rank), options);
+  if (!client.ok()) return false;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::vector<absl::StatusOr<v1::ClusterInfo>> clusters =
+        (*client)->Clusters();
+    if (clusters[rank].ok() && done(*clusters[rank])) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+// Re-forming, and past the first look at who is missing.
+bool WaitsForRank2(const v1::ClusterInfo& info) {
+  return absl::StartsWith(info.state(), "re-forming") &&
+         absl::StrContains(info.state(), "waits for ranks [2]");
+}
+
+void ExpectAllSevens(const Client& client, const std::string& name) {
+  absl::StatusOr<ShardedTensorView> view = client.Open(name);
+  ASSERT_OK(view.status());
+  absl::StatusOr<Tensor> values = view->Read();
+  ASSERT_OK(values.status());
+  const float* data = values->data<float>();
+  for (int64_t i = 0; i < values->numel(); ++i) {
+    ASSERT_EQ(data[i], 7.0f) << name << " element " << i;
+  }
+}
+
+TEST(ResilienceTest, AStallLongerThanTheTimeoutHealsOnceTheDaemonResumes) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  ASSERT_OK(client->Create("kept", {6, 4}, Rows(), Sevens()).status());
+  for (const auto& info : client->Clusters()) {
+    ASSERT_OK(info.status());
+    EXPECT_EQ(info->generation(), 1);
+    EXPECT_EQ(info->state(), "serving");
+  }
+
+  const pid_t stalled = cluster->daemon(2).pid();
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  const absl::Time stalled_since = absl::Now();
+  bool resumed = false;
+  absl::Cleanup resume = [&] {
+    if (!resumed) kill(stalled, SIGCONT);
+  };
+  // The operation in flight fails once the collective times out.
+  absl::Time start = absl::Now();
+  EXPECT_THAT(client->Create("during", {6, 4}, Rows()).status(), Not(IsOk()));
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(5));
+  // The others now wait for rank 2, and say so at once.
+  ASSERT_TRUE(WaitForState(*cluster, 0, WaitsForRank2, absl::Seconds(10)))
+      << cluster->Log(0);
+  start = absl::Now();
+  EXPECT_THAT(client->Create("refused", {6, 4}, Rows()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("re-forming"), HasSubstr("ranks [2]"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // Reads of the shards the others hold go on.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView kept, client->Open("kept"));
+  ASSERT_OK_AND_ASSIGN(Tensor top, kept.ReadRegion({0, 0}, {4, 4}));
+  EXPECT_EQ(top.data<float>()[15], 7.0f);
+
+  // Resume, after a stall of twice the timeout: operations work again
+  // within seconds, nobody restarted.
+  absl::SleepFor(std::max(absl::ZeroDuration(),
+                          stalled_since + 2 * kTimeout - absl::Now()));
+  ASSERT_EQ(kill(stalled, SIGCONT), 0);
+  resumed = true;
+  start = absl::Now();
+  absl::Status created;
+  while (absl::Now() - start < absl::Seconds(20)) {
+    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
+    if (created.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_OK(created) << cluster->Log(2);
+  const absl::Duration healed = absl::Now() - start;
+  EXPECT_LT(healed, absl::Seconds(10));
+  std::cout << "[ resilience ] serving again " << healed
+            << " after the stalled daemon resumed\n";
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(WaitForState(
+        *cluster, r,
+        [](const v1::ClusterInfo& info) {
+          return info.generation() >= 2 && info.state() == "serving";
+        },
+        absl::Seconds(10)))
+        << cluster->Log(r);
+    // Every daemon lists the same tensors; "during" never took effect.
+    ASSERT_OK_AND_ASSIGN(auto seen, Client::Connect(cluster->address(r)));
+    ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> tensors, seen->List());
+    std::vector<std::string> names;
+    for (const ShardedTensorView& view : tensors) names.push_back(view.name());
+    EXPECT_THAT(names, ::testing::ElementsAre("after", "kept")) << r;
+  }
+  ExpectAllSevens(*client, "kept");
+  ExpectAllSevens(*client, "after");
+  // Collectives, saves and deletes work in the new generation.
+  ASSERT_OK_AND_ASSIGN(Tensor gathered, client->Gather("kept"));
+  EXPECT_EQ(gathered.numel(), 24);
+  ASSERT_OK(client->Save("after_stall").status());
+  ASSERT_OK(client->Delete("after"));
+}
+
+TEST(ResilienceTest, EveryOperationNamesAKilledDaemonAtOnce) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  ASSERT_OK(client->Create("kept", {6, 4}, Rows(), Sevens()).status());
+  cluster->Kill(2);
+  // The first operation finds out (a closed connection, or the timeout).
+  absl::Time start = absl::Now();
+  EXPECT_THAT(client->Create("first", {6, 4}, Rows()).status(), Not(IsOk()));
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(5));
+  ASSERT_TRUE(WaitForState(*cluster, 0, WaitsForRank2, absl::Seconds(10)))
+      << cluster->Log(0);
+  for (int i = 0; i < 3; ++i) {
+    start = absl::Now();
+    EXPECT_THAT(client->Delete("kept"), StatusIs(absl::StatusCode::kUnavailable,
+                                                 HasSubstr("ranks [2]")));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+  // The dead daemon answers nothing; the live ones say whom they wait for.
+  std::vector<absl::StatusOr<v1::ClusterInfo>> clusters = client->Clusters();
+  EXPECT_THAT(clusters[2].status(), Not(IsOk()));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_OK(clusters[r].status());
+    EXPECT_THAT(clusters[r]->state(), HasSubstr("waits for ranks [2]"));
+  }
+}
+
+}  // namespace
+}  // namespace tessera
