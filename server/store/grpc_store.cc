@@ -429,7 +429,7 @@ absl::StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Connect(
                      absl::FormatDuration(connect_timeout)));
   }
   return std::shared_ptr<GrpcStore>(
-      new GrpcStore(address, v1::StoreService::NewStub(channel)));
+      new GrpcStore(address, channel, v1::StoreService::NewStub(channel)));
 }
 
 template <typename Request, typename Response>
@@ -438,9 +438,17 @@ absl::Status GrpcStore::Call(grpc::Status (Stub::*method)(grpc::ClientContext*,
                                                           Response*),
                              const Request& request, Response* response,
                              absl::Time deadline) {
+  // A lost connection: wait a little for it to come back (a server
+  // restarting), but do not wait out the whole deadline for a server that
+  // is gone.
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY &&
+      !channel_->WaitForConnected(absl::ToChronoTime(
+          std::min(deadline, absl::Now() + kReconnectWait)))) {
+    return absl::UnavailableError(
+        absl::StrCat("store server at ", address_, " is unreachable"));
+  }
   grpc::ClientContext context;
-  // Rides out a server restart (or a late start) within the deadline
-  // instead of failing at once.
+  // Rides out a connection lost between the check and the call.
   context.set_wait_for_ready(true);
   context.set_deadline(absl::ToChronoTime(deadline));
   return FromGrpcStatus((stub_.get()->*method)(&context, request, response));

@@ -138,10 +138,16 @@ class GrpcStore : public Store {
   // server's DEADLINE_EXCEEDED (which names the missing keys) wins.
   static constexpr absl::Duration kWaitSlack = absl::Seconds(5);
 
+  // How long a call waits for a lost connection to come back (a store
+  // server restarting) before it fails with UNAVAILABLE: an operation that
+  // needs an unreachable store fails in seconds, not at its deadline.
+  static constexpr absl::Duration kReconnectWait = absl::Seconds(2);
+
   // Connects to `address`, retrying until `connect_timeout` since ranks may
   // start before the server. UNAVAILABLE when it stays unreachable.
-  // Later calls wait for the channel to be ready again (gRPC's
-  // wait_for_ready) within their deadline.
+  // Later calls wait up to kReconnectWait (within their deadline) for a
+  // lost connection to come back, then fail with UNAVAILABLE naming the
+  // store's address.
   static absl::StatusOr<std::shared_ptr<GrpcStore>> Connect(
       const std::string& address,
       absl::Duration connect_timeout = kDefaultConnectTimeout);
@@ -167,8 +173,11 @@ class GrpcStore : public Store {
  private:
   using Stub = v1::StoreService::StubInterface;
 
-  GrpcStore(std::string address, std::unique_ptr<Stub> stub)
-      : address_(std::move(address)), stub_(std::move(stub)) {}
+  GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel,
+            std::unique_ptr<Stub> stub)
+      : address_(std::move(address)),
+        channel_(std::move(channel)),
+        stub_(std::move(stub)) {}
 
   // Calls `method`, waiting for the channel to be ready until `deadline`.
   template <typename Request, typename Response>
@@ -186,6 +195,7 @@ class GrpcStore : public Store {
                         absl::Duration timeout);
 
   const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<Stub> stub_;
 };
 

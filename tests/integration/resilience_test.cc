@@ -214,5 +214,23 @@ TEST(ResilienceTest, EveryOperationNamesAKilledDaemonAtOnce) {
   }
 }
 
+// Rank 0 serves the store: with it dead, an operation fails within seconds
+// naming the store, not at its deadline.
+TEST(ResilienceTest, AnOperationNeedingADeadStoreFailsInSeconds) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(1), client_options));
+  ASSERT_OK(client->Create("kept", {6, 4}, Rows(), Sevens()).status());
+  cluster->Kill(0);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->Create("after", {6, 4}, Rows()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("store server at ",
+                                              cluster->store_address()))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace tessera

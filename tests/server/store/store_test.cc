@@ -649,6 +649,40 @@ TEST(GrpcStoreConnectTest, ARankMayStartBeforeTheServer) {
   EXPECT_THAT((*client)->Get("k", kPatience), IsOkAndHolds("v"));
 }
 
+// A store server that died is reported within GrpcStore::kReconnectWait,
+// naming it, not at the call's deadline; one that comes back on the same
+// port within that time is ridden out.
+TEST(GrpcStoreConnectTest, ALostServerIsUnavailableWithinTheReconnectWait) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreServer> server,
+                       StoreServer::Start("127.0.0.1:0"));
+  const std::string address = absl::StrCat("127.0.0.1:", server->port());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<GrpcStore> client,
+                       GrpcStore::Connect(address, kPatience));
+  client->set_timeout(absl::Seconds(60));
+  ASSERT_OK(client->Set("k", "v"));
+  server.reset();
+  absl::Time start = absl::Now();
+  EXPECT_THAT(client->Add("n", 1),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("store server at ", address,
+                                              " is unreachable"))));
+  EXPECT_LT(absl::Now() - start, GrpcStore::kReconnectWait + kPatience);
+  EXPECT_THAT(client->Get("k", absl::Seconds(60)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+
+  // Back on the same port while a call waits: the call goes through.
+  std::thread restarter([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::StatusOr<std::unique_ptr<StoreServer>> restarted =
+        StoreServer::Start(address);
+    ASSERT_OK(restarted);
+    server = *std::move(restarted);
+  });
+  absl::StatusOr<int64_t> added = client->Add("n", 1);
+  restarter.join();
+  EXPECT_THAT(added, IsOkAndHolds(1));
+}
+
 TEST(StoreServerTest, AnUnusableAddressIsUnavailable) {
   EXPECT_THAT(StoreServer::Start("256.1.1.1:0"),
               StatusIs(absl::StatusCode::kUnavailable,
