@@ -131,8 +131,11 @@ class ShardedTensorView {
 
   // Writes `data` (the tensor's dtype, any strides, CPU) at `offsets`: each
   // owner receives the part its shards hold, all at once. Errors as
-  // ReadRegion, plus INVALID_ARGUMENT for a dtype mismatch. A failed write
-  // may have written some shards.
+  // ReadRegion, plus INVALID_ARGUMENT for a dtype mismatch. A write to
+  // several owners is not atomic: every owner is tried, and a failure names
+  // each box written and each box not written with its owner and error
+  // (PartialWriteError, client/region_transfer.h), so the caller can retry
+  // exactly those.
   absl::Status Write(absl::Span<const int64_t> offsets, const Tensor& data,
                      const TransferOptions& options = {}) const;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -67,6 +68,43 @@ absl::Status ForEachRegionPiece(
                                     overlap.box.shard_sizes()));
         return body(piece);
       });
+}
+
+std::string BoxString(const ShardMetadata& box) {
+  std::vector<std::string> dims;
+  for (size_t d = 0; d < box.shard_offsets().size(); ++d) {
+    dims.push_back(absl::StrCat(box.shard_offsets()[d], ":",
+                                box.shard_offsets()[d] + box.shard_sizes()[d]));
+  }
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+absl::Status PartialWriteError(absl::string_view what,
+                               std::vector<PieceOutcome> outcomes) {
+  std::sort(outcomes.begin(), outcomes.end(),
+            [](const PieceOutcome& a, const PieceOutcome& b) {
+              return a.shard < b.shard;
+            });
+  std::vector<std::string> written;
+  std::vector<std::string> failed;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (const PieceOutcome& outcome : outcomes) {
+    if (outcome.status.ok()) {
+      written.push_back(absl::StrCat(outcome.box, " on ", outcome.owner));
+      continue;
+    }
+    if (code == absl::StatusCode::kOk) code = outcome.status.code();
+    failed.push_back(absl::StrCat(outcome.box, " on ", outcome.owner, ": ",
+                                  outcome.status.ToString()));
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::Status(
+      code, absl::StrCat(
+                what, ": ", written.size(), " of ", outcomes.size(),
+                " boxes written; not written: ", absl::StrJoin(failed, "; "),
+                written.empty() ? std::string()
+                                : absl::StrCat("; written: ",
+                                               absl::StrJoin(written, ", "))));
 }
 
 ProgressCounter::ProgressCounter(

@@ -95,11 +95,17 @@ absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
                         std::move(region), nbytes};
 }
 
-// The call's deadline, capped at env.max_call_time from now.
+// The deadline of the work a call does (forwards to other owners): the
+// call's deadline, capped at env.max_call_time from now, less a margin for
+// the answer, so that the caller hears which owner failed rather than only
+// its own deadline passing.
 absl::Time CallDeadline(const RegionEnv& env,
                         const grpc::CallbackServerContext* context) {
-  return std::min(absl::FromChrono(context->deadline()),
-                  absl::Now() + env.max_call_time);
+  constexpr absl::Duration kAnswerMargin = absl::Milliseconds(500);
+  const absl::Time now = absl::Now();
+  const absl::Time deadline =
+      std::min(absl::FromChrono(context->deadline()), now + env.max_call_time);
+  return deadline - std::min(kAnswerMargin, (deadline - now) / 10);
 }
 
 // The registered shard `shard` of the tensor, or null when this daemon does
@@ -333,34 +339,50 @@ class WriteRegionReactor final
                          " belongs to this rank but is not registered"));
       }
     }
-    return ForEachRegionPiece(
+    // Every owner is tried even after one failed, so that the error says
+    // which boxes were written (a write to several owners is not atomic).
+    absl::Mutex mu;
+    std::vector<PieceOutcome> outcomes;
+    RETURN_IF_ERROR(ForEachRegionPiece(
         shards, region.shard_offsets(), buffer_, env_.parallelism,
         [&](const RegionPiece& piece) -> absl::Status {
-          if (const LocalShard* mine = Mine(registered, piece.shard)) {
-            return Annotate(
-                CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
-                        mine->shard.tensor, piece.offsets_in_shard,
-                        piece.box->shard_sizes()),
-                What());
-          }
-          const int owner = resolved.info.shard_ranks(piece.shard);
-          const std::string what =
-              RemoteWhat("WriteRegion", resolved, piece.shard);
-          absl::StatusOr<WorkerInfo> worker = env_.rank->Worker(owner);
-          RETURN_IF_ERROR(Annotate(worker.status(), what));
-          // gRPC shares one connection among channels to the same address
-          // with the same arguments, so a channel per forward is cheap.
-          std::unique_ptr<v1::ControlService::Stub> stub =
-              v1::ControlService::NewStub(
-                  CreateTesseraChannel(worker->address));
-          RegionWriteOptions options;
-          options.deadline = deadline_;
-          return Annotate(
-              WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
-                          piece.box->shard_offsets(), piece.view, options)
-                  .status(),
-              absl::StrCat(what, " (", worker->address, ")"));
-        });
+          PieceOutcome outcome;
+          outcome.shard = piece.shard;
+          outcome.box = BoxString(*piece.box);
+          outcome.status = WritePiece(registered, piece, &outcome.owner);
+          absl::MutexLock lock(&mu);
+          outcomes.push_back(std::move(outcome));
+          return absl::OkStatus();
+        }));
+    return PartialWriteError(What(), std::move(outcomes));
+  }
+
+  // Writes one piece: into this daemon's shard, or forwarded to its owner.
+  // Sets *owner to how errors name the owner.
+  absl::Status WritePiece(
+      const std::shared_ptr<const RegisteredTensor>& registered,
+      const RegionPiece& piece, std::string* owner_name) {
+    const ResolvedRegion& resolved = *resolved_;
+    const int owner = resolved.info.shard_ranks(piece.shard);
+    *owner_name = absl::StrCat("rank ", owner);
+    if (const LocalShard* mine = Mine(registered, piece.shard)) {
+      absl::StrAppend(owner_name, " (this daemon)");
+      return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
+                     mine->shard.tensor, piece.offsets_in_shard,
+                     piece.box->shard_sizes());
+    }
+    absl::StatusOr<WorkerInfo> worker = env_.rank->Worker(owner);
+    RETURN_IF_ERROR(worker.status());
+    absl::StrAppend(owner_name, " (", worker->address, ")");
+    // gRPC shares one connection among channels to the same address with
+    // the same arguments, so a channel per forward is cheap.
+    std::unique_ptr<v1::ControlService::Stub> stub =
+        v1::ControlService::NewStub(CreateTesseraChannel(worker->address));
+    RegionWriteOptions options;
+    options.deadline = deadline_;
+    return WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
+                       piece.box->shard_offsets(), piece.view, options)
+        .status();
   }
 
   v1::WriteRegionResponse* const response_;

@@ -22,10 +22,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/region_transfer.h"
 #include "common/sharding_spec.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -230,6 +233,55 @@ TEST(ResilienceTest, AnOperationNeedingADeadStoreFailsInSeconds) {
                        HasSubstr(absl::StrCat("store server at ",
                                               cluster->store_address()))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A write spanning a stalled owner is not atomic: the error names every box
+// written and every box not written, whether the client fans the write out
+// itself or asks one daemon to.
+TEST(ResilienceTest, ATornWriteNamesTheBoxesWrittenAndNot) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("torn", {6, 4}, Rows(), Sevens()));
+  ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Full({6, 4}, 1.0));
+
+  const pid_t stalled = cluster->daemon(2).pid();
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
+  TransferOptions options;
+  options.timeout = absl::Seconds(2);
+  absl::Status written = view.Write({0, 0}, ones, options);
+  EXPECT_THAT(
+      written,
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               AllOf(HasSubstr("writing tensor torn: 2 of 3 boxes written"),
+                     HasSubstr("not written: [4:6, 0:4] on rank 2 (127.0.0.1:"),
+                     HasSubstr("written: [0:2, 0:4] on rank 0 (127.0.0.1:"),
+                     HasSubstr("[2:4, 0:4] on rank 1 (127.0.0.1:"))));
+
+  // Through one daemon, which forwards the others' boxes.
+  ASSERT_OK_AND_ASSIGN(Tensor twos, Tensor::Full({6, 4}, 2.0));
+  std::unique_ptr<v1::ControlService::Stub> stub =
+      v1::ControlService::NewStub(grpc::CreateChannel(
+          cluster->address(0), grpc::InsecureChannelCredentials()));
+  RegionWriteOptions forward;
+  forward.deadline = absl::Now() + absl::Seconds(3);
+  EXPECT_THAT(
+      WriteRegion(*stub, "torn", view.tensor_id(), {0, 0}, twos, forward)
+          .status(),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               AllOf(HasSubstr("2 of 3 boxes written"),
+                     HasSubstr("not written: [4:6, 0:4] on rank 2 (127.0.0.1:"),
+                     HasSubstr("written: [0:2, 0:4] on rank 0 (this daemon)"),
+                     HasSubstr("[2:4, 0:4] on rank 1 (127.0.0.1:"))));
+
+  std::move(resume).Invoke();
+  // What the errors said is what the tensor holds.
+  ASSERT_OK_AND_ASSIGN(Tensor values, view.Read());
+  const float* data = values.data<float>();
+  for (int64_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(data[i], i < 16 ? 2.0f : 7.0f) << "element " << i;
+  }
 }
 
 }  // namespace
