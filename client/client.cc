@@ -240,6 +240,32 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
   return shards;
 }
 
+absl::Status ShardedTensorView::CheckNotLost(absl::Span<const int64_t> offsets,
+                                             absl::Span<const int64_t> sizes,
+                                             absl::string_view what) const {
+  if (info_.lost_shards().empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const ShardMetadata region,
+                   ShardMetadata::Create({offsets.begin(), offsets.end()},
+                                         {sizes.begin(), sizes.end()}));
+  std::vector<std::string> lost;
+  for (const RegionOverlap& overlap :
+       Overlaps(metadata_.shards_metadata, region)) {
+    const int shard = static_cast<int>(overlap.shard);
+    if (std::find(info_.lost_shards().begin(), info_.lost_shards().end(),
+                  shard) == info_.lost_shards().end()) {
+      continue;
+    }
+    lost.push_back(absl::StrCat("shard ", shard, " ",
+                                BoxString(metadata_.shards_metadata[shard]),
+                                " of rank ", owner_rank(shard)));
+  }
+  if (lost.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      what, ": the tensor is degraded: ", absl::StrJoin(lost, ", "),
+      " lost when the owner restarted; load it from a checkpoint (with "
+      "replace) or delete it"));
+}
+
 absl::StatusOr<Tensor> ShardedTensorView::ReadRegion(
     absl::Span<const int64_t> offsets, absl::Span<const int64_t> sizes,
     const TransferOptions& options) const {
@@ -264,6 +290,7 @@ absl::Status ShardedTensorView::ReadRegionInto(
   const std::vector<int64_t>& sizes = destination.sizes();
   RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
                                  absl::StrCat("tensor ", name()), "tensor"));
+  RETURN_IF_ERROR(CheckNotLost(offsets, sizes, what));
   const absl::Time deadline = absl::Now() + options.timeout;
   ProgressCounter progress(RegionBytes(sizes, dtype()), options.progress);
   RETURN_IF_ERROR(ForEachRegionPiece(
@@ -299,6 +326,7 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
   RETURN_IF_ERROR(CheckDType(data, dtype(), what));
   RETURN_IF_ERROR(ValidateRegion(offsets, data.sizes(), metadata_.size,
                                  absl::StrCat("tensor ", name()), "tensor"));
+  RETURN_IF_ERROR(CheckNotLost(offsets, data.sizes(), what));
   RegionWriteOptions write;
   write.chunk_bytes = options.chunk_bytes;
   write.deadline = absl::Now() + options.timeout;

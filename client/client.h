@@ -108,6 +108,10 @@ class ShardedTensorView {
   DType dtype() const { return metadata_.tensor_properties.dtype; }
   // The rank owning shard i of metadata().shards_metadata.
   int owner_rank(size_t shard) const { return info_.shard_ranks(shard); }
+  // Whether some shards were lost (their owner restarted; see
+  // v1::TensorInfo.lost_shards): reads and writes touching them are
+  // UNAVAILABLE.
+  bool degraded() const { return info_.lost_shards_size() > 0; }
   const v1::TensorInfo& info() const { return info_; }
 
   // One RemoteShard per shard, in metadata order (to_here() fetches it
@@ -141,6 +145,11 @@ class ShardedTensorView {
 
  private:
   friend class Client;
+  // UNAVAILABLE naming the lost shards (info().lost_shards(): their owner
+  // restarted) that the box [offsets, offsets + sizes) touches.
+  absl::Status CheckNotLost(absl::Span<const int64_t> offsets,
+                            absl::Span<const int64_t> sizes,
+                            absl::string_view what) const;
   ShardedTensorView(std::shared_ptr<internal_client::Cluster> cluster,
                     v1::TensorInfo info, ShardedTensorMetadata metadata);
 

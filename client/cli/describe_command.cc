@@ -1,5 +1,6 @@
 #include "client/cli/describe_command.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,12 @@ std::string PlacementOf(const ShardMetadata& shard) {
   return shard.placement().has_value() ? shard.placement()->ToString() : "-";
 }
 
+// Whether shard i's bytes were lost (its owner restarted).
+bool ShardLost(const ShardedTensorView& view, size_t i) {
+  const auto& lost = view.info().lost_shards();
+  return std::find(lost.begin(), lost.end(), static_cast<int>(i)) != lost.end();
+}
+
 }  // namespace
 
 std::string FormatShardTable(const ShardedTensorView& view,
@@ -34,13 +41,14 @@ std::string FormatShardTable(const ShardedTensorView& view,
       " in ", count, count == 1 ? " shard" : " shards", ", id ",
       view.tensor_id(), "\n");
   std::vector<std::vector<std::string>> rows = {
-      {"SHARD", "OFFSETS", "SIZES", "PLACEMENT", "RANK", "ADDRESS"}};
+      {"SHARD", "OFFSETS", "SIZES", "PLACEMENT", "RANK", "ADDRESS", "STATE"}};
   for (size_t i = 0; i < count; ++i) {
     const ShardMetadata& shard = metadata.shards_metadata[i];
     const int rank = view.owner_rank(i);
     rows.push_back({absl::StrCat(i), FormatDims(shard.shard_offsets()),
                     FormatDims(shard.shard_sizes()), PlacementOf(shard),
-                    absl::StrCat(rank), AddressOf(cluster, rank)});
+                    absl::StrCat(rank), AddressOf(cluster, rank),
+                    ShardLost(view, i) ? "lost" : "ok"});
   }
   absl::StrAppend(&text, FormatColumns(rows));
   return text;
@@ -62,7 +70,8 @@ std::string ShardTableToJson(const ShardedTensorView& view,
                       {"sizes", shard.shard_sizes()},
                       {"placement", placement},
                       {"rank", rank},
-                      {"address", AddressOf(cluster, rank)}});
+                      {"address", AddressOf(cluster, rank)},
+                      {"state", ShardLost(view, i) ? "lost" : "ok"}});
   }
   nlohmann::ordered_json json = {
       {"name", view.name()},

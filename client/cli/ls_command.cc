@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/table.h"
 #include "nlohmann/json.hpp"
 
@@ -12,17 +13,24 @@ namespace {
 
 constexpr absl::string_view kCommand = "ls";
 
+// "ok", or "degraded: shards [2] lost" (their owner restarted).
+std::string StateOf(const ShardedTensorView& view) {
+  if (!view.degraded()) return "ok";
+  return absl::StrCat("degraded: shards [",
+                      absl::StrJoin(view.info().lost_shards(), ", "), "] lost");
+}
+
 }  // namespace
 
 std::string FormatTensorTable(absl::Span<const ShardedTensorView> views) {
   if (views.empty()) return "no tensors\n";
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "DTYPE", "SIZES", "SHARDS", "TENSOR ID"}};
+      {"NAME", "DTYPE", "SIZES", "SHARDS", "TENSOR ID", "STATE"}};
   for (const ShardedTensorView& view : views) {
     rows.push_back({view.name(), std::string(DTypeName(view.dtype())),
                     FormatDims(view.sizes()),
                     absl::StrCat(view.metadata().shards_metadata.size()),
-                    view.tensor_id()});
+                    view.tensor_id(), StateOf(view)});
   }
   return FormatColumns(rows);
 }
@@ -34,7 +42,9 @@ std::string TensorsToJson(absl::Span<const ShardedTensorView> views) {
                     {"dtype", std::string(DTypeName(view.dtype()))},
                     {"sizes", view.sizes()},
                     {"shards", view.metadata().shards_metadata.size()},
-                    {"tensor_id", view.tensor_id()}});
+                    {"tensor_id", view.tensor_id()},
+                    {"state", StateOf(view)},
+                    {"lost_shards", view.info().lost_shards()}});
   }
   return json.dump();
 }

@@ -47,6 +47,9 @@ inline constexpr char kStarting[] = "daemon is starting";
 
 // NOT_FOUND for a name the table does not hold.
 absl::Status UnknownTensor(absl::string_view name);
+// FAILED_PRECONDITION for an op on a degraded tensor, naming its lost
+// shards and their owners.
+absl::Status DegradedError(const v1::TensorInfo& info);
 // The method name of `op` ("CreateTensor", ...), for messages.
 const char* OpName(const v1::ControlOp& op);
 // The budget of a daemon whose options name none: DefaultMemoryLimit for
@@ -200,7 +203,9 @@ class Core : public std::enable_shared_from_this<Core> {
  private:
   enum class State { kNew, kRunning, kStopping, kStopped };
   struct Entry {
-    ShardedTensor tensor;
+    // Absent on a daemon that restarted and lost its shards of it (the
+    // info then lists them in lost_shards).
+    std::optional<ShardedTensor> tensor;
     v1::TensorInfo info;
     // This daemon's CPU shards of it, in the memory budget.
     MemoryBudget::Reservation held;
@@ -259,11 +264,22 @@ class Core : public std::enable_shared_from_this<Core> {
   // run) and the table. False when the service stops or this daemon is
   // fenced.
   bool Reform(int64_t* next);
-  // After a new generation formed (collective): every daemon continues at
-  // the furthest log position any of them reached, and tensors the
-  // daemons do not all hold alike (an op committed on some only when the
-  // old generation broke) are dropped everywhere.
-  absl::Status ResumeInStep(int64_t* next);
+  // When the default group formed (collective: at Start, `starting`, and
+  // after each new generation): every daemon sends a v1::ResumeState and
+  // all continue in step. The log position (*next) becomes the furthest
+  // any daemon reached (a starting daemon skips the log before it; a
+  // veteran's call waiting for an entry it skips ends with UNAVAILABLE).
+  // Tensors the veterans do not all hold alike (an op committed on some
+  // only when the old generation broke) are dropped everywhere. Daemons
+  // that are starting while others are not restarted: every tensor with
+  // shards on them is marked degraded (lost_shards), and they build their
+  // table from the lowest-ranked veteran's.
+  absl::Status JoinInStep(bool starting, int64_t* next);
+  // A starting daemon's entry for a tensor of the running cluster: its
+  // ShardedTensor with no shards of this daemon, or none when this
+  // daemon's shards of it were lost. `spec` is the layout it was made by
+  // (empty: the metadata's).
+  absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec);
   // Log entry `n`, which the other daemons passed while this one did not
   // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
   void Abandon(int64_t n);
@@ -300,7 +316,11 @@ class Core : public std::enable_shared_from_this<Core> {
   void ResyncTensorIds();
   absl::StatusOr<v1::TensorInfo> InfoOf(const std::string& name,
                                         const ShardedTensor& tensor) const;
-  std::optional<ShardedTensor> Lookup(const std::string& name) const;
+  // The tensor named `name`: NOT_FOUND when the table holds none,
+  // FAILED_PRECONDITION when it is degraded (DegradedError).
+  absl::StatusOr<ShardedTensor> Lookup(const std::string& name) const;
+  // Whether the table holds `name` (degraded or not).
+  bool Holds(const std::string& name) const;
   // A request's spec, its placements checked against the cluster: each
   // names a daemon (by rank or worker name) and a device that daemon can
   // hold (CPU anywhere; CUDA on a CUDA daemon; never meta, which would

@@ -207,7 +207,7 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
   };
   auto plan = [&]() -> absl::StatusOr<Plan> {
     RETURN_IF_ERROR(ValidateName(request.name()));
-    if (Lookup(request.name()).has_value()) return NameTaken(request.name());
+    if (Holds(request.name())) return NameTaken(request.name());
     ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
     RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
     ASSIGN_OR_RETURN(ShardingSpec spec, SpecOf(request.has_spec(),
@@ -280,8 +280,7 @@ absl::StatusOr<ShardedTensor> Core::NewTensor(
 
 Core::Outcome Core::RunDelete(const v1::ControlOp& op) {
   const std::string& name = op.delete_tensor().name();
-  absl::Status local =
-      Lookup(name).has_value() ? CheckDeadline(op) : UnknownTensor(name);
+  absl::Status local = Holds(name) ? CheckDeadline(op) : UnknownTensor(name);
   Outcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
   if (outcome.status.ok()) {
@@ -297,13 +296,13 @@ Core::Outcome Core::RunDelete(const v1::ControlOp& op) {
 Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   const v1::ReshardRequest& request = op.reshard();
   Outcome outcome;
-  std::optional<ShardedTensor> tensor = Lookup(request.name());
+  absl::StatusOr<ShardedTensor> tensor = Lookup(request.name());
   absl::StatusOr<ShardingSpec> spec =
       SpecOf(request.has_spec(), request.spec(), "Reshard");
   MemoryBudget::Reservation held;
-  absl::Status ready = !tensor.has_value() ? UnknownTensor(request.name())
-                       : !spec.ok()        ? spec.status()
-                                           : CheckDeadline(op);
+  absl::Status ready = !tensor.ok() ? tensor.status()
+                       : !spec.ok() ? spec.status()
+                                    : CheckDeadline(op);
   if (ready.ok()) {
     // The new shards are allocated while the old ones still live.
     ready = [&]() -> absl::Status {
@@ -350,11 +349,11 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
   const v1::GatherRequest& request = op.gather();
   const bool destination = op.coordinator() == rank_->rank();
   Outcome outcome;
-  std::optional<ShardedTensor> tensor = Lookup(request.name());
+  absl::StatusOr<ShardedTensor> tensor = Lookup(request.name());
   Tensor out;
   MemoryBudget::Reservation gathering;
   absl::Status ready = [&]() -> absl::Status {
-    if (!tensor.has_value()) return UnknownTensor(request.name());
+    RETURN_IF_ERROR(tensor.status());
     if (request.chunk_bytes() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("Gather: negative chunk_bytes ", request.chunk_bytes()));
@@ -401,8 +400,19 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
                                                             /*create=*/true));
     absl::MutexLock lock(&mu_);
     if (request.names().empty()) {
+      std::vector<std::string> degraded;
       for (const auto& [name, entry] : table_) {
-        dict.emplace_back(name, entry.tensor);
+        if (entry.info.lost_shards_size() > 0) {
+          degraded.push_back(name);
+          continue;
+        }
+        dict.emplace_back(name, *entry.tensor);
+      }
+      if (!degraded.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "SaveCheckpoint: tensors [", absl::StrJoin(degraded, ", "),
+            "] are degraded (shards lost when their owner restarted); name "
+            "the tensors to save, or delete or reload the degraded ones"));
       }
     }
     std::set<std::string> seen;
@@ -413,7 +423,10 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
         return absl::InvalidArgumentError(
             absl::StrCat("SaveCheckpoint: \"", name, "\" is named twice"));
       }
-      dict.emplace_back(name, it->second.tensor);
+      if (it->second.info.lost_shards_size() > 0) {
+        return DegradedError(it->second.info);
+      }
+      dict.emplace_back(name, *it->second.tensor);
     }
     return absl::OkStatus();
   }();
@@ -500,7 +513,7 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
           return absl::InvalidArgumentError(absl::StrCat(
               "LoadCheckpoint: two entries would be named \"", name, "\""));
         }
-        if (!request.replace() && Lookup(name).has_value()) {
+        if (!request.replace() && Holds(name)) {
           return NameTaken(name);
         }
       }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/collective/process_group.h"
 #include "server/sharded/sharded_tensor.h"
@@ -37,8 +40,6 @@ std::string WhatWasThrown() {
 constexpr char kSeqKey[] = "seq";
 constexpr char kSkip[] = "skip";
 constexpr char kOpPrefix[] = "op:";
-// Starts what daemons exchange after a new generation formed.
-constexpr char kResumeTag[] = "resume ";
 
 std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
 
@@ -61,31 +62,23 @@ absl::Status Core::Start() {
   group_ = rank_->default_group();
   // Rank 0 reads where the log stands before it joins the exchange, and the
   // others accept calls only after it: every op claimed from now on lies
-  // after the agreed start, and every daemon runs all of them.
-  std::string mine = absl::StrCat(options_.device, "\n");
-  absl::Status read = absl::OkStatus();
+  // after the agreed start, and every daemon runs all of them. A daemon
+  // that restarted into a running cluster learns the position and the
+  // table from the others instead (JoinInStep).
+  int64_t next = 0;
   if (rank_->rank() == 0) {
     absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
-    read = seq.status();
-    if (seq.ok()) absl::StrAppend(&mine, *seq);
-  }
-  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                   AllGatherBytes(*group_, mine));
-  RETURN_IF_ERROR(read);
-  std::vector<std::string> devices;
-  int64_t seq = -1;
-  for (size_t r = 0; r < gathered.size(); ++r) {
-    std::vector<std::string> parts = absl::StrSplit(gathered[r], '\n');
-    devices.push_back(parts.front());
-    if (r == 0 && (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &seq))) {
+    if (!seq.ok()) {
       return absl::UnavailableError(
-          "rank 0 could not read the operation log's position");
+          absl::StrCat("rank 0 could not read the operation log's position: ",
+                       seq.status().message()));
     }
+    next = *seq + 1;
   }
+  RETURN_IF_ERROR(JoinInStep(/*starting=*/true, &next));
   absl::MutexLock lock(&mu_);
   if (state_ != State::kNew) return absl::FailedPreconditionError("stopped");
-  devices_ = std::move(devices);
-  first_entry_ = seq + 1;
+  first_entry_ = next;
   state_ = State::kRunning;
   submitter_ = std::thread([this] { SubmitLoop(); });
   executor_ = std::thread([this] { ExecutorLoop(); });
@@ -281,7 +274,7 @@ bool Core::Reform(int64_t* next) {
       return false;
     }
     if (formed.ok()) {
-      formed = ResumeInStep(next);
+      formed = JoinInStep(/*starting=*/false, next);
       if (formed.ok()) break;
     }
     spdlog::warn("control: generation {} did not form: {}", group->generation(),
@@ -297,43 +290,86 @@ bool Core::Reform(int64_t* next) {
   return true;
 }
 
-absl::Status Core::ResumeInStep(int64_t* next) {
-  // "resume <next entry>\n<name> <tensor id>\n...".
-  std::string mine = absl::StrCat(kResumeTag, *next);
+absl::Status Core::JoinInStep(bool starting, int64_t* next) {
+  v1::ResumeState mine;
+  mine.set_next_entry(*next);
+  mine.set_device(options_.device);
+  mine.set_starting(starting);
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, entry] : table_) {
-      absl::StrAppend(&mine, "\n", name, " ", entry.info.tensor_id());
+      v1::ResumeState::Held* held = mine.add_held();
+      held->set_name(name);
+      held->set_tensor_id(entry.info.tensor_id());
     }
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(*group_, mine));
-  int64_t furthest = *next;
-  int64_t earliest = *next;
-  absl::flat_hash_map<std::string, int> held;
-  for (size_t r = 0; r < all.size(); ++r) {
-    std::vector<absl::string_view> lines = absl::StrSplit(all[r], '\n');
-    absl::string_view position = lines.front();
-    int64_t theirs = 0;
-    if (!absl::ConsumePrefix(&position, kResumeTag) ||
-        !absl::SimpleAtoi(position, &theirs)) {
+  // Veterans send their whole table too; it is read only when a daemon is
+  // starting (the lowest-ranked veteran's), and costs one all-gather.
+  if (!starting) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, entry] : table_) {
+      *mine.add_infos() = entry.info;
+      // Degraded entries of a daemon that restarted have no tensor; their
+      // layout is the metadata's.
+      *mine.add_specs() = entry.tensor.has_value()
+                              ? ToProto(entry.tensor->sharding_spec())
+                              : v1::ShardingSpec();
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                   AllGatherBytes(*group_, mine.SerializeAsString()));
+  std::vector<v1::ResumeState> all(gathered.size());
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    if (!all[r].ParseFromString(gathered[r])) {
       return absl::DataLossError(absl::StrCat(
-          "rank ", r, " sent no log position after the group formed"));
+          "rank ", r, " sent no readable state when the group formed"));
     }
-    furthest = std::max(furthest, theirs);
-    earliest = std::min(earliest, theirs);
-    for (size_t i = 1; i < lines.size(); ++i) ++held[lines[i]];
   }
-  // Entries others passed while this daemon did not run them: they failed
-  // on the others (they could not agree without this daemon).
-  for (int64_t m = *next; m < furthest; ++m) Abandon(m);
+  // Deterministic from here: every daemon reads the same states.
+  std::vector<std::string> devices;
+  std::set<int> starting_ranks;
+  int64_t furthest = 0;
+  int64_t earliest = std::numeric_limits<int64_t>::max();
+  int source = -1;  // The lowest-ranked veteran.
+  for (size_t r = 0; r < all.size(); ++r) {
+    devices.push_back(all[r].device());
+    furthest = std::max(furthest, all[r].next_entry());
+    if (all[r].starting()) {
+      starting_ranks.insert(static_cast<int>(r));
+      continue;
+    }
+    earliest = std::min(earliest, all[r].next_entry());
+    if (source < 0) source = static_cast<int>(r);
+  }
+  // Entries veterans passed while this one did not run them failed on the
+  // others (they could not agree without it). A starting daemon skips the
+  // whole log before it.
+  if (!starting) {
+    for (int64_t m = *next; m < furthest; ++m) Abandon(m);
+  }
   *next = furthest;
+
+  // The table: what every veteran holds alike stays; the rest was changed
+  // on some daemons only when the last generation broke, and is dropped.
+  const int veterans = static_cast<int>(all.size() - starting_ranks.size());
+  absl::flat_hash_map<std::string, int> held;
+  for (const v1::ResumeState& state : all) {
+    if (state.starting()) continue;
+    for (const v1::ResumeState::Held& h : state.held()) {
+      ++held[absl::StrCat(h.name(), " ", h.tensor_id())];
+    }
+  }
+  auto kept = [&](const std::string& name, const std::string& id) {
+    auto it = held.find(absl::StrCat(name, " ", id));
+    return it != held.end() && it->second == veterans;
+  };
   std::vector<std::string> dropped;
+  std::vector<std::string> degraded;
   {
     absl::MutexLock lock(&mu_);
+    devices_ = std::move(devices);
     for (auto it = table_.begin(); it != table_.end();) {
-      const std::string line =
-          absl::StrCat(it->first, " ", it->second.info.tensor_id());
-      if (held[line] == static_cast<int>(all.size())) {
+      if (kept(it->first, it->second.info.tensor_id())) {
         ++it;
         continue;
       }
@@ -348,13 +384,89 @@ absl::Status Core::ResumeInStep(int64_t* next) {
         "applied on some daemons only)",
         absl::StrJoin(dropped, ", "));
   }
+  if (!starting_ranks.empty() && source >= 0) {
+    // Daemons that restarted lost their shards: the tensors with shards on
+    // them are degraded everywhere; a starting daemon builds its table
+    // from the source's.
+    const v1::ResumeState& from = all[source];
+    if (from.specs_size() != from.infos_size()) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", source, " sent ", from.infos_size(),
+                       " tensors but ", from.specs_size(), " layouts"));
+    }
+    for (int i = 0; i < from.infos_size(); ++i) {
+      const v1::TensorInfo& info = from.infos(i);
+      if (!kept(info.name(), info.tensor_id())) continue;
+      v1::TensorInfo updated = info;
+      for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
+        if (starting_ranks.count(info.shard_ranks(shard)) > 0 &&
+            std::find(info.lost_shards().begin(), info.lost_shards().end(),
+                      shard) == info.lost_shards().end()) {
+          updated.add_lost_shards(shard);
+        }
+      }
+      if (updated.lost_shards_size() > info.lost_shards_size()) {
+        degraded.push_back(info.name());
+      }
+      if (starting) {
+        RETURN_IF_ERROR(Rebuild(std::move(updated), from.specs(i)));
+      } else {
+        absl::MutexLock lock(&mu_);
+        auto it = table_.find(info.name());
+        if (it != table_.end()) it->second.info = std::move(updated);
+      }
+    }
+    if (!degraded.empty()) {
+      spdlog::error(
+          "control: tensors [{}] are degraded: ranks [{}] restarted and lost "
+          "their shards",
+          absl::StrJoin(degraded, ", "), absl::StrJoin(starting_ranks, ", "));
+    }
+    // A restarted daemon may listen elsewhere now.
+    if (!starting) RETURN_IF_ERROR(rank_->RefreshWorkers());
+  }
   ResyncTensorIds();
-  if (rank_->rank() == 0) {
+  if (rank_->rank() == 0 && !starting && earliest < furthest) {
     for (int64_t m = earliest; m < furthest; ++m) {
       store_->Delete(OpKey(m)).IgnoreError();
     }
   }
   return group_->Usable();
+}
+
+absl::Status Core::Rebuild(v1::TensorInfo info,
+                           const v1::ShardingSpec& spec_proto) {
+  Entry entry;
+  const bool mine_lost = std::any_of(
+      info.lost_shards().begin(), info.lost_shards().end(), [&](int shard) {
+        return shard < info.shard_ranks_size() &&
+               info.shard_ranks(shard) == rank_->rank();
+      });
+  if (!mine_lost) {
+    // This daemon holds none of its shards: it takes part in the tensor's
+    // collectives with nothing of its own.
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     FromProto(info.metadata()));
+    const ShardedTensorOptions options =
+        ShardedTensorOptions()
+            .WithDType(metadata.tensor_properties.dtype)
+            .WithRank(rank_);
+    if (spec_proto.spec_case() == v1::ShardingSpec::SPEC_NOT_SET) {
+      ASSIGN_OR_RETURN(entry.tensor,
+                       ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+                           {}, std::move(metadata), options));
+    } else {
+      ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(spec_proto));
+      ASSIGN_OR_RETURN(entry.tensor,
+                       ShardedTensor::InitFromLocalShardsWithSpec(
+                           {}, std::move(metadata), std::move(spec), options));
+    }
+  }
+  std::string name = info.name();
+  entry.info = std::move(info);
+  absl::MutexLock lock(&mu_);
+  table_.insert_or_assign(std::move(name), std::move(entry));
+  return absl::OkStatus();
 }
 
 void Core::Abandon(int64_t n) {

@@ -1,8 +1,12 @@
 #include "server/daemon/control_core.h"
 
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
@@ -31,11 +35,35 @@ absl::StatusOr<v1::TensorInfo> Core::InfoOf(const std::string& name,
   return info;
 }
 
-std::optional<ShardedTensor> Core::Lookup(const std::string& name) const {
+absl::StatusOr<ShardedTensor> Core::Lookup(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = table_.find(name);
-  if (it == table_.end()) return std::nullopt;
-  return it->second.tensor;
+  if (it == table_.end()) return UnknownTensor(name);
+  if (it->second.info.lost_shards_size() > 0) {
+    return DegradedError(it->second.info);
+  }
+  return *it->second.tensor;
+}
+
+bool Core::Holds(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return table_.count(name) > 0;
+}
+
+absl::Status DegradedError(const v1::TensorInfo& info) {
+  std::vector<std::string> lost;
+  std::set<int> owners;
+  for (int shard : info.lost_shards()) {
+    lost.push_back(absl::StrCat(shard));
+    if (shard >= 0 && shard < info.shard_ranks_size()) {
+      owners.insert(info.shard_ranks(shard));
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tensor ", info.name(), " is degraded: shards [",
+      absl::StrJoin(lost, ", "), "] were lost when rank",
+      owners.size() == 1 ? " " : "s ", absl::StrJoin(owners, ", "),
+      " restarted; delete it, or load it from a checkpoint with replace"));
 }
 
 absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {

@@ -225,6 +225,18 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
       absl::StrCat(name, "\n", address, "\n", data_plane_address, "\n",
                    local_address)));
 
+  ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, ReadWorkers(rpc_world));
+  absl::MutexLock lock(&mu_);
+  rpc_rank_ = rpc_rank;
+  rpc_address_ = address;
+  workers_ = std::move(workers);
+  clients_.assign(workers_.size(), nullptr);
+  for (const WorkerInfo& worker : workers_)
+    worker_ranks_[worker.name] = worker.id;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WorkerInfo>> Rank::ReadWorkers(int rpc_world) const {
   std::vector<WorkerInfo> workers(rpc_world);
   for (int r = 0; r < rpc_world; ++r) {
     ASSIGN_OR_RETURN(std::string value,
@@ -237,13 +249,33 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
     workers[r] = WorkerInfo{parts[0], r, parts[1], parts[2],
                             parts.size() == 4 ? parts[3] : std::string()};
   }
+  return workers;
+}
+
+absl::Status Rank::RefreshWorkers() {
+  int rpc_world;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rpc_rank_ < 0) {
+      return absl::FailedPreconditionError("RPC is not initialized");
+    }
+    rpc_world = static_cast<int>(workers_.size());
+  }
+  ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, ReadWorkers(rpc_world));
   absl::MutexLock lock(&mu_);
-  rpc_rank_ = rpc_rank;
-  rpc_address_ = address;
-  workers_ = std::move(workers);
-  clients_.assign(workers_.size(), nullptr);
-  for (const WorkerInfo& worker : workers_)
-    worker_ranks_[worker.name] = worker.id;
+  for (int r = 0; r < rpc_world; ++r) {
+    const WorkerInfo& was = workers_[r];
+    const WorkerInfo& now = workers[r];
+    if (was.address == now.address &&
+        was.data_plane_address == now.data_plane_address &&
+        was.local_address == now.local_address && was.name == now.name) {
+      continue;
+    }
+    worker_ranks_.erase(was.name);
+    worker_ranks_[now.name] = r;
+    workers_[r] = now;
+    clients_[r] = nullptr;
+  }
   return absl::OkStatus();
 }
 

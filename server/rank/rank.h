@@ -176,6 +176,10 @@ class Rank : public WorkerResolver {
   std::optional<int> RankOf(absl::string_view worker_name) const override;
   // The worker with RPC rank `rpc_rank`; NOT_FOUND when there is none.
   absl::StatusOr<WorkerInfo> Worker(int rpc_rank) const;
+  // Reads every worker's record from the store again: a worker that
+  // restarted may listen elsewhere. The cached client of each worker whose
+  // record changed is dropped. FAILED_PRECONDITION before InitRpc.
+  absl::Status RefreshWorkers();
   // A client for that worker's shard server (one channel per worker).
   absl::StatusOr<std::shared_ptr<ShardClient>> ClientFor(int rpc_rank) const;
 
@@ -209,6 +213,8 @@ class Rank : public WorkerResolver {
   ProcessGroupOptions GroupOptions(const std::string& name,
                                    const std::vector<int>& ranks,
                                    int group_rank) const;
+  // Every worker's record, from the store.
+  absl::StatusOr<std::vector<WorkerInfo>> ReadWorkers(int rpc_world) const;
   // Stops the shard server (gRPC, data plane, local path), draining it
   // for `grace`.
   void StopServer(absl::Duration grace);

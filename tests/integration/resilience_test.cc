@@ -215,6 +215,22 @@ TEST(ResilienceTest, EveryOperationNamesAKilledDaemonAtOnce) {
     ASSERT_OK(clusters[r].status());
     EXPECT_THAT(clusters[r]->state(), HasSubstr("waits for ranks [2]"));
   }
+
+  // Restarted after the others noticed: they form the next generation with
+  // it, and the tensor whose shard it lost can be deleted.
+  const absl::Time restart = absl::Now();
+  ASSERT_OK(cluster->Restart(2));
+  absl::Status deleted;
+  while (absl::Now() - restart < absl::Seconds(20)) {
+    deleted = client->Delete("kept");
+    if (deleted.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_OK(deleted);
+  EXPECT_LT(absl::Now() - restart, absl::Seconds(10));
+  ASSERT_OK_AND_ASSIGN(auto again, Client::Connect(cluster->address(0)));
+  ASSERT_OK(again->Create("new", {6, 4}, Rows(), Sevens()).status());
+  ExpectAllSevens(*again, "new");
 }
 
 // Rank 0 serves the store: with it dead, an operation fails within seconds
@@ -282,6 +298,87 @@ TEST(ResilienceTest, ATornWriteNamesTheBoxesWrittenAndNot) {
   for (int64_t i = 0; i < 24; ++i) {
     EXPECT_EQ(data[i], i < 16 ? 2.0f : 7.0f) << "element " << i;
   }
+}
+
+// A killed daemon restarted with the same rank (systemd, Kubernetes) joins
+// the running cluster: nobody else restarts, its lost shards are reported,
+// not invented, and a checkpoint heals them.
+TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  {
+    ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(0)));
+    ASSERT_OK(client->Create("spread", {6, 4}, Rows(), Sevens()).status());
+    ASSERT_OK(client
+                  ->Create("elsewhere", {4, 4},
+                           *ChunkShardingSpec::Create(
+                               0, std::vector<std::string>{"rank:0/cpu",
+                                                           "rank:1/cpu"}),
+                           Sevens())
+                  .status());
+    ASSERT_OK(client->Save("before").status());
+  }
+  cluster->Kill(2);
+  const absl::Time killed = absl::Now();
+  ASSERT_OK(cluster->Restart(2)) << cluster->Log(2);
+  const absl::Time restarted = absl::Now();
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  absl::Status created;
+  while (absl::Now() - restarted < absl::Seconds(30)) {
+    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
+    if (created.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_OK(created) << cluster->Log(0) << cluster->Log(2);
+  std::cout << "[ resilience ] serving again " << absl::Now() - restarted
+            << " after the restart (" << absl::Now() - killed
+            << " after the kill)\n";
+  EXPECT_LT(absl::Now() - restarted, absl::Seconds(10));
+
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK_AND_ASSIGN(auto seen, Client::Connect(cluster->address(r)));
+    EXPECT_GE(seen->cluster().generation(), 2) << r;
+    ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> tensors, seen->List());
+    std::vector<std::string> names;
+    for (const ShardedTensorView& view : tensors) names.push_back(view.name());
+    EXPECT_THAT(names, ::testing::ElementsAre("after", "elsewhere", "spread"))
+        << r;
+    // Tensors without shards on the restarted daemon are whole; the
+    // restarted one's shard of "spread" is lost, and says so.
+    ExpectAllSevens(*seen, "elsewhere");
+    ExpectAllSevens(*seen, "after");
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView spread, seen->Open("spread"));
+    EXPECT_TRUE(spread.degraded());
+    EXPECT_THAT(spread.info().lost_shards(), ::testing::ElementsAre(2));
+    ASSERT_OK_AND_ASSIGN(Tensor top, spread.ReadRegion({0, 0}, {4, 4}));
+    EXPECT_EQ(top.data<float>()[15], 7.0f);
+    EXPECT_THAT(spread.Read().status(),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         AllOf(HasSubstr("degraded"),
+                               HasSubstr("shard 2 [4:6, 0:4] of rank 2"))));
+  }
+  // Operations that need the lost shard refuse; the rest work.
+  EXPECT_THAT(
+      client->Gather("spread").status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("shards [2] were lost when rank 2 restarted")));
+  EXPECT_THAT(client->Save("all").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("[spread] are degraded")));
+  EXPECT_OK(client->Save("some", {"elsewhere", "after"}).status());
+  ASSERT_OK_AND_ASSIGN(Tensor gathered, client->Gather("after"));
+  EXPECT_EQ(gathered.numel(), 24);
+  // The checkpoint heals it.
+  v1::LoadCheckpointRequest load;
+  load.set_path("before");
+  load.add_names("spread");
+  load.set_replace(true);
+  ASSERT_OK(client->Load(load).status());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView healed, client->Open("spread"));
+  EXPECT_FALSE(healed.degraded());
+  ExpectAllSevens(*client, "spread");
 }
 
 }  // namespace

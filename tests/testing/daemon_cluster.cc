@@ -94,37 +94,56 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
                        "SLURM_PROCID",  "SLURM_NTASKS",
                        "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
     spawn.log_path = absl::StrCat(cluster->dir_, "/rank", rank, ".log");
+    cluster->spawns_.push_back(spawn);
     absl::StatusOr<Subprocess> daemon = Subprocess::Spawn(std::move(spawn));
     if (!daemon.ok()) return daemon.status();
     cluster->daemons_.push_back(*std::move(daemon));
   }
 
   cluster->addresses_.resize(options.world_size);
+  cluster->start_timeout_ = options.start_timeout;
   const absl::Time deadline = absl::Now() + options.start_timeout;
   for (int rank = 0; rank < options.world_size; ++rank) {
-    const std::string path =
-        absl::StrCat(cluster->dir_, "/rank", rank, ".address");
-    while (true) {
-      if (std::optional<std::string> address = ReadAddressFile(path)) {
-        cluster->addresses_[rank] = *address;
-        break;
-      }
-      Subprocess& daemon = cluster->daemons_[rank];
-      if (std::optional<int> status = daemon.WaitFor(absl::ZeroDuration())) {
-        return absl::InternalError(absl::StrCat(
-            "daemon ", rank, " exited (", DescribeWaitStatus(*status),
-            ") before serving:\n", daemon.LogTail()));
-      }
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("daemon ", rank, " did not serve within ",
-                         absl::FormatDuration(options.start_timeout), ":\n",
-                         daemon.LogTail()));
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    absl::Status serving = cluster->WaitServing(rank, deadline);
+    if (!serving.ok()) return serving;
   }
   return cluster;
+}
+
+absl::Status DaemonCluster::WaitServing(int rank, absl::Time deadline) {
+  const std::string path = absl::StrCat(dir_, "/rank", rank, ".address");
+  while (true) {
+    if (std::optional<std::string> address = ReadAddressFile(path)) {
+      addresses_[rank] = *address;
+      return absl::OkStatus();
+    }
+    Subprocess& daemon = daemons_[rank];
+    if (std::optional<int> status = daemon.WaitFor(absl::ZeroDuration())) {
+      return absl::InternalError(absl::StrCat(
+          "daemon ", rank, " exited (", DescribeWaitStatus(*status),
+          ") before serving:\n", daemon.LogTail()));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "daemon ", rank, " did not serve within ",
+          absl::FormatDuration(start_timeout_), ":\n", daemon.LogTail()));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+absl::Status DaemonCluster::Restart(int rank) {
+  if (!daemons_[rank].WaitFor(absl::ZeroDuration()).has_value()) {
+    daemons_[rank].Kill();
+    daemons_[rank].WaitFor(absl::Seconds(10));
+  }
+  std::filesystem::remove(absl::StrCat(dir_, "/rank", rank, ".address"));
+  SpawnOptions spawn = spawns_[rank];
+  spawn.log_path = absl::StrCat(dir_, "/rank", rank, ".", ++restarts_, ".log");
+  absl::StatusOr<Subprocess> daemon = Subprocess::Spawn(std::move(spawn));
+  if (!daemon.ok()) return daemon.status();
+  daemons_[rank] = *std::move(daemon);
+  return WaitServing(rank, absl::Now() + start_timeout_);
 }
 
 DaemonCluster::~DaemonCluster() {

@@ -63,12 +63,21 @@ class DaemonCluster {
   // SIGTERM and wait up to `timeout`: its wait status, or nullopt when it
   // did not exit in time.
   std::optional<int> Terminate(int rank, absl::Duration timeout);
+  // Starts `rank` again with the same flags (after it died; a live one is
+  // killed first), as systemd or Kubernetes would, and waits until it
+  // serves (its new address in address(rank)).
+  absl::Status Restart(int rank);
 
  private:
   DaemonCluster() = default;
+  // Waits for `rank`'s address file.
+  absl::Status WaitServing(int rank, absl::Time deadline);
 
   std::string dir_;
   std::vector<Subprocess> daemons_;
+  std::vector<SpawnOptions> spawns_;
+  absl::Duration start_timeout_;
+  int restarts_ = 0;
   std::vector<std::string> addresses_;
   std::string store_address_;
 };
