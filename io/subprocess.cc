@@ -64,7 +64,9 @@ absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
   UniqueFd log_fd;
   if (!options.log_path.empty()) {
     log_fd.reset(::open(options.log_path.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+                        O_WRONLY | O_CREAT | O_CLOEXEC |
+                            (options.append_log ? O_APPEND : O_TRUNC),
+                        0644));
     if (!log_fd.valid()) {
       return ErrnoError(
           errno, absl::StrCat("cannot write log file ", options.log_path),

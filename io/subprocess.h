@@ -32,8 +32,10 @@ struct SpawnOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Inherited variables removed from the child's environment.
   std::vector<std::string> unset_env;
-  // stdout and stderr go here (truncated); empty: inherited.
+  // stdout and stderr go here (truncated, or appended to with
+  // append_log); empty: inherited.
   std::string log_path;
+  bool append_log = false;
   // stdin reads /dev/null instead of the parent's.
   bool stdin_null = false;
   // The child leads a process group of its own (setpgid), so that a

@@ -110,9 +110,15 @@ class Supervisor {
     std::string address_file;
     std::string address;
     std::optional<int> wait_status;  // once reaped
+    int restarts = 0;
   };
 
-  absl::Status Start(const std::string& server, int rank);
+  // Starts rank `rank`'s daemon into daemons_[rank] (appended when new).
+  absl::Status Start(int rank);
+  // After `daemon` exited while serving: starts it again when
+  // --max-restarts allows (never rank 0, which serves the store). The exit
+  // code when the launch must end instead, nullopt when it goes on.
+  std::optional<int> RestartOrFail(Daemon& daemon, const std::string& exited);
   // The next signal of LauncherSignals() within `timeout`; 0 on timeout.
   int WaitSignal(absl::Duration timeout);
   // Reaps every daemon that exited; returns the first newly exited one.
@@ -127,6 +133,7 @@ class Supervisor {
 
   const LaunchOptions& options_;
   const CommandContext& context_;
+  std::string server_;
   std::vector<Daemon> daemons_;
   std::string address_dir_;
   std::optional<SecureSetup> secure_;  // with --secure, in address_dir_
@@ -202,8 +209,9 @@ absl::Status Supervisor::Prepare() {
 }
 
 absl::Status Supervisor::StartAll(const std::string& server) {
+  server_ = server;
   for (int rank = 0; rank < options_.nproc; ++rank) {
-    absl::Status started = Start(server, rank);
+    absl::Status started = Start(rank);
     if (!started.ok()) {
       StopAll();
       return started;
@@ -212,13 +220,13 @@ absl::Status Supervisor::StartAll(const std::string& server) {
   return absl::OkStatus();
 }
 
-absl::Status Supervisor::Start(const std::string& server, int rank) {
+absl::Status Supervisor::Start(int rank) {
   DaemonCommand command =
       BuildDaemonCommand(options_, rank, address_dir_,
                          secure_.has_value() ? secure_->DaemonFlags()
                                              : std::vector<std::string>());
   SpawnOptions spawn;
-  spawn.program = server;
+  spawn.program = server_;
   spawn.args = command.args;
   spawn.env = command.env;
   for (absl::string_view name : kRankVariables) {
@@ -226,18 +234,56 @@ absl::Status Supervisor::Start(const std::string& server, int rank) {
   }
   if (!options_.log_dir.empty()) {
     spawn.log_path = absl::StrCat(options_.log_dir, "/rank", rank, ".log");
+    spawn.append_log = true;  // a restarted daemon's log follows the last
   }
   spawn.stdin_null = true;
   spawn.new_process_group = true;  // Ctrl-C reaches only the launcher
   spawn.die_with_parent = true;
   spawn.signal_mask = old_mask_;
+  // The address file says when this process serves; an old one would say
+  // so at once.
+  std::error_code ignored;
+  std::filesystem::remove(command.address_file, ignored);
   ASSIGN_OR_RETURN(const pid_t pid, SpawnProcess(spawn));
-  Daemon daemon;
+  if (rank >= static_cast<int>(daemons_.size())) daemons_.resize(rank + 1);
+  Daemon& daemon = daemons_[rank];
   daemon.rank = rank;
   daemon.pid = pid;
   daemon.address_file = command.address_file;
-  daemons_.push_back(daemon);
+  daemon.address.clear();
+  daemon.wait_status.reset();
   return absl::OkStatus();
+}
+
+std::optional<int> Supervisor::RestartOrFail(Daemon& daemon,
+                                             const std::string& exited) {
+  if (daemon.restarts >= options_.max_restarts) {
+    StopAll();
+    return Fail(absl::StrCat(exited,
+                             options_.max_restarts > 0
+                                 ? absl::StrCat(" after ", daemon.restarts,
+                                                " restarts (--max-restarts)")
+                                 : std::string(),
+                             "; stopped the others"));
+  }
+  if (daemon.rank == 0) {
+    StopAll();
+    return Fail(absl::StrCat(
+        exited,
+        "; rank 0 serves the cluster's store, so it cannot be restarted "
+        "alone; stopped the others"));
+  }
+  ++daemon.restarts;
+  context_.err() << "tessera launch: " << exited << "; restarting it ("
+                 << daemon.restarts << " of " << options_.max_restarts << ")"
+                 << std::endl;
+  absl::Status started = Start(daemon.rank);
+  if (!started.ok()) {
+    StopAll();
+    return Fail(absl::StrCat("restarting rank ", daemon.rank, ": ",
+                             started.message(), "; stopped the others"));
+  }
+  return std::nullopt;
 }
 
 int Supervisor::WaitSignal(absl::Duration timeout) {
@@ -374,14 +420,32 @@ int Supervisor::Supervise() {
   }
   context_.out() << std::endl;
 
-  // In the foreground until told to stop or a daemon exits.
+  // In the foreground until told to stop or a daemon exits (and may not
+  // be restarted). A restarted daemon rejoins the running cluster; its
+  // line is printed again once it serves.
   while (true) {
-    const int signal = WaitSignal(absl::Seconds(1));
+    const bool restarting = std::any_of(
+        daemons_.begin(), daemons_.end(),
+        [](const Daemon& daemon) { return daemon.address.empty(); });
+    const int signal =
+        WaitSignal(restarting ? absl::Milliseconds(50) : absl::Seconds(1));
     if (IsStopSignal(signal)) return StopOnSignal(signal);
-    if (Daemon* dead = Reap()) {
-      const std::string message = describe_exit(*dead, "");
-      StopAll();
-      return Fail(absl::StrCat(message, "; stopped the others"));
+    Reap();
+    for (Daemon& daemon : daemons_) {
+      if (!daemon.wait_status.has_value()) continue;
+      if (std::optional<int> code =
+              RestartOrFail(daemon, describe_exit(daemon, ""))) {
+        return *code;
+      }
+    }
+    for (Daemon& daemon : daemons_) {
+      if (!daemon.address.empty()) continue;
+      if (std::optional<std::string> address =
+              ReadAddressFile(daemon.address_file)) {
+        daemon.address = *address;
+        context_.out() << "rank " << daemon.rank << ": " << daemon.address
+                       << " (pid " << daemon.pid << ", restarted)" << std::endl;
+      }
     }
   }
 }
@@ -442,6 +506,10 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
           absl::StrCat("unknown --log-level '", options.log_level,
                        "': expected ", absl::StrJoin(kLogLevels, ", ")));
     }
+  }
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-restarts must be >= 0, got ", options.max_restarts));
   }
   if (options.start_timeout_seconds <= 0 || options.stop_timeout_seconds <= 0) {
     return absl::InvalidArgumentError(
@@ -623,6 +691,14 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
                    "seconds")
       ->capture_default_str()
       ->type_name("SECONDS");
+  launch
+      ->add_option("--max-restarts", options->max_restarts,
+                   "Start a daemon that exits again, up to this many times "
+                   "per daemon; it rejoins the running cluster (its shards "
+                   "are lost). Rank 0 serves the store and is never "
+                   "restarted alone")
+      ->capture_default_str()
+      ->type_name("N");
   launch
       ->add_option("--stop-timeout", options->stop_timeout_seconds,
                    "Seconds between SIGTERM and SIGKILL when stopping")

@@ -29,10 +29,14 @@
 //
 // SIGINT, SIGTERM or SIGHUP: SIGTERM to every daemon, a bounded
 // wait (--stop-timeout), SIGKILL for the rest, exit 0. A daemon that exits
-// on its own: the others are stopped the same way and the launcher exits 1
-// naming the rank and its exit status. The daemons run in their own process
-// groups (a terminal's Ctrl-C reaches only the launcher, which stops them
-// in order) and get SIGTERM if the launcher itself dies.
+// on its own after serving is started again, up to --max-restarts N times
+// per daemon ("rank 1: HOST:PORT (pid P, restarted)" once it serves again;
+// it rejoins the running cluster, docs/control_log.md); rank 0, which
+// serves the store, never is. Otherwise the others are stopped the same
+// way and the launcher exits 1 naming the rank and its exit status. The daemons
+// run in their own process groups (a terminal's Ctrl-C reaches only the
+// launcher, which stops them in order) and get SIGTERM if the launcher itself
+// dies.
 //
 // Exit codes (command.h): 0 after a requested stop; 1 when tessera-server
 // cannot be found or started, a daemon does not serve within
@@ -70,6 +74,8 @@ struct LaunchOptions {
   bool secure = false;
   double start_timeout_seconds = 120;
   double stop_timeout_seconds = 15;
+  // How often each daemon (not rank 0) is started again after it exits.
+  int max_restarts = 0;
   std::vector<std::string> server_flags;  // after "--"
 };
 

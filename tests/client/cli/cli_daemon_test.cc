@@ -328,6 +328,65 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
   EXPECT_EQ(after.exit_code, 1) << after.output;
 }
 
+// The pid on the last "rank R: HOST:PORT (pid P...)" line of `log`; -1 when
+// there is none.
+pid_t LastPidOf(const std::string& log, int rank) {
+  const size_t at = log.rfind(absl::StrCat("rank ", rank, ": "));
+  if (at == std::string::npos) return -1;
+  const size_t pid_at = log.find("(pid ", at);
+  if (pid_at == std::string::npos) return -1;
+  return std::stoi(log.substr(pid_at + 5));
+}
+
+// `tessera launch --max-restarts 1`: a killed daemon is started again and
+// rejoins the running cluster (no other daemon restarts); killed once more,
+// the launch ends naming it.
+TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
+  Launched launched = Launch(2, {"--max-restarts", "1"});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  const pid_t rank0 = LastPidOf(launched.launcher->LogTail(), 0);
+  const pid_t first = LastPidOf(launched.launcher->LogTail(), 1);
+  ASSERT_GT(first, 0) << launched.launcher->LogTail();
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+
+  // Serves again: a create through the log works.
+  CliResult created;
+  while (absl::Now() - killed < absl::Seconds(30)) {
+    created = RunCli(address,
+                     {"create", "t", "--size", "4,4", "--spec",
+                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
+                     launched.dir + "/create.log");
+    if (created.exit_code == 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(created.exit_code, 0) << created.output << "\n"
+                                  << launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank 1 (pid ", first,
+                                          ") exited with signal 9 (Killed); "
+                                          "restarting it (1 of 1)")));
+  EXPECT_THAT(log, HasSubstr("restarted)"));
+  const pid_t second = LastPidOf(log, 1);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(LastPidOf(log, 0), rank0);  // rank 0 kept running
+  CliResult health = RunCli(address, {"health"}, launched.dir + "/health.log");
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("generation 2"));
+
+  // The second death is past --max-restarts.
+  ASSERT_EQ(kill(second, SIGKILL), 0);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status);
+  EXPECT_THAT(launched.launcher->LogTail(),
+              HasSubstr("after 1 restarts (--max-restarts)"));
+}
+
 // `tessera launch --secure`: mutual TLS and tokens from a throwaway CA;
 // the ready line's variables make a client that runs the demo end to end,
 // and a client without them is refused in one clear line. Stopping removes
