@@ -253,11 +253,18 @@ class Core : public std::enable_shared_from_this<Core> {
   // the number skipped first.
   absl::Status Append(const v1::ControlOp& op, absl::Time deadline);
 
+  // ---- Lease thread: renews this daemon's lease and watches the others'.
+  void LeaseLoop();
+  // Sleeps `d` (not cut short by other wake-ups); false once stopping.
+  bool Sleep(absl::Duration d);
+
   // ---- Executor thread.
   void ExecutorLoop();
   // Whether the default group must be formed again (its transport broke,
   // or another daemon asked for a new generation).
   bool NeedsReform() const;
+  // Whether some daemon's lease expired (LeaseLoop).
+  bool LeaseExpired() const;
   // Forms the next generation of the default group (blocking until every
   // daemon takes part; calls are refused meanwhile), then brings the
   // daemons back in step: the log position (`*next`, the next entry to
@@ -283,9 +290,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // Log entry `n`, which the other daemons passed while this one did not
   // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
   void Abandon(int64_t n);
-  // UNAVAILABLE for a call while the group re-forms, naming whom it waits
-  // for; OK otherwise.
-  absl::Status ReformingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE while the group re-forms and waits for a daemon, naming
+  // it (also while every daemon is already taking part with
+  // `even_if_all_here`, for reports); OK otherwise, and for a call then:
+  // it is queued and runs once the generation formed.
+  absl::Status ReformingLocked(bool even_if_all_here) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry at log number `n`: the op or the skip marker; nullopt when
   // the service stops first.
   // Sets *reform (and returns nullopt) when the default group must be
@@ -351,6 +361,10 @@ class Core : public std::enable_shared_from_this<Core> {
   // Why the default group is being formed again ("" while it serves), and
   // why this daemon was fenced off ("" unless it was).
   std::string reforming_ ABSL_GUARDED_BY(mu_);
+  // Ranks whose lease expired (LeaseLoop), and when the last generation
+  // formed (leases count from then on).
+  std::vector<int> expired_ ABSL_GUARDED_BY(mu_);
+  absl::Time formed_at_ ABSL_GUARDED_BY(mu_) = absl::Now();
   std::string fenced_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);
@@ -361,6 +375,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   std::thread submitter_;
   std::thread executor_;
+  std::thread lease_keeper_;
 };
 
 }  // namespace tessera::control_internal

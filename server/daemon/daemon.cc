@@ -174,6 +174,7 @@ absl::Status Daemon::Init() {
 
   ControlOptions control_options;
   control_options.op_timeout = o.timeout;
+  control_options.lease = o.lease;
   control_options.device = o.device.ToString();
   control_options.checkpoint_roots = std::move(roots);
   control_options.memory_budget = budget;

@@ -387,6 +387,8 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
   ASSIGN_OR_RETURN(options.shutdown_grace,
                    ParsePositiveDuration("--shutdown-grace",
                                          flags.shutdown_grace.value_or("10s")));
+  ASSIGN_OR_RETURN(options.lease, ParsePositiveDuration(
+                                      "--lease", flags.lease.value_or("5s")));
 
   options.log_level = flags.log_level.value_or("info");
   bool known_level = false;
@@ -522,6 +524,10 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       ->type_name("DURATION");
   add("--shutdown-grace", flags.shutdown_grace,
       "how long in-flight fetches may finish after SIGTERM [default 10s]")
+      ->type_name("DURATION");
+  add("--lease", flags.lease,
+      "liveness lease: a daemon silent this long is waited for, and "
+      "operations are refused naming it, until it is back [default 5s]")
       ->type_name("DURATION");
   add("--address-file", flags.address_file,
       "write \"host:port\" here once serving")

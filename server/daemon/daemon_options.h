@@ -13,6 +13,7 @@
 //   --advertise-host                                        see below
 //   --device                                                auto
 //   --timeout, --store-timeout, --shutdown-grace            60s, 60s, 10s
+//   --lease                                                 5s
 //   --address-file, --log-level                             none, info
 //   --checkpoint-root (repeatable)                          none: no save/load
 //   --memory-limit                                          see memory_budget.h
@@ -106,6 +107,9 @@ struct DaemonOptions {
   absl::Duration store_timeout = absl::Seconds(60);
   // How long in-flight fetches may run on after SIGTERM.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // How long a daemon may go without renewing its liveness lease before
+  // the others count it missing (ControlOptions::lease).
+  absl::Duration lease = absl::Seconds(5);
   // Written with "host:port\n" once serving; empty: none.
   std::string address_file;
   // trace, debug, info, warn or error.
@@ -142,8 +146,9 @@ struct DaemonOptions {
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, host, port, advertise_host, device, timeout,
-      store_timeout, shutdown_grace, address_file, log_level, memory_limit,
-      tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file, reflection;
+      store_timeout, shutdown_grace, lease, address_file, log_level,
+      memory_limit, tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file,
+      reflection;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

@@ -42,6 +42,8 @@ constexpr char kSkip[] = "skip";
 constexpr char kOpPrefix[] = "op:";
 
 std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
+// Each daemon's liveness counter (ControlOptions::lease).
+std::string AliveKey(int rank) { return absl::StrCat("alive/", rank); }
 
 }  // namespace
 
@@ -80,8 +82,10 @@ absl::Status Core::Start() {
   if (state_ != State::kNew) return absl::FailedPreconditionError("stopped");
   first_entry_ = next;
   state_ = State::kRunning;
+  formed_at_ = absl::Now();
   submitter_ = std::thread([this] { SubmitLoop(); });
   executor_ = std::thread([this] { ExecutorLoop(); });
+  lease_keeper_ = std::thread([this] { LeaseLoop(); });
   return absl::OkStatus();
 }
 
@@ -95,6 +99,7 @@ void Core::Shutdown() {
   }
   if (submitter_.joinable()) submitter_.join();
   if (executor_.joinable()) executor_.join();
+  if (lease_keeper_.joinable()) lease_keeper_.join();
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -119,7 +124,7 @@ void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   {
     absl::MutexLock lock(&mu_);
     accepting = AcceptingLocked();
-    if (accepting.ok()) accepting = ReformingLocked();
+    if (accepting.ok()) accepting = ReformingLocked(/*even_if_all_here=*/false);
     if (accepting.ok()) {
       pending_.emplace(call->id(), call);
       deadlines_.emplace(call->deadline(), call->id());
@@ -230,10 +235,12 @@ void Core::ExecutorLoop() {
 
 bool Core::NeedsReform() const { return rank_->world_group()->NeedsReform(); }
 
-absl::Status Core::ReformingLocked() const {
+absl::Status Core::ReformingLocked(bool even_if_all_here) const {
   if (!fenced_.empty()) return absl::UnavailableError(fenced_);
   if (reforming_.empty()) return absl::OkStatus();
   const GroupState state = rank_->world_group()->State();
+  // Every daemon is taking part: the op runs once the generation formed.
+  if (state.missing.empty() && !even_if_all_here) return absl::OkStatus();
   std::string waiting;
   if (state.forming > 0) {
     waiting =
@@ -249,16 +256,84 @@ absl::Status Core::ReformingLocked() const {
       "; operations resume once every daemon takes part again"));
 }
 
+bool Core::LeaseExpired() const {
+  absl::MutexLock lock(&mu_);
+  return !expired_.empty();
+}
+
+bool Core::Sleep(absl::Duration d) {
+  const absl::Time until = absl::Now() + d;
+  absl::MutexLock lock(&mu_);
+  while (state_ == State::kRunning && absl::Now() < until) {
+    wake_.WaitWithDeadline(&mu_, until);
+  }
+  return state_ == State::kRunning;
+}
+
+void Core::LeaseLoop() {
+  const int world = rank_->world_size();
+  const std::string mine = AliveKey(rank_->rank());
+  // The last value of each daemon's counter, and when it last moved, by
+  // this daemon's clock (clocks of different hosts are never compared).
+  std::vector<int64_t> seen(world, -1);
+  std::vector<absl::Time> moved(world, absl::Now());
+  absl::Time counted_from = absl::InfinitePast();
+  while (Sleep(options_.lease / 4)) {
+    // An unreachable store: nobody's lease can be judged (and each look
+    // would wait for it again).
+    if (!store_->Add(mine, 1).ok()) {
+      absl::MutexLock lock(&mu_);
+      expired_.clear();
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      if (formed_at_ > counted_from) {
+        // A generation formed with everyone: leases count from here.
+        counted_from = formed_at_;
+        std::fill(moved.begin(), moved.end(), now);
+      }
+    }
+    std::vector<int> expired;
+    for (int r = 0; r < world && running(); ++r) {
+      if (r == rank_->rank()) continue;
+      absl::StatusOr<int64_t> count = store_->Add(AliveKey(r), 0);
+      if (!count.ok()) {
+        expired.clear();
+        break;
+      }
+      if (*count != seen[r]) {
+        seen[r] = *count;
+        moved[r] = now;
+      } else if (now - moved[r] > options_.lease) {
+        expired.push_back(r);
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (expired != expired_ && !expired.empty()) {
+      spdlog::warn("control: the lease of ranks [{}] expired (silent for {})",
+                   absl::StrJoin(expired, ", "),
+                   absl::FormatDuration(options_.lease));
+    }
+    expired_ = std::move(expired);
+  }
+}
+
 bool Core::Reform(int64_t* next) {
   const std::shared_ptr<ReformableGroup>& group = rank_->world_group();
   const absl::Status usable = group->Usable();
   const int64_t broken = group->generation();
   {
     absl::MutexLock lock(&mu_);
-    reforming_ =
-        usable.ok()
-            ? std::string("another daemon asked for a new generation")
-            : absl::StrCat("generation ", broken, ": ", usable.message());
+    reforming_ = !usable.ok() ? absl::StrCat("generation ", broken, ": ",
+                                             usable.message())
+                 : !expired_.empty()
+                     ? absl::StrCat("the lease of ranks [",
+                                    absl::StrJoin(expired_, ", "),
+                                    "] expired: silent for ",
+                                    absl::FormatDuration(options_.lease))
+                     : std::string("another daemon asked for a new generation");
     spdlog::warn("control: re-forming the default group: {}", reforming_);
   }
   ReformOptions options;
@@ -283,6 +358,8 @@ bool Core::Reform(int64_t* next) {
   }
   absl::MutexLock lock(&mu_);
   reforming_.clear();
+  expired_.clear();
+  formed_at_ = absl::Now();
   spdlog::warn(
       "control: generation {} formed after generation {} failed; running the "
       "log again from entry {}",
@@ -512,8 +589,9 @@ std::optional<std::string> Core::AwaitEntry(int64_t n, bool* reform) {
       if (!Pause(options_.poll_interval)) break;
       continue;
     }
-    // Idle: a daemon that broke or restarted may ask for a new generation.
-    if (NeedsReform()) {
+    // Idle: a daemon that broke or restarted may ask for a new generation,
+    // or one may have gone silent.
+    if (NeedsReform() || LeaseExpired()) {
       *reform = true;
       return std::nullopt;
     }

@@ -92,7 +92,9 @@ absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
     devices = devices_;
     if (!fenced_.empty()) {
       state = fenced_;
-    } else if (absl::Status reforming = ReformingLocked(); !reforming.ok()) {
+    } else if (absl::Status reforming =
+                   ReformingLocked(/*even_if_all_here=*/true);
+               !reforming.ok()) {
       state = absl::StrCat("re-forming: ", reforming.message());
     }
   }

@@ -73,20 +73,23 @@ CreateOptions Sevens() {
 }
 
 // Waits until `rank`'s own description of the cluster satisfies `done`.
-// Asks with a short deadline: a stalled daemon answers nothing.
+// Asks only that daemon, with a short deadline.
 bool WaitForState(const DaemonCluster& cluster, int rank,
                   const std::function<bool(const v1::ClusterInfo&)>& done,
                   absl::Duration timeout) {
-  ClientOptions options;
-  options.timeout = absl::Milliseconds(500);
-  absl::StatusOr<std::shared_ptr<Client>> client =
-      Client::Connect(cluster.address(rank), options);
-  if (!client.ok()) return false;
+  std::unique_ptr<v1::ControlService::Stub> stub =
+      v1::ControlService::NewStub(grpc::CreateChannel(
+          cluster.address(rank), grpc::InsecureChannelCredentials()));
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    std::vector<absl::StatusOr<v1::ClusterInfo>> clusters =
-        (*client)->Clusters();
-    if (clusters[rank].ok() && done(*clusters[rank])) return true;
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    v1::ClusterInfo info;
+    if (stub->GetCluster(&context, v1::GetClusterRequest(), &info).ok() &&
+        done(info)) {
+      return true;
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   return false;
@@ -379,6 +382,37 @@ TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
   ASSERT_OK_AND_ASSIGN(ShardedTensorView healed, client->Open("spread"));
   EXPECT_FALSE(healed.degraded());
   ExpectAllSevens(*client, "spread");
+}
+
+// With nothing running, a daemon that goes silent is noticed within its
+// lease: the others stop waiting for it and refuse operations naming it.
+TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
+  constexpr absl::Duration kLease = absl::Seconds(1);
+  DaemonClusterOptions options = Options();
+  options.extra_args.push_back("--lease");
+  options.extra_args.push_back("1s");
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  const pid_t stalled = cluster->daemon(2).pid();
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(WaitForState(*cluster, 0, WaitsForRank2, absl::Seconds(10)))
+      << cluster->Log(0);
+  const absl::Duration detected = absl::Now() - start;
+  std::cout << "[ resilience ] a silent daemon noticed after " << detected
+            << " (lease " << kLease << ")\n";
+  EXPECT_LT(detected, kLease + absl::Seconds(2));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(1)));
+  EXPECT_THAT(client->Create("refused", {6, 4}, Rows()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("lease of ranks [2] expired"),
+                             HasSubstr("waits for ranks [2]"))));
+  std::move(resume).Invoke();
+  ASSERT_TRUE(WaitForState(
+      *cluster, 0,
+      [](const v1::ClusterInfo& info) { return info.state() == "serving"; },
+      absl::Seconds(10)));
+  EXPECT_OK(client->Create("after", {6, 4}, Rows()).status());
 }
 
 }  // namespace
