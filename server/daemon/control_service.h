@@ -53,12 +53,12 @@ struct ControlOptions {
   // The slice of the executor's waits on the store: how soon Shutdown()
   // is noticed while the log is idle.
   absl::Duration poll_interval = absl::Milliseconds(200);
-  // Liveness: every daemon renews a counter in the store every lease / 4;
-  // a daemon whose counter has not moved for `lease` (dead, stalled,
-  // unreachable) makes the others form a new generation of the default
-  // group while the log is idle, and so refuse operations naming it until
-  // it takes part again, instead of finding out at the next collective's
-  // timeout.
+  // Liveness: every daemon renews a counter in the store every lease / 10
+  // and rank 0 watches them; a daemon silent for most of a lease (dead,
+  // stalled, unreachable) makes rank 0 form a new generation of the
+  // default group while the log is idle, the others follow, and operations
+  // are refused naming it until it takes part again: reported within
+  // about a lease, instead of at the next collective's timeout.
   absl::Duration lease = absl::Seconds(5);
   // The daemon's host-memory budget (server/daemon/memory_budget.h): the
   // CPU shards of every tensor, loads, reshards, gathers and region

@@ -42,6 +42,10 @@ constexpr char kSkip[] = "skip";
 constexpr char kOpPrefix[] = "op:";
 
 std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
+// Why generation g was asked for, by the daemon that asked first.
+std::string ReasonKey(int64_t generation) {
+  return absl::StrCat("reason/", generation);
+}
 // Each daemon's liveness counter (ControlOptions::lease).
 std::string AliveKey(int rank) { return absl::StrCat("alive/", rank); }
 
@@ -273,12 +277,24 @@ bool Core::Sleep(absl::Duration d) {
 void Core::LeaseLoop() {
   const int world = rank_->world_size();
   const std::string mine = AliveKey(rank_->rank());
+  // Renewed, and looked at, every tenth of the lease. A counter that did
+  // not move for `silence` is expired: that leaves two periods (the phase
+  // of the renewal, the phase of the look) and the executor's reaction
+  // within the lease, so a failure is reported within about a lease.
+  const absl::Duration period = options_.lease / 10;
+  const absl::Duration silence =
+      std::max(options_.lease / 2,
+               options_.lease - 2 * period - absl::Milliseconds(800));
+  // Only rank 0, which serves the store, watches (one read per daemon per
+  // period); its executor starts the next generation and the others
+  // follow it.
+  const bool watcher = rank_->rank() == 0;
   // The last value of each daemon's counter, and when it last moved, by
   // this daemon's clock (clocks of different hosts are never compared).
   std::vector<int64_t> seen(world, -1);
   std::vector<absl::Time> moved(world, absl::Now());
   absl::Time counted_from = absl::InfinitePast();
-  while (Sleep(options_.lease / 4)) {
+  while (Sleep(period)) {
     // An unreachable store: nobody's lease can be judged (and each look
     // would wait for it again).
     if (!store_->Add(mine, 1).ok()) {
@@ -286,6 +302,7 @@ void Core::LeaseLoop() {
       expired_.clear();
       continue;
     }
+    if (!watcher) continue;
     const absl::Time now = absl::Now();
     {
       absl::MutexLock lock(&mu_);
@@ -306,7 +323,7 @@ void Core::LeaseLoop() {
       if (*count != seen[r]) {
         seen[r] = *count;
         moved[r] = now;
-      } else if (now - moved[r] > options_.lease) {
+      } else if (now - moved[r] > silence) {
         expired.push_back(r);
       }
     }
@@ -326,14 +343,37 @@ bool Core::Reform(int64_t* next) {
   const int64_t broken = group->generation();
   {
     absl::MutexLock lock(&mu_);
-    reforming_ = !usable.ok() ? absl::StrCat("generation ", broken, ": ",
-                                             usable.message())
-                 : !expired_.empty()
-                     ? absl::StrCat("the lease of ranks [",
-                                    absl::StrJoin(expired_, ", "),
-                                    "] expired: silent for ",
-                                    absl::FormatDuration(options_.lease))
-                     : std::string("another daemon asked for a new generation");
+    reforming_ =
+        !usable.ok()
+            ? absl::StrCat("generation ", broken, ": ", usable.message())
+        : !expired_.empty() ? absl::StrCat("the lease of ranks [",
+                                           absl::StrJoin(expired_, ", "),
+                                           "] expired: silent for ",
+                                           absl::FormatDuration(options_.lease))
+                            : std::string();
+  }
+  // The daemon that starts a generation leaves its reason for the others,
+  // which only see that a new one was asked for.
+  const std::string reason_key = ReasonKey(broken + 1);
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    reason = reforming_;
+  }
+  if (!reason.empty()) {
+    store_->Set(reason_key, absl::StrCat("rank ", rank(), ": ", reason))
+        .IgnoreError();
+  } else {
+    absl::StatusOr<std::string> theirs =
+        store_->Get(reason_key, options_.poll_interval);
+    reason = theirs.ok() ? *theirs
+                         : std::string(
+                               "another daemon asked for a new "
+                               "generation");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    reforming_ = reason;
     spdlog::warn("control: re-forming the default group: {}", reforming_);
   }
   ReformOptions options;

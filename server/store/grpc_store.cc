@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "wire/auth.h"
@@ -448,10 +449,21 @@ absl::Status GrpcStore::Call(grpc::Status (Stub::*method)(grpc::ClientContext*,
         absl::StrCat("store server at ", address_, " is unreachable"));
   }
   grpc::ClientContext context;
-  // Rides out a connection lost between the check and the call.
-  context.set_wait_for_ready(true);
+  // Fail fast: a connection lost during the call is UNAVAILABLE now, not a
+  // wait for a reconnection until the (possibly long) deadline; the check
+  // above rides out a short outage for the next call.
+  context.set_wait_for_ready(false);
   context.set_deadline(absl::ToChronoTime(deadline));
-  return FromGrpcStatus((stub_.get()->*method)(&context, request, response));
+  absl::Status status =
+      FromGrpcStatus((stub_.get()->*method)(&context, request, response));
+  if (absl::IsUnavailable(status) &&
+      !absl::StrContains(status.message(),
+                         grpc_store_internal::kShuttingDown)) {
+    // The connection dropped during the call: name the store.
+    return absl::UnavailableError(absl::StrCat(
+        "store server at ", address_, " is unreachable: ", status.message()));
+  }
+  return status;
 }
 
 template <typename Request, typename Response>

@@ -1,0 +1,224 @@
+// How fast the cluster notices a failure and serves again: real
+// tessera-server daemons on this host (tests/testing/daemon_cluster.h), a
+// tensor spread over all of them, nothing running while the failure
+// happens (the worst case for noticing it: no collective fails, only the
+// lease tells). JSON lines, each with the world size, --lease and the
+// seconds of every repetition:
+//   {"bench":"resilience_kill_detect", ...}  SIGKILL of the last rank until
+//       rank 0 reports it waits for that rank (operations are refused
+//       naming it from then on)
+//   {"bench":"resilience_restart_to_serving", ...}  the killed daemon
+//       started again (as systemd would) until a create through rank 0
+//       succeeds; "process_start" is the part until the new process serves
+//       its address
+//   {"bench":"resilience_stall_detect", ...}   SIGSTOP of rank 1 until
+//       rank 0 reports it waits for it
+//   {"bench":"resilience_resume_to_serving", ...}  SIGCONT until a create
+//       succeeds
+//   {"bench":"resilience_replicated_writes", "skipped": why}  replicas are
+//       not built yet
+#include <signal.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "tessera/v1/control.grpc.pb.h"
+#include "tests/bench/bench_util.h"
+#include "tests/testing/daemon_cluster.h"
+
+namespace tessera {
+namespace {
+
+using bench::JsonLine;
+using bench::Median;
+using bench::PrintJsonLine;
+using bench::Seconds;
+
+struct Config {
+  std::string server = TESSERA_SERVER_PATH;
+  int world = 4;
+  double lease_seconds = 5;
+  int reps = 3;
+};
+
+// Polls `address`'s own GetCluster until `done` holds; the time it took.
+absl::StatusOr<absl::Duration> TimeUntilState(
+    const std::string& address,
+    const std::function<bool(const v1::ClusterInfo&)>& done, absl::Time since,
+    absl::Duration timeout) {
+  std::unique_ptr<v1::ControlService::Stub> stub = v1::ControlService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  while (absl::Now() - since < timeout) {
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    v1::ClusterInfo info;
+    if (stub->GetCluster(&context, v1::GetClusterRequest(), &info).ok() &&
+        done(info)) {
+      return absl::Now() - since;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the state did not come within ", absl::FormatDuration(timeout)));
+}
+
+std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
+  const std::string waits = absl::StrCat("waits for ranks [", rank, "]");
+  return [waits](const v1::ClusterInfo& info) {
+    return absl::StrContains(info.state(), waits);
+  };
+}
+
+ShardingSpec Spread(int world) {
+  std::vector<std::string> placements;
+  for (int r = 0; r < world; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+// Creates tensors through rank 0 until one succeeds; the time it took.
+absl::StatusOr<absl::Duration> TimeUntilCreate(
+    const testing::DaemonCluster& cluster, int world, const std::string& name,
+    absl::Time since, absl::Duration timeout) {
+  ClientOptions options;
+  options.timeout = absl::Seconds(5);
+  absl::Status last;
+  while (absl::Now() - since < timeout) {
+    absl::StatusOr<std::shared_ptr<Client>> client =
+        Client::Connect(cluster.address(0), options);
+    if (client.ok()) {
+      last = (*client)->Create(name, {world * 4, 256}, Spread(world)).status();
+      if (last.ok()) return absl::Now() - since;
+    } else {
+      last = client.status();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no create succeeded within ",
+                                                  absl::FormatDuration(timeout),
+                                                  ": ", last.ToString()));
+}
+
+struct Samples {
+  std::vector<double> kill_detect, restart_serving, process_start, stall_detect,
+      resume_serving;
+};
+
+absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
+  testing::DaemonClusterOptions options;
+  options.world_size = config.world;
+  options.server_path = config.server;
+  options.extra_args = {"--lease",     absl::StrCat(config.lease_seconds, "s"),
+                        "--timeout",   "30s",
+                        "--log-level", "error"};
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::DaemonCluster> cluster,
+                   testing::DaemonCluster::Start(options));
+  const absl::Duration patience = absl::Seconds(config.lease_seconds * 4 + 30);
+  const int last = config.world - 1;
+  RETURN_IF_ERROR(
+      TimeUntilCreate(*cluster, config.world, "before", absl::Now(), patience)
+          .status());
+
+  // A death, noticed by the lease alone.
+  absl::Time start = absl::Now();
+  cluster->Kill(last);
+  ASSIGN_OR_RETURN(
+      absl::Duration detected,
+      TimeUntilState(cluster->address(0), WaitsFor(last), start, patience));
+  samples->kill_detect.push_back(Seconds(detected));
+  // Started again, as systemd would.
+  start = absl::Now();
+  RETURN_IF_ERROR(cluster->Restart(last));
+  samples->process_start.push_back(Seconds(absl::Now() - start));
+  ASSIGN_OR_RETURN(
+      absl::Duration serving,
+      TimeUntilCreate(*cluster, config.world,
+                      absl::StrCat("after_restart_", rep), start, patience));
+  samples->restart_serving.push_back(Seconds(serving));
+
+  // A stall, noticed by the lease, then a resume.
+  const pid_t stalled = cluster->daemon(1).pid();
+  start = absl::Now();
+  ::kill(stalled, SIGSTOP);
+  absl::StatusOr<absl::Duration> stall_detected =
+      TimeUntilState(cluster->address(0), WaitsFor(1), start, patience);
+  start = absl::Now();
+  ::kill(stalled, SIGCONT);
+  RETURN_IF_ERROR(stall_detected.status());
+  samples->stall_detect.push_back(Seconds(*stall_detected));
+  ASSIGN_OR_RETURN(
+      absl::Duration resumed,
+      TimeUntilCreate(*cluster, config.world, absl::StrCat("after_stall_", rep),
+                      start, patience));
+  samples->resume_serving.push_back(Seconds(resumed));
+  return absl::OkStatus();
+}
+
+void Print(const Config& config, const char* name,
+           const std::vector<double>& seconds,
+           const std::vector<double>* part = nullptr) {
+  JsonLine line = {{"bench", name},
+                   {"world", config.world},
+                   {"lease_s", config.lease_seconds},
+                   {"median_s", Median(seconds)},
+                   {"seconds", seconds}};
+  if (part != nullptr) line["process_start_s"] = *part;
+  PrintJsonLine(line);
+}
+
+int Main(int argc, char** argv) {
+  Config config;
+  bool quick = false;
+  CLI::App app("How fast the cluster notices a failure and serves again");
+  app.add_option("--world", config.world, "daemons")->capture_default_str();
+  app.add_option("--lease", config.lease_seconds, "--lease of the daemons, s")
+      ->capture_default_str();
+  app.add_option("--reps", config.reps, "repetitions")->capture_default_str();
+  app.add_option("--server", config.server, "tessera-server")
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "3 daemons, a 1 s lease, one repetition");
+  CLI11_PARSE(app, argc, argv);
+  if (quick) {
+    config.world = 3;
+    config.lease_seconds = 1;
+    config.reps = 1;
+  }
+  if (config.world < 2 || config.reps < 1 || config.lease_seconds <= 0) {
+    std::cerr << "resilience_bench: --world >= 2, --reps >= 1, --lease > 0\n";
+    return 2;
+  }
+  Samples samples;
+  for (int rep = 0; rep < config.reps; ++rep) {
+    absl::Status ran = RunOnce(config, rep, &samples);
+    if (!ran.ok()) {
+      std::cerr << "resilience_bench: " << ran << "\n";
+      return 1;
+    }
+  }
+  Print(config, "resilience_kill_detect", samples.kill_detect);
+  Print(config, "resilience_restart_to_serving", samples.restart_serving,
+        &samples.process_start);
+  Print(config, "resilience_stall_detect", samples.stall_detect);
+  Print(config, "resilience_resume_to_serving", samples.resume_serving);
+  PrintJsonLine(
+      {{"bench", "resilience_replicated_writes"},
+       {"skipped", "replicas (create --replicas) are not built yet"}});
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) { return tessera::Main(argc, argv); }
