@@ -31,10 +31,9 @@
 #include "client/client.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
-#include "grpcpp/grpcpp.h"
-#include "tessera/v1/control.grpc.pb.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_state.h"
 
 namespace tessera {
 namespace {
@@ -50,28 +49,6 @@ struct Config {
   double lease_seconds = 5;
   int reps = 3;
 };
-
-// Polls `address`'s own GetCluster until `done` holds; the time it took.
-absl::StatusOr<absl::Duration> TimeUntilState(
-    const std::string& address,
-    const std::function<bool(const v1::ClusterInfo&)>& done, absl::Time since,
-    absl::Duration timeout) {
-  std::unique_ptr<v1::ControlService::Stub> stub = v1::ControlService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  while (absl::Now() - since < timeout) {
-    grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
-    v1::ClusterInfo info;
-    if (stub->GetCluster(&context, v1::GetClusterRequest(), &info).ok() &&
-        done(info)) {
-      return absl::Now() - since;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "the state did not come within ", absl::FormatDuration(timeout)));
-}
 
 std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
   const std::string waits = absl::StrCat("waits for ranks [", rank, "]");
@@ -134,9 +111,9 @@ absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
   // A death, noticed by the lease alone.
   absl::Time start = absl::Now();
   cluster->Kill(last);
-  ASSIGN_OR_RETURN(
-      absl::Duration detected,
-      TimeUntilState(cluster->address(0), WaitsFor(last), start, patience));
+  ASSIGN_OR_RETURN(absl::Duration detected,
+                   testing::TimeUntilDaemonState(
+                       cluster->address(0), WaitsFor(last), start, patience));
   samples->kill_detect.push_back(Seconds(detected));
   // Started again, as systemd would.
   start = absl::Now();
@@ -152,8 +129,8 @@ absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
   const pid_t stalled = cluster->daemon(1).pid();
   start = absl::Now();
   ::kill(stalled, SIGSTOP);
-  absl::StatusOr<absl::Duration> stall_detected =
-      TimeUntilState(cluster->address(0), WaitsFor(1), start, patience);
+  absl::StatusOr<absl::Duration> stall_detected = testing::TimeUntilDaemonState(
+      cluster->address(0), WaitsFor(1), start, patience);
   start = absl::Now();
   ::kill(stalled, SIGCONT);
   RETURN_IF_ERROR(stall_detected.status());
