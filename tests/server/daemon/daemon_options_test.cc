@@ -101,6 +101,7 @@ TEST_F(DaemonOptionsTest, DefaultsWithRankAndWorldSizeFlags) {
   EXPECT_EQ(o.timeout, absl::Seconds(60));
   EXPECT_EQ(o.store_timeout, absl::Seconds(60));
   EXPECT_EQ(o.shutdown_grace, absl::Seconds(10));
+  EXPECT_EQ(o.lease, absl::Seconds(5));
   EXPECT_EQ(o.address_file, "");
   EXPECT_EQ(o.log_level, "info");
 }
@@ -463,9 +464,18 @@ TEST_F(DaemonOptionsTest, DurationsAndLogLevels) {
         << bad;
   }
   flags.timeout = std::nullopt;
+  for (const char* bad : {"0s", "-2s", "never"}) {
+    flags.lease = bad;
+    EXPECT_THAT(Resolve(flags),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         StartsWith("--lease must be a positive duration")))
+        << bad;
+  }
+  flags.lease = "750ms";
   flags.store_timeout = "1.5";
   ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
   EXPECT_EQ(o.store_timeout, absl::Milliseconds(1500));
+  EXPECT_EQ(o.lease, absl::Milliseconds(750));
   for (const char* level : {"trace", "debug", "info", "warn", "error"}) {
     flags.log_level = level;
     EXPECT_OK(Resolve(flags).status()) << level;
