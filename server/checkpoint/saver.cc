@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <random>
 #include <set>
 #include <utility>
 #include <variant>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/nonce.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "io/file.h"
@@ -58,12 +58,7 @@ class CheckpointFile {
 
 // A random id for this save's data files: files of the checkpoint being
 // replaced are never overwritten.
-std::string NewFileId() {
-  std::random_device device;
-  const uint64_t bits = (uint64_t{device()} << 32) ^ device() ^
-                        static_cast<uint64_t>(absl::GetCurrentTimeNanos());
-  return absl::StrFormat("%016x", bits);
-}
+std::string NewFileId() { return absl::StrFormat("%016x", RandomNonce()); }
 
 // Appends the tensor's elements, row-major, to `file` and describes where
 // they went, with one checksum per block.

@@ -1,12 +1,12 @@
 #include "server/collective/reformable_group.h"
 
 #include <algorithm>
-#include <random>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/nonce.h"
 #include "common/status_macros.h"
 #include "server/store/prefix_store.h"
 #include "spdlog/spdlog.h"
@@ -26,12 +26,6 @@ std::string MemberKey(int rank) { return absl::StrCat("member/", rank); }
 // How long one look at the store may take before it counts as a failure.
 constexpr absl::Duration kStoreLook = absl::Seconds(2);
 
-uint64_t NewIncarnation() {
-  std::random_device random;
-  return (uint64_t{random()} << 32) ^ random() ^
-         static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-}
-
 absl::StatusOr<int64_t> ParseGeneration(absl::string_view value) {
   int64_t generation = 0;
   if (!absl::SimpleAtoi(value, &generation) || generation < 0) {
@@ -48,7 +42,7 @@ ReformableGroup::ReformableGroup(const std::string& backend,
     : ProcessGroup(options.rank, options.global_ranks, options.name),
       backend_(backend),
       options_(options),
-      incarnation_(absl::StrCat(NewIncarnation())) {}
+      incarnation_(absl::StrCat(RandomNonce())) {}
 
 ReformableGroup::~ReformableGroup() { Shutdown(); }
 

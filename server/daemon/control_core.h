@@ -14,7 +14,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/nonce.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_service.h"
 #include "server/daemon/memory_budget.h"
@@ -148,9 +148,7 @@ class Core : public std::enable_shared_from_this<Core> {
         budget_(options_.memory_budget != nullptr ? options_.memory_budget
                                                   : DefaultBudget()),
         store_(std::make_shared<PrefixStore>("control", rank_->store())),
-        incarnation_(std::random_device()() ^
-                     (uint64_t{std::random_device()()} << 32) ^
-                     static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {}
+        incarnation_(RandomNonce()) {}
   ~Core() { Shutdown(); }
 
   absl::Status Start();
