@@ -288,6 +288,13 @@ class Core : public std::enable_shared_from_this<Core> {
   // Log entry `n`, which the other daemons passed while this one did not
   // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
   void Abandon(int64_t n);
+  // The op of a log entry ("op:" and the serialized ControlOp); nullopt
+  // when it is malformed.
+  static std::optional<v1::ControlOp> ParseEntry(absl::string_view entry);
+  // Completes the call waiting for `op` when this process coordinated it
+  // (its rank and incarnation) and the call is still pending.
+  void FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
+                     OpResult result = {});
   // UNAVAILABLE while the group re-forms and waits for a daemon, naming
   // it (also while every daemon is already taking part with
   // `even_if_all_here`, for reports); OK otherwise, and for a call then:

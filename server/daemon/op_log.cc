@@ -341,25 +341,20 @@ bool Core::Reform(int64_t* next) {
   const std::shared_ptr<ReformableGroup>& group = rank_->world_group();
   const absl::Status usable = group->Usable();
   const int64_t broken = group->generation();
-  {
+  std::string reason;
+  if (!usable.ok()) {
+    reason = absl::StrCat("generation ", broken, ": ", usable.message());
+  } else {
     absl::MutexLock lock(&mu_);
-    reforming_ =
-        !usable.ok()
-            ? absl::StrCat("generation ", broken, ": ", usable.message())
-        : !expired_.empty() ? absl::StrCat("the lease of ranks [",
-                                           absl::StrJoin(expired_, ", "),
-                                           "] expired: silent for ",
-                                           absl::FormatDuration(options_.lease))
-                            : std::string();
+    if (!expired_.empty()) {
+      reason = absl::StrCat(
+          "the lease of ranks [", absl::StrJoin(expired_, ", "),
+          "] expired: silent for ", absl::FormatDuration(options_.lease));
+    }
   }
   // The daemon that starts a generation leaves its reason for the others,
   // which only see that a new one was asked for.
   const std::string reason_key = ReasonKey(broken + 1);
-  std::string reason;
-  {
-    absl::MutexLock lock(&mu_);
-    reason = reforming_;
-  }
   if (!reason.empty()) {
     store_->Set(reason_key, absl::StrCat("rank ", rank(), ": ", reason))
         .IgnoreError();
@@ -415,16 +410,6 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, entry] : table_) {
-      v1::ResumeState::Held* held = mine.add_held();
-      held->set_name(name);
-      held->set_tensor_id(entry.info.tensor_id());
-    }
-  }
-  // Veterans send their whole table too; it is read only when a daemon is
-  // starting (the lowest-ranked veteran's), and costs one all-gather.
-  if (!starting) {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [name, entry] : table_) {
       *mine.add_infos() = entry.info;
       // Degraded entries of a daemon that restarted have no tensor; their
       // layout is the metadata's.
@@ -472,8 +457,8 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
   absl::flat_hash_map<std::string, int> held;
   for (const v1::ResumeState& state : all) {
     if (state.starting()) continue;
-    for (const v1::ResumeState::Held& h : state.held()) {
-      ++held[absl::StrCat(h.name(), " ", h.tensor_id())];
+    for (const v1::TensorInfo& info : state.infos()) {
+      ++held[absl::StrCat(info.name(), " ", info.tensor_id())];
     }
   }
   auto kept = [&](const std::string& name, const std::string& id) {
@@ -589,13 +574,26 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
 void Core::Abandon(int64_t n) {
   absl::StatusOr<std::string> entry =
       store_->Get(OpKey(n), options_.poll_interval);
-  v1::ControlOp op;
   if (!entry.ok()) return;
-  absl::string_view bytes = *entry;
-  if (!absl::ConsumePrefix(&bytes, kOpPrefix) ||
-      !op.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return;
+  std::optional<v1::ControlOp> op = ParseEntry(*entry);
+  if (!op.has_value()) return;
+  FinishOwnCall(*op, absl::UnavailableError(absl::StrCat(
+                         OpName(*op),
+                         " was not applied: the daemons' process group broke "
+                         "while it ran; retry it")));
+}
+
+std::optional<v1::ControlOp> Core::ParseEntry(absl::string_view entry) {
+  v1::ControlOp op;
+  if (!absl::ConsumePrefix(&entry, kOpPrefix) ||
+      !op.ParseFromArray(entry.data(), static_cast<int>(entry.size()))) {
+    return std::nullopt;
   }
+  return op;
+}
+
+void Core::FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
+                         OpResult result) {
   if (op.coordinator() != rank_->rank() || op.incarnation() != incarnation_) {
     return;
   }
@@ -605,11 +603,7 @@ void Core::Abandon(int64_t n) {
     auto it = pending_.find(op.request_id());
     if (it != pending_.end()) call = it->second;
   }
-  if (call == nullptr) return;
-  Finish(call, absl::UnavailableError(absl::StrCat(
-                   OpName(op),
-                   " was not applied: the daemons' process group broke while "
-                   "it ran; retry it")));
+  if (call != nullptr) Finish(call, status, std::move(result));
 }
 
 std::optional<std::string> Core::AwaitEntry(int64_t n, bool* reform) {
@@ -702,13 +696,13 @@ Core::Outcome Core::Run(const v1::ControlOp& op) {
 
 void Core::Execute(absl::string_view entry, int64_t n) {
   if (entry == kSkip) return;
-  v1::ControlOp op;
-  if (!absl::ConsumePrefix(&entry, kOpPrefix) ||
-      !op.ParseFromArray(entry.data(), static_cast<int>(entry.size()))) {
+  std::optional<v1::ControlOp> parsed = ParseEntry(entry);
+  if (!parsed.has_value()) {
     // Every daemon reads the same bytes, so every daemon skips it.
     spdlog::error("control: log entry {} is malformed; skipping it", n);
     return;
   }
+  const v1::ControlOp& op = *parsed;
   if (op.request_case() == v1::ControlOp::REQUEST_NOT_SET) {
     spdlog::error("control: log entry {} holds no request; skipping it", n);
     return;
@@ -733,17 +727,7 @@ void Core::Execute(absl::string_view entry, int64_t n) {
   }
   spdlog::debug("control: op {} {} from rank {}: {}", n, OpName(op),
                 op.coordinator(), outcome.status.ToString());
-  if (op.coordinator() == rank_->rank() && op.incarnation() == incarnation_) {
-    std::shared_ptr<PendingCall> call;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(op.request_id());
-      if (it != pending_.end()) call = it->second;
-    }
-    if (call != nullptr) {
-      Finish(call, outcome.status, std::move(outcome.result));
-    }
-  }
+  FinishOwnCall(op, outcome.status, std::move(outcome.result));
   // Every daemon has read the op once the last agreement went through.
   // Otherwise the key stays: a daemon that has not read it yet must find
   // it rather than an empty number that rank 0 would mark skipped.
