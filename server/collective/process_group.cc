@@ -93,19 +93,28 @@ std::vector<std::string> ProcessGroupBackends() {
   return names;
 }
 
+namespace {
+
+absl::StatusOr<ProcessGroupFactory> FindBackend(absl::string_view backend) {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  auto it = registry.factories.find(std::string(backend));
+  if (it == registry.factories.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Backend ", backend, " not supported!"));
+  }
+  return it->second;
+}
+
+}  // namespace
+
+absl::Status CheckProcessGroupBackend(absl::string_view backend) {
+  return FindBackend(backend).status();
+}
+
 absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateProcessGroup(
     absl::string_view backend, const ProcessGroupOptions& options) {
-  ProcessGroupFactory factory;
-  {
-    Registry& registry = GetRegistry();
-    absl::MutexLock lock(&registry.mu);
-    auto it = registry.factories.find(std::string(backend));
-    if (it == registry.factories.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Backend ", backend, " not supported!"));
-    }
-    factory = it->second;
-  }
+  ASSIGN_OR_RETURN(ProcessGroupFactory factory, FindBackend(backend));
   RETURN_IF_ERROR(ValidateOptions(options));
   return factory(options);
 }

@@ -144,6 +144,9 @@ bool RegisterProcessGroupBackend(const std::string& name,
                                  ProcessGroupFactory factory);
 // The registered backend names, sorted.
 std::vector<std::string> ProcessGroupBackends();
+// INVALID_ARGUMENT ("Backend foo not supported!") unless `backend` is
+// registered.
+absl::Status CheckProcessGroupBackend(absl::string_view backend);
 // Creates (collectively) a group with the named backend. INVALID_ARGUMENT
 // for an unknown backend ("Backend foo not supported!") or bad options.
 absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateProcessGroup(

@@ -46,13 +46,14 @@ ReformableGroup::ReformableGroup(const std::string& backend,
 
 ReformableGroup::~ReformableGroup() { Shutdown(); }
 
+absl::Status ReformableGroup::ShutDownError() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("process group ", name(), " is shut down"));
+}
+
 absl::StatusOr<std::shared_ptr<ReformableGroup>> ReformableGroup::Create(
     const std::string& backend, const ProcessGroupOptions& options) {
-  const std::vector<std::string> backends = ProcessGroupBackends();
-  if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Backend ", backend, " not supported!"));
-  }
+  RETURN_IF_ERROR(CheckProcessGroupBackend(backend));
   if (options.store == nullptr) {
     return absl::InvalidArgumentError("a process group needs a store");
   }
@@ -82,8 +83,7 @@ absl::StatusOr<std::shared_ptr<ReformableGroup>> ReformableGroup::Create(
 absl::StatusOr<std::shared_ptr<ProcessGroup>> ReformableGroup::Current() const {
   absl::MutexLock lock(&mu_);
   if (shut_down_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("process group ", name(), " is shut down"));
+    return ShutDownError();
   }
   if (current_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -139,8 +139,7 @@ absl::Status ReformableGroup::AllToAll(absl::Span<const Tensor> inputs,
 absl::Status ReformableGroup::Usable() const {
   absl::MutexLock lock(&mu_);
   if (shut_down_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("process group ", name(), " is shut down"));
+    return ShutDownError();
   }
   if (current_ == nullptr && broken_.ok()) {
     return absl::FailedPreconditionError(
@@ -197,10 +196,7 @@ absl::Status ReformableGroup::Reform(const ReformOptions& options) {
   int64_t current;
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("process group ", name(), " is shut down"));
-    }
+    if (shut_down_) return ShutDownError();
     old = std::move(current_);
     current = generation_;
     if (broken_.ok()) {
@@ -230,8 +226,7 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
     {
       absl::MutexLock lock(&mu_);
       if (shut_down_) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("process group ", name(), " is shut down"));
+        return ShutDownError();
       }
     }
     if (options.cancelled && options.cancelled()) {
@@ -342,8 +337,7 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
       absl::MutexLock lock(&mu_);
       if (shut_down_) {
         (*formed)->Shutdown();
-        return absl::FailedPreconditionError(
-            absl::StrCat("process group ", name(), " is shut down"));
+        return ShutDownError();
       }
       current_ = *std::move(formed);
       generation_ = target;

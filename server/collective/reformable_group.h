@@ -128,6 +128,8 @@ class ReformableGroup final : public ProcessGroup {
  private:
   ReformableGroup(const std::string& backend,
                   const ProcessGroupOptions& options);
+  // FAILED_PRECONDITION: the group is shut down.
+  absl::Status ShutDownError() const;
   // The current transport, or FAILED_PRECONDITION naming why there is none.
   absl::StatusOr<std::shared_ptr<ProcessGroup>> Current() const;
   // Runs `call` on the current transport and notes whether it broke it.
