@@ -507,18 +507,26 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
   return views;
 }
 
-// Daemons asked at once by Health(): one that hangs costs the timeout once
-// per this many.
+// Daemons asked at once by Health() and Clusters(): one that hangs costs
+// the timeout once per this many.
 constexpr int kHealthParallelism = 64;
+
+namespace {
+
+// "daemon worker1 (rank 1) at HOST:PORT", as per-daemon answers name it.
+std::string DaemonName(const Worker& worker, size_t rank) {
+  return absl::StrCat("daemon ", worker.address.name(), " (rank ", rank,
+                      ") at ", worker.address.address());
+}
+
+}  // namespace
 
 std::vector<absl::Status> Client::Health() const {
   const auto& workers = cluster_->workers();
   std::vector<absl::Status> health(workers.size());
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];
-    const std::string who =
-        absl::StrCat("daemon ", worker.address.name(), " (rank ", r, ") at ",
-                     worker.address.address());
+    const std::string who = DaemonName(worker, r);
     const std::unique_ptr<grpc::ClientContext> context =
         cluster_->ControlContext();
     grpc::health::v1::HealthCheckResponse response;
@@ -553,9 +561,7 @@ std::vector<absl::StatusOr<v1::ClusterInfo>> Client::Clusters() const {
     if (called.ok()) {
       clusters[r] = std::move(info);
     } else {
-      clusters[r] = Annotate(
-          called, absl::StrCat("daemon ", worker.address.name(), " (rank ", r,
-                               ") at ", worker.address.address()));
+      clusters[r] = Annotate(called, DaemonName(worker, r));
     }
     return absl::OkStatus();
   }).IgnoreError();
