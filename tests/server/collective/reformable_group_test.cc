@@ -70,6 +70,18 @@ class ReformableGroupTest : public ::testing::Test {
   std::shared_ptr<Store> GroupStore() {
     return std::make_shared<PrefixStore>("pg/0", store_);
   }
+  // Forms generation 1 of a group of `world` members, one thread each;
+  // null entries where a member failed (the failure is reported).
+  std::vector<std::shared_ptr<ReformableGroup>> FormGroups(int world) {
+    std::vector<std::shared_ptr<ReformableGroup>> groups(world);
+    RunThreads(world, [&](int r) {
+      absl::StatusOr<std::shared_ptr<ReformableGroup>> group =
+          ReformableGroup::Create("gloo", Options(GroupStore(), r, world));
+      ASSERT_OK(group.status());
+      groups[r] = *group;
+    });
+    return groups;
+  }
   std::shared_ptr<HashStore> store_ = std::make_shared<HashStore>();
 };
 
@@ -100,13 +112,7 @@ TEST_F(ReformableGroupTest, AStallPastTheTimeoutIsHealedByTheNextGeneration) {
 }
 
 TEST_F(ReformableGroupTest, ARestartedMemberJoinsAndItsOldProcessIsFenced) {
-  std::vector<std::shared_ptr<ReformableGroup>> first(2);
-  RunThreads(2, [&](int r) {
-    absl::StatusOr<std::shared_ptr<ReformableGroup>> group =
-        ReformableGroup::Create("gloo", Options(GroupStore(), r, 2));
-    ASSERT_OK(group.status());
-    first[r] = *group;
-  });
+  std::vector<std::shared_ptr<ReformableGroup>> first = FormGroups(2);
   ASSERT_NE(first[0], nullptr);
   ASSERT_NE(first[1], nullptr);
   std::shared_ptr<ReformableGroup> restarted;
@@ -142,14 +148,9 @@ TEST_F(ReformableGroupTest, ARestartedMemberJoinsAndItsOldProcessIsFenced) {
 }
 
 TEST_F(ReformableGroupTest, AMemberThatNeverReturnsIsNamedAtTheDeadline) {
-  std::vector<std::shared_ptr<ReformableGroup>> groups(2);
-  RunThreads(2, [&](int r) {
-    absl::StatusOr<std::shared_ptr<ReformableGroup>> group =
-        ReformableGroup::Create("gloo", Options(GroupStore(), r, 2));
-    ASSERT_OK(group.status());
-    groups[r] = *group;
-  });
+  std::vector<std::shared_ptr<ReformableGroup>> groups = FormGroups(2);
   ASSERT_NE(groups[0], nullptr);
+  ASSERT_NE(groups[1], nullptr);
   // Rank 1 is gone; rank 0 waits for it, and says so while it waits.
   groups[1]->Shutdown();
   std::atomic<bool> saw_missing{false};
