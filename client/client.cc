@@ -334,37 +334,20 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
                            options.progress);
   write.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
   // Every owner is tried even after one failed, so that the error can say
-  // exactly which boxes were written (a write to several owners is not
-  // atomic).
-  absl::Mutex mu;
-  std::vector<PieceOutcome> outcomes;
-  RETURN_IF_ERROR(ForEachRegionPiece(
-      metadata_.shards_metadata, offsets, data, options.parallelism,
-      [&](const RegionPiece& piece) -> absl::Status {
-        PieceOutcome outcome;
-        outcome.shard = piece.shard;
-        outcome.box = BoxString(*piece.box);
+  // exactly which boxes were written.
+  RETURN_IF_ERROR(WriteEveryRegionPiece(
+      metadata_.shards_metadata, offsets, data, options.parallelism, what,
+      [&](const RegionPiece& piece, std::string* owner_name) -> absl::Status {
         const int owner = owner_rank(piece.shard);
-        outcome.owner = absl::StrCat("rank ", owner);
-        absl::StatusOr<const Worker*> worker = cluster_->worker(owner);
-        if (!worker.ok()) {
-          outcome.status = worker.status();
-        } else {
-          absl::StrAppend(&outcome.owner, " (", (*worker)->address.address(),
-                          ")");
-          // Each owner gets only what its shard holds, pinned to this
-          // view's tensor id, so it writes locally and never into a new
-          // layout.
-          outcome.status =
-              WriteRegion(*(*worker)->control, name(), tensor_id(),
-                          piece.box->shard_offsets(), piece.view, write)
-                  .status();
-        }
-        absl::MutexLock lock(&mu);
-        outcomes.push_back(std::move(outcome));
-        return absl::OkStatus();
+        *owner_name = absl::StrCat("rank ", owner);
+        ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
+        absl::StrAppend(owner_name, " (", worker->address.address(), ")");
+        // Each owner gets only what its shard holds, pinned to this view's
+        // tensor id, so it writes locally and never into a new layout.
+        return WriteRegion(*worker->control, name(), tensor_id(),
+                           piece.box->shard_offsets(), piece.view, write)
+            .status();
       }));
-  RETURN_IF_ERROR(PartialWriteError(what, std::move(outcomes)));
   progress.Finish();
   return absl::OkStatus();
 }

@@ -138,7 +138,7 @@ class ShardedTensorView {
   // ReadRegion, plus INVALID_ARGUMENT for a dtype mismatch. A write to
   // several owners is not atomic: every owner is tried, and a failure names
   // each box written and each box not written with its owner and error
-  // (PartialWriteError, client/region_transfer.h), so the caller can retry
+  // (WriteEveryRegionPiece, client/region_transfer.h), so the caller can retry
   // exactly those.
   absl::Status Write(absl::Span<const int64_t> offsets, const Tensor& data,
                      const TransferOptions& options = {}) const;

@@ -70,15 +70,17 @@ absl::Status ForEachRegionPiece(
       });
 }
 
-std::string BoxString(const ShardMetadata& box) {
-  std::vector<std::string> dims;
-  for (size_t d = 0; d < box.shard_offsets().size(); ++d) {
-    dims.push_back(absl::StrCat(box.shard_offsets()[d], ":",
-                                box.shard_offsets()[d] + box.shard_sizes()[d]));
-  }
-  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
+namespace {
 
+// What one piece of a region write did.
+struct PieceOutcome {
+  size_t shard = 0;
+  std::string box;    // "[4:6, 0:4]"
+  std::string owner;  // "rank 2 (10.0.0.3:29600)"
+  absl::Status status;
+};
+
+// WriteEveryRegionPiece's outcome; `outcomes` in any order.
 absl::Status PartialWriteError(absl::string_view what,
                                std::vector<PieceOutcome> outcomes) {
   std::sort(outcomes.begin(), outcomes.end(),
@@ -105,6 +107,40 @@ absl::Status PartialWriteError(absl::string_view what,
                 written.empty() ? std::string()
                                 : absl::StrCat("; written: ",
                                                absl::StrJoin(written, ", "))));
+}
+
+}  // namespace
+
+absl::Status WriteEveryRegionPiece(
+    absl::Span<const ShardMetadata> shards,
+    absl::Span<const int64_t> region_offsets, const Tensor& data,
+    int parallelism, absl::string_view what,
+    const std::function<absl::Status(const RegionPiece&, std::string* owner)>&
+        write) {
+  absl::Mutex mu;
+  std::vector<PieceOutcome> outcomes;
+  RETURN_IF_ERROR(
+      ForEachRegionPiece(shards, region_offsets, data, parallelism,
+                         [&](const RegionPiece& piece) -> absl::Status {
+                           PieceOutcome outcome;
+                           outcome.shard = piece.shard;
+                           outcome.box = BoxString(*piece.box);
+                           outcome.status = write(piece, &outcome.owner);
+                           absl::MutexLock lock(&mu);
+                           outcomes.push_back(std::move(outcome));
+                           // Always OK, so that every piece is tried.
+                           return absl::OkStatus();
+                         }));
+  return PartialWriteError(what, std::move(outcomes));
+}
+
+std::string BoxString(const ShardMetadata& box) {
+  std::vector<std::string> dims;
+  for (size_t d = 0; d < box.shard_offsets().size(); ++d) {
+    dims.push_back(absl::StrCat(box.shard_offsets()[d], ":",
+                                box.shard_offsets()[d] + box.shard_sizes()[d]));
+  }
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
 ProgressCounter::ProgressCounter(

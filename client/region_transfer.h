@@ -66,28 +66,24 @@ absl::Status ForEachRegionPiece(
     int parallelism,
     const std::function<absl::Status(const RegionPiece&)>& body);
 
-// What one piece of a region write did, for PartialWriteError.
-struct PieceOutcome {
-  size_t shard = 0;
-  // The piece, in the tensor's coordinates ("[4:6, 0:4]"), and its owner
-  // ("rank 2 (10.0.0.3:29600)").
-  std::string box;
-  std::string owner;
-  absl::Status status;
-};
+// ForEachRegionPiece for a write to several owners, which is not atomic:
+// every piece is tried, even after one failed. `write` writes one piece
+// and names its owner in *owner ("rank 2 (HOST:PORT)"), also when it fails.
+// OK when every piece was written; otherwise the lowest failing shard's
+// code, and a message that names every box not written (with its owner
+// and error) and every box written: "writing tensor t: 3 of 4 boxes
+// written; not written: [4:6, 0:4] on rank 2 (...): UNAVAILABLE: ...;
+// written: [0:2, 0:4] on rank 0 (...), ...". Errors before any piece is
+// tried (the region's views) are returned as they are.
+absl::Status WriteEveryRegionPiece(
+    absl::Span<const ShardMetadata> shards,
+    absl::Span<const int64_t> region_offsets, const Tensor& data,
+    int parallelism, absl::string_view what,
+    const std::function<absl::Status(const RegionPiece&, std::string* owner)>&
+        write);
 
 // "[4:6, 0:4]": a box of global coordinates, as errors name it.
 std::string BoxString(const ShardMetadata& box);
-
-// The outcome of a write fanned out to several owners (every owner is
-// tried, even after one failed): OK when every piece was written.
-// Otherwise the lowest failing shard's code, and a message that names
-// every box not written (with its owner and error) and every box written,
-// since a write to several owners is not atomic: "writing tensor t: 3 of 4
-// boxes written; not written: [4:6, 0:4] on rank 2 (...): UNAVAILABLE: ...;
-// written: [0:2, 0:4] on rank 0 (...), ...". `outcomes` in any order.
-absl::Status PartialWriteError(absl::string_view what,
-                               std::vector<PieceOutcome> outcomes);
 
 // Sums the bytes of concurrent transfers and reports (done, total) to
 // `progress` (which may be empty), one call at a time, under a lock: done

@@ -340,21 +340,12 @@ class WriteRegionReactor final
       }
     }
     // Every owner is tried even after one failed, so that the error says
-    // which boxes were written (a write to several owners is not atomic).
-    absl::Mutex mu;
-    std::vector<PieceOutcome> outcomes;
-    RETURN_IF_ERROR(ForEachRegionPiece(
-        shards, region.shard_offsets(), buffer_, env_.parallelism,
-        [&](const RegionPiece& piece) -> absl::Status {
-          PieceOutcome outcome;
-          outcome.shard = piece.shard;
-          outcome.box = BoxString(*piece.box);
-          outcome.status = WritePiece(registered, piece, &outcome.owner);
-          absl::MutexLock lock(&mu);
-          outcomes.push_back(std::move(outcome));
-          return absl::OkStatus();
-        }));
-    return PartialWriteError(What(), std::move(outcomes));
+    // which boxes were written.
+    return WriteEveryRegionPiece(
+        shards, region.shard_offsets(), buffer_, env_.parallelism, What(),
+        [&](const RegionPiece& piece, std::string* owner) {
+          return WritePiece(registered, piece, owner);
+        });
   }
 
   // Writes one piece: into this daemon's shard, or forwarded to its owner.
