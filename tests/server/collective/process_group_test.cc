@@ -21,12 +21,14 @@
 #include "gtest/gtest.h"
 #include "server/store/hash_store.h"
 #include "server/store/prefix_store.h"
+#include "tests/testing/run_threads.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::RunThreads;
 using ::tessera::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::Contains;
@@ -58,13 +60,6 @@ ProcessGroupOptions Options(std::shared_ptr<Store> store, int rank,
   options.name = std::move(name);
   options.timeout = timeout;
   return options;
-}
-
-// Runs fn(r) on `n` threads and joins them.
-void RunThreads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (std::thread& t : threads) t.join();
 }
 
 // `n` elements of test data derived from (seed, index), so that every rank

@@ -18,12 +18,14 @@
 #include "gtest/gtest.h"
 #include "server/store/hash_store.h"
 #include "server/store/prefix_store.h"
+#include "tests/testing/run_threads.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::RunThreads;
 using ::tessera::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -40,12 +42,6 @@ ProcessGroupOptions Options(std::shared_ptr<Store> store, int rank, int world) {
   options.name = "0";
   options.timeout = kTimeout;
   return options;
-}
-
-void RunThreads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (std::thread& t : threads) t.join();
 }
 
 // Every member's rank, all-gathered: proves the generation moves bytes
