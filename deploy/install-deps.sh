@@ -16,6 +16,7 @@ packages=(
   clang-format clang-14 libclang-rt-14-dev
   openssl libssl-dev
   libeigen3-dev libspdlog-dev
+  golang-etcd-server-dev etcd-server
 )
 
 missing=()

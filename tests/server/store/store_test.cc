@@ -1,7 +1,9 @@
 // The Store contract, written once and run against every store (HashStore,
-// FileStore, GrpcStore on a real in-process server, PrefixStore), then what
-// is particular to each: FileStore across processes, PrefixStore isolation,
-// the gRPC service's parking, cancellation and shutdown.
+// FileStore, GrpcStore on a real in-process server, PrefixStore, EtcdStore
+// on a real etcd), then what is particular to each: FileStore across
+// processes, PrefixStore isolation, the gRPC service's parking,
+// cancellation and shutdown, etcd's URLs, prefixes and a 3-member cluster
+// losing and regaining members.
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,11 +28,14 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/store/etcd_store.h"
 #include "server/store/file_store.h"
 #include "server/store/grpc_store.h"
 #include "server/store/hash_store.h"
 #include "server/store/prefix_store.h"
 #include "server/store/store.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -121,6 +126,23 @@ absl::StatusOr<std::shared_ptr<Store>> MakeGrpcStore(KeepAlive* keep_alive) {
   keep_alive->push_back(server);
   ASSIGN_OR_RETURN(std::shared_ptr<GrpcStore> store,
                    GrpcStore::Connect(server->address(), kPatience));
+  return store;
+}
+
+// One etcd for the process; each store gets a prefix of its own, so it
+// starts empty.
+absl::StatusOr<std::shared_ptr<Store>> MakeEtcdStore(KeepAlive*) {
+  static absl::StatusOr<std::unique_ptr<testing::EtcdCluster>>* etcd =
+      new absl::StatusOr<std::unique_ptr<testing::EtcdCluster>>(
+          testing::EtcdCluster::Start(1));
+  if (!etcd->ok()) return etcd->status();
+  static int stores = 0;
+  EtcdStoreOptions options;
+  options.endpoints = (**etcd)->endpoints();
+  options.prefix = absl::StrCat("/store-test/", getpid(), "/", ++stores, "/");
+  options.connect_timeout = kPatience;
+  ASSIGN_OR_RETURN(std::shared_ptr<EtcdStore> store,
+                   EtcdStore::Connect(options));
   return store;
 }
 
@@ -305,7 +327,8 @@ INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest,
                                            Backend{"FileStore", MakeFileStore},
                                            Backend{"GrpcStore", MakeGrpcStore},
                                            Backend{"PrefixStore",
-                                                   MakePrefixStore}),
+                                                   MakePrefixStore},
+                                           Backend{"EtcdStore", MakeEtcdStore}),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return info.param.name;
                          });
@@ -687,6 +710,103 @@ TEST(StoreServerTest, AnUnusableAddressIsUnavailable) {
   EXPECT_THAT(StoreServer::Start("256.1.1.1:0"),
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr("cannot listen on 256.1.1.1:0")));
+}
+
+// ---------------------------------------------------------------------------
+// EtcdStore: URLs, prefixes, and a real 3-member cluster losing members.
+
+TEST(EtcdStoreTest, ParsesUrls) {
+  ASSERT_OK_AND_ASSIGN(EtcdStoreOptions options,
+                       ParseEtcdUrl("etcd://10.0.0.1:2379,etcd-b:2379/jobs/7"));
+  EXPECT_THAT(options.endpoints, ElementsAre("10.0.0.1:2379", "etcd-b:2379"));
+  EXPECT_EQ(options.prefix, "/jobs/7/");
+  ASSERT_OK_AND_ASSIGN(options, ParseEtcdUrl("etcd://[::1]:2379"));
+  EXPECT_THAT(options.endpoints, ElementsAre("[::1]:2379"));
+  EXPECT_EQ(options.prefix, "/tessera/");
+  ASSERT_OK_AND_ASSIGN(options, ParseEtcdUrl("etcd://h:1/x/"));
+  EXPECT_EQ(options.prefix, "/x/");
+
+  for (const char* bad :
+       {"http://h:2379", "etcd://", "etcd://h", "etcd://h:0", "etcd://h:70000",
+        "etcd://h:2379,,g:2379", "etcd://:2379", "etcd://h:port/p"}) {
+    EXPECT_THAT(ParseEtcdUrl(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_))
+        << bad;
+  }
+}
+
+TEST(EtcdStoreTest, NobodyAnsweringIsUnavailableNamingTheEndpoints) {
+  ASSERT_OK_AND_ASSIGN(const int port, testing::PickFreePort());
+  EtcdStoreOptions options;
+  options.endpoints = {absl::StrCat("127.0.0.1:", port)};
+  options.connect_timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(EtcdStore::Connect(options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("etcd at 127.0.0.1:", port))));
+  EXPECT_LT(absl::Now() - start, kPatience);
+}
+
+TEST(EtcdStoreTest, PrefixesKeepClustersApart) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<testing::EtcdCluster> etcd,
+                       testing::EtcdCluster::Start(1));
+  ASSERT_OK_AND_ASSIGN(EtcdStoreOptions a, ParseEtcdUrl(etcd->Url("job/a")));
+  ASSERT_OK_AND_ASSIGN(EtcdStoreOptions b, ParseEtcdUrl(etcd->Url("job/ab")));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<EtcdStore> store_a,
+                       EtcdStore::Connect(a));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<EtcdStore> store_b,
+                       EtcdStore::Connect(b));
+  ASSERT_OK(store_a->Set("seq", "1"));
+  EXPECT_THAT(store_b->Check({"seq"}), IsOkAndHolds(false));
+  EXPECT_THAT(store_b->Add("seq", 5), IsOkAndHolds(5));
+  EXPECT_THAT(store_a->Get("seq", kPatience), IsOkAndHolds("1"));
+  EXPECT_THAT(store_a->description(), HasSubstr("(prefix /job/a/)"));
+}
+
+// A 3-member cluster: calls go on while any one member is down (killed
+// under a waiting Get too), fail promptly without quorum, and work again
+// once a quorum is back, with nothing written lost.
+TEST(EtcdStoreTest, AThreeMemberClusterOutlivesAnyOneMember) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<testing::EtcdCluster> etcd,
+                       testing::EtcdCluster::Start(3));
+  ASSERT_OK_AND_ASSIGN(EtcdStoreOptions options,
+                       ParseEtcdUrl(etcd->Url("quorum")));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<EtcdStore> store,
+                       EtcdStore::Connect(options));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<EtcdStore> writer,
+                       EtcdStore::Connect(options));
+  for (int member = 0; member < 3; ++member) {
+    SCOPED_TRACE(absl::StrCat("member ", member, " down"));
+    // A Get waiting on whichever member the store uses; the member dies
+    // under it, the value is set through another.
+    std::thread waiter([&] {
+      EXPECT_THAT(store->Get(absl::StrCat("late", member), kPatience * 2),
+                  IsOkAndHolds("here"));
+    });
+    absl::SleepFor(absl::Milliseconds(100));
+    etcd->Kill(member);
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(store->Add("count", 1), IsOkAndHolds(member + 1));
+    EXPECT_OK(writer->Set(absl::StrCat("late", member), "here"));
+    waiter.join();
+    EXPECT_THAT(store->CompareSet("owner", "", absl::StrCat(member)),
+                IsOkAndHolds("0"));
+    EXPECT_LT(absl::Now() - start, kPatience);
+    ASSERT_OK(etcd->Restart(member));
+  }
+
+  // Two of three down: no quorum, refused within seconds, naming etcd.
+  etcd->Kill(1);
+  etcd->Kill(2);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(store->Set("k", "v"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("etcd at ")));
+  EXPECT_LT(absl::Now() - start,
+            EtcdStore::kAttemptTimeout + EtcdStore::kReconnectWait + kPatience);
+  ASSERT_OK(etcd->Restart(2));
+  EXPECT_OK(store->Set("k", "v"));
+  EXPECT_THAT(store->Get("count", kPatience), IsOkAndHolds("3"));
+  EXPECT_THAT(store->Get("k", kPatience), IsOkAndHolds("v"));
 }
 
 }  // namespace
