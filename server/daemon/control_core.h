@@ -263,6 +263,8 @@ class Core : public std::enable_shared_from_this<Core> {
   bool NeedsReform() const;
   // Whether some daemon's lease expired (LeaseLoop).
   bool LeaseExpired() const;
+  // "the lease of ranks [2] expired: silent for 5s".
+  std::string LeaseText(const std::vector<int>& expired) const;
   // Forms the next generation of the default group (blocking until every
   // daemon takes part; calls are refused meanwhile), then brings the
   // daemons back in step: the log position (`*next`, the next entry to

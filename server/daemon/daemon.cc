@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "io/file.h"
+#include "server/store/etcd_store.h"
 #include "server/store/hash_store.h"
 #include "wire/auth.h"
 #include "wire/request_guard.h"
@@ -121,7 +122,14 @@ absl::Status Daemon::Init() {
   store_limits.max_value_bytes =
       std::min(store_limits.max_value_bytes, store_limits.max_total_bytes);
   std::shared_ptr<Store> store;
-  if (o.world_size == 1) {
+  if (!o.store_url.empty()) {
+    // Every rank alike: the store outlives any of them.
+    ASSIGN_OR_RETURN(EtcdStoreOptions etcd, ParseEtcdUrl(o.store_url));
+    etcd.connect_timeout = o.store_timeout;
+    spdlog::info("waiting up to {} for the store at {}",
+                 DurationText(o.store_timeout), o.store_url);
+    ASSIGN_OR_RETURN(store, EtcdStore::Connect(std::move(etcd)));
+  } else if (o.world_size == 1) {
     // Nobody to meet: the keys stay in this process.
     store = std::make_shared<HashStore>();
   } else if (o.rank == 0) {

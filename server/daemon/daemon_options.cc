@@ -23,6 +23,7 @@
 #include "common/tensor/tensor.h"
 #include "io/socket.h"
 #include "server/collective/process_group.h"
+#include "server/store/etcd_store.h"
 #include "wire/auth.h"
 
 namespace tessera::daemon {
@@ -280,6 +281,8 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     const DaemonFlags& flags, const DaemonEnvironment& env) {
   constexpr int kMaxPort = 65535;
   DaemonOptions options;
+  // Of the etcd store, when --store names one.
+  std::vector<std::string> store_endpoints;
 
   std::optional<Setting> world_size = Lookup(
       flags.world_size, "--world-size", {"WORLD_SIZE", "SLURM_NTASKS"}, env);
@@ -330,6 +333,17 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
   if (std::optional<Setting> port =
           Lookup(flags.master_port, "--master-port", {"MASTER_PORT"}, env)) {
     ASSIGN_OR_RETURN(options.master_port, ParseInt(*port, 1, kMaxPort));
+  }
+
+  if (std::optional<Setting> store =
+          Lookup(flags.store, "--store", {"TESSERA_STORE"}, env)) {
+    absl::StatusOr<EtcdStoreOptions> etcd = ParseEtcdUrl(store->value);
+    if (!etcd.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(store->source, ": ", etcd.status().message()));
+    }
+    options.store_url = store->value;
+    store_endpoints = etcd->endpoints;
   }
 
   options.insecure = flags.insecure;
@@ -432,6 +446,7 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
       beyond = absl::StrCat("the master ", options.master_addr,
                             " is not on loopback: a cluster beyond this host");
     }
+
     if (!beyond.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           beyond,
@@ -439,6 +454,20 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
           "change and delete every tensor. Authenticate callers (--tls-ca "
           "for mutual TLS, or --auth-token-file), or pass --insecure on a "
           "network only trusted users reach"));
+    }
+  }
+
+  // etcd is reached without TLS or credentials (not configured yet): one
+  // beyond this host lets whoever reaches it forge the operation log,
+  // whatever the daemons ask of their own callers.
+  for (const std::string& endpoint : store_endpoints) {
+    const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+    if (!options.insecure && !IsLoopbackHost(host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--store: the etcd member ", endpoint,
+          " is not on loopback and is reached without TLS or credentials: "
+          "anyone who reaches it could forge the operation log. Pass "
+          "--insecure on a network only trusted users reach"));
     }
   }
 
@@ -501,6 +530,11 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   add("--master-port", flags.master_port,
       "port of rank 0's store [env MASTER_PORT; default 29500]")
       ->type_name("PORT");
+  add("--store", flags.store,
+      "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: keep the store in etcd, so "
+      "that any daemon, rank 0 included, may restart [env TESSERA_STORE; "
+      "default: rank 0 serves it on --master-addr:--master-port]")
+      ->type_name("URL");
   add("--host", flags.host,
       "listen host [default 0.0.0.0 with --tls-ca, --auth-token-file or "
       "--insecure, else 127.0.0.1]")

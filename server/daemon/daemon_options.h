@@ -8,6 +8,7 @@
 //   --local-world-size LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE  unknown
 //   --master-addr      MASTER_ADDR                          127.0.0.1
 //   --master-port      MASTER_PORT                          29500
+//   --store            TESSERA_STORE                        rank 0 serves it
 //   --host                                                  see below
 //   --port                                                  29600 + local rank
 //   --advertise-host                                        see below
@@ -29,6 +30,13 @@
 // cluster whose master is not loopback (a cluster beyond this host),
 // unless --insecure says so (and it warns at start). An authenticating
 // daemon listens on 0.0.0.0 by default.
+//
+// --store etcd://h1:2379,h2:2379/prefix keeps the rendezvous store, the
+// operation log and the generations in an etcd cluster
+// (server/store/etcd_store.h) instead of in rank 0: any daemon, rank 0
+// included, may then die and restart. The master address still picks the
+// advertised host's route. etcd is reached without TLS or credentials, so
+// endpoints beyond loopback need --insecure (whatever else authenticates).
 //
 // A flag wins over its variables, the first variable set (non-empty) over
 // the next. The host peers and clients dial (--advertise-host) defaults to
@@ -92,6 +100,9 @@ struct DaemonOptions {
   int local_world_size = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;
+  // "etcd://..." (--store): the store lives there; empty: rank 0 serves it
+  // on master_addr:master_port.
+  std::string store_url;
   // The gRPC server (and data plane) listen on host:port; port 0 picks one.
   std::string host = "0.0.0.0";
   int port = kDefaultBasePort;
@@ -145,8 +156,8 @@ struct DaemonOptions {
 // The command line as given: a field is set when its flag was.
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
-      master_addr, master_port, host, port, advertise_host, device, timeout,
-      store_timeout, shutdown_grace, lease, address_file, log_level,
+      master_addr, master_port, store, host, port, advertise_host, device,
+      timeout, store_timeout, shutdown_grace, lease, address_file, log_level,
       memory_limit, tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file,
       reflection;
   bool insecure = false;

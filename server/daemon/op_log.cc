@@ -285,10 +285,16 @@ void Core::LeaseLoop() {
   const absl::Duration silence =
       std::max(options_.lease / 2,
                options_.lease - 2 * period - absl::Milliseconds(800));
-  // Only rank 0, which serves the store, watches (one read per daemon per
-  // period); its executor starts the next generation and the others
+  // Rank 0 watches every other daemon (one read per daemon per period) and
+  // rank 1 watches rank 0 (which matters when the store outlives rank 0);
+  // the watcher's executor starts the next generation and the others
   // follow it.
-  const bool watcher = rank_->rank() == 0;
+  std::vector<int> watched;
+  if (rank_->rank() == 0) {
+    for (int r = 1; r < world; ++r) watched.push_back(r);
+  } else if (rank_->rank() == 1) {
+    watched.push_back(0);
+  }
   // The last value of each daemon's counter, and when it last moved, by
   // this daemon's clock (clocks of different hosts are never compared).
   std::vector<int64_t> seen(world, -1);
@@ -302,7 +308,7 @@ void Core::LeaseLoop() {
       expired_.clear();
       continue;
     }
-    if (!watcher) continue;
+    if (watched.empty()) continue;
     const absl::Time now = absl::Now();
     {
       absl::MutexLock lock(&mu_);
@@ -313,8 +319,8 @@ void Core::LeaseLoop() {
       }
     }
     std::vector<int> expired;
-    for (int r = 0; r < world && running(); ++r) {
-      if (r == rank_->rank()) continue;
+    for (int r : watched) {
+      if (!running()) break;
       absl::StatusOr<int64_t> count = store_->Add(AliveKey(r), 0);
       if (!count.ok()) {
         expired.clear();
@@ -337,28 +343,36 @@ void Core::LeaseLoop() {
   }
 }
 
+std::string Core::LeaseText(const std::vector<int>& expired) const {
+  return absl::StrCat("the lease of ranks [", absl::StrJoin(expired, ", "),
+                      "] expired: silent for ",
+                      absl::FormatDuration(options_.lease));
+}
+
 bool Core::Reform(int64_t* next) {
   const std::shared_ptr<ReformableGroup>& group = rank_->world_group();
   const absl::Status usable = group->Usable();
   const int64_t broken = group->generation();
+  // The first daemon to start a generation leaves its reason for the
+  // others, which only see that a new one was asked for (and that their
+  // transport was closed under them).
+  const std::string reason_key = ReasonKey(broken + 1);
+  absl::StatusOr<std::string> stored =
+      store_->Get(reason_key, absl::ZeroDuration());
   std::string reason;
-  if (!usable.ok()) {
+  if (stored.ok()) {
+    reason = *std::move(stored);
+  } else if (!usable.ok()) {
     reason = absl::StrCat("generation ", broken, ": ", usable.message());
   } else {
     absl::MutexLock lock(&mu_);
-    if (!expired_.empty()) {
-      reason = absl::StrCat(
-          "the lease of ranks [", absl::StrJoin(expired_, ", "),
-          "] expired: silent for ", absl::FormatDuration(options_.lease));
-    }
+    if (!expired_.empty()) reason = LeaseText(expired_);
   }
-  // The daemon that starts a generation leaves its reason for the others,
-  // which only see that a new one was asked for.
-  const std::string reason_key = ReasonKey(broken + 1);
-  if (!reason.empty()) {
-    store_->Set(reason_key, absl::StrCat("rank ", rank(), ": ", reason))
-        .IgnoreError();
-  } else {
+  if (!stored.ok() && !reason.empty()) {
+    absl::StatusOr<std::string> first = store_->CompareSet(
+        reason_key, "", absl::StrCat("rank ", rank(), ": ", reason));
+    if (first.ok()) reason = *std::move(first);
+  } else if (reason.empty()) {
     absl::StatusOr<std::string> theirs =
         store_->Get(reason_key, options_.poll_interval);
     reason = theirs.ok() ? *theirs
@@ -524,9 +538,11 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
           "their shards",
           absl::StrJoin(degraded, ", "), absl::StrJoin(starting_ranks, ", "));
     }
-    // A restarted daemon may listen elsewhere now.
-    if (!starting) RETURN_IF_ERROR(rank_->RefreshWorkers());
   }
+  // A restarted daemon may listen elsewhere now; with a store that outlives
+  // the daemons, one starting next to it may have read the address its old
+  // process left there.
+  if (!starting_ranks.empty()) RETURN_IF_ERROR(rank_->RefreshWorkers());
   ResyncTensorIds();
   if (rank_->rank() == 0 && !starting && earliest < furthest) {
     for (int64_t m = earliest; m < furthest; ++m) {

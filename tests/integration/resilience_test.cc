@@ -7,7 +7,9 @@
 // operation in flight fails, operations meanwhile are refused at once
 // naming the stalled rank, and within seconds of the resume the daemons
 // form a new generation and every operation works again, with every value
-// kept; a killed daemon is named at once by every later operation.
+// kept; a killed daemon is named at once by every later operation; with
+// the store in a real etcd cluster (--store), rank 0 too restarts into the
+// running cluster, and an etcd member's death goes unnoticed.
 #include <signal.h>
 
 #include <algorithm>
@@ -32,6 +34,7 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/daemon_state.h"
+#include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -107,10 +110,14 @@ absl::StatusOr<WithKept> StartWithKept(int rank, absl::Duration timeout) {
 }
 
 // Re-forming, and past the first look at who is missing.
-bool WaitsForRank2(const v1::ClusterInfo& info) {
-  return absl::StartsWith(info.state(), "re-forming") &&
-         absl::StrContains(info.state(), "waits for ranks [2]");
+std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
+  return [rank](const v1::ClusterInfo& info) {
+    return absl::StartsWith(info.state(), "re-forming") &&
+           absl::StrContains(info.state(),
+                             absl::StrCat("waits for ranks [", rank, "]"));
+  };
 }
+const auto WaitsForRank2 = WaitsFor(2);
 
 void ExpectAllSevens(const Client& client, const std::string& name) {
   absl::StatusOr<ShardedTensorView> view = client.Open(name);
@@ -414,6 +421,74 @@ TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
       [](const v1::ClusterInfo& info) { return info.state() == "serving"; },
       absl::Seconds(10)));
   EXPECT_OK(client->Create("after", {6, 4}, Rows()).status());
+}
+
+// With the store in etcd (--store), no daemon is special: an etcd member
+// may die unnoticed, and rank 0, killed, is noticed within the lease (rank
+// 1 watches it), then restarts into the running cluster like any other;
+// the names and the other daemons' shards live on, its own are reported
+// lost.
+TEST(ResilienceTest, WithEtcdRankZeroRestartsIntoTheRunningCluster) {
+  ASSERT_OK_AND_ASSIGN(auto etcd, testing::EtcdCluster::Start(3));
+  DaemonClusterOptions options = Options();
+  for (const std::string& flag :
+       {std::string("--store"), etcd->Url("resilience"), std::string("--lease"),
+        std::string("1s")}) {
+    options.extra_args.push_back(flag);
+  }
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(1), client_options));
+  ASSERT_OK(client->Create("spread", {6, 4}, Rows(), Sevens()).status());
+  ASSERT_OK(
+      client
+          ->Create("elsewhere", {4, 4},
+                   *ChunkShardingSpec::Create(
+                       0, std::vector<std::string>{"rank:1/cpu", "rank:2/cpu"}),
+                   Sevens())
+          .status());
+
+  etcd->Kill(0);
+  EXPECT_OK(client->Create("during", {6, 4}, Rows(), Sevens()).status());
+  ASSERT_OK(etcd->Restart(0)) << etcd->Log(0);
+
+  cluster->Kill(0);
+  ASSERT_TRUE(WaitForState(*cluster, 1, WaitsFor(0), absl::Seconds(10)))
+      << cluster->Log(1);
+  EXPECT_THAT(client->Create("refused", {6, 4}, Rows()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("lease of ranks [0] expired"),
+                             HasSubstr("waits for ranks [0]"))));
+  ASSERT_OK(cluster->Restart(0)) << cluster->Log(0);
+  const absl::Time restarted = absl::Now();
+  absl::Status created;
+  while (absl::Now() - restarted < absl::Seconds(30)) {
+    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
+    if (created.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_OK(created) << cluster->Log(0) << cluster->Log(1);
+  std::cout << "[ resilience ] with etcd, rank 0 serving again "
+            << absl::Now() - restarted << " after its restart\n";
+  EXPECT_LT(absl::Now() - restarted, absl::Seconds(10));
+
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK_AND_ASSIGN(auto seen, Client::Connect(cluster->address(r)));
+    ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> tensors, seen->List());
+    std::vector<std::string> names;
+    for (const ShardedTensorView& view : tensors) names.push_back(view.name());
+    EXPECT_THAT(
+        names, ::testing::ElementsAre("after", "during", "elsewhere", "spread"))
+        << r;
+    ExpectAllSevens(*seen, "elsewhere");
+    ExpectAllSevens(*seen, "after");
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView spread, seen->Open("spread"));
+    EXPECT_THAT(spread.info().lost_shards(), ::testing::ElementsAre(0)) << r;
+    ASSERT_OK_AND_ASSIGN(Tensor rest, spread.ReadRegion({2, 0}, {4, 4}));
+    EXPECT_EQ(rest.data<float>()[15], 7.0f);
+  }
 }
 
 }  // namespace

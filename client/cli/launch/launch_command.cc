@@ -16,6 +16,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -29,6 +30,16 @@
 
 namespace tessera::cli {
 namespace {
+
+// Whether the daemons keep the store outside rank 0 (--store, given to the
+// launcher or after "--"), so that rank 0 may restart alone.
+bool StoreOutsideRank0(const LaunchOptions& options) {
+  if (!options.store.empty()) return true;
+  for (const std::string& flag : options.server_flags) {
+    if (flag == "--store" || absl::StartsWith(flag, "--store=")) return true;
+  }
+  return false;
+}
 
 constexpr absl::string_view kCommand = "launch";
 constexpr char kServerName[] = "tessera-server";
@@ -116,7 +127,8 @@ class Supervisor {
   // Starts rank `rank`'s daemon into daemons_[rank] (appended when new).
   absl::Status Start(int rank);
   // After `daemon` exited while serving: starts it again when
-  // --max-restarts allows (never rank 0, which serves the store). The exit
+  // --max-restarts allows (rank 0 only when it does not serve the store:
+  // StoreOutsideRank0). The exit
   // code when the launch must end instead, nullopt when it goes on.
   std::optional<int> RestartOrFail(Daemon& daemon, const std::string& exited);
   // The next signal of LauncherSignals() within `timeout`; 0 on timeout.
@@ -266,12 +278,12 @@ std::optional<int> Supervisor::RestartOrFail(Daemon& daemon,
                                  : std::string(),
                              "; stopped the others"));
   }
-  if (daemon.rank == 0) {
+  if (daemon.rank == 0 && !StoreOutsideRank0(options_)) {
     StopAll();
     return Fail(absl::StrCat(
         exited,
         "; rank 0 serves the cluster's store, so it cannot be restarted "
-        "alone; stopped the others"));
+        "alone (it can with --store etcd://...); stopped the others"));
   }
   ++daemon.restarts;
   context_.err() << "tessera launch: " << exited << "; restarting it ("
@@ -458,6 +470,11 @@ std::string MasterAddress(const std::string& host) {
 }
 
 absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
+  if (!options.store.empty() && !absl::StartsWith(options.store, "etcd://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--store must be etcd://HOST:PORT[,HOST:PORT...][/PREFIX], got '",
+        options.store, "'"));
+  }
   if (options.nproc < 1 || options.nproc > kMaxProcesses) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--nproc must be in [1, ", kMaxProcesses, "], got ", options.nproc));
@@ -580,6 +597,10 @@ DaemonCommand BuildDaemonCommand(
     command.args.push_back("--log-level");
     command.args.push_back(options.log_level);
   }
+  if (!options.store.empty()) {
+    command.args.push_back("--store");
+    command.args.push_back(options.store);
+  }
   if (!options.checkpoint_root.empty()) {
     command.args.push_back("--checkpoint-root");
     command.args.push_back(options.checkpoint_root);
@@ -653,6 +674,12 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       ->capture_default_str()
       ->type_name("PORT");
   launch
+      ->add_option("--store", options->store,
+                   "etcd://HOST:PORT[,...][/PREFIX]: the daemons keep the "
+                   "store in etcd, so any of them, rank 0 included, may "
+                   "restart (default: rank 0 serves it on --master-port)")
+      ->type_name("URL");
+  launch
       ->add_option("--base-port", options->base_port,
                    "Rank i listens on this port + i (0: any free port)")
       ->capture_default_str()
@@ -695,8 +722,8 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       ->add_option("--max-restarts", options->max_restarts,
                    "Start a daemon that exits again, up to this many times "
                    "per daemon; it rejoins the running cluster (its shards "
-                   "are lost). Rank 0 serves the store and is never "
-                   "restarted alone")
+                   "are lost). Rank 0 only with --store: otherwise it serves "
+                   "the store")
       ->capture_default_str()
       ->type_name("N");
   launch

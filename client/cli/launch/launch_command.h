@@ -31,8 +31,9 @@
 // wait (--stop-timeout), SIGKILL for the rest, exit 0. A daemon that exits
 // on its own after serving is started again, up to --max-restarts N times
 // per daemon ("rank 1: HOST:PORT (pid P, restarted)" once it serves again;
-// it rejoins the running cluster, docs/control_log.md); rank 0, which
-// serves the store, never is. Otherwise the others are stopped the same
+// it rejoins the running cluster, docs/control_log.md); rank 0 too when
+// the store lives in etcd (--store etcd://..., passed to every daemon),
+// never when rank 0 serves it. Otherwise the others are stopped the same
 // way and the launcher exits 1 naming the rank and its exit status. The daemons
 // run in their own process groups (a terminal's Ctrl-C reaches only the
 // launcher, which stops them in order) and get SIGTERM if the launcher itself
@@ -74,8 +75,11 @@ struct LaunchOptions {
   bool secure = false;
   double start_timeout_seconds = 120;
   double stop_timeout_seconds = 15;
-  // How often each daemon (not rank 0) is started again after it exits.
+  // How often each daemon is started again after it exits (rank 0 only
+  // with a store outside it).
   int max_restarts = 0;
+  // The daemons' --store (etcd://...); empty: rank 0 serves the store.
+  std::string store;
   std::vector<std::string> server_flags;  // after "--"
 };
 

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "io/subprocess.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -32,6 +33,7 @@ using ::tessera::Subprocess;
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
 using ::tessera::testing::IsOk;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -330,12 +332,29 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
 
 // The pid on the last "rank R: HOST:PORT (pid P...)" line of `log`; -1 when
 // there is none.
+// The start of the last line of `log` that begins "rank R: ".
+size_t LastRankLine(const std::string& log, int rank) {
+  const std::string line = absl::StrCat("rank ", rank, ": ");
+  const size_t at = log.rfind(absl::StrCat("\n", line));
+  if (at != std::string::npos) return at + 1;
+  return absl::StartsWith(log, line) ? 0 : std::string::npos;
+}
+
 pid_t LastPidOf(const std::string& log, int rank) {
-  const size_t at = log.rfind(absl::StrCat("rank ", rank, ": "));
+  const size_t at = LastRankLine(log, rank);
   if (at == std::string::npos) return -1;
   const size_t pid_at = log.find("(pid ", at);
   if (pid_at == std::string::npos) return -1;
   return std::stoi(log.substr(pid_at + 5));
+}
+
+// The HOST:PORT on the last "rank R: HOST:PORT (pid P...)" line of `log`;
+// empty when there is none.
+std::string RankAddressOf(const std::string& log, int rank) {
+  const size_t at = LastRankLine(log, rank);
+  if (at == std::string::npos) return "";
+  const size_t start = log.find(": ", at) + 2;
+  return log.substr(start, log.find(' ', start) - start);
 }
 
 // `tessera launch --max-restarts 1`: a killed daemon is started again and
@@ -385,6 +404,49 @@ TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
       << DescribeWaitStatus(*status);
   EXPECT_THAT(launched.launcher->LogTail(),
               HasSubstr("after 1 restarts (--max-restarts)"));
+}
+
+// With the store in etcd (`--store`), `--max-restarts` restarts rank 0
+// too, and the cluster keeps its names.
+TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
+  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+      testing::EtcdCluster::Start(1);
+  ASSERT_OK(etcd.status());
+  Launched launched =
+      Launch(2, {"--max-restarts", "1", "--store", (*etcd)->Url("cli")});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  const pid_t rank1 = LastPidOf(launched.launcher->LogTail(), 1);
+  const std::string address1 = RankAddressOf(launched.launcher->LogTail(), 1);
+  CliResult created = RunCli(
+      address1,
+      {"create", "kept", "--size", "4,4", "--spec", "chunk:dim=0:rank:1/cpu"},
+      launched.dir + "/kept.log");
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  const pid_t first = LastPidOf(launched.launcher->LogTail(), 0);
+  ASSERT_GT(first, 0) << launched.launcher->LogTail();
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  while (absl::Now() - killed < absl::Seconds(30)) {
+    created = RunCli(address1,
+                     {"create", "t", "--size", "4,4", "--spec",
+                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
+                     launched.dir + "/create.log");
+    if (created.exit_code == 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(created.exit_code, 0) << created.output << "\n"
+                                  << launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank 0 (pid ", first,
+                                          ") exited with signal 9 (Killed); "
+                                          "restarting it (1 of 1)")));
+  EXPECT_NE(LastPidOf(log, 0), first);
+  EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
+  CliResult listed = RunCli(address1, {"ls"}, launched.dir + "/ls.log");
+  EXPECT_THAT(listed.output, AllOf(HasSubstr("kept"), HasSubstr("t ")));
 }
 
 // `tessera launch --secure`: mutual TLS and tokens from a throwaway CA;

@@ -34,6 +34,7 @@ namespace {
 
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -245,6 +246,13 @@ TEST(LaunchOptionsTest, Validation) {
   EXPECT_THAT(
       ValidateLaunchOptions(level),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log-level")));
+  LaunchOptions store = Options(2);
+  store.store = "etcd://127.0.0.1:2379/job";
+  EXPECT_THAT(ValidateLaunchOptions(store), IsOk());
+  store.store = "127.0.0.1:2379";
+  EXPECT_THAT(ValidateLaunchOptions(store),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("--store"), HasSubstr("etcd://"))));
   LaunchOptions stop = Options(1);
   stop.stop_timeout_seconds = 0;
   EXPECT_THAT(ValidateLaunchOptions(stop),
@@ -286,6 +294,11 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   EXPECT_EQ(value_of("--port"), "0");                 // any free port
   EXPECT_EQ(value_of("--master-addr"), "127.0.0.1");  // a wildcard is no master
   EXPECT_EQ(value_of("--local-world-size"), "2");
+  EXPECT_EQ(value_of("--store"), "");
+  cpu.store = "etcd://127.0.0.1:2379/job";
+  const DaemonCommand on_etcd = BuildDaemonCommand(cpu, 1, "/d");
+  EXPECT_THAT(on_etcd.args, ::testing::IsSupersetOf(
+                                {"--store", "etcd://127.0.0.1:2379/job"}));
   EXPECT_EQ(MasterAddress("10.1.2.3"), "10.1.2.3");
   EXPECT_EQ(MasterAddress("::"), "127.0.0.1");
 }

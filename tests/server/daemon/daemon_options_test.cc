@@ -243,6 +243,34 @@ TEST_F(DaemonOptionsTest, SafeDefaultsWithoutAuthentication) {
   EXPECT_TRUE(o.authenticates());
 }
 
+TEST_F(DaemonOptionsTest, EtcdStore) {
+  DaemonFlags flags = RankOf(0, 2);
+  ASSERT_OK_AND_ASSIGN(DaemonOptions o, Resolve(flags));
+  EXPECT_EQ(o.store_url, "");
+  vars_["TESSERA_STORE"] = "etcd://127.0.0.1:2379,localhost:2380/job";
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.store_url, "etcd://127.0.0.1:2379,localhost:2380/job");
+  flags.store = "http://127.0.0.1:2379";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("--store"), HasSubstr("etcd://"))));
+  flags.store = "etcd://127.0.0.1:0";
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("1..65535")));
+  // etcd beyond loopback is reached without credentials: only with
+  // --insecure, even when the daemons authenticate their callers.
+  flags.store = "etcd://127.0.0.1:2379,10.0.0.9:2379";
+  flags.auth_token_file =
+      ScratchFile("tokens", "0123456789abcdef0123 cluster daemons\n", 0600);
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("etcd member 10.0.0.9:2379"),
+                             HasSubstr("--insecure"))));
+  flags.insecure = true;
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.store_url, "etcd://127.0.0.1:2379,10.0.0.9:2379");
+}
+
 TEST_F(DaemonOptionsTest, AuthAndReflectionFlags) {
   DaemonFlags flags = RankOf(0, 1);
   flags.auth_token_file =

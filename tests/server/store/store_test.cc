@@ -129,12 +129,12 @@ absl::StatusOr<std::shared_ptr<Store>> MakeGrpcStore(KeepAlive* keep_alive) {
   return store;
 }
 
-// One etcd for the process; each store gets a prefix of its own, so it
-// starts empty.
+// One etcd for the process (stopped, its directory removed, at exit);
+// each store gets a prefix of its own, so it starts empty.
 absl::StatusOr<std::shared_ptr<Store>> MakeEtcdStore(KeepAlive*) {
-  static absl::StatusOr<std::unique_ptr<testing::EtcdCluster>>* etcd =
-      new absl::StatusOr<std::unique_ptr<testing::EtcdCluster>>(
-          testing::EtcdCluster::Start(1));
+  static absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> shared =
+      testing::EtcdCluster::Start(1);
+  const auto* etcd = &shared;
   if (!etcd->ok()) return etcd->status();
   static int stores = 0;
   EtcdStoreOptions options;
