@@ -56,9 +56,29 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
   cluster->dir_ = dir_template;
   absl::StatusOr<int> master_port = PickFreePort();
   if (!master_port.ok()) return master_port.status();
-  cluster->store_address_ = absl::StrCat("127.0.0.1:", *master_port);
 
+  const bool hosts = !options.hosts.empty();
+  if (hosts && static_cast<int>(options.hosts.size()) != options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DaemonClusterOptions::hosts names ", options.hosts.size(),
+                     " hosts for ", options.world_size, " daemons"));
+  }
+  const std::string master =
+      hosts ? options.hosts[0].address : std::string("127.0.0.1");
+  cluster->store_address_ = absl::StrCat(master, ":", *master_port);
   for (int rank = 0; rank < options.world_size; ++rank) {
+    // Local rank and local world size: per host.
+    int local_rank = rank;
+    int local_world = options.world_size;
+    if (hosts) {
+      local_rank = 0;
+      local_world = 0;
+      for (int r = 0; r < options.world_size; ++r) {
+        if (options.hosts[r].netns != options.hosts[rank].netns) continue;
+        if (r < rank) ++local_rank;
+        ++local_world;
+      }
+    }
     SpawnOptions spawn;
     spawn.program = options.server_path;
     spawn.args = {"--rank",
@@ -66,17 +86,17 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
                   "--world-size",
                   absl::StrCat(options.world_size),
                   "--master-addr",
-                  "127.0.0.1",
+                  master,
                   "--master-port",
                   absl::StrCat(*master_port),
                   "--host",
-                  "127.0.0.1",
+                  hosts ? options.hosts[rank].address : "127.0.0.1",
                   "--port",
                   "0",
                   "--local-rank",
-                  absl::StrCat(rank),
+                  absl::StrCat(local_rank),
                   "--local-world-size",
-                  absl::StrCat(options.world_size),
+                  absl::StrCat(local_world),
                   "--device",
                   options.device,
                   "--address-file",
@@ -94,6 +114,15 @@ absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
                        "SLURM_PROCID",  "SLURM_NTASKS",
                        "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
     spawn.log_path = absl::StrCat(cluster->dir_, "/rank", rank, ".log");
+    if (hosts) {
+      // `ip netns exec` enters the namespace and execs the daemon: the pid
+      // stays the daemon's.
+      spawn.args.insert(
+          spawn.args.begin(),
+          {"netns", "exec", options.hosts[rank].netns, options.server_path});
+      spawn.program = "ip";
+      spawn.search_path = true;
+    }
     cluster->spawns_.push_back(spawn);
     absl::StatusOr<Subprocess> daemon = Subprocess::Spawn(std::move(spawn));
     if (!daemon.ok()) return daemon.status();

@@ -33,6 +33,16 @@ struct DaemonClusterOptions {
   bool checkpoint_root = true;
   // More flags for every daemon.
   std::vector<std::string> extra_args;
+  // Daemons as separate hosts (tests/testing/netns.h), by rank: each runs
+  // in `netns` (`ip netns exec`) listening on `address`, rank 0's address
+  // is the master's, and local ranks count per host. Empty: every daemon
+  // on this host's loopback. Addresses beyond loopback need --insecure or
+  // authentication in extra_args.
+  struct Host {
+    std::string netns;
+    std::string address;
+  };
+  std::vector<Host> hosts;
   // Bounds the wait for every daemon to serve.
   absl::Duration start_timeout = absl::Seconds(60);
 };
