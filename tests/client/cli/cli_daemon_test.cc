@@ -357,6 +357,32 @@ std::string RankAddressOf(const std::string& log, int rank) {
   return log.substr(start, log.find(' ', start) - start);
 }
 
+// SIGKILLs rank `rank`'s daemon of the launch (--max-restarts 1), then runs
+// a create through `address` until one works (the cluster serves again
+// with the daemon restarted) or 30 s pass. The killed pid.
+pid_t KillAndCreateUntilServing(Launched& launched, int rank,
+                                const std::string& address) {
+  const pid_t pid = LastPidOf(launched.launcher->LogTail(), rank);
+  EXPECT_GT(pid, 0) << launched.launcher->LogTail();
+  if (pid <= 0 || kill(pid, SIGKILL) != 0) return pid;
+  const absl::Time killed = absl::Now();
+  CliResult created;
+  while (absl::Now() - killed < absl::Seconds(30)) {
+    created = RunCli(address,
+                     {"create", "t", "--size", "4,4", "--spec",
+                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
+                     launched.dir + "/create.log");
+    if (created.exit_code == 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_EQ(created.exit_code, 0) << created.output << "\n" << log;
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank ", rank, " (pid ", pid,
+                                          ") exited with signal 9 (Killed); "
+                                          "restarting it (1 of 1)")));
+  return pid;
+}
+
 // `tessera launch --max-restarts 1`: a killed daemon is started again and
 // rejoins the running cluster (no other daemon restarts); killed once more,
 // the launch ends naming it.
@@ -367,27 +393,8 @@ TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
   const pid_t rank0 = LastPidOf(launched.launcher->LogTail(), 0);
-  const pid_t first = LastPidOf(launched.launcher->LogTail(), 1);
-  ASSERT_GT(first, 0) << launched.launcher->LogTail();
-  ASSERT_EQ(kill(first, SIGKILL), 0);
-  const absl::Time killed = absl::Now();
-
-  // Serves again: a create through the log works.
-  CliResult created;
-  while (absl::Now() - killed < absl::Seconds(30)) {
-    created = RunCli(address,
-                     {"create", "t", "--size", "4,4", "--spec",
-                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
-                     launched.dir + "/create.log");
-    if (created.exit_code == 0) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  EXPECT_EQ(created.exit_code, 0) << created.output << "\n"
-                                  << launched.launcher->LogTail();
+  const pid_t first = KillAndCreateUntilServing(launched, 1, address);
   const std::string log = launched.launcher->LogTail();
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank 1 (pid ", first,
-                                          ") exited with signal 9 (Killed); "
-                                          "restarting it (1 of 1)")));
   EXPECT_THAT(log, HasSubstr("restarted)"));
   const pid_t second = LastPidOf(log, 1);
   EXPECT_NE(second, first);
@@ -425,24 +432,8 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
       {"create", "kept", "--size", "4,4", "--spec", "chunk:dim=0:rank:1/cpu"},
       launched.dir + "/kept.log");
   ASSERT_EQ(created.exit_code, 0) << created.output;
-  const pid_t first = LastPidOf(launched.launcher->LogTail(), 0);
-  ASSERT_GT(first, 0) << launched.launcher->LogTail();
-  ASSERT_EQ(kill(first, SIGKILL), 0);
-  const absl::Time killed = absl::Now();
-  while (absl::Now() - killed < absl::Seconds(30)) {
-    created = RunCli(address1,
-                     {"create", "t", "--size", "4,4", "--spec",
-                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
-                     launched.dir + "/create.log");
-    if (created.exit_code == 0) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  EXPECT_EQ(created.exit_code, 0) << created.output << "\n"
-                                  << launched.launcher->LogTail();
+  const pid_t first = KillAndCreateUntilServing(launched, 0, address1);
   const std::string log = launched.launcher->LogTail();
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank 0 (pid ", first,
-                                          ") exited with signal 9 (Killed); "
-                                          "restarting it (1 of 1)")));
   EXPECT_NE(LastPidOf(log, 0), first);
   EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
   CliResult listed = RunCli(address1, {"ls"}, launched.dir + "/ls.log");
