@@ -126,6 +126,7 @@ absl::Status Daemon::Init() {
     // Every rank alike: the store outlives any of them.
     ASSIGN_OR_RETURN(EtcdStoreOptions etcd, ParseEtcdUrl(o.store_url));
     etcd.connect_timeout = o.store_timeout;
+    etcd.tls = o.store_tls;
     spdlog::info("waiting up to {} for the store at {}",
                  DurationText(o.store_timeout), o.store_url);
     ASSIGN_OR_RETURN(store, EtcdStore::Connect(std::move(etcd)));

@@ -345,6 +345,28 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     options.store_url = store->value;
     store_endpoints = etcd->endpoints;
   }
+  if (auto ca = Lookup(flags.store_tls_ca, "--store-tls-ca",
+                       {"TESSERA_STORE_TLS_CA"}, env)) {
+    options.store_tls.ca_file = ca->value;
+  }
+  if (auto cert = Lookup(flags.store_tls_cert, "--store-tls-cert",
+                         {"TESSERA_STORE_TLS_CERT"}, env)) {
+    options.store_tls.cert_file = cert->value;
+  }
+  if (auto key = Lookup(flags.store_tls_key, "--store-tls-key",
+                        {"TESSERA_STORE_TLS_KEY"}, env)) {
+    options.store_tls.key_file = key->value;
+  }
+  if (options.store_tls.enabled()) {
+    if (options.store_url.empty()) {
+      return absl::InvalidArgumentError(
+          "--store-tls-ca, --store-tls-cert and --store-tls-key are for an "
+          "etcd store: pass --store etcd://...");
+    }
+    RETURN_IF_ERROR(ValidateTlsConfig(options.store_tls, /*server=*/false,
+                                      "--store-tls-cert", "--store-tls-key",
+                                      "--store-tls-ca"));
+  }
 
   options.insecure = flags.insecure;
   options.auth_token_file = flags.auth_token_file.value_or("");
@@ -457,17 +479,21 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     }
   }
 
-  // etcd is reached without TLS or credentials (not configured yet): one
-  // beyond this host lets whoever reaches it forge the operation log,
-  // whatever the daemons ask of their own callers.
+  // An etcd beyond this host reached without mutual TLS lets whoever
+  // reaches it forge the operation log, whatever the daemons ask of their
+  // own callers.
+  const bool store_mutual_tls = !options.store_tls.ca_file.empty() &&
+                                !options.store_tls.cert_file.empty();
   for (const std::string& endpoint : store_endpoints) {
     const std::string host = endpoint.substr(0, endpoint.rfind(':'));
-    if (!options.insecure && !IsLoopbackHost(host)) {
+    if (!options.insecure && !store_mutual_tls && !IsLoopbackHost(host)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--store: the etcd member ", endpoint,
-          " is not on loopback and is reached without TLS or credentials: "
-          "anyone who reaches it could forge the operation log. Pass "
-          "--insecure on a network only trusted users reach"));
+          " is not on loopback and is reached without mutual TLS: anyone "
+          "who reaches it could forge the operation log. Pass "
+          "--store-tls-ca, --store-tls-cert and --store-tls-key (etcd with "
+          "--client-cert-auth), or --insecure on a network only trusted "
+          "users reach"));
     }
   }
 
@@ -535,6 +561,16 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       "that any daemon, rank 0 included, may restart [env TESSERA_STORE; "
       "default: rank 0 serves it on --master-addr:--master-port]")
       ->type_name("URL");
+  add("--store-tls-ca", flags.store_tls_ca,
+      "CA to verify the etcd store's certificate with (TLS to etcd) "
+      "[env TESSERA_STORE_TLS_CA]")
+      ->type_name("PEM");
+  add("--store-tls-cert", flags.store_tls_cert,
+      "client certificate presented to etcd [env TESSERA_STORE_TLS_CERT]")
+      ->type_name("PEM");
+  add("--store-tls-key", flags.store_tls_key,
+      "its private key [env TESSERA_STORE_TLS_KEY]")
+      ->type_name("PEM");
   add("--host", flags.host,
       "listen host [default 0.0.0.0 with --tls-ca, --auth-token-file or "
       "--insecure, else 127.0.0.1]")

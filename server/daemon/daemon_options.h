@@ -35,8 +35,11 @@
 // operation log and the generations in an etcd cluster
 // (server/store/etcd_store.h) instead of in rank 0: any daemon, rank 0
 // included, may then die and restart. The master address still picks the
-// advertised host's route. etcd is reached without TLS or credentials, so
-// endpoints beyond loopback need --insecure (whatever else authenticates).
+// advertised host's route. --store-tls-ca (TESSERA_STORE_TLS_CA) verifies
+// etcd's certificate, --store-tls-cert and --store-tls-key
+// (TESSERA_STORE_TLS_CERT, _KEY) are presented to an etcd that requires
+// client certificates. Members beyond loopback need mutual TLS (all three)
+// or --insecure: otherwise whoever reaches etcd could forge the log.
 //
 // A flag wins over its variables, the first variable set (non-empty) over
 // the next. The host peers and clients dial (--advertise-host) defaults to
@@ -103,6 +106,8 @@ struct DaemonOptions {
   // "etcd://..." (--store): the store lives there; empty: rank 0 serves it
   // on master_addr:master_port.
   std::string store_url;
+  // TLS to the etcd store (--store-tls-*); disabled: plain text.
+  TlsConfig store_tls;
   // The gRPC server (and data plane) listen on host:port; port 0 picks one.
   std::string host = "0.0.0.0";
   int port = kDefaultBasePort;
@@ -156,10 +161,10 @@ struct DaemonOptions {
 // The command line as given: a field is set when its flag was.
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
-      master_addr, master_port, store, host, port, advertise_host, device,
-      timeout, store_timeout, shutdown_grace, lease, address_file, log_level,
-      memory_limit, tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file,
-      reflection;
+      master_addr, master_port, store, store_tls_ca, store_tls_cert,
+      store_tls_key, host, port, advertise_host, device, timeout, store_timeout,
+      shutdown_grace, lease, address_file, log_level, memory_limit, tls_cert,
+      tls_key, tls_ca, tls_refresh, auth_token_file, reflection;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

@@ -86,7 +86,10 @@ EtcdStore::EtcdStore(EtcdStoreOptions options) : options_(std::move(options)) {
     auto endpoint = std::make_unique<Endpoint>();
     endpoint->address = address;
     endpoint->channel = grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args);
+        address,
+        options_.tls.enabled() ? ChannelCredentialsFor(options_.tls)
+                               : grpc::InsecureChannelCredentials(),
+        args);
     endpoint->kv = etcdserverpb::KV::NewStub(endpoint->channel);
     endpoint->watch = etcdserverpb::Watch::NewStub(endpoint->channel);
     endpoints_.push_back(std::move(endpoint));
@@ -103,6 +106,9 @@ absl::StatusOr<std::shared_ptr<EtcdStore>> EtcdStore::Connect(
   for (const std::string& endpoint : options.endpoints) {
     RETURN_IF_ERROR(ValidateEndpoint(endpoint));
   }
+  if (options.tls.enabled()) {
+    RETURN_IF_ERROR(ValidateTlsConfig(options.tls, /*server=*/false));
+  }
   if (options.prefix.empty() || options.prefix.front() != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "the etcd key prefix must start with '/', got '", options.prefix, "'"));
@@ -113,7 +119,7 @@ absl::StatusOr<std::shared_ptr<EtcdStore>> EtcdStore::Connect(
   do {
     // Any read proves a member answers (and has a leader: a linearizable
     // range needs one).
-    answered = store->Read("connect").status();
+    answered = store->Read("connect", deadline).status();
     if (answered.ok() || !absl::IsUnavailable(answered)) break;
     absl::SleepFor(absl::Milliseconds(200));
   } while (absl::Now() < deadline);
@@ -219,7 +225,8 @@ bool EtcdStore::Connected(Endpoint& endpoint, absl::Time deadline) {
 }
 
 absl::StatusOr<std::optional<EtcdStore::Versioned>> EtcdStore::Read(
-    absl::string_view key) {
+    absl::string_view key, absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + timeout();
   etcdserverpb::RangeRequest request;
   request.set_key(Key(key));
   etcdserverpb::RangeResponse response;
@@ -227,7 +234,7 @@ absl::StatusOr<std::optional<EtcdStore::Versioned>> EtcdStore::Read(
       [&](Endpoint& endpoint, grpc::ClientContext* context) {
         return endpoint.kv->Range(context, request, &response);
       },
-      absl::Now() + timeout()));
+      deadline));
   if (response.kvs_size() == 0) return std::nullopt;
   return Versioned{response.kvs(0).value(), response.kvs(0).mod_revision()};
 }

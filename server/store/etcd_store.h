@@ -24,8 +24,12 @@
 // applied already: Set is idempotent, Add may then count twice (Tessera's
 // counters tolerate a gap), CompareSet returns the value it left.
 //
-// Thread-safety: safe to call from any number of threads. Plain-text gRPC
-// only (TLS to etcd is not configured here).
+// TLS: with options.tls set, every endpoint is dialled over TLS, verifying
+// etcd's certificate against tls.ca_file and presenting tls.cert_file when
+// etcd asks for client certificates (its --client-cert-auth); otherwise in
+// plain text.
+//
+// Thread-safety: safe to call from any number of threads.
 #ifndef TESSERA_SERVER_STORE_ETCD_STORE_H_
 #define TESSERA_SERVER_STORE_ETCD_STORE_H_
 
@@ -43,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/store/store.h"
+#include "wire/credentials.h"
 
 namespace etcdserverpb {
 class KV;
@@ -67,6 +72,8 @@ struct EtcdStoreOptions {
   std::string prefix = "/tessera/";
   // How long Connect waits for a first member to answer.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // Client TLS (wire/credentials.h); disabled: plain text.
+  TlsConfig tls;
 };
 
 // Parses "etcd://host:port[,host:port...][/prefix]": the endpoints, and the
@@ -129,7 +136,10 @@ class EtcdStore : public Store {
   // Whether `endpoint` is connected, or connects by `deadline`; false at
   // once after a refused connection.
   static bool Connected(Endpoint& endpoint, absl::Time deadline);
-  absl::StatusOr<std::optional<Versioned>> Read(absl::string_view key);
+  // The key's value and revision; by `deadline` (default: the store's
+  // timeout from now).
+  absl::StatusOr<std::optional<Versioned>> Read(
+      absl::string_view key, absl::Time deadline = absl::InfiniteFuture());
   absl::StatusOr<Snapshot> Take(absl::Span<const std::string> keys);
   // Writes `value` only if the key still holds `seen` (nullopt: absent);
   // false on a conflict.

@@ -33,7 +33,18 @@ std::string FindEtcd() {
 
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
     int members, absl::Duration timeout) {
+  EtcdClusterOptions options;
+  options.members = members;
+  options.timeout = timeout;
+  return Start(std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
+    EtcdClusterOptions options) {
+  const int members = options.members;
+  const absl::Duration timeout = options.timeout;
   std::unique_ptr<EtcdCluster> cluster(new EtcdCluster());
+  cluster->options_ = std::move(options);
   cluster->etcd_ = FindEtcd();
   if (cluster->etcd_.empty()) {
     return absl::NotFoundError(
@@ -78,7 +89,8 @@ EtcdCluster::~EtcdCluster() {
 
 absl::Status EtcdCluster::Spawn(int member) {
   const std::string name = absl::StrCat("m", member);
-  const std::string client = absl::StrCat("http://", endpoints_[member]);
+  const std::string client = absl::StrCat(
+      options_.cert_file.empty() ? "http://" : "https://", endpoints_[member]);
   const std::string peer =
       absl::StrCat("http://127.0.0.1:", peer_ports_[member]);
   SpawnOptions spawn;
@@ -93,6 +105,14 @@ absl::Status EtcdCluster::Spawn(int member) {
                 // replaced within about a second.
                 "--heartbeat-interval", "50", "--election-timeout", "500",
                 "--log-level", "warn", "--logger", "zap"};
+  if (!options_.cert_file.empty()) {
+    spawn.args.insert(spawn.args.end(), {"--cert-file", options_.cert_file,
+                                         "--key-file", options_.key_file});
+  }
+  if (!options_.ca_file.empty()) {
+    spawn.args.insert(spawn.args.end(), {"--trusted-ca-file", options_.ca_file,
+                                         "--client-cert-auth"});
+  }
   spawn.log_path = absl::StrCat(dir_, "/", name, ".log");
   spawn.append_log = true;
   spawn.stdin_null = true;
@@ -110,6 +130,7 @@ absl::Status EtcdCluster::WaitAnswering(std::vector<std::string> endpoints,
   options.endpoints = std::move(endpoints);
   options.prefix = "/tessera-test-health/";
   options.connect_timeout = timeout;
+  options.tls = options_.client_tls;
   absl::StatusOr<std::shared_ptr<EtcdStore>> store =
       EtcdStore::Connect(options);
   if (!store.ok()) {

@@ -17,8 +17,22 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "io/subprocess.h"
+#include "wire/credentials.h"
 
 namespace tessera::testing {
+
+struct EtcdClusterOptions {
+  int members = 1;
+  absl::Duration timeout = absl::Seconds(30);
+  // With a certificate, clients are served over TLS (https client URLs);
+  // with a CA too, only clients presenting a certificate it signed
+  // (--client-cert-auth).
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+  // What the helper presents when it checks that the cluster answers.
+  TlsConfig client_tls;
+};
 
 class EtcdCluster {
  public:
@@ -27,6 +41,8 @@ class EtcdCluster {
   // installs etcd-server); on other failures the error quotes a log.
   static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(
       int members = 1, absl::Duration timeout = absl::Seconds(30));
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(
+      EtcdClusterOptions options);
   ~EtcdCluster();
 
   int size() const { return static_cast<int>(members_.size()); }
@@ -49,6 +65,7 @@ class EtcdCluster {
   absl::Status WaitAnswering(std::vector<std::string> endpoints,
                              absl::Duration timeout, int member_for_log);
 
+  EtcdClusterOptions options_;
   std::string dir_;
   std::string etcd_;
   std::string initial_cluster_;

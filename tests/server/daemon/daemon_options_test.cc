@@ -269,6 +269,29 @@ TEST_F(DaemonOptionsTest, EtcdStore) {
   flags.insecure = true;
   ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
   EXPECT_EQ(o.store_url, "etcd://127.0.0.1:2379,10.0.0.9:2379");
+  // Or with mutual TLS to etcd.
+  flags.insecure = false;
+  const std::string pem = ScratchFile("etcd-ca.pem",
+                                      "-----BEGIN CERTIFICATE-----\nx\n"
+                                      "-----END CERTIFICATE-----\n");
+  const std::string key = ScratchFile("etcd-client.key",
+                                      "-----BEGIN PRIVATE KEY-----\nx\n"
+                                      "-----END PRIVATE KEY-----\n");
+  flags.store_tls_ca = pem;
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("without mutual TLS")));
+  flags.store_tls_cert = pem;
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("--store-tls-key")));
+  vars_["TESSERA_STORE_TLS_KEY"] = key;
+  ASSERT_OK_AND_ASSIGN(o, Resolve(flags));
+  EXPECT_EQ(o.store_tls.key_file, key);
+  EXPECT_EQ(o.store_tls.ca_file, pem);
+  // TLS settings without an etcd store are a mistake, said so.
+  flags.store.reset();
+  vars_.erase("TESSERA_STORE");
+  EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("pass --store etcd://")));
 }
 
 TEST_F(DaemonOptionsTest, AuthAndReflectionFlags) {

@@ -37,6 +37,7 @@
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_pki.h"
 
 namespace tessera {
 namespace {
@@ -761,6 +762,50 @@ TEST(EtcdStoreTest, PrefixesKeepClustersApart) {
   EXPECT_THAT(store_b->Add("seq", 5), IsOkAndHolds(5));
   EXPECT_THAT(store_a->Get("seq", kPatience), IsOkAndHolds("1"));
   EXPECT_THAT(store_a->description(), HasSubstr("(prefix /job/a/)"));
+}
+
+// An etcd requiring client certificates: a store presenting one signed by
+// its CA works; one without a certificate, or trusting another CA, is
+// refused, naming etcd, within the connect timeout.
+TEST(EtcdStoreTest, MutualTlsAdmitsOnlyCertifiedClients) {
+  if (!testing::Shell("openssl version")) {
+    GTEST_SKIP() << "the openssl command is missing";
+  }
+  TempDir dir;
+  testing::TestPki pki(dir.File(""));
+  ASSERT_TRUE(pki.MakeCa("ca"));
+  ASSERT_TRUE(pki.MakeCa("other"));
+  ASSERT_TRUE(pki.MakeCert("etcd", "ca"));
+  ASSERT_TRUE(pki.MakeCert("daemon", "ca"));
+  ASSERT_TRUE(pki.MakeCert("stranger", "other"));
+  testing::EtcdClusterOptions etcd_options;
+  etcd_options.cert_file = pki.Path("etcd", "pem");
+  etcd_options.key_file = pki.Path("etcd", "key");
+  etcd_options.ca_file = pki.Path("ca", "pem");
+  etcd_options.client_tls = pki.Client("ca", "daemon");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<testing::EtcdCluster> etcd,
+                       testing::EtcdCluster::Start(etcd_options));
+  ASSERT_OK_AND_ASSIGN(EtcdStoreOptions options,
+                       ParseEtcdUrl(etcd->Url("tls")));
+  options.tls = pki.Client("ca", "daemon");
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<EtcdStore> store,
+                       EtcdStore::Connect(options));
+  ASSERT_OK(store->Set("k", "v"));
+  EXPECT_THAT(store->Get("k", kPatience), IsOkAndHolds("v"));
+
+  options.connect_timeout = absl::Milliseconds(500);
+  for (const TlsConfig& refused :
+       {pki.Client("ca", ""), pki.Client("ca", "stranger"), TlsConfig()}) {
+    options.tls = refused;
+    EXPECT_THAT(EtcdStore::Connect(options),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("etcd at")));
+  }
+  // A client certificate without a CA to check etcd's with is refused
+  // before dialling.
+  options.tls = pki.Client("ca", "daemon");
+  options.tls.ca_file.clear();
+  EXPECT_THAT(EtcdStore::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
 // A 3-member cluster: calls go on while any one member is down (killed
