@@ -17,6 +17,14 @@
 //       succeeds
 //   {"bench":"resilience_replicated_writes", "skipped": why}  replicas are
 //       not built yet
+// With --etcd the store is a 3-member etcd cluster (--store), every line
+// says "store":"etcd", and three more are measured:
+//   {"bench":"resilience_rank0_kill_detect", ...}  SIGKILL of rank 0 until
+//       rank 1 reports it waits for it
+//   {"bench":"resilience_rank0_restart_to_serving", ...}  rank 0 started
+//       again until a create through rank 1 succeeds
+//   {"bench":"resilience_etcd_member_loss", ...}  SIGKILL of the etcd
+//       member the daemons talk to, until a create succeeds
 #include <signal.h>
 
 #include <iostream>
@@ -34,6 +42,7 @@
 #include "tests/bench/bench_util.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/daemon_state.h"
+#include "tests/testing/etcd_cluster.h"
 
 namespace tessera {
 namespace {
@@ -48,6 +57,7 @@ struct Config {
   int world = 4;
   double lease_seconds = 5;
   int reps = 3;
+  bool etcd = false;
 };
 
 std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
@@ -65,16 +75,16 @@ ShardingSpec Spread(int world) {
   return *ChunkShardingSpec::Create(0, placements);
 }
 
-// Creates tensors through rank 0 until one succeeds; the time it took.
+// Creates tensors through `via` until one succeeds; the time it took.
 absl::StatusOr<absl::Duration> TimeUntilCreate(
     const testing::DaemonCluster& cluster, int world, const std::string& name,
-    absl::Time since, absl::Duration timeout) {
+    absl::Time since, absl::Duration timeout, int via = 0) {
   ClientOptions options;
   options.timeout = absl::Seconds(5);
   absl::Status last;
   while (absl::Now() - since < timeout) {
     absl::StatusOr<std::shared_ptr<Client>> client =
-        Client::Connect(cluster.address(0), options);
+        Client::Connect(cluster.address(via), options);
     if (client.ok()) {
       last = (*client)->Create(name, {world * 4, 256}, Spread(world)).status();
       if (last.ok()) return absl::Now() - since;
@@ -90,7 +100,8 @@ absl::StatusOr<absl::Duration> TimeUntilCreate(
 
 struct Samples {
   std::vector<double> kill_detect, restart_serving, process_start, stall_detect,
-      resume_serving;
+      resume_serving, rank0_kill_detect, rank0_restart_serving,
+      etcd_member_loss;
 };
 
 absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
@@ -100,6 +111,12 @@ absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
   options.extra_args = {"--lease",     absl::StrCat(config.lease_seconds, "s"),
                         "--timeout",   "30s",
                         "--log-level", "error"};
+  std::unique_ptr<testing::EtcdCluster> etcd;
+  if (config.etcd) {
+    ASSIGN_OR_RETURN(etcd, testing::EtcdCluster::Start(3));
+    options.extra_args.push_back("--store");
+    options.extra_args.push_back(etcd->Url(absl::StrCat("bench", rep)));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<testing::DaemonCluster> cluster,
                    testing::DaemonCluster::Start(options));
   const absl::Duration patience = absl::Seconds(config.lease_seconds * 4 + 30);
@@ -140,6 +157,31 @@ absl::Status RunOnce(const Config& config, int rep, Samples* samples) {
       TimeUntilCreate(*cluster, config.world, absl::StrCat("after_stall_", rep),
                       start, patience));
   samples->resume_serving.push_back(Seconds(resumed));
+  if (!config.etcd) return absl::OkStatus();
+
+  // Rank 0 is no different with the store in etcd: rank 1 watches it.
+  start = absl::Now();
+  cluster->Kill(0);
+  ASSIGN_OR_RETURN(absl::Duration rank0_detected,
+                   testing::TimeUntilDaemonState(cluster->address(1),
+                                                 WaitsFor(0), start, patience));
+  samples->rank0_kill_detect.push_back(Seconds(rank0_detected));
+  start = absl::Now();
+  RETURN_IF_ERROR(cluster->Restart(0));
+  ASSIGN_OR_RETURN(
+      absl::Duration rank0_serving,
+      TimeUntilCreate(*cluster, config.world, absl::StrCat("after_rank0_", rep),
+                      start, patience, /*via=*/1));
+  samples->rank0_restart_serving.push_back(Seconds(rank0_serving));
+
+  // The etcd member every daemon talks to first dies.
+  start = absl::Now();
+  etcd->Kill(0);
+  ASSIGN_OR_RETURN(absl::Duration member_lost,
+                   TimeUntilCreate(*cluster, config.world,
+                                   absl::StrCat("after_member_", rep), start,
+                                   patience, /*via=*/1));
+  samples->etcd_member_loss.push_back(Seconds(member_lost));
   return absl::OkStatus();
 }
 
@@ -147,6 +189,7 @@ void Print(const Config& config, const char* name,
            const std::vector<double>& seconds,
            const std::vector<double>* part = nullptr) {
   JsonLine line = {{"bench", name},
+                   {"store", config.etcd ? "etcd" : "embedded"},
                    {"world", config.world},
                    {"lease_s", config.lease_seconds},
                    {"median_s", Median(seconds)},
@@ -166,6 +209,9 @@ int Main(int argc, char** argv) {
   app.add_option("--server", config.server, "tessera-server")
       ->capture_default_str();
   app.add_flag("--quick", quick, "3 daemons, a 1 s lease, one repetition");
+  app.add_flag("--etcd", config.etcd,
+               "the store in a 3-member etcd cluster; rank 0's death and an "
+               "etcd member's too");
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     config.world = 3;
@@ -189,6 +235,12 @@ int Main(int argc, char** argv) {
         &samples.process_start);
   Print(config, "resilience_stall_detect", samples.stall_detect);
   Print(config, "resilience_resume_to_serving", samples.resume_serving);
+  if (config.etcd) {
+    Print(config, "resilience_rank0_kill_detect", samples.rank0_kill_detect);
+    Print(config, "resilience_rank0_restart_to_serving",
+          samples.rank0_restart_serving);
+    Print(config, "resilience_etcd_member_loss", samples.etcd_member_loss);
+  }
   PrintJsonLine(
       {{"bench", "resilience_replicated_writes"},
        {"skipped", "replicas (create --replicas) are not built yet"}});
