@@ -278,13 +278,14 @@ void Core::LeaseLoop() {
   const int world = rank_->world_size();
   const std::string mine = AliveKey(rank_->rank());
   // Renewed, and looked at, every tenth of the lease. A counter that did
-  // not move for `silence` is expired: that leaves two periods (the phase
-  // of the renewal, the phase of the look) and the executor's reaction
-  // within the lease, so a failure is reported within about a lease.
+  // not move for `silence` is expired: that leaves three periods (the
+  // phase of the renewal, the phase of the look, a late loop) and the
+  // executor's reaction within the lease, so a failure is reported within
+  // the lease (at 5 s: silent 2.7 s, reported in about 3.5 to 4.5 s).
   const absl::Duration period = options_.lease / 10;
   const absl::Duration silence =
       std::max(options_.lease / 2,
-               options_.lease - 2 * period - absl::Milliseconds(800));
+               options_.lease - 3 * period - absl::Milliseconds(800));
   // Rank 0 watches every other daemon (one read per daemon per period) and
   // rank 1 watches rank 0 (which matters when the store outlives rank 0);
   // the watcher's executor starts the next generation and the others
