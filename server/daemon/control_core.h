@@ -265,6 +265,10 @@ class Core : public std::enable_shared_from_this<Core> {
   bool LeaseExpired() const;
   // "the lease of ranks [2] expired: silent for 5s".
   std::string LeaseText(const std::vector<int>& expired) const;
+  // The lease thread's look at what the watchers published (ExpiredKey);
+  // when it turns non-empty, every pending call ends with UNAVAILABLE
+  // naming the silent ranks.
+  void ReadPublishedExpiry(int64_t generation);
   // Forms the next generation of the default group (blocking until every
   // daemon takes part; calls are refused meanwhile), then brings the
   // daemons back in step: the log position (`*next`, the next entry to
@@ -371,6 +375,11 @@ class Core : public std::enable_shared_from_this<Core> {
   // Ranks whose lease expired (LeaseLoop), and when the last generation
   // formed (leases count from then on).
   std::vector<int> expired_ ABSL_GUARDED_BY(mu_);
+  // The ranks a watcher (rank 0 or 1) published as expired in the current
+  // generation, as every daemon's lease thread last read them: operations
+  // are refused naming them, and calls already submitted end (their op may
+  // wait for the silent daemon inside a collective).
+  std::vector<int> published_expired_ ABSL_GUARDED_BY(mu_);
   absl::Time formed_at_ ABSL_GUARDED_BY(mu_) = absl::Now();
   std::string fenced_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,6 +49,12 @@ std::string ReasonKey(int64_t generation) {
 }
 // Each daemon's liveness counter (ControlOptions::lease).
 std::string AliveKey(int rank) { return absl::StrCat("alive/", rank); }
+// With a store that has leases: present while the daemon renews its lease.
+std::string LiveKey(int rank) { return absl::StrCat("live/", rank); }
+// What watcher `watcher` found expired: "<generation>:<rank>,<rank>...".
+std::string ExpiredKey(int watcher) {
+  return absl::StrCat("expired/", watcher);
+}
 
 }  // namespace
 
@@ -129,6 +136,16 @@ void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
     absl::MutexLock lock(&mu_);
     accepting = AcceptingLocked();
     if (accepting.ok()) accepting = ReformingLocked(/*even_if_all_here=*/false);
+    // A silent daemon while no generation is being formed: an op would wait
+    // for it. (While one is, ReformingLocked decides: refused while ranks
+    // are missing, queued once every daemon takes part.)
+    if (accepting.ok() && reforming_.empty() && !published_expired_.empty()) {
+      accepting = absl::UnavailableError(absl::StrCat(
+          LeaseText(published_expired_), "; the cluster waits for ranks [",
+          absl::StrJoin(published_expired_, ", "),
+          "] (stalled, dead or unreachable); operations resume once every "
+          "daemon takes part again"));
+    }
     if (accepting.ok()) {
       pending_.emplace(call->id(), call);
       deadlines_.emplace(call->deadline(), call->id());
@@ -296,19 +313,46 @@ void Core::LeaseLoop() {
   } else if (rank_->rank() == 1) {
     watched.push_back(0);
   }
-  // The last value of each daemon's counter, and when it last moved, by
-  // this daemon's clock (clocks of different hosts are never compared).
+  // With a store that has leases (etcd), each daemon holds a key bound to
+  // a lease of `silence` and renews it every period; the store drops the
+  // key by its own clock once the daemon stops, and a watcher counts a
+  // daemon whose key is gone as expired. Otherwise each daemon bumps a
+  // counter, and a watcher counts one that did not move for `silence`, by
+  // its own clock (clocks of different hosts are never compared).
+  enum class Kind { kUnknown, kLeases, kCounters } kind = Kind::kUnknown;
+  int64_t lease = 0;
+  auto renew = [&]() -> absl::Status {
+    if (kind == Kind::kCounters) return store_->Add(mine, 1).status();
+    absl::Status renewed =
+        lease != 0 ? store_->Renew(lease) : absl::NotFoundError("no lease yet");
+    if (!absl::IsNotFound(renewed)) return renewed;
+    // None yet, or it ran out (this daemon stalled): a new one.
+    absl::StatusOr<int64_t> granted =
+        store_->SetLive(LiveKey(rank_->rank()), "", silence);
+    if (absl::IsUnimplemented(granted.status())) {
+      kind = Kind::kCounters;
+      return store_->Add(mine, 1).status();
+    }
+    if (!granted.ok()) return granted.status();
+    kind = Kind::kLeases;
+    lease = *granted;
+    return absl::OkStatus();
+  };
   std::vector<int64_t> seen(world, -1);
   std::vector<absl::Time> moved(world, absl::Now());
   absl::Time counted_from = absl::InfinitePast();
+  // What this watcher last published under ExpiredKey.
+  std::vector<int> published;
   while (Sleep(period)) {
     // An unreachable store: nobody's lease can be judged (and each look
     // would wait for it again).
-    if (!store_->Add(mine, 1).ok()) {
+    if (!renew().ok()) {
       absl::MutexLock lock(&mu_);
       expired_.clear();
       continue;
     }
+    const int64_t generation = rank_->world_group()->generation();
+    ReadPublishedExpiry(generation);
     if (watched.empty()) continue;
     const absl::Time now = absl::Now();
     {
@@ -322,6 +366,16 @@ void Core::LeaseLoop() {
     std::vector<int> expired;
     for (int r : watched) {
       if (!running()) break;
+      if (kind == Kind::kLeases) {
+        absl::StatusOr<bool> live = store_->Check({LiveKey(r)});
+        if (!live.ok()) {
+          expired.clear();
+          break;
+        }
+        // A daemon has `silence` from the generation's start to show up.
+        if (!*live && now - counted_from > silence) expired.push_back(r);
+        continue;
+      }
       absl::StatusOr<int64_t> count = store_->Add(AliveKey(r), 0);
       if (!count.ok()) {
         expired.clear();
@@ -334,13 +388,70 @@ void Core::LeaseLoop() {
         expired.push_back(r);
       }
     }
-    absl::MutexLock lock(&mu_);
-    if (expired != expired_ && !expired.empty()) {
-      spdlog::warn("control: the lease of ranks [{}] expired (silent for {})",
-                   absl::StrJoin(expired, ", "),
-                   absl::FormatDuration(options_.lease));
+    {
+      absl::MutexLock lock(&mu_);
+      if (expired != expired_ && !expired.empty()) {
+        spdlog::warn("control: the lease of ranks [{}] expired (silent for {})",
+                     absl::StrJoin(expired, ", "),
+                     absl::FormatDuration(options_.lease));
+      }
+      expired_ = expired;
     }
-    expired_ = std::move(expired);
+    // Every daemon reads it within a period (ReadPublishedExpiry).
+    if (expired != published) {
+      const std::string value =
+          absl::StrCat(generation, ":", absl::StrJoin(expired, ","));
+      if (store_->Set(ExpiredKey(rank_->rank()), value).ok()) {
+        published = expired;
+      }
+    }
+  }
+}
+
+void Core::ReadPublishedExpiry(int64_t generation) {
+  std::vector<int> expired;
+  for (int watcher = 0; watcher < std::min(2, rank_->world_size()); ++watcher) {
+    // Absent (nothing published yet): DEADLINE_EXCEEDED at once.
+    absl::StatusOr<std::string> value =
+        store_->Get(ExpiredKey(watcher), absl::ZeroDuration());
+    if (!value.ok()) continue;
+    std::pair<std::string, std::string> parts = absl::StrSplit(*value, ':');
+    int64_t of = 0;
+    // Only what was found in this generation counts.
+    if (!absl::SimpleAtoi(parts.first, &of) || of != generation) continue;
+    for (absl::string_view rank :
+         absl::StrSplit(parts.second, ',', absl::SkipEmpty())) {
+      int r = 0;
+      if (absl::SimpleAtoi(rank, &r)) expired.push_back(r);
+    }
+  }
+  std::sort(expired.begin(), expired.end());
+  expired.erase(std::unique(expired.begin(), expired.end()), expired.end());
+  std::vector<std::shared_ptr<PendingCall>> in_flight;
+  absl::flat_hash_set<uint64_t> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    // A generation that formed meanwhile made what was read stale.
+    if (rank_->world_group()->generation() != generation) return;
+    const bool newly = published_expired_.empty() && !expired.empty();
+    published_expired_ = expired;
+    if (!newly) return;
+    for (const auto& [id, call] : pending_) in_flight.push_back(call);
+    for (const Queued& q : queue_) queued.insert(q.call->id());
+  }
+  // Calls already submitted: their op may wait inside a collective for the
+  // silent daemon until --timeout. Their callers hear it now. An op not yet
+  // appended to the log never will be (the submit thread skips ended
+  // calls); one already in the log may still complete.
+  const std::string why = LeaseText(expired);
+  for (const std::shared_ptr<PendingCall>& call : in_flight) {
+    Finish(call,
+           absl::UnavailableError(absl::StrCat(
+               call->method(), ": ", why,
+               queued.contains(call->id())
+                   ? " before the operation was logged; it was not applied"
+                   : " while the operation ran; it may still complete once "
+                     "that daemon is back, or fail")));
   }
 }
 
@@ -409,6 +520,7 @@ bool Core::Reform(int64_t* next) {
   absl::MutexLock lock(&mu_);
   reforming_.clear();
   expired_.clear();
+  published_expired_.clear();  // Published for the older generation.
   formed_at_ = absl::Now();
   spdlog::warn(
       "control: generation {} formed after generation {} failed; running the "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -70,6 +71,7 @@ struct EtcdStore::Endpoint {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease;
 };
 
 EtcdStore::EtcdStore(EtcdStoreOptions options) : options_(std::move(options)) {
@@ -92,6 +94,7 @@ EtcdStore::EtcdStore(EtcdStoreOptions options) : options_(std::move(options)) {
         args);
     endpoint->kv = etcdserverpb::KV::NewStub(endpoint->channel);
     endpoint->watch = etcdserverpb::Watch::NewStub(endpoint->channel);
+    endpoint->lease = etcdserverpb::Lease::NewStub(endpoint->channel);
     endpoints_.push_back(std::move(endpoint));
   }
 }
@@ -181,6 +184,20 @@ absl::Status EtcdStore::Call(const Attempt& attempt, absl::Time deadline) {
       if (absl::IsDeadlineExceeded(status)) {
         return absl::DeadlineExceededError(absl::StrCat(
             description(), " did not answer in time: ", status.message()));
+      }
+      if (absl::StrContains(status.message(), "request is too large") ||
+          absl::StrContains(status.message(), "larger than max")) {
+        // etcd's limit (--max-request-bytes, 1.5 MiB by default; gRPC's
+        // own a little above it), not a malformed request.
+        return absl::ResourceExhaustedError(
+            absl::StrCat(description(), " refused a write: ", status.message(),
+                         " (etcd's --max-request-bytes)"));
+      }
+      if (absl::StrContains(status.message(), "database space exceeded")) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(description(), " is full: ", status.message(),
+                         " (compact and defragment it; run etcd with "
+                         "--auto-compaction-retention)"));
       }
       return status;
     }
@@ -371,6 +388,67 @@ absl::StatusOr<bool> EtcdStore::Delete(absl::string_view key) {
       },
       absl::Now() + timeout()));
   return response.deleted() > 0;
+}
+
+absl::StatusOr<int64_t> EtcdStore::SetLive(absl::string_view key,
+                                           absl::string_view value,
+                                           absl::Duration ttl) {
+  RETURN_IF_ERROR(ValidateStoreKey(key));
+  if (ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("a lease's ttl must be positive");
+  }
+  etcdserverpb::LeaseGrantRequest grant;
+  grant.set_ttl(std::max<int64_t>(
+      1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
+  etcdserverpb::LeaseGrantResponse granted;
+  RETURN_IF_ERROR(Call(
+      [&](Endpoint& endpoint, grpc::ClientContext* context) {
+        return endpoint.lease->LeaseGrant(context, grant, &granted);
+      },
+      absl::Now() + timeout()));
+  if (!granted.error().empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(description(), " granted no lease: ", granted.error()));
+  }
+  etcdserverpb::PutRequest put;
+  put.set_key(Key(key));
+  put.set_value(std::string(value));
+  put.set_lease(granted.id());
+  etcdserverpb::PutResponse response;
+  RETURN_IF_ERROR(Call(
+      [&](Endpoint& endpoint, grpc::ClientContext* context) {
+        return endpoint.kv->Put(context, put, &response);
+      },
+      absl::Now() + timeout()));
+  return granted.id();
+}
+
+absl::Status EtcdStore::Renew(int64_t lease) {
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  RETURN_IF_ERROR(Call(
+      [&](Endpoint& endpoint, grpc::ClientContext* context) {
+        // One round of the keep-alive stream: a request, its answer.
+        std::unique_ptr<
+            grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                                     etcdserverpb::LeaseKeepAliveResponse>>
+            stream = endpoint.lease->LeaseKeepAlive(context);
+        const bool answered = stream->Write(request) && stream->Read(&response);
+        stream->WritesDone();
+        grpc::Status finished = stream->Finish();
+        if (!finished.ok()) return finished;
+        return answered ? grpc::Status::OK
+                        : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       "the keep-alive stream ended without "
+                                       "an answer");
+      },
+      absl::Now() + timeout()));
+  if (response.ttl() <= 0) {
+    return absl::NotFoundError(
+        absl::StrCat("lease ", lease, " ran out in ", description()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EtcdStore::Wait(absl::Span<const std::string> keys,

@@ -11,7 +11,10 @@
 //   Add,         a Range, then a Txn that writes only if the key's
 //   CompareSet   mod_revision (or absence) is unchanged, retried on a
 //                conflict: every write is one atomic revision;
-//   Delete       DeleteRange; Check: one Txn of Ranges (a snapshot).
+//   Delete       DeleteRange; Check: one Txn of Ranges (a snapshot);
+//   SetLive      LeaseGrant (whole seconds, at least 1; etcd may raise it
+//                to its minimum TTL) and a Put bound to the lease;
+//   Renew        one round of LeaseKeepAlive.
 // Every key is stored as prefix + key, so clusters sharing an etcd keep
 // apart; values are bytes, as etcd stores them.
 //
@@ -51,6 +54,7 @@
 
 namespace etcdserverpb {
 class KV;
+class Lease;
 class Watch;
 class ResponseHeader;
 }  // namespace etcdserverpb
@@ -107,6 +111,10 @@ class EtcdStore : public Store {
                     absl::Duration timeout) override;
   using Store::Wait;
   absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<int64_t> SetLive(absl::string_view key,
+                                  absl::string_view value,
+                                  absl::Duration ttl) override;
+  absl::Status Renew(int64_t lease) override;
 
   // "etcd at h1:2379,h2:2379 (prefix /tessera/job7/)", for messages.
   std::string description() const;

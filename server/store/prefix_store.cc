@@ -75,4 +75,13 @@ absl::Status PrefixStore::Unprefixed(const absl::Status& status) const {
                                                          {{key_prefix_, ""}}));
 }
 
+absl::StatusOr<int64_t> PrefixStore::SetLive(absl::string_view key,
+                                             absl::string_view value,
+                                             absl::Duration ttl) {
+  ASSIGN_OR_RETURN(std::string full, Key(key));
+  return Unprefixed(base_->SetLive(full, value, ttl));
+}
+
+absl::Status PrefixStore::Renew(int64_t lease) { return base_->Renew(lease); }
+
 }  // namespace tessera

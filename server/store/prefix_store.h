@@ -36,6 +36,10 @@ class PrefixStore : public Store {
                     absl::Duration timeout) override;
   using Store::Wait;
   absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<int64_t> SetLive(absl::string_view key,
+                                  absl::string_view value,
+                                  absl::Duration ttl) override;
+  absl::Status Renew(int64_t lease) override;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& base() const { return base_; }

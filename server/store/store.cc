@@ -60,4 +60,14 @@ CompareSetOutcome StoreCompareSetResult(const std::string* current,
   return {current == nullptr ? std::string(expected) : *current, false};
 }
 
+absl::StatusOr<int64_t> Store::SetLive(absl::string_view key,
+                                       absl::string_view value,
+                                       absl::Duration ttl) {
+  return absl::UnimplementedError("this store has no leases");
+}
+
+absl::Status Store::Renew(int64_t lease) {
+  return absl::UnimplementedError("this store has no leases");
+}
+
 }  // namespace tessera

@@ -72,6 +72,18 @@ class Store {
   // Whether every key is set, without waiting.
   virtual absl::StatusOr<bool> Check(absl::Span<const std::string> keys) = 0;
 
+  // Liveness (optional; etcd's Leases): SetLive sets `key` to `value` bound
+  // to a new lease of `ttl` (stores may round it up) and returns the
+  // lease's id; Renew(id) extends the lease by its ttl from now. The store
+  // itself removes the key once the lease runs out (its holder died or
+  // stalled), judged by its own clock. Renew of a lease that ran out is
+  // NOT_FOUND (SetLive again). Stores without leases return UNIMPLEMENTED;
+  // callers then fall back to counters they judge themselves.
+  virtual absl::StatusOr<int64_t> SetLive(absl::string_view key,
+                                          absl::string_view value,
+                                          absl::Duration ttl);
+  virtual absl::Status Renew(int64_t lease);
+
   // The timeout of the overloads without one.
   absl::Duration timeout() const { return timeout_; }
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }

@@ -423,6 +423,55 @@ TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
   EXPECT_OK(client->Create("after", {6, 4}, Rows()).status());
 }
 
+// An operation in flight when a daemon stalls waits for it inside a
+// collective (up to --timeout, 30 s here); its caller hears within about
+// the lease, naming the silent rank, whichever daemon coordinated it, and
+// later calls are refused at once. After the resume the cluster serves
+// again (the first operation may then complete after all).
+TEST(ResilienceTest, ACallInFlightWhenADaemonStallsEndsWithinTheLease) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30",          "--lease",
+                        "1s",        "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(25);
+  // Rank 1 coordinates; rank 0 watches the stalled rank 2.
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(1), client_options));
+  ASSERT_OK(client->Create("kept", {6, 4}, Rows(), Sevens()).status());
+  const pid_t stalled = cluster->daemon(2).pid();
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->Create("in_flight", {6, 4}, Rows(), Sevens()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("lease of ranks [2] expired")));
+  const absl::Duration ended = absl::Now() - start;
+  std::cout << "[ resilience ] a call in flight ended " << ended
+            << " after the stall (lease 1s, --timeout 30s)\n";
+  EXPECT_LT(ended, kAtOnce + absl::Seconds(2));
+  const absl::Time refused_at = absl::Now();
+  EXPECT_THAT(client->Create("refused", {6, 4}, Rows()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("waits for ranks [2]")));
+  EXPECT_LT(absl::Now() - refused_at, kAtOnce);
+  // Reads of the other daemons' shards go on.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView kept, client->Open("kept"));
+  ASSERT_OK_AND_ASSIGN(Tensor top, kept.ReadRegion({0, 0}, {4, 4}));
+  EXPECT_EQ(top.data<float>()[15], 7.0f);
+
+  std::move(resume).Invoke();
+  const absl::Time resumed = absl::Now();
+  absl::Status created;
+  while (absl::Now() - resumed < absl::Seconds(30)) {
+    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
+    if (created.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_OK(created) << cluster->Log(0) << cluster->Log(1);
+  ExpectAllSevens(*client, "after");
+}
+
 // With the store in etcd (--store), no daemon is special: an etcd member
 // may die unnoticed, and rank 0, killed, is noticed within the lease (rank
 // 1 watches it), then restarts into the running cluster like any other;

@@ -323,6 +323,40 @@ TEST_P(StoreTest, NegativeTimeoutsAreInvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
 }
 
+// Leases (etcd): a live key lasts while renewed and goes by the store's
+// own clock once its holder stops. The other stores have none and say so
+// (the daemons then count liveness themselves).
+TEST_P(StoreTest, LiveKeysLastWhileRenewed) {
+  absl::StatusOr<int64_t> lease =
+      store_->SetLive("live", "here", absl::Seconds(1));
+  if (absl::IsUnimplemented(lease.status())) {
+    EXPECT_THAT(store_->Renew(1),
+                StatusIs(absl::StatusCode::kUnimplemented, ::testing::_));
+    return;
+  }
+  ASSERT_OK(lease.status());
+  EXPECT_THAT(store_->Get("live", kPatience), IsOkAndHolds("here"));
+  // Renewed every 200 ms for well past the ttl: still there.
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_OK(store_->Renew(*lease));
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_THAT(store_->Check({"live"}), IsOkAndHolds(true));
+  // Left alone: gone, and the lease with it.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<bool> here = store_->Check({"live"});
+        return here.ok() && !*here;
+      },
+      absl::Seconds(10)));
+  EXPECT_THAT(store_->Renew(*lease),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("ran out")));
+  EXPECT_THAT(store_->SetLive("", "x", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(store_->SetLive("x", "x", absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest,
                          ::testing::Values(Backend{"HashStore", MakeHashStore},
                                            Backend{"FileStore", MakeFileStore},
@@ -762,6 +796,12 @@ TEST(EtcdStoreTest, PrefixesKeepClustersApart) {
   EXPECT_THAT(store_b->Add("seq", 5), IsOkAndHolds(5));
   EXPECT_THAT(store_a->Get("seq", kPatience), IsOkAndHolds("1"));
   EXPECT_THAT(store_a->description(), HasSubstr("(prefix /job/a/)"));
+  // Past etcd's request limit (1.5 MiB by default): refused as a resource,
+  // naming the limit, and nothing written.
+  EXPECT_THAT(store_a->Set("big", std::string(2 << 20, 'x')),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max-request-bytes")));
+  EXPECT_THAT(store_a->Check({"big"}), IsOkAndHolds(false));
 }
 
 // An etcd requiring client certificates: a store presenting one signed by
