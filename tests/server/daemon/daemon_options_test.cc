@@ -68,6 +68,11 @@ class DaemonOptionsTest : public ::testing::Test {
     EXPECT_EQ(chmod(path.c_str(), mode), 0);
     return path;
   }
+  // A scratch file that passes the PEM checks (nothing parses it further).
+  std::string PemFile(const std::string& name, const std::string& kind) {
+    return ScratchFile(
+        name, "-----BEGIN " + kind + "-----\nx\n-----END " + kind + "-----\n");
+  }
   void TearDown() override {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
@@ -215,12 +220,8 @@ TEST_F(DaemonOptionsTest, SafeDefaultsWithoutAuthentication) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("the master 10.0.0.1 is not on loopback")));
   // Server-only TLS encrypts but does not say who the caller is.
-  const std::string pem = ScratchFile("cert.pem",
-                                      "-----BEGIN CERTIFICATE-----\nx\n"
-                                      "-----END CERTIFICATE-----\n");
-  const std::string key = ScratchFile("key.pem",
-                                      "-----BEGIN PRIVATE KEY-----\nx\n"
-                                      "-----END PRIVATE KEY-----\n");
+  const std::string pem = PemFile("cert.pem", "CERTIFICATE");
+  const std::string key = PemFile("key.pem", "PRIVATE KEY");
   flags.tls_cert = pem;
   flags.tls_key = key;
   EXPECT_THAT(Resolve(flags),
@@ -271,12 +272,8 @@ TEST_F(DaemonOptionsTest, EtcdStore) {
   EXPECT_EQ(o.store_url, "etcd://127.0.0.1:2379,10.0.0.9:2379");
   // Or with mutual TLS to etcd.
   flags.insecure = false;
-  const std::string pem = ScratchFile("etcd-ca.pem",
-                                      "-----BEGIN CERTIFICATE-----\nx\n"
-                                      "-----END CERTIFICATE-----\n");
-  const std::string key = ScratchFile("etcd-client.key",
-                                      "-----BEGIN PRIVATE KEY-----\nx\n"
-                                      "-----END PRIVATE KEY-----\n");
+  const std::string pem = PemFile("etcd-ca.pem", "CERTIFICATE");
+  const std::string key = PemFile("etcd-client.key", "PRIVATE KEY");
   flags.store_tls_ca = pem;
   EXPECT_THAT(Resolve(flags), StatusIs(absl::StatusCode::kInvalidArgument,
                                        HasSubstr("without mutual TLS")));
