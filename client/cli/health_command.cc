@@ -89,7 +89,8 @@ void AddHealthCommand(CLI::App& app, CommandContext& context) {
       "  tessera health\n"
       "  tessera health --address 10.0.0.1:29600 --timeout 2\n\n"
       "Exit status: 0 when every daemon serves, 1 when one does not (or is "
-      "re-forming its process group after a failure) or the cluster cannot "
+      "re-forming its process group after a failure, or waits for a silent "
+      "daemon) or the cluster cannot "
       "be reached, 2 for a usage error.");
   RunWhenParsed(health, context, kCommand, options, RunHealth);
 }

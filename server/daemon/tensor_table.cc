@@ -96,6 +96,12 @@ absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
                    ReformingLocked(/*even_if_all_here=*/true);
                !reforming.ok()) {
       state = absl::StrCat("re-forming: ", reforming.message());
+    } else if (!published_expired_.empty()) {
+      // An op may be waiting for the silent daemon inside a collective;
+      // operations are refused meanwhile (Submit).
+      state = absl::StrCat("waiting: ", LeaseText(published_expired_),
+                           "; the cluster waits for ranks [",
+                           absl::StrJoin(published_expired_, ", "), "]");
     }
   }
   v1::ClusterInfo info;

@@ -455,6 +455,14 @@ TEST(ResilienceTest, ACallInFlightWhenADaemonStallsEndsWithinTheLease) {
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr("waits for ranks [2]")));
   EXPECT_LT(absl::Now() - refused_at, kAtOnce);
+  // Health says why.
+  EXPECT_TRUE(WaitForState(
+      *cluster, 1,
+      [](const v1::ClusterInfo& info) {
+        return absl::StartsWith(info.state(),
+                                "waiting: the lease of ranks [2]");
+      },
+      kAtOnce));
   // Reads of the other daemons' shards go on.
   ASSERT_OK_AND_ASSIGN(ShardedTensorView kept, client->Open("kept"));
   ASSERT_OK_AND_ASSIGN(Tensor top, kept.ReadRegion({0, 0}, {4, 4}));
