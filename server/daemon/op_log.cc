@@ -390,6 +390,8 @@ void Core::LeaseLoop() {
     }
     {
       absl::MutexLock lock(&mu_);
+      // A generation that formed meanwhile counts leases afresh.
+      if (rank_->world_group()->generation() != generation) continue;
       if (expired != expired_ && !expired.empty()) {
         spdlog::warn("control: the lease of ranks [{}] expired (silent for {})",
                      absl::StrJoin(expired, ", "),
