@@ -119,6 +119,18 @@ std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
 }
 const auto WaitsForRank2 = WaitsFor(2);
 
+// Creates "after" (sevens over every daemon) until it works or 30 s after
+// `since` pass: the cluster serves again. The last error otherwise.
+absl::Status CreateAfterUntilServing(Client& client, absl::Time since) {
+  absl::Status created;
+  while (absl::Now() - since < absl::Seconds(30)) {
+    created = client.Create("after", {6, 4}, Rows(), Sevens()).status();
+    if (created.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return created;
+}
+
 void ExpectAllSevens(const Client& client, const std::string& name) {
   absl::StatusOr<ShardedTensorView> view = client.Open(name);
   ASSERT_OK(view.status());
@@ -336,12 +348,7 @@ TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
   client_options.timeout = absl::Seconds(10);
   ASSERT_OK_AND_ASSIGN(auto client,
                        Client::Connect(cluster->address(0), client_options));
-  absl::Status created;
-  while (absl::Now() - restarted < absl::Seconds(30)) {
-    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const absl::Status created = CreateAfterUntilServing(*client, restarted);
   ASSERT_OK(created) << cluster->Log(0) << cluster->Log(2);
   std::cout << "[ resilience ] serving again " << absl::Now() - restarted
             << " after the restart (" << absl::Now() - killed
@@ -470,12 +477,7 @@ TEST(ResilienceTest, ACallInFlightWhenADaemonStallsEndsWithinTheLease) {
 
   std::move(resume).Invoke();
   const absl::Time resumed = absl::Now();
-  absl::Status created;
-  while (absl::Now() - resumed < absl::Seconds(30)) {
-    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const absl::Status created = CreateAfterUntilServing(*client, resumed);
   ASSERT_OK(created) << cluster->Log(0) << cluster->Log(1);
   ExpectAllSevens(*client, "after");
 }
@@ -520,12 +522,7 @@ TEST(ResilienceTest, WithEtcdRankZeroRestartsIntoTheRunningCluster) {
                              HasSubstr("waits for ranks [0]"))));
   ASSERT_OK(cluster->Restart(0)) << cluster->Log(0);
   const absl::Time restarted = absl::Now();
-  absl::Status created;
-  while (absl::Now() - restarted < absl::Seconds(30)) {
-    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const absl::Status created = CreateAfterUntilServing(*client, restarted);
   ASSERT_OK(created) << cluster->Log(0) << cluster->Log(1);
   std::cout << "[ resilience ] with etcd, rank 0 serving again "
             << absl::Now() - restarted << " after its restart\n";
