@@ -59,14 +59,16 @@ void InterruptSocket(int fd) {
   if (fd >= 0) shutdown(fd, SHUT_RDWR);
 }
 
+absl::Status CheckDeadline(absl::Time deadline, absl::string_view what) {
+  if (absl::Now() < deadline) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(what, ": deadline exceeded"));
+}
+
 absl::Status AwaitReady(int fd, short events, absl::Time deadline,
                         absl::string_view what) {
   while (true) {
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, ": deadline exceeded"));
-    }
+    if (left <= absl::ZeroDuration()) return CheckDeadline(deadline, what);
     pollfd p{fd, events, 0};
     // Capped before the +1: an infinite deadline is INT64_MAX milliseconds,
     // which would wrap to a zero timeout and spin.
@@ -147,6 +149,8 @@ absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
   // fetch's whole round trip on loopback.
   std::chrono::steady_clock::time_point spin_until{};
   while (size > 0) {
+    absl::Status in_time = CheckDeadline(deadline, "recv");
+    if (!in_time.ok()) return in_time;
     ssize_t n = recv(fd, out, size, MSG_DONTWAIT);
     if (n > 0) {
       out += n;
@@ -174,6 +178,8 @@ absl::Status WriteFull(int fd, const void* data, size_t size,
   const int flags = MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0);
   const char* in = static_cast<const char*>(data);
   while (size > 0) {
+    absl::Status in_time = CheckDeadline(deadline, "send");
+    if (!in_time.ok()) return in_time;
     ssize_t n = send(fd, in, size, flags);
     if (n > 0) {
       in += n;

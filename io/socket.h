@@ -41,6 +41,14 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
 // Listens on `host`:0 (an ephemeral port); returns the socket and port.
 absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host);
 
+// DEADLINE_EXCEEDED "<what>: deadline exceeded" once `deadline` has passed,
+// else OK. Transfers call it before each system call, not only before they
+// wait: a peer fast enough never to make them wait must not outlast it.
+absl::Status CheckDeadline(absl::Time deadline, absl::string_view what);
+
+// Reads or writes all `size` bytes, or fails: DEADLINE_EXCEEDED when
+// `deadline` passes first (also while bytes keep arriving), UNAVAILABLE when
+// the peer closes or the socket fails. A failed call may have moved part.
 absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline);
 // `more` says more data follows at once (MSG_MORE), so small pieces of one
 // reply leave in one segment despite TCP_NODELAY.

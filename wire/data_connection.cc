@@ -225,6 +225,7 @@ template <typename Call>
 absl::StatusOr<int> DataConnection::Drive(Call call, absl::Time deadline,
                                           absl::string_view what) {
   while (true) {
+    RETURN_IF_ERROR(CheckDeadline(deadline, what));
     ERR_clear_error();
     const int n = call();
     if (n > 0) return n;

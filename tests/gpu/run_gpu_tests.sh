@@ -15,6 +15,9 @@
 # for the whole ctest run, default 420), GPU_BENCH_ARGS and FETCH_BENCH_ARGS
 # to replace the benchmarks' default arguments.
 #
+# A GPU machine without gRPC, Gloo and the rest: build here, then
+# tests/gpu/pack_build.sh pack / run carries the built tree there.
+#
 # Every step is bounded by `timeout`, so the run ends well within 10
 # minutes on 16 cores; a failing step is reported and the others still run.
 # Exit status: 0 when every step passed, 1 otherwise (2 for a bad build).

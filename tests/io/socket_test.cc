@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -147,6 +149,48 @@ TEST(TcpTest, ReadOfASilentPeerEndsAtTheDeadline) {
   char byte;
   EXPECT_THAT(ReadFull(a.get(), &byte, 1, absl::Now() + absl::Milliseconds(50)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+// A deadline bounds the transfer, not only its waits: bytes that are all
+// there already, or a peer that keeps up, do not carry a call past it.
+TEST(TcpTest, PastDeadlineFailsEvenWhenEveryByteIsThere) {
+  auto [a, b] = StreamPair();
+  const std::string bytes(1000, 'q');
+  ASSERT_OK(
+      WriteFull(b.get(), bytes.data(), bytes.size(), absl::Now() + kWait));
+  std::string got(bytes.size(), '\0');
+  const absl::Time past = absl::Now() - absl::Milliseconds(1);
+  EXPECT_THAT(ReadFull(a.get(), got.data(), got.size(), past),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("recv")));
+  EXPECT_THAT(WriteFull(a.get(), bytes.data(), bytes.size(), past),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("send")));
+  // Nothing was consumed: the bytes are still there for a call in time.
+  EXPECT_OK(ReadFull(a.get(), got.data(), got.size(), absl::Now() + kWait));
+  EXPECT_EQ(got, bytes);
+}
+
+TEST(TcpTest, ReadFromAPeerThatKeepsSendingEndsAtTheDeadline) {
+  auto [a, b] = StreamPair();
+  std::atomic<bool> stop{false};
+  std::thread writer([&, fd = b.get()] {
+    const std::string piece(4096, 'w');
+    while (
+        !stop.load() &&
+        WriteFull(fd, piece.data(), piece.size(), absl::Now() + kWait).ok()) {
+    }
+  });
+  // More than 4 KiB sends deliver in time; pages are touched only as bytes
+  // arrive.
+  constexpr size_t kSink = size_t{1} << 30;
+  std::unique_ptr<char[]> sink(new char[kSink]);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      ReadFull(a.get(), sink.get(), kSink, start + absl::Milliseconds(100)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("recv")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  stop = true;
+  a.reset();  // the writer's next send fails
+  writer.join();
 }
 
 TEST(TcpTest, WriteAfterThePeerClosedIsUnavailableWithoutSigpipe) {

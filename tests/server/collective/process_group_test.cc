@@ -89,12 +89,30 @@ void ExpectTensorEq(const Tensor& actual, const Tensor& expected) {
 
 using Param = std::tuple<std::string, int>;
 
+// The first NCCL communicator of a process creates the CUDA context and
+// loads NCCL's kernels: seconds on a quiet machine, tens of seconds under
+// compute-sanitizer. It is paid once here, under its own deadline, so that
+// the tests' 5 s deadlines time the collectives and not that start.
+void WarmNcclOnce() {
+  static const bool warmed = [] {
+    ProcessGroupOptions options = Options(
+        std::make_shared<PrefixStore>("warm", std::make_shared<HashStore>()), 0,
+        {0}, "warm", absl::Minutes(2));
+    absl::StatusOr<std::shared_ptr<ProcessGroup>> group =
+        CreateProcessGroup("nccl", options);
+    if (group.ok()) (*group)->Shutdown();
+    return group.ok();
+  }();
+  (void)warmed;  // A failed warm-up shows again, with context, in the test.
+}
+
 class ProcessGroupTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     if (backend() == "nccl" && (!NcclBuilt() || !CudaAvailable())) {
       GTEST_SKIP() << "needs a CUDA device (and a build with NCCL)";
     }
+    if (backend() == "nccl") WarmNcclOnce();
   }
 
   const std::string& backend() const { return std::get<0>(GetParam()); }
