@@ -15,6 +15,7 @@
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/grpc_status.h"
+#include "wire/replicas.h"
 
 namespace tessera {
 namespace internal_client {
@@ -296,18 +297,36 @@ absl::Status ShardedTensorView::ReadRegionInto(
   RETURN_IF_ERROR(ForEachRegionPiece(
       metadata_.shards_metadata, offsets, destination, options.parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
-        const int owner = owner_rank(piece.shard);
-        ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
-        FetchOptions fetch;
-        fetch.chunk_bytes = options.chunk_bytes;
-        fetch.local_min_bytes = cluster_->options().local_min_bytes;
-        fetch.timeout = deadline - absl::Now();
-        fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
-        return Annotate(worker->shards->FetchRegionInto(
-                            tensor_id(), static_cast<int64_t>(piece.shard),
-                            piece.offsets_in_shard, piece.view, fetch),
-                        absl::StrCat(what, " from rank ", owner, " (",
-                                     worker->address.address(), ")"));
+        // The owner first; when it is dead, stalled or not yet refilled
+        // after a restart, each replica in turn. With replicas, each try
+        // gets an even share of the time left, so that a stalled owner
+        // leaves time for the others.
+        const std::vector<int> holders =
+            HoldersOf(info_, static_cast<int>(piece.shard));
+        absl::Status status;
+        for (size_t k = 0; k < holders.size(); ++k) {
+          ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(holders[k]));
+          FetchOptions fetch;
+          fetch.chunk_bytes = options.chunk_bytes;
+          fetch.local_min_bytes = cluster_->options().local_min_bytes;
+          fetch.timeout = (deadline - absl::Now()) /
+                          static_cast<int64_t>(holders.size() - k);
+          fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
+          const std::string id =
+              k == 0 ? tensor_id() : ReplicaTensorId(tensor_id());
+          status = Annotate(
+              worker->shards->FetchRegionInto(
+                  id, static_cast<int64_t>(piece.shard), piece.offsets_in_shard,
+                  piece.view, fetch),
+              absl::StrCat(what, " from ", k == 0 ? "rank " : "replica rank ",
+                           holders[k], " (", worker->address.address(), ")"));
+          if (status.ok() ||
+              !(absl::IsUnavailable(status) ||
+                absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
+            return status;
+          }
+        }
+        return status;
       }));
   progress.Finish();
   return absl::OkStatus();
@@ -338,15 +357,30 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
   RETURN_IF_ERROR(WriteEveryRegionPiece(
       metadata_.shards_metadata, offsets, data, options.parallelism, what,
       [&](const RegionPiece& piece, std::string* owner_name) -> absl::Status {
-        const int owner = owner_rank(piece.shard);
-        *owner_name = absl::StrCat("rank ", owner);
-        ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(owner));
-        absl::StrAppend(owner_name, " (", worker->address.address(), ")");
-        // Each owner gets only what its shard holds, pinned to this view's
-        // tensor id, so it writes locally and never into a new layout.
-        return WriteRegion(*worker->control, name(), tensor_id(),
-                           piece.box->shard_offsets(), piece.view, write)
-            .status();
+        // Each holder (the owner, then every replica) gets only what the
+        // shard holds, pinned to this view's tensor id, so it writes
+        // locally and never into a new layout.
+        const std::vector<int> holders =
+            HoldersOf(info_, static_cast<int>(piece.shard));
+        return WriteToHolders(
+            holders.size(),
+            [&](size_t k, std::string* holder_name) -> absl::Status {
+              *holder_name =
+                  absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k]);
+              ASSIGN_OR_RETURN(const Worker* worker,
+                               cluster_->worker(holders[k]));
+              absl::StrAppend(holder_name, " (", worker->address.address(),
+                              ")");
+              RegionWriteOptions to_holder = write;
+              to_holder.replica = k > 0;
+              // Progress counts the owner's bytes only.
+              if (k > 0) to_holder.on_chunk = nullptr;
+              return WriteRegion(*worker->control, name(), tensor_id(),
+                                 piece.box->shard_offsets(), piece.view,
+                                 to_holder)
+                  .status();
+            },
+            owner_name);
       }));
   progress.Finish();
   return absl::OkStatus();
@@ -380,6 +414,7 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
   request.set_init(InitKindOf(options.init));
   request.set_fill_value(options.fill_value);
   request.set_seed(options.seed);
+  request.set_replicas(options.replicas);
   ASSIGN_OR_RETURN(Described created,
                    Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
                             request, absl::StrCat("creating tensor ", name)));

@@ -94,6 +94,11 @@ struct CreateOptions {
   TensorInit init = TensorInit::kEmpty;
   double fill_value = 0;  // kFull
   uint64_t seed = 0;      // kRand, kRandn: same seed, same values
+  // Copies of every shard (CreateTensorRequest.replicas): 1, the owner's
+  // only; R > 1, R - 1 other daemons hold a copy (other hosts first).
+  // Writes go to every copy; reads fall back to a replica when the owner
+  // is dead, stalled or restarting.
+  int replicas = 1;
 };
 
 // A named sharded tensor of the cluster: its metadata and where each shard

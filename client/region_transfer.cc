@@ -111,6 +111,50 @@ absl::Status PartialWriteError(absl::string_view what,
 
 }  // namespace
 
+absl::Status WriteToHolders(
+    size_t holders,
+    const std::function<absl::Status(size_t k, std::string* name)>& write,
+    std::string* names) {
+  std::vector<std::string> named(holders);
+  std::vector<absl::Status> results(holders);
+  // Every holder is tried: RunInParallel would stop starting new ones
+  // after a failure.
+  RunInParallel(holders, static_cast<int>(holders), [&](size_t k) {
+    results[k] = write(k, &named[k]);
+    return absl::OkStatus();
+  }).IgnoreError();
+  std::vector<std::string> written;
+  std::vector<std::string> skipped;
+  std::vector<std::string> failed;
+  absl::Status first;
+  for (size_t k = 0; k < holders; ++k) {
+    if (results[k].ok()) {
+      written.push_back(named[k]);
+      continue;
+    }
+    const bool not_live =
+        absl::IsUnavailable(results[k]) || absl::IsNotFound(results[k]);
+    (not_live ? skipped : failed)
+        .push_back(absl::StrCat(named[k], ": ", results[k].ToString()));
+    if (!not_live && first.ok()) first = results[k];
+  }
+  *names = absl::StrJoin(written, " and ");
+  if (!skipped.empty()) {
+    absl::StrAppend(names, written.empty() ? "" : " (", "not written to ",
+                    absl::StrJoin(skipped, "; "), written.empty() ? "" : ")");
+  }
+  if (written.empty()) {
+    // No holder has it: the owner's error is the piece's.
+    *names = absl::StrJoin(named, " and ");
+    for (const absl::Status& result : results) {
+      if (!result.ok()) return result;
+    }
+  }
+  if (first.ok()) return absl::OkStatus();
+  return absl::Status(first.code(), absl::StrCat("not written to ",
+                                                 absl::StrJoin(failed, "; ")));
+}
+
 absl::Status WriteEveryRegionPiece(
     absl::Span<const ShardMetadata> shards,
     absl::Span<const int64_t> region_offsets, const Tensor& data,
@@ -202,6 +246,7 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
   header->mutable_sizes()->Add(data.sizes().begin(), data.sizes().end());
   header->set_dtype(ToProto(data.dtype()));
   header->set_total_bytes(total);
+  header->set_replica(options.replica);
   int64_t offset = 0;
   // One message even for an empty box: it carries the header.
   do {

@@ -82,6 +82,19 @@ absl::Status WriteEveryRegionPiece(
     const std::function<absl::Status(const RegionPiece&, std::string* owner)>&
         write);
 
+// Writes one piece to every daemon holding its shard (`holders`: its owner,
+// then its replicas), in parallel: write(k, &name) writes to holders[k] and
+// names it. OK when every holder wrote it, and also when the others did
+// and those that did not are not live: UNAVAILABLE (dead, shutting down)
+// or NOT_FOUND (restarted, and not yet in step: it refills its copy from
+// the others when it rejoins). Otherwise the first failure's code, naming
+// every holder that failed and every one that wrote. *names lists the
+// holders (written ones, then "not written to ..." for skipped ones).
+absl::Status WriteToHolders(
+    size_t holders,
+    const std::function<absl::Status(size_t k, std::string* name)>& write,
+    std::string* names);
+
 // "[4:6, 0:4]": a box of global coordinates, as errors name it.
 std::string BoxString(const ShardMetadata& box);
 
@@ -124,6 +137,8 @@ struct RegionWriteOptions {
   absl::Time deadline = absl::InfiniteFuture();
   // Called after each chunk was handed to gRPC, with its size in bytes.
   std::function<void(int64_t bytes)> on_chunk;
+  // Into the daemon's replicas of the shards (WriteRegionHeader.replica).
+  bool replica = false;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

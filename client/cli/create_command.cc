@@ -53,6 +53,7 @@ int RunCreate(const CreateCommandOptions& options,
   CreateOptions create;
   create.dtype = *dtype;
   create.seed = options.seed;
+  create.replicas = options.replicas;
   create.fill_value = options.fill;
   if (options.init.empty()) {
     create.init = options.fill_given ? TensorInit::kFull : TensorInit::kEmpty;
@@ -126,6 +127,16 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
       ->type_name("N");
+  create
+      ->add_option("--replicas", options->replicas,
+                   "Copies of every shard: 1 (default), the owner's only; R "
+                   "> 1, R - 1 other daemons (other hosts first) hold a copy, "
+                   "every write reaches them, reads fall back to them when "
+                   "the owner is dead or stalled, and a restarted owner "
+                   "refills from them")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->type_name("R");
   AddConnectionFlags(app, create, &options->connection, /*transfers=*/false);
   create->add_flag("--json", options->json,
                    "Print the shard table as JSON (as 'tessera describe "
@@ -136,7 +147,9 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       "      --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu'\n"
       "  tessera create e --size 8,8 --dtype float64 --init randn --seed 7 \\\n"
       "      --spec 'enum:0,0:4,8@rank:0/cpu;4,0:4,8@rank:1/cpu'\n"
-      "  tessera create c --size 4 --fill 2.5 --spec 'chunk:dim=0:rank:0/cpu'"
+      "  tessera create c --size 4 --fill 2.5 --spec 'chunk:dim=0:rank:0/cpu'\n"
+      "  tessera create r --size 8,8 --init randn --replicas 2 \\\n"
+      "      --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu'"
       "\n\n"
       "Placements name the cluster's ranks and their devices (rank:0/cpu,\n"
       "rank:1/cuda:1); 'tessera plan --help' explains the spec forms.\n\n"

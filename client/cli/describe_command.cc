@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/table.h"
 #include "nlohmann/json.hpp"
+#include "wire/replicas.h"
 
 namespace tessera::cli {
 namespace {
@@ -30,6 +32,13 @@ bool ShardLost(const ShardedTensorView& view, size_t i) {
   return std::find(lost.begin(), lost.end(), static_cast<int>(i)) != lost.end();
 }
 
+// The ranks holding a copy of shard i besides its owner.
+std::vector<int> ReplicasOf(const ShardedTensorView& view, size_t i) {
+  std::vector<int> holders = HoldersOf(view.info(), static_cast<int>(i));
+  if (!holders.empty()) holders.erase(holders.begin());
+  return holders;
+}
+
 }  // namespace
 
 std::string FormatShardTable(const ShardedTensorView& view,
@@ -39,9 +48,14 @@ std::string FormatShardTable(const ShardedTensorView& view,
   std::string text = absl::StrCat(
       "Tensor ", view.name(), ": ", DescribeArray(view.dtype(), view.sizes()),
       " in ", count, count == 1 ? " shard" : " shards", ", id ",
-      view.tensor_id(), "\n");
-  std::vector<std::vector<std::string>> rows = {
-      {"SHARD", "OFFSETS", "SIZES", "PLACEMENT", "RANK", "ADDRESS", "STATE"}};
+      view.tensor_id(),
+      CopiesOf(view.info()) > 1
+          ? absl::StrCat(", ", CopiesOf(view.info()), " copies of each")
+          : "",
+      "\n");
+  std::vector<std::vector<std::string>> rows = {{"SHARD", "OFFSETS", "SIZES",
+                                                 "PLACEMENT", "RANK", "ADDRESS",
+                                                 "STATE", "REPLICAS"}};
   for (size_t i = 0; i < count; ++i) {
     const ShardMetadata& shard = metadata.shards_metadata[i];
     const int rank = view.owner_rank(i);
@@ -49,6 +63,13 @@ std::string FormatShardTable(const ShardedTensorView& view,
                     FormatDims(shard.shard_sizes()), PlacementOf(shard),
                     absl::StrCat(rank), AddressOf(cluster, rank),
                     ShardLost(view, i) ? "lost" : "ok"});
+    std::vector<std::string> replicas;
+    for (const int holder : ReplicasOf(view, i)) {
+      replicas.push_back(
+          absl::StrCat("rank ", holder, " (", AddressOf(cluster, holder), ")"));
+    }
+    rows.back().push_back(replicas.empty() ? "-"
+                                           : absl::StrJoin(replicas, ", "));
   }
   absl::StrAppend(&text, FormatColumns(rows));
   return text;
@@ -71,7 +92,8 @@ std::string ShardTableToJson(const ShardedTensorView& view,
                       {"placement", placement},
                       {"rank", rank},
                       {"address", AddressOf(cluster, rank)},
-                      {"state", ShardLost(view, i) ? "lost" : "ok"}});
+                      {"state", ShardLost(view, i) ? "lost" : "ok"},
+                      {"replicas", ReplicasOf(view, i)}});
   }
   nlohmann::ordered_json json = {
       {"name", view.name()},

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/table.h"
 #include "nlohmann/json.hpp"
+#include "wire/replicas.h"
 
 namespace tessera::cli {
 namespace {
@@ -44,7 +45,8 @@ std::string TensorsToJson(absl::Span<const ShardedTensorView> views) {
                     {"shards", view.metadata().shards_metadata.size()},
                     {"tensor_id", view.tensor_id()},
                     {"state", StateOf(view)},
-                    {"lost_shards", view.info().lost_shards()}});
+                    {"lost_shards", view.info().lost_shards()},
+                    {"copies", CopiesOf(view.info())}});
   }
   return json.dump();
 }

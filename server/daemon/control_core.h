@@ -35,6 +35,7 @@
 #include "server/daemon/region_io.h"
 #include "server/rank/rank.h"
 #include "server/serve/fetch.h"
+#include "server/serve/shard_registry.h"
 #include "server/sharded/sharded_tensor.h"
 #include "server/store/prefix_store.h"
 #include "tessera/v1/control.pb.h"
@@ -59,6 +60,29 @@ inline std::shared_ptr<MemoryBudget> DefaultBudget() {
   const int64_t limit = DefaultMemoryLimit(1, &source);
   return MemoryBudget::Create(limit, source);
 }
+
+// This daemon's copies of other daemons' shards of one tensor
+// (TensorInfo.replicas), served under ReplicaTensorId(tensor id) from
+// construction until destruction, and their share of the memory budget.
+class ReplicaCopies {
+ public:
+  // ALREADY_EXISTS / INVALID_ARGUMENT as ShardRegistry::Register.
+  static absl::StatusOr<std::shared_ptr<ReplicaCopies>> Register(
+      std::shared_ptr<Rank> rank, const std::string& tensor_id,
+      std::shared_ptr<RegisteredTensor> copies, MemoryBudget::Reservation held);
+  ~ReplicaCopies();
+  ReplicaCopies(const ReplicaCopies&) = delete;
+  ReplicaCopies& operator=(const ReplicaCopies&) = delete;
+
+ private:
+  ReplicaCopies(std::shared_ptr<Rank> rank, std::string id,
+                MemoryBudget::Reservation held)
+      : rank_(std::move(rank)), id_(std::move(id)), held_(std::move(held)) {}
+
+  const std::shared_ptr<Rank> rank_;
+  const std::string id_;
+  MemoryBudget::Reservation held_;
+};
 
 // What an op produced, for its coordinator's reply.
 struct OpResult {
@@ -207,6 +231,8 @@ class Core : public std::enable_shared_from_this<Core> {
     v1::TensorInfo info;
     // This daemon's CPU shards of it, in the memory budget.
     MemoryBudget::Reservation held;
+    // Its copies of other daemons' shards (null when it holds none).
+    std::shared_ptr<ReplicaCopies> replicas;
   };
   struct Queued {
     v1::ControlOp op;
@@ -290,7 +316,10 @@ class Core : public std::enable_shared_from_this<Core> {
   // ShardedTensor with no shards of this daemon, or none when this
   // daemon's shards of it were lost. `spec` is the layout it was made by
   // (empty: the metadata's).
-  absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec);
+  // Shards it owns that survive on replicas, and its own replicas, are
+  // refilled from the other holders (not in `starting`) before it returns.
+  absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec,
+                       const std::set<int>& starting);
   // Log entry `n`, which the other daemons passed while this one did not
   // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
   void Abandon(int64_t n);
@@ -322,6 +351,32 @@ class Core : public std::enable_shared_from_this<Core> {
       const v1::CreateTensorRequest& request, DType dtype,
       const ShardingSpec& spec, absl::Span<const int64_t> sizes);
   Outcome RunDelete(const v1::ControlOp& op);
+
+  // ---- Replicas (replicas.cc).
+  // Each daemon's host, for PlaceReplicas: the host id of its local path,
+  // else the host of its address.
+  std::vector<std::string> WorkerHosts() const;
+  // Collective: gives the tensor `name` of the table `replicas` (> 1)
+  // copies of every shard. Places them (PlaceReplicas), allocates this
+  // daemon's copies in host memory (within the budget), fills them as
+  // `init` says when that needs no data (zeros, ones, full; empty leaves
+  // them as allocated) or else from their owners, and registers them; the
+  // entry's info lists every shard's replicas. The agreed status, as Agree.
+  absl::Status Replicate(const std::string& name, int replicas,
+                         const v1::CreateTensorRequest* init, bool* agreed);
+  // This daemon's copies of `info`'s shards (as info.replicas says), in
+  // host memory, unfilled; `host_bytes` their size.
+  absl::StatusOr<std::shared_ptr<RegisteredTensor>> AllocateCopies(
+      const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
+      int64_t* host_bytes) const;
+  // Fills `shards` (of tensor `info`, this daemon's copies or own shards)
+  // from another holder of each: the owner's shard or a replica, the first
+  // that answers, skipping the ranks in `gone`. UNAVAILABLE naming the
+  // shard and every holder tried when none could give it.
+  absl::Status FetchFromHolders(const v1::TensorInfo& info,
+                                const std::vector<LocalShard>& shards,
+                                const std::set<int>& gone,
+                                absl::Time deadline) const;
   Outcome RunReshard(const v1::ControlOp& op);
   Outcome RunGather(const v1::ControlOp& op);
   Outcome RunSave(const v1::ControlOp& op);

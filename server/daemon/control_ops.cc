@@ -20,6 +20,7 @@
 #include "server/checkpoint/checkpoint.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
+#include "wire/replicas.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -216,6 +217,12 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("CreateTensor: unknown init kind ", request.init()));
     }
+    if (request.replicas() < 0 || request.replicas() > rank_->world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateTensor: replicas must be between 1 and the ",
+                       rank_->world_size(), " daemons of the cluster, not ",
+                       request.replicas()));
+    }
     TensorProperties properties;
     properties.dtype = dtype;
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
@@ -237,16 +244,28 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
       ASSIGN_OR_RETURN(ShardedTensor tensor,
                        NewTensor(request, plan->dtype, plan->spec, sizes));
       ASSIGN_OR_RETURN(v1::TensorInfo info, InfoOf(request.name(), tensor));
-      made.emplace(Entry{std::move(tensor), std::move(info), std::move(held)});
+      made.emplace(
+          Entry{std::move(tensor), std::move(info), std::move(held), nullptr});
       return absl::OkStatus();
     }();
   }
   Outcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
   if (outcome.status.ok()) {
-    outcome.result.info = made->info;
+    {
+      absl::MutexLock lock(&mu_);
+      table_.emplace(request.name(), *std::move(made));
+    }
+    if (request.replicas() > 1) {
+      outcome.status = Replicate(request.name(), request.replicas(), &request,
+                                 &outcome.agreed);
+    }
     absl::MutexLock lock(&mu_);
-    table_.emplace(request.name(), *std::move(made));
+    if (outcome.status.ok()) {
+      outcome.result.info = table_.at(request.name()).info;
+    } else {
+      table_.erase(request.name());
+    }
   } else if (plan.ok()) {
     ResyncTensorIds();
   }
@@ -328,14 +347,27 @@ Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   outcome.status =
       Agree(resharded.ok() ? info.status() : resharded, &outcome.agreed);
   MemoryBudget::Reservation replaced;  // Released outside the lock.
+  std::shared_ptr<ReplicaCopies> old_copies;
+  int copies = 1;
   if (info.ok()) {
     absl::MutexLock lock(&mu_);
     Entry& entry = table_.at(request.name());
+    copies = CopiesOf(entry.info);
     entry.info = *info;
     if (resharded.ok()) {
       replaced = std::move(entry.held);
       entry.held = std::move(held);
+      old_copies = std::move(entry.replicas);
     }
+  }
+  old_copies.reset();
+  // The new layout gets as many copies as the old one had, from its new
+  // owners.
+  if (outcome.status.ok() && copies > 1) {
+    outcome.status =
+        Replicate(request.name(), copies, nullptr, &outcome.agreed);
+    absl::MutexLock lock(&mu_);
+    info = table_.at(request.name()).info;
   }
   if (outcome.status.ok()) {
     outcome.result.info = *std::move(info);
@@ -579,8 +611,8 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
         replaced.push_back(std::move(it->second));
         table_.erase(it);
       }
-      table_.emplace(loaded[i].first,
-                     Entry{loaded[i].second, infos[i], std::move(held[i])});
+      table_.emplace(loaded[i].first, Entry{loaded[i].second, infos[i],
+                                            std::move(held[i]), nullptr});
     }
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {

@@ -22,6 +22,7 @@
 #include "server/sharded/sharded_tensor.h"
 #include "spdlog/spdlog.h"
 #include "tessera/v1/control_internal.pb.h"
+#include "wire/replicas.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -630,7 +631,12 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
       if (!kept(info.name(), info.tensor_id())) continue;
       v1::TensorInfo updated = info;
       for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
-        if (starting_ranks.count(info.shard_ranks(shard)) > 0 &&
+        // Lost when every holder restarted: its owner and its replicas.
+        const std::vector<int> holders = HoldersOf(info, shard);
+        const bool gone = std::all_of(
+            holders.begin(), holders.end(),
+            [&](int holder) { return starting_ranks.count(holder) > 0; });
+        if (gone &&
             std::find(info.lost_shards().begin(), info.lost_shards().end(),
                       shard) == info.lost_shards().end()) {
           updated.add_lost_shards(shard);
@@ -640,7 +646,8 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
         degraded.push_back(info.name());
       }
       if (starting) {
-        RETURN_IF_ERROR(Rebuild(std::move(updated), from.specs(i)));
+        RETURN_IF_ERROR(
+            Rebuild(std::move(updated), from.specs(i), starting_ranks));
       } else {
         absl::MutexLock lock(&mu_);
         auto it = table_.find(info.name());
@@ -668,7 +675,8 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
 }
 
 absl::Status Core::Rebuild(v1::TensorInfo info,
-                           const v1::ShardingSpec& spec_proto) {
+                           const v1::ShardingSpec& spec_proto,
+                           const std::set<int>& starting) {
   Entry entry;
   const bool mine_lost = std::any_of(
       info.lost_shards().begin(), info.lost_shards().end(), [&](int shard) {
@@ -676,23 +684,74 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
                info.shard_ranks(shard) == rank_->rank();
       });
   if (!mine_lost) {
-    // This daemon holds none of its shards: it takes part in the tensor's
-    // collectives with nothing of its own.
+    // This daemon takes part in the tensor's collectives with the shards it
+    // owns, refilled from their replicas (none without replicas: its
+    // shards would be lost).
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      FromProto(info.metadata()));
     const ShardedTensorOptions options =
         ShardedTensorOptions()
             .WithDType(metadata.tensor_properties.dtype)
-            .WithRank(rank_);
+            .WithRank(rank_)
+            .WithTensorId(info.tensor_id());
+    std::vector<LocalShard> own;
+    for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
+      if (info.shard_ranks(shard) != rank_->rank()) continue;
+      const ShardMetadata& where = metadata.shards_metadata[shard];
+      TensorOptions tensor_options =
+          TensorOptions().WithDType(metadata.tensor_properties.dtype);
+      if (where.placement().has_value()) {
+        tensor_options = tensor_options.WithDevice(where.placement()->device());
+      }
+      ASSIGN_OR_RETURN(Tensor tensor,
+                       Tensor::Empty(where.shard_sizes(), tensor_options));
+      own.push_back(LocalShard{shard, Shard{std::move(tensor), where}});
+    }
+    int64_t host_bytes = 0;
+    for (const LocalShard& local : own) {
+      if (local.shard.tensor.device().is_cpu()) {
+        host_bytes += static_cast<int64_t>(local.shard.tensor.nbytes());
+      }
+    }
+    ASSIGN_OR_RETURN(
+        entry.held,
+        budget_->Reserve(host_bytes, absl::StrCat("refilling \"", info.name(),
+                                                  "\" on rank ", rank())));
+    const absl::Time deadline = absl::Now() + options_.op_timeout;
+    RETURN_IF_ERROR(FetchFromHolders(info, own, starting, deadline));
+    std::vector<Shard> shards;
+    for (LocalShard& local : own) shards.push_back(std::move(local.shard));
     if (spec_proto.spec_case() == v1::ShardingSpec::SPEC_NOT_SET) {
       ASSIGN_OR_RETURN(entry.tensor,
                        ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
-                           {}, std::move(metadata), options));
+                           std::move(shards), metadata, options));
     } else {
       ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(spec_proto));
-      ASSIGN_OR_RETURN(entry.tensor,
-                       ShardedTensor::InitFromLocalShardsWithSpec(
-                           {}, std::move(metadata), std::move(spec), options));
+      ASSIGN_OR_RETURN(entry.tensor, ShardedTensor::InitFromLocalShardsWithSpec(
+                                         std::move(shards), metadata,
+                                         std::move(spec), options));
+    }
+    // Its copies of other daemons' shards, from their other holders.
+    if (info.replicas_size() > 0) {
+      int64_t copy_bytes = 0;
+      ASSIGN_OR_RETURN(std::shared_ptr<RegisteredTensor> copies,
+                       AllocateCopies(info, metadata, &copy_bytes));
+      ASSIGN_OR_RETURN(
+          MemoryBudget::Reservation held,
+          budget_->Reserve(copy_bytes,
+                           absl::StrCat("refilling the replicas of \"",
+                                        info.name(), "\" on rank ", rank())));
+      RETURN_IF_ERROR(
+          FetchFromHolders(info, copies->local_shards, starting, deadline));
+      ASSIGN_OR_RETURN(entry.replicas, ReplicaCopies::Register(
+                                           rank_, info.tensor_id(),
+                                           std::move(copies), std::move(held)));
+    }
+    if (!own.empty() || info.replicas_size() > 0) {
+      spdlog::info(
+          "control: refilled tensor {} ({} own shards) from its "
+          "replicas",
+          info.name(), own.size());
     }
   }
   std::string name = info.name();

@@ -23,6 +23,7 @@
 #include "wire/auth.h"
 #include "wire/chunk_assembler.h"
 #include "wire/grpc_status.h"
+#include "wire/replicas.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -301,6 +302,7 @@ class WriteRegionReactor final
     ASSIGN_OR_RETURN(buffer_, Tensor::Empty(resolved_->region.shard_sizes(),
                                             TensorOptions().WithDType(dtype)));
     sequence_.Start(resolved_->nbytes);
+    replica_ = header.replica();
     return absl::OkStatus();
   }
 
@@ -328,6 +330,29 @@ class WriteRegionReactor final
     const auto& shards = resolved.metadata.shards_metadata;
     const std::shared_ptr<const RegisteredTensor> registered =
         env_.rank->registry().Find(resolved.info.tensor_id());
+    copies_ =
+        env_.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
+    if (replica_) {
+      // Into this daemon's copies only: a holder of a replica was sent it.
+      for (const RegionOverlap& overlap : Overlaps(shards, region)) {
+        if (Mine(copies_, overlap.shard) == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(What(), ": rank ", env_.rank->rank(),
+                           " holds no replica of shard ", overlap.shard,
+                           " of tensor id ", resolved.info.tensor_id()));
+        }
+      }
+      return WriteEveryRegionPiece(
+          shards, region.shard_offsets(), buffer_, env_.parallelism, What(),
+          [&](const RegionPiece& piece, std::string* name) {
+            *name = absl::StrCat("replica rank ", env_.rank->rank(),
+                                 " (this daemon)");
+            return CopyBox(piece.view,
+                           std::vector<int64_t>(piece.view.dim(), 0),
+                           Mine(copies_, piece.shard)->shard.tensor,
+                           piece.offsets_in_shard, piece.box->shard_sizes());
+          });
+    }
     for (const RegionOverlap& overlap : Overlaps(shards, region)) {
       // The table says this rank owns it, yet it is not registered: a
       // forward would come straight back.
@@ -344,7 +369,16 @@ class WriteRegionReactor final
     return WriteEveryRegionPiece(
         shards, region.shard_offsets(), buffer_, env_.parallelism, What(),
         [&](const RegionPiece& piece, std::string* owner) {
-          return WritePiece(registered, piece, owner);
+          // To its owner and to every replica (wire/replicas.h).
+          const std::vector<int> holders =
+              HoldersOf(resolved.info, static_cast<int>(piece.shard));
+          return WriteToHolders(
+              holders.size(),
+              [&](size_t k, std::string* name) {
+                return WritePiece(k == 0 ? registered : copies_, piece,
+                                  holders[k], k > 0, name);
+              },
+              owner);
         });
   }
 
@@ -352,11 +386,13 @@ class WriteRegionReactor final
   // Sets *owner to how errors name the owner.
   absl::Status WritePiece(
       const std::shared_ptr<const RegisteredTensor>& registered,
-      const RegionPiece& piece, std::string* owner_name) {
+      const RegionPiece& piece, int owner, bool replica,
+      std::string* owner_name) {
     const ResolvedRegion& resolved = *resolved_;
-    const int owner = resolved.info.shard_ranks(piece.shard);
-    *owner_name = absl::StrCat("rank ", owner);
-    if (const LocalShard* mine = Mine(registered, piece.shard)) {
+    *owner_name = absl::StrCat(replica ? "replica rank " : "rank ", owner);
+    if (const LocalShard* mine = owner == env_.rank->rank()
+                                     ? Mine(registered, piece.shard)
+                                     : nullptr) {
       absl::StrAppend(owner_name, " (this daemon)");
       return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
                      mine->shard.tensor, piece.offsets_in_shard,
@@ -371,6 +407,7 @@ class WriteRegionReactor final
         v1::ControlService::NewStub(CreateTesseraChannel(worker->address));
     RegionWriteOptions options;
     options.deadline = deadline_;
+    options.replica = replica;
     return WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
                        piece.box->shard_offsets(), piece.view, options)
         .status();
@@ -384,6 +421,9 @@ class WriteRegionReactor final
   std::optional<ResolvedRegion> resolved_;
   MemoryBudget::Reservation staged_;  // Of buffer_.
   Tensor buffer_;
+  // Whether the header asked for this daemon's replicas only; its copies.
+  bool replica_ = false;
+  std::shared_ptr<const RegisteredTensor> copies_;
   // Chunks are the client's: out of order or too long is its mistake.
   ChunkSequence sequence_{absl::StatusCode::kInvalidArgument, "region"};
   ReactorThread thread_;

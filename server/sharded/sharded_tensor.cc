@@ -274,6 +274,7 @@ class ShardedTensorBuilder {
     state->rank = context.rank;
     state->group = context.group;
     state->init_rrefs = options.init_rrefs;
+    state->tensor_id = options.tensor_id;
     for (size_t i = 0; i < placements.size(); ++i) {
       if (placements[i].first != context.rank->rank()) continue;
       TensorOptions tensor_options;
@@ -297,7 +298,9 @@ class ShardedTensorBuilder {
       std::shared_ptr<ShardedTensor::State> state,
       const std::vector<std::pair<int, Device>>& placements) {
     Rank& rank = *state->rank;
-    state->tensor_id = rank.NextTensorId(*state->group);
+    if (state->tensor_id.empty()) {
+      state->tensor_id = rank.NextTensorId(*state->group);
+    }
     for (const auto& placement : placements) {
       state->owners.push_back(placement.first);
     }
@@ -375,6 +378,7 @@ class ShardedTensorBuilder {
     state->rank = context.rank;
     state->group = context.group;
     state->init_rrefs = options.init_rrefs;
+    state->tensor_id = options.tensor_id;
     if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*context.rank));
     state->local_shards = std::move(local_shards);
     state->metadata = std::move(global);
@@ -394,6 +398,7 @@ class ShardedTensorBuilder {
     for (const Shard& shard : local_shards) RETURN_IF_ERROR(shard.Validate());
     auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
     state->init_rrefs = options.init_rrefs;
+    state->tensor_id = options.tensor_id;
     std::shared_ptr<Rank> rank =
         options.rank != nullptr ? options.rank : DefaultRank();
     if (rank == nullptr) {

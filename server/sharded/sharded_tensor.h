@@ -56,6 +56,10 @@ struct ShardedTensorOptions {
   std::shared_ptr<Rank> rank;
   // Whether remote_shards() is available (needs Rank::InitRpc).
   bool init_rrefs = false;
+  // The id to register the shards under; empty: a fresh one
+  // (Rank::NextTensorId). For a daemon that rebuilds a tensor the cluster
+  // already knows by its id.
+  std::string tensor_id;
 
   ShardedTensorOptions& WithDType(DType d) {
     dtype = d;
@@ -71,6 +75,10 @@ struct ShardedTensorOptions {
   }
   ShardedTensorOptions& WithInitRrefs(bool i) {
     init_rrefs = i;
+    return *this;
+  }
+  ShardedTensorOptions& WithTensorId(std::string id) {
+    tensor_id = std::move(id);
     return *this;
   }
 };

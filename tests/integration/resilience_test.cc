@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/region_transfer.h"
+#include "client/shard_client.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
@@ -36,6 +37,7 @@
 #include "tests/testing/daemon_state.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/replicas.h"
 
 namespace tessera {
 namespace {
@@ -397,6 +399,123 @@ TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
   ASSERT_OK_AND_ASSIGN(ShardedTensorView healed, client->Open("spread"));
   EXPECT_FALSE(healed.degraded());
   ExpectAllSevens(*client, "spread");
+}
+
+// Replicas (create --replicas 2): every shard has a copy on another daemon.
+// A stalled owner's shard is read from its replica; a dead owner's shard is
+// read and written through its replica; the restarted owner refills its
+// shard and its own replicas from the others and serves them again.
+Tensor Rows6x4(float base) {
+  std::vector<float> values(24);
+  for (int i = 0; i < 24; ++i) values[i] = base + static_cast<float>(i);
+  return *Tensor::FromVector<float>(absl::MakeConstSpan(values), {6, 4});
+}
+
+std::vector<float> Floats(const Tensor& t) {
+  absl::StatusOr<Tensor> dense = t.Contiguous();
+  const float* data = dense->data<float>();
+  return std::vector<float>(data, data + dense->numel());
+}
+
+TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  CreateOptions two = Sevens();
+  two.replicas = 2;
+  for (const int bad : {-1, kWorld + 1}) {
+    CreateOptions wrong = two;
+    wrong.replicas = bad;
+    EXPECT_THAT(client->Create("wrong", {6, 4}, Rows(), wrong).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("replicas must be between 1 and the 3")));
+  }
+  // Random values come from the owners, so copies are equal to them.
+  CreateOptions randn;
+  randn.init = TensorInit::kRandn;
+  randn.seed = 7;
+  randn.replicas = 2;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView noise,
+                       client->Create("noise", {6, 4}, Rows(), randn));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("r", {6, 4}, Rows(), two));
+  ASSERT_EQ(view.info().replicas_size(), kWorld);
+  for (int shard = 0; shard < kWorld; ++shard) {
+    // One host: the next rank holds the copy.
+    EXPECT_THAT(view.info().replicas(shard).ranks(),
+                ::testing::ElementsAre((shard + 1) % kWorld));
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor noise_values, noise.Read());
+  auto replica_of = [&](int holder, const ShardedTensorView& v,
+                        int shard) -> absl::StatusOr<Tensor> {
+    ASSIGN_OR_RETURN(Shard copy,
+                     ShardClient::Create(cluster->address(holder))
+                         ->FetchShard(ReplicaTensorId(v.tensor_id()), shard));
+    return copy.tensor;
+  };
+  ASSERT_OK_AND_ASSIGN(Tensor noise_copy, replica_of(0, noise, 2));
+  ASSERT_OK_AND_ASSIGN(Tensor noise_rows, noise.ReadRegion({4, 0}, {2, 4}));
+  EXPECT_EQ(Floats(noise_copy), Floats(noise_rows));
+
+  // Writes reach every copy.
+  const Tensor first = Rows6x4(100);
+  ASSERT_OK(view.Write({0, 0}, first));
+  ASSERT_OK_AND_ASSIGN(Tensor copy_of_2, replica_of(0, view, 2));
+  ASSERT_OK_AND_ASSIGN(Tensor rows_4_6, first.Narrow(0, 4, 2));
+  EXPECT_EQ(Floats(copy_of_2), Floats(rows_4_6));
+
+  // A stalled owner: its shard comes from the replica within the deadline.
+  {
+    cluster->daemon(1).Signal(SIGSTOP);
+    absl::Cleanup resume = [&] { cluster->daemon(1).Signal(SIGCONT); };
+    TransferOptions quick;
+    quick.timeout = absl::Seconds(4);
+    const absl::Time start = absl::Now();
+    ASSERT_OK_AND_ASSIGN(Tensor read, view.ReadRegion({2, 0}, {2, 4}, quick));
+    ASSERT_OK_AND_ASSIGN(Tensor rows_2_4, first.Narrow(0, 2, 2));
+    EXPECT_EQ(Floats(read), Floats(rows_2_4));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  }
+
+  // A dead owner: reads and writes go through its replica.
+  cluster->Kill(2);
+  ASSERT_OK_AND_ASSIGN(Tensor whole, view.Read());
+  EXPECT_EQ(Floats(whole), Floats(first));
+  const Tensor second = Rows6x4(200);
+  ASSERT_OK(view.Write({0, 0}, second));
+  ASSERT_OK_AND_ASSIGN(whole, view.Read());
+  EXPECT_EQ(Floats(whole), Floats(second));
+
+  // The restarted owner refills its shard and its replica of shard 1.
+  ASSERT_OK(cluster->Restart(2)) << cluster->Log(2);
+  const absl::Time restarted = absl::Now();
+  ASSERT_OK(CreateAfterUntilServing(*client, restarted))
+      << cluster->Log(0) << cluster->Log(2);
+  ASSERT_OK_AND_ASSIGN(auto from2, Client::Connect(cluster->address(2)));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView seen, from2->Open("r"));
+  EXPECT_FALSE(seen.degraded());
+  ASSERT_OK_AND_ASSIGN(Shard own, ShardClient::Create(cluster->address(2))
+                                      ->FetchShard(seen.tensor_id(), 2));
+  ASSERT_OK_AND_ASSIGN(Tensor second_4_6, second.Narrow(0, 4, 2));
+  EXPECT_EQ(Floats(own.tensor), Floats(second_4_6));
+  ASSERT_OK_AND_ASSIGN(Tensor copy_of_1, replica_of(2, seen, 1));
+  ASSERT_OK_AND_ASSIGN(Tensor second_2_4, second.Narrow(0, 2, 2));
+  EXPECT_EQ(Floats(copy_of_1), Floats(second_2_4));
+  ASSERT_OK_AND_ASSIGN(Tensor noise_again, client->Open("noise")->Read());
+  EXPECT_EQ(Floats(noise_again), Floats(noise_values));
+
+  // Resharding keeps two copies of each new shard.
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensorView columns,
+      client->Reshard(
+          "r", *ChunkShardingSpec::Create(
+                   1, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu"})));
+  EXPECT_EQ(CopiesOf(columns.info()), 2);
+  ASSERT_OK_AND_ASSIGN(Tensor copy_of_cols, replica_of(1, columns, 0));
+  ASSERT_OK_AND_ASSIGN(Tensor left, second.Narrow(1, 0, 2));
+  EXPECT_EQ(Floats(copy_of_cols), Floats(left));
 }
 
 // With nothing running, a daemon that goes silent is noticed within its

@@ -1,0 +1,68 @@
+// Where replicas go (wire/replicas.h): other hosts first, spread evenly,
+// the same on every daemon.
+#include "wire/replicas.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(PlaceReplicasTest, OtherHostsFirstThenTheNextRanks) {
+  // Ranks 0, 1 on host a; 2, 3 on host b.
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  ASSERT_OK_AND_ASSIGN(auto placed,
+                       PlaceReplicas(std::vector<int>{0, 1, 2, 3}, 2, hosts));
+  EXPECT_THAT(placed, ElementsAre(ElementsAre(2), ElementsAre(2),
+                                  ElementsAre(0), ElementsAre(0)));
+  ASSERT_OK_AND_ASSIGN(placed, PlaceReplicas(std::vector<int>{1}, 4, hosts));
+  EXPECT_THAT(placed, ElementsAre(ElementsAre(2, 3, 0)));
+}
+
+TEST(PlaceReplicasTest, OneHostSpreadsByDistance) {
+  const std::vector<std::string> hosts(3, "h");
+  ASSERT_OK_AND_ASSIGN(auto placed,
+                       PlaceReplicas(std::vector<int>{0, 1, 2, 2}, 3, hosts));
+  EXPECT_THAT(placed, ElementsAre(ElementsAre(1, 2), ElementsAre(2, 0),
+                                  ElementsAre(0, 1), ElementsAre(0, 1)));
+  ASSERT_OK_AND_ASSIGN(placed, PlaceReplicas(std::vector<int>{0, 1}, 1, hosts));
+  EXPECT_THAT(placed, ElementsAre(ElementsAre(), ElementsAre()));
+}
+
+TEST(PlaceReplicasTest, RefusesImpossibleCounts) {
+  const std::vector<std::string> hosts(2, "h");
+  EXPECT_THAT(PlaceReplicas(std::vector<int>{0}, 3, hosts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("between 1 and the 2 daemons")));
+  EXPECT_THAT(PlaceReplicas(std::vector<int>{0}, 0, hosts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not 0")));
+  EXPECT_THAT(
+      PlaceReplicas(std::vector<int>{5}, 2, hosts).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("owner 5")));
+}
+
+TEST(HoldersOfTest, OwnerThenReplicas) {
+  v1::TensorInfo info;
+  info.add_shard_ranks(3);
+  info.add_shard_ranks(0);
+  EXPECT_THAT(HoldersOf(info, 1), ElementsAre(0));
+  EXPECT_EQ(CopiesOf(info), 1);
+  info.add_replicas()->add_ranks(1);
+  info.add_replicas()->add_ranks(2);
+  EXPECT_THAT(HoldersOf(info, 0), ElementsAre(3, 1));
+  EXPECT_THAT(HoldersOf(info, 1), ElementsAre(0, 2));
+  EXPECT_THAT(HoldersOf(info, 7), ElementsAre());
+  EXPECT_EQ(CopiesOf(info), 2);
+  EXPECT_EQ(ReplicaTensorId("0/7"), "0/7/replicas");
+}
+
+}  // namespace
+}  // namespace tessera
