@@ -4,7 +4,7 @@
 //   {"bench":"client_read", "transport":T, "mib":N, ...}   whole tensor
 //       read into a preallocated host tensor, every owner at once; T is
 //       "local" (same-host path, whatever the size), "data_plane" or "grpc"
-//   {"bench":"client_write", "mib":N, ...}                 whole tensor
+//   {"bench":"client_write", "mib":N, "replicas":R, ...}   whole tensor
 //   {"bench":"client_region_latency", "transport":T, "bytes":B, "p50_us",
 //       "p99_us"}  a box of 4 KiB, 64 KiB or 1 MiB inside one shard
 //   {"bench":"client_open_latency", "p50_us", "p99_us"}    Open (metadata)
@@ -54,6 +54,9 @@ struct Config {
   std::vector<int64_t> mib = {64, 256};
   int reps = 5;
   int latency_iterations = 2000;
+  // Copies of each shard for the write measurement (CreateOptions.replicas)
+  // besides the plain one; e.g. {2}: also a tensor with two copies.
+  std::vector<int> replicas;
 };
 
 struct Transport {
@@ -89,7 +92,8 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectWith(
 // A float32 [rows, 1024] tensor cut by rows over every rank, written from
 // a host tensor of distinct values (returned, to check reads against).
 absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
-                                      int64_t mib, const Config& config) {
+                                      int64_t mib, const Config& config,
+                                      int replicas = 1) {
   std::vector<std::string> placements;
   for (int rank = 0; rank < client.world_size(); ++rank) {
     placements.push_back(absl::StrCat("rank:", rank, "/cpu"));
@@ -97,8 +101,10 @@ absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
   ASSIGN_OR_RETURN(ChunkShardingSpec spec,
                    ChunkShardingSpec::Create(0, placements));
   const int64_t rows = mib * (int64_t{1} << 20) / (kColumns * 4);
+  CreateOptions create;
+  create.replicas = replicas;
   ASSIGN_OR_RETURN(ShardedTensorView view,
-                   client.Create(name, {rows, kColumns}, spec));
+                   client.Create(name, {rows, kColumns}, spec, create));
   ASSIGN_OR_RETURN(Tensor data, Tensor::Empty({rows, kColumns}));
   float* values = data.data<float>();
   for (int64_t i = 0; i < data.numel(); ++i) {
@@ -115,6 +121,7 @@ absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
       JsonLine{{"bench", "client_write"},
                {"security", Security(config)},
                {"mib", mib},
+               {"replicas", replicas},
                {"p50_ms", median * 1e3},
                {"gbps", Gbps(static_cast<double>(data.nbytes()), median)}});
   return data;
@@ -235,6 +242,12 @@ absl::Status Run(const Config& config) {
                      CreateAndWrite(*client, name, mib, config));
     RETURN_IF_ERROR(MeasureReads(address, name, expected, mib, config));
     RETURN_IF_ERROR(client->Delete(name));
+    for (const int replicas : config.replicas) {
+      const std::string replicated = absl::StrCat(name, "_r", replicas);
+      RETURN_IF_ERROR(
+          CreateAndWrite(*client, replicated, mib, config, replicas).status());
+      RETURN_IF_ERROR(client->Delete(replicated));
+    }
   }
   return absl::OkStatus();
 }
@@ -259,6 +272,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", config.reps, "reads per size and transport")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  app.add_option("--replicas", config.replicas,
+                 "also write tensors with this many copies of each shard")
+      ->check(CLI::Range(2, 4));
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     config.mib = {4};
