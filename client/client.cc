@@ -30,8 +30,9 @@ struct Worker {
   std::shared_ptr<ShardClient> shards;
 };
 
-// The connections of a Client and its views. Immutable after Connect, so
-// safe to share between threads (stubs and channels are thread-safe).
+// The connections of a Client and its views, safe to share between threads
+// (stubs and channels are thread-safe). A daemon that restarted elsewhere
+// (a new port or host) is found again by Reconnect.
 class Cluster {
  public:
   static absl::StatusOr<std::shared_ptr<Cluster>> Connect(
@@ -47,51 +48,63 @@ class Cluster {
                      &context, v1::GetClusterRequest(), &cluster->info_)),
                  absl::StrCat("connecting to ", address)));
     const v1::ClusterInfo& info = cluster->info_;
-    if (info.world_size() <= 0 || info.workers_size() != info.world_size() ||
-        info.rank() < 0 || info.rank() >= info.world_size()) {
-      return absl::DataLossError(absl::StrCat(
-          "connecting to ", address, ": malformed cluster description (",
-          info.workers_size(), " workers, world size ", info.world_size(),
-          ", rank ", info.rank(), ")"));
-    }
+    RETURN_IF_ERROR(Check(info, address));
     for (int r = 0; r < info.workers_size(); ++r) {
-      const v1::WorkerAddress& worker = info.workers(r);
-      if (worker.rank() != r) {
-        return absl::DataLossError(
-            absl::StrCat("connecting to ", address, ": worker ", r,
-                         " says it is rank ", worker.rank()));
-      }
-      auto connection = std::make_unique<Worker>();
-      connection->address = worker;
       // The daemon answering is reached where the caller reached it; the
       // others where they advertise themselves.
-      connection->channel =
-          r == info.rank() ? channel : NewShardChannel(worker.address());
-      connection->control = v1::ControlService::NewStub(connection->channel);
-      connection->health =
-          grpc::health::v1::Health::NewStub(connection->channel);
-      connection->shards = std::make_shared<ShardClient>(
-          connection->channel,
-          options.data_plane ? worker.data_address() : std::string(),
-          options.use_local_path ? worker.local_address() : std::string());
-      cluster->workers_.push_back(std::move(connection));
+      cluster->workers_.push_back(cluster->MakeWorker(
+          info.workers(r), r == info.rank()
+                               ? channel
+                               : NewShardChannel(info.workers(r).address())));
     }
+    cluster->coordinator_ = cluster->workers_[info.rank()];
     return cluster;
   }
 
   const v1::ClusterInfo& info() const { return info_; }
   const ClientOptions& options() const { return options_; }
   // The daemon Connect talked to: control calls go there.
-  const Worker& coordinator() const { return *workers_[info_.rank()]; }
-  const std::vector<std::unique_ptr<Worker>>& workers() const {
+  const Worker& coordinator() const { return *coordinator_; }
+  std::vector<std::shared_ptr<const Worker>> workers() const {
+    absl::MutexLock lock(&mu_);
     return workers_;
   }
-  absl::StatusOr<const Worker*> worker(int rank) const {
+  absl::StatusOr<std::shared_ptr<const Worker>> worker(int rank) const {
+    absl::MutexLock lock(&mu_);
     if (rank < 0 || rank >= static_cast<int>(workers_.size())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, " is not in the cluster of ", workers_.size()));
     }
-    return workers_[rank].get();
+    return workers_[rank];
+  }
+  // Asks the coordinator where the daemons are now; true when `rank`
+  // moved (it restarted elsewhere) and its new connection is in place.
+  bool Reconnect(int rank) const {
+    absl::MutexLock serial(&reconnect_mu_);
+    v1::ClusterInfo now;
+    const std::unique_ptr<grpc::ClientContext> context = ControlContext();
+    if (!coordinator_->control
+             ->GetCluster(context.get(), v1::GetClusterRequest(), &now)
+             .ok() ||
+        !Check(now, "").ok() || now.world_size() != info_.world_size() ||
+        rank < 0 || rank >= now.workers_size()) {
+      return false;
+    }
+    bool moved = false;
+    absl::MutexLock lock(&mu_);
+    for (int r = 0; r < now.workers_size(); ++r) {
+      const v1::WorkerAddress& there = now.workers(r);
+      const v1::WorkerAddress& known = workers_[r]->address;
+      if (r == info_.rank() ||
+          (there.address() == known.address() &&
+           there.data_address() == known.data_address() &&
+           there.local_address() == known.local_address())) {
+        continue;
+      }
+      workers_[r] = MakeWorker(there, NewShardChannel(there.address()));
+      moved = moved || r == rank;
+    }
+    return moved;
   }
 
   // A context whose deadline is the control timeout from now.
@@ -104,9 +117,47 @@ class Cluster {
  private:
   explicit Cluster(ClientOptions options) : options_(std::move(options)) {}
 
+  static absl::Status Check(const v1::ClusterInfo& info,
+                            const std::string& address) {
+    if (info.world_size() <= 0 || info.workers_size() != info.world_size() ||
+        info.rank() < 0 || info.rank() >= info.world_size()) {
+      return absl::DataLossError(absl::StrCat(
+          "connecting to ", address, ": malformed cluster description (",
+          info.workers_size(), " workers, world size ", info.world_size(),
+          ", rank ", info.rank(), ")"));
+    }
+    for (int r = 0; r < info.workers_size(); ++r) {
+      if (info.workers(r).rank() != r) {
+        return absl::DataLossError(
+            absl::StrCat("connecting to ", address, ": worker ", r,
+                         " says it is rank ", info.workers(r).rank()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<const Worker> MakeWorker(
+      const v1::WorkerAddress& address,
+      std::shared_ptr<grpc::Channel> channel) const {
+    auto connection = std::make_shared<Worker>();
+    connection->address = address;
+    connection->channel = std::move(channel);
+    connection->control = v1::ControlService::NewStub(connection->channel);
+    connection->health = grpc::health::v1::Health::NewStub(connection->channel);
+    connection->shards = std::make_shared<ShardClient>(
+        connection->channel,
+        options_.data_plane ? address.data_address() : std::string(),
+        options_.use_local_path ? address.local_address() : std::string());
+    return connection;
+  }
+
   const ClientOptions options_;
-  v1::ClusterInfo info_;
-  std::vector<std::unique_ptr<Worker>> workers_;
+  v1::ClusterInfo info_;  // As Connect found it.
+  std::shared_ptr<const Worker> coordinator_;
+  mutable absl::Mutex reconnect_mu_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<std::shared_ptr<const Worker>> workers_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace internal_client
@@ -223,7 +274,8 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
     WorkerInfo worker;
     worker.id = owner;
     std::shared_ptr<ShardClient> client;
-    absl::StatusOr<const Worker*> connection = cluster_->worker(owner);
+    absl::StatusOr<std::shared_ptr<const Worker>> connection =
+        cluster_->worker(owner);
     if (connection.ok()) {
       worker.name = (*connection)->address.name();
       worker.address = (*connection)->address.address();
@@ -304,8 +356,10 @@ absl::Status ShardedTensorView::ReadRegionInto(
         const std::vector<int> holders =
             HoldersOf(info_, static_cast<int>(piece.shard));
         absl::Status status;
+        bool reconnected = false;
         for (size_t k = 0; k < holders.size(); ++k) {
-          ASSIGN_OR_RETURN(const Worker* worker, cluster_->worker(holders[k]));
+          ASSIGN_OR_RETURN(std::shared_ptr<const Worker> worker,
+                           cluster_->worker(holders[k]));
           FetchOptions fetch;
           fetch.chunk_bytes = options.chunk_bytes;
           fetch.local_min_bytes = cluster_->options().local_min_bytes;
@@ -324,6 +378,12 @@ absl::Status ShardedTensorView::ReadRegionInto(
               !(absl::IsUnavailable(status) ||
                 absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
             return status;
+          }
+          // A holder that restarted elsewhere is asked again where it is now.
+          if (absl::IsUnavailable(status) && !reconnected &&
+              cluster_->Reconnect(holders[k])) {
+            reconnected = true;
+            --k;
           }
         }
         return status;
@@ -367,18 +427,28 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
             [&](size_t k, std::string* holder_name) -> absl::Status {
               *holder_name =
                   absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k]);
-              ASSIGN_OR_RETURN(const Worker* worker,
-                               cluster_->worker(holders[k]));
-              absl::StrAppend(holder_name, " (", worker->address.address(),
-                              ")");
               RegionWriteOptions to_holder = write;
               to_holder.replica = k > 0;
               // Progress counts the owner's bytes only.
               if (k > 0) to_holder.on_chunk = nullptr;
-              return WriteRegion(*worker->control, name(), tensor_id(),
-                                 piece.box->shard_offsets(), piece.view,
-                                 to_holder)
-                  .status();
+              absl::Status status;
+              for (int attempt = 0; attempt < 2; ++attempt) {
+                ASSIGN_OR_RETURN(std::shared_ptr<const Worker> worker,
+                                 cluster_->worker(holders[k]));
+                *holder_name =
+                    absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k],
+                                 " (", worker->address.address(), ")");
+                status = WriteRegion(*worker->control, name(), tensor_id(),
+                                     piece.box->shard_offsets(), piece.view,
+                                     to_holder)
+                             .status();
+                // A holder that restarted elsewhere: where is it now?
+                if (!absl::IsUnavailable(status) || attempt > 0 ||
+                    !cluster_->Reconnect(holders[k])) {
+                  break;
+                }
+              }
+              return status;
             },
             owner_name);
       }));
@@ -540,7 +610,7 @@ std::string DaemonName(const Worker& worker, size_t rank) {
 }  // namespace
 
 std::vector<absl::Status> Client::Health() const {
-  const auto& workers = cluster_->workers();
+  const auto workers = cluster_->workers();
   std::vector<absl::Status> health(workers.size());
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];
@@ -567,7 +637,7 @@ std::vector<absl::Status> Client::Health() const {
 }
 
 std::vector<absl::StatusOr<v1::ClusterInfo>> Client::Clusters() const {
-  const auto& workers = cluster_->workers();
+  const auto workers = cluster_->workers();
   std::vector<absl::StatusOr<v1::ClusterInfo>> clusters(workers.size());
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];

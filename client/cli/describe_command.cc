@@ -39,10 +39,33 @@ std::vector<int> ReplicasOf(const ShardedTensorView& view, size_t i) {
   return holders;
 }
 
+// `refilling`, or the view's own marks when it is empty.
+Refilling RefillingOr(const ShardedTensorView& view,
+                      const Refilling& refilling) {
+  if (!refilling.empty()) return refilling;
+  Refilling marks(view.metadata().shards_metadata.size());
+  for (int i = 0;
+       i < view.info().replicas_size() && i < static_cast<int>(marks.size());
+       ++i) {
+    const auto& ranks = view.info().replicas(i).refilling();
+    marks[i].insert(ranks.begin(), ranks.end());
+  }
+  return marks;
+}
+
+// "ok", "lost" or "refilling" for holder `rank` of shard i.
+std::string HolderState(const ShardedTensorView& view, const Refilling& marks,
+                        size_t i, int rank) {
+  if (ShardLost(view, i)) return "lost";
+  return i < marks.size() && marks[i].count(rank) > 0 ? "refilling" : "ok";
+}
+
 }  // namespace
 
 std::string FormatShardTable(const ShardedTensorView& view,
-                             const v1::ClusterInfo& cluster) {
+                             const v1::ClusterInfo& cluster,
+                             const Refilling& refilling) {
+  const Refilling marks = RefillingOr(view, refilling);
   const ShardedTensorMetadata& metadata = view.metadata();
   const size_t count = metadata.shards_metadata.size();
   std::string text = absl::StrCat(
@@ -62,11 +85,12 @@ std::string FormatShardTable(const ShardedTensorView& view,
     rows.push_back({absl::StrCat(i), FormatDims(shard.shard_offsets()),
                     FormatDims(shard.shard_sizes()), PlacementOf(shard),
                     absl::StrCat(rank), AddressOf(cluster, rank),
-                    ShardLost(view, i) ? "lost" : "ok"});
+                    HolderState(view, marks, i, rank)});
     std::vector<std::string> replicas;
     for (const int holder : ReplicasOf(view, i)) {
-      replicas.push_back(
-          absl::StrCat("rank ", holder, " (", AddressOf(cluster, holder), ")"));
+      replicas.push_back(absl::StrCat("rank ", holder, " (",
+                                      AddressOf(cluster, holder), ") ",
+                                      HolderState(view, marks, i, holder)));
     }
     rows.back().push_back(replicas.empty() ? "-"
                                            : absl::StrJoin(replicas, ", "));
@@ -76,12 +100,20 @@ std::string FormatShardTable(const ShardedTensorView& view,
 }
 
 std::string ShardTableToJson(const ShardedTensorView& view,
-                             const v1::ClusterInfo& cluster) {
+                             const v1::ClusterInfo& cluster,
+                             const Refilling& refilling) {
+  const Refilling marks = RefillingOr(view, refilling);
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   const ShardedTensorMetadata& metadata = view.metadata();
   for (size_t i = 0; i < metadata.shards_metadata.size(); ++i) {
     const ShardMetadata& shard = metadata.shards_metadata[i];
     const int rank = view.owner_rank(i);
+    nlohmann::ordered_json replicas = nlohmann::ordered_json::array();
+    for (const int holder : ReplicasOf(view, i)) {
+      replicas.push_back({{"rank", holder},
+                          {"address", AddressOf(cluster, holder)},
+                          {"state", HolderState(view, marks, i, holder)}});
+    }
     nlohmann::ordered_json placement = nullptr;
     if (shard.placement().has_value()) {
       placement = shard.placement()->ToString();
@@ -92,8 +124,8 @@ std::string ShardTableToJson(const ShardedTensorView& view,
                       {"placement", placement},
                       {"rank", rank},
                       {"address", AddressOf(cluster, rank)},
-                      {"state", ShardLost(view, i) ? "lost" : "ok"},
-                      {"replicas", ReplicasOf(view, i)}});
+                      {"state", HolderState(view, marks, i, rank)},
+                      {"replicas", replicas}});
   }
   nlohmann::ordered_json json = {
       {"name", view.name()},
@@ -106,11 +138,11 @@ std::string ShardTableToJson(const ShardedTensorView& view,
 
 int PrintShardTable(const ShardedTensorView& view,
                     const v1::ClusterInfo& cluster, bool json,
-                    const CommandContext& context) {
+                    const CommandContext& context, const Refilling& refilling) {
   if (json) {
-    context.out() << ShardTableToJson(view, cluster) << "\n";
+    context.out() << ShardTableToJson(view, cluster, refilling) << "\n";
   } else {
-    context.out() << FormatShardTable(view, cluster);
+    context.out() << FormatShardTable(view, cluster, refilling);
   }
   context.out().flush();
   return context.out().good() ? kExitOk : kExitFailure;
@@ -122,7 +154,28 @@ int RunDescribe(const DescribeOptions& options, const CommandContext& context) {
   if (!client.ok()) return context.ReportUserError(kCommand, client.status());
   absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
   if (!view.ok()) return context.ReportUserError(kCommand, view.status());
-  return PrintShardTable(*view, (*client)->cluster(), options.json, context);
+  // Each daemon reports its own refills: with replicas, every daemon is
+  // asked (one that does not answer reports nothing).
+  Refilling refilling;
+  if (view->info().replicas_size() > 0) {
+    refilling.resize(view->metadata().shards_metadata.size());
+    for (const v1::WorkerAddress& worker : (*client)->cluster().workers()) {
+      ConnectionFlags there = options.connection;
+      there.address = worker.address();
+      absl::StatusOr<std::shared_ptr<Client>> other = ConnectToCluster(there);
+      if (!other.ok()) continue;
+      absl::StatusOr<ShardedTensorView> seen = (*other)->Open(options.name);
+      if (!seen.ok() || seen->tensor_id() != view->tensor_id()) continue;
+      for (int i = 0; i < seen->info().replicas_size() &&
+                      i < static_cast<int>(refilling.size());
+           ++i) {
+        const auto& ranks = seen->info().replicas(i).refilling();
+        refilling[i].insert(ranks.begin(), ranks.end());
+      }
+    }
+  }
+  return PrintShardTable(*view, (*client)->cluster(), options.json, context,
+                         refilling);
 }
 
 void AddDescribeCommand(CLI::App& app, CommandContext& context) {

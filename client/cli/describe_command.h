@@ -10,6 +10,7 @@
 #ifndef TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
 #define TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
 
+#include <set>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -30,21 +31,30 @@ void AddDescribeCommand(CLI::App& app, CommandContext& context);
 
 int RunDescribe(const DescribeOptions& options, const CommandContext& context);
 
+// Per shard, the ranks holding it (owner or replica) that are refilling
+// their copy after a restart (v1::ShardReplicas.refilling), merged from
+// every daemon's description; empty: as `view` says.
+using Refilling = std::vector<std::set<int>>;
+
 // A title line ("Tensor w: float32 [10, 20], 4 shards, 800 B, id ...") and
-// one aligned row per shard. Owners' addresses come from `cluster`
+// one aligned row per shard: its owner, the owner's state ("ok", "lost",
+// "refilling") and its replicas with theirs. Addresses come from `cluster`
 // ("?" for a rank it does not list). Shared with `tessera create`.
 std::string FormatShardTable(const ShardedTensorView& view,
-                             const v1::ClusterInfo& cluster);
+                             const v1::ClusterInfo& cluster,
+                             const Refilling& refilling = {});
 
 // The --json form, on one line.
 std::string ShardTableToJson(const ShardedTensorView& view,
-                             const v1::ClusterInfo& cluster);
+                             const v1::ClusterInfo& cluster,
+                             const Refilling& refilling = {});
 
 // Prints FormatShardTable, or with `json` ShardTableToJson, to
 // context.out(); the exit code (kExitFailure when stdout fails).
 int PrintShardTable(const ShardedTensorView& view,
                     const v1::ClusterInfo& cluster, bool json,
-                    const CommandContext& context);
+                    const CommandContext& context,
+                    const Refilling& refilling = {});
 
 }  // namespace tessera::cli
 

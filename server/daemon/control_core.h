@@ -32,6 +32,7 @@
 #include "server/collective/process_group.h"
 #include "server/daemon/control_service.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/refill.h"
 #include "server/daemon/region_io.h"
 #include "server/rank/rank.h"
 #include "server/serve/fetch.h"
@@ -233,6 +234,11 @@ class Core : public std::enable_shared_from_this<Core> {
     MemoryBudget::Reservation held;
     // Its copies of other daemons' shards (null when it holds none).
     std::shared_ptr<ReplicaCopies> replicas;
+    // While this daemon, restarted, refills its shards and copies in the
+    // background (`tensor` and `replicas` are set when it completes).
+    std::shared_ptr<Refill> refill;
+    // Why the refill failed ("" unless it did).
+    std::string refill_error;
   };
   struct Queued {
     v1::ControlOp op;
@@ -317,9 +323,22 @@ class Core : public std::enable_shared_from_this<Core> {
   // daemon's shards of it were lost. `spec` is the layout it was made by
   // (empty: the metadata's).
   // Shards it owns that survive on replicas, and its own replicas, are
-  // refilled from the other holders (not in `starting`) before it returns.
+  // refilled from the other holders (not in `starting`) in the background
+  // (RunRefill): meanwhile operations on the tensor are refused here
+  // (UNAVAILABLE, which Agree spreads), reads go to the other holders and
+  // writes are kept by the Refill.
   absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec,
                        const std::set<int>& starting);
+  // The refill thread's body for the tensor `info` (Rebuild).
+  void RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
+                 std::set<int> starting, std::shared_ptr<Refill> refill);
+  // `entry`'s info with this daemon's refill in progress marked
+  // (ShardReplicas.refilling).
+  v1::TensorInfo InfoWithState(const Entry& entry) const;
+  // UNAVAILABLE for an op on a tensor this daemon is still refilling (or
+  // failed to refill).
+  absl::Status RefillingError(const std::string& name,
+                              const Entry& entry) const;
   // Log entry `n`, which the other daemons passed while this one did not
   // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
   void Abandon(int64_t n);
@@ -447,6 +466,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::thread submitter_;
   std::thread executor_;
   std::thread lease_keeper_;
+  // Refills in the background (RunRefill), joined by Shutdown.
+  std::vector<std::thread> refills_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::control_internal

@@ -244,8 +244,10 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
       ASSIGN_OR_RETURN(ShardedTensor tensor,
                        NewTensor(request, plan->dtype, plan->spec, sizes));
       ASSIGN_OR_RETURN(v1::TensorInfo info, InfoOf(request.name(), tensor));
-      made.emplace(
-          Entry{std::move(tensor), std::move(info), std::move(held), nullptr});
+      made.emplace();
+      made->tensor = std::move(tensor);
+      made->info = std::move(info);
+      made->held = std::move(held);
       return absl::OkStatus();
     }();
   }
@@ -438,6 +440,7 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
           degraded.push_back(name);
           continue;
         }
+        if (!entry.tensor.has_value()) return RefillingError(name, entry);
         dict.emplace_back(name, *entry.tensor);
       }
       if (!degraded.empty()) {
@@ -457,6 +460,9 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
       }
       if (it->second.info.lost_shards_size() > 0) {
         return DegradedError(it->second.info);
+      }
+      if (!it->second.tensor.has_value()) {
+        return RefillingError(name, it->second);
       }
       dict.emplace_back(name, *it->second.tensor);
     }
@@ -611,8 +617,10 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
         replaced.push_back(std::move(it->second));
         table_.erase(it);
       }
-      table_.emplace(loaded[i].first, Entry{loaded[i].second, infos[i],
-                                            std::move(held[i]), nullptr});
+      Entry& entry = table_[loaded[i].first];
+      entry.tensor = loaded[i].second;
+      entry.info = infos[i];
+      entry.held = std::move(held[i]);
     }
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {

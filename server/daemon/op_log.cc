@@ -112,6 +112,12 @@ void Core::Shutdown() {
   if (submitter_.joinable()) submitter_.join();
   if (executor_.joinable()) executor_.join();
   if (lease_keeper_.joinable()) lease_keeper_.join();
+  std::vector<std::thread> refills;
+  {
+    absl::MutexLock lock(&mu_);
+    refills.swap(refills_);
+  }
+  for (std::thread& refill : refills) refill.join();
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -674,6 +680,31 @@ absl::Status Core::JoinInStep(bool starting, int64_t* next) {
   return group_->Usable();
 }
 
+namespace {
+
+// A rebuilt tensor's ShardedTensor, with `shards` (this daemon's, possibly
+// none) under the cluster's tensor id.
+absl::StatusOr<ShardedTensor> RebuiltTensor(const std::shared_ptr<Rank>& rank,
+                                            const v1::TensorInfo& info,
+                                            ShardedTensorMetadata metadata,
+                                            const v1::ShardingSpec& spec_proto,
+                                            std::vector<Shard> shards) {
+  const ShardedTensorOptions options =
+      ShardedTensorOptions()
+          .WithDType(metadata.tensor_properties.dtype)
+          .WithRank(rank)
+          .WithTensorId(info.tensor_id());
+  if (spec_proto.spec_case() == v1::ShardingSpec::SPEC_NOT_SET) {
+    return ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+        std::move(shards), std::move(metadata), options);
+  }
+  ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(spec_proto));
+  return ShardedTensor::InitFromLocalShardsWithSpec(
+      std::move(shards), std::move(metadata), std::move(spec), options);
+}
+
+}  // namespace
+
 absl::Status Core::Rebuild(v1::TensorInfo info,
                            const v1::ShardingSpec& spec_proto,
                            const std::set<int>& starting) {
@@ -684,17 +715,12 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
                info.shard_ranks(shard) == rank_->rank();
       });
   if (!mine_lost) {
-    // This daemon takes part in the tensor's collectives with the shards it
-    // owns, refilled from their replicas (none without replicas: its
-    // shards would be lost).
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      FromProto(info.metadata()));
-    const ShardedTensorOptions options =
-        ShardedTensorOptions()
-            .WithDType(metadata.tensor_properties.dtype)
-            .WithRank(rank_)
-            .WithTensorId(info.tensor_id());
+    // The shards it owns (they survive on replicas: else they would be
+    // lost) and its replicas of others', to refill.
     std::vector<LocalShard> own;
+    int64_t host_bytes = 0;
     for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
       if (info.shard_ranks(shard) != rank_->rank()) continue;
       const ShardMetadata& where = metadata.shards_metadata[shard];
@@ -705,53 +731,34 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
       }
       ASSIGN_OR_RETURN(Tensor tensor,
                        Tensor::Empty(where.shard_sizes(), tensor_options));
+      if (tensor.device().is_cpu()) {
+        host_bytes += static_cast<int64_t>(tensor.nbytes());
+      }
       own.push_back(LocalShard{shard, Shard{std::move(tensor), where}});
     }
-    int64_t host_bytes = 0;
-    for (const LocalShard& local : own) {
-      if (local.shard.tensor.device().is_cpu()) {
-        host_bytes += static_cast<int64_t>(local.shard.tensor.nbytes());
-      }
-    }
-    ASSIGN_OR_RETURN(
-        entry.held,
-        budget_->Reserve(host_bytes, absl::StrCat("refilling \"", info.name(),
-                                                  "\" on rank ", rank())));
-    const absl::Time deadline = absl::Now() + options_.op_timeout;
-    RETURN_IF_ERROR(FetchFromHolders(info, own, starting, deadline));
-    std::vector<Shard> shards;
-    for (LocalShard& local : own) shards.push_back(std::move(local.shard));
-    if (spec_proto.spec_case() == v1::ShardingSpec::SPEC_NOT_SET) {
-      ASSIGN_OR_RETURN(entry.tensor,
-                       ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
-                           std::move(shards), metadata, options));
-    } else {
-      ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(spec_proto));
-      ASSIGN_OR_RETURN(entry.tensor, ShardedTensor::InitFromLocalShardsWithSpec(
-                                         std::move(shards), metadata,
-                                         std::move(spec), options));
-    }
-    // Its copies of other daemons' shards, from their other holders.
+    std::shared_ptr<RegisteredTensor> copies;
     if (info.replicas_size() > 0) {
       int64_t copy_bytes = 0;
-      ASSIGN_OR_RETURN(std::shared_ptr<RegisteredTensor> copies,
-                       AllocateCopies(info, metadata, &copy_bytes));
-      ASSIGN_OR_RETURN(
-          MemoryBudget::Reservation held,
-          budget_->Reserve(copy_bytes,
-                           absl::StrCat("refilling the replicas of \"",
-                                        info.name(), "\" on rank ", rank())));
-      RETURN_IF_ERROR(
-          FetchFromHolders(info, copies->local_shards, starting, deadline));
-      ASSIGN_OR_RETURN(entry.replicas, ReplicaCopies::Register(
-                                           rank_, info.tensor_id(),
-                                           std::move(copies), std::move(held)));
+      ASSIGN_OR_RETURN(copies, AllocateCopies(info, metadata, &copy_bytes));
+      host_bytes += copy_bytes;
+      if (copies->local_shards.empty()) copies.reset();
     }
-    if (!own.empty() || info.replicas_size() > 0) {
-      spdlog::info(
-          "control: refilled tensor {} ({} own shards) from its "
-          "replicas",
-          info.name(), own.size());
+    if (own.empty() && copies == nullptr) {
+      // Nothing of it here: it takes part in the tensor's collectives with
+      // nothing of its own.
+      ASSIGN_OR_RETURN(
+          entry.tensor,
+          RebuiltTensor(rank_, info, std::move(metadata), spec_proto, {}));
+    } else {
+      ASSIGN_OR_RETURN(
+          entry.held,
+          budget_->Reserve(host_bytes, absl::StrCat("refilling \"", info.name(),
+                                                    "\" on rank ", rank())));
+      entry.refill =
+          std::make_shared<Refill>(std::move(own), std::move(copies));
+      absl::MutexLock lock(&mu_);
+      refills_.emplace_back(&Core::RunRefill, this, info, spec_proto, starting,
+                            entry.refill);
     }
   }
   std::string name = info.name();
@@ -759,6 +766,96 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
   absl::MutexLock lock(&mu_);
   table_.insert_or_assign(std::move(name), std::move(entry));
   return absl::OkStatus();
+}
+
+void Core::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
+                     std::set<int> starting, std::shared_ptr<Refill> refill) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.op_timeout;
+  absl::Status status =
+      FetchFromHolders(info, refill->own(), starting, deadline);
+  if (status.ok() && refill->copies() != nullptr) {
+    status = FetchFromHolders(info, refill->copies()->local_shards, starting,
+                              deadline);
+  }
+  if (status.ok()) {
+    status = refill->Complete([&]() -> absl::Status {
+      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                       FromProto(info.metadata()));
+      std::vector<Shard> shards;
+      for (const LocalShard& local : refill->own()) {
+        shards.push_back(local.shard);
+      }
+      ASSIGN_OR_RETURN(ShardedTensor tensor,
+                       RebuiltTensor(rank_, info, std::move(metadata), spec,
+                                     std::move(shards)));
+      std::shared_ptr<ReplicaCopies> copies;
+      if (refill->copies() != nullptr) {
+        ASSIGN_OR_RETURN(copies, ReplicaCopies::Register(
+                                     rank_, info.tensor_id(), refill->copies(),
+                                     MemoryBudget::Reservation()));
+      }
+      absl::MutexLock lock(&mu_);
+      auto it = table_.find(info.name());
+      // Deleted or replaced meanwhile: what was refilled goes.
+      if (it == table_.end() || it->second.refill != refill) {
+        return absl::OkStatus();
+      }
+      it->second.tensor = std::move(tensor);
+      it->second.replicas = std::move(copies);
+      it->second.refill.reset();
+      return absl::OkStatus();
+    });
+  }
+  if (status.ok()) {
+    spdlog::info(
+        "control: refilled tensor {} ({} shards, {} replicas) in {}",
+        info.name(), refill->own().size(),
+        refill->copies() == nullptr ? 0 : refill->copies()->local_shards.size(),
+        absl::FormatDuration(absl::Now() - start));
+    return;
+  }
+  spdlog::error("control: refilling tensor {} failed: {}", info.name(),
+                status.ToString());
+  absl::MutexLock lock(&mu_);
+  auto it = table_.find(info.name());
+  if (it != table_.end() && it->second.refill == refill) {
+    it->second.refill_error = status.ToString();
+  }
+}
+
+v1::TensorInfo Core::InfoWithState(const Entry& entry) const {
+  v1::TensorInfo info = entry.info;
+  if (entry.refill == nullptr || entry.refill->complete()) return info;
+  for (const LocalShard& local : entry.refill->own()) {
+    if (local.index < info.replicas_size()) {
+      info.mutable_replicas(static_cast<int>(local.index))
+          ->add_refilling(rank());
+    }
+  }
+  if (entry.refill->copies() != nullptr) {
+    for (const LocalShard& local : entry.refill->copies()->local_shards) {
+      info.mutable_replicas(static_cast<int>(local.index))
+          ->add_refilling(rank());
+    }
+  }
+  return info;
+}
+
+absl::Status Core::RefillingError(const std::string& name,
+                                  const Entry& entry) const {
+  if (!entry.refill_error.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "tensor ", name, ": rank ", rank(),
+        " restarted and could not refill its shards from their replicas (",
+        entry.refill_error,
+        "); load it from a checkpoint (with replace) or "
+        "delete it"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "tensor ", name, ": rank ", rank(),
+      " restarted and is refilling its shards from their replicas; retry "
+      "once it is done"));
 }
 
 void Core::Abandon(int64_t n) {

@@ -150,30 +150,63 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                         resolved.metadata.tensor_properties.dtype)));
   const std::shared_ptr<const RegisteredTensor> registered =
       env.rank->registry().Find(resolved.info.tensor_id());
+  const std::shared_ptr<const RegisteredTensor> copies =
+      env.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
   RETURN_IF_ERROR(ForEachRegionPiece(
       resolved.metadata.shards_metadata, region.shard_offsets(), box,
       env.parallelism, [&](const RegionPiece& piece) -> absl::Status {
-        if (const LocalShard* mine = Mine(registered, piece.shard)) {
-          return CopyBox(mine->shard.tensor, piece.offsets_in_shard, piece.view,
+        const auto copy_from = [&](const LocalShard& local) {
+          return CopyBox(local.shard.tensor, piece.offsets_in_shard, piece.view,
                          std::vector<int64_t>(piece.view.dim(), 0),
                          piece.box->shard_sizes());
+        };
+        if (const LocalShard* mine = Mine(registered, piece.shard)) {
+          return copy_from(*mine);
         }
-        const std::string what =
-            RemoteWhat("ReadRegion", resolved, piece.shard);
-        absl::StatusOr<std::shared_ptr<ShardClient>> client =
-            env.rank->ClientFor(resolved.info.shard_ranks(piece.shard));
-        RETURN_IF_ERROR(Annotate(client.status(), what));
-        FetchOptions options;
-        options.timeout = deadline - absl::Now();
-        if (options.timeout <= absl::ZeroDuration()) {
-          return absl::DeadlineExceededError(
-              absl::StrCat(what, ": deadline exceeded"));
+        // The owner, then each replica (as the client library reads), each
+        // with an even share of the time left.
+        const std::vector<int> holders =
+            HoldersOf(resolved.info, static_cast<int>(piece.shard));
+        absl::Status status = absl::UnavailableError(
+            absl::StrCat(RemoteWhat("ReadRegion", resolved, piece.shard),
+                         ": no holder of it answers"));
+        for (size_t k = 0; k < holders.size(); ++k) {
+          const bool replica = k > 0;
+          if (holders[k] == env.rank->rank()) {
+            // This daemon's copy, or its own shard still being refilled.
+            const LocalShard* copy =
+                replica ? Mine(copies, piece.shard) : nullptr;
+            if (copy != nullptr) return copy_from(*copy);
+            continue;
+          }
+          const std::string what = absl::StrCat(
+              "ReadRegion of tensor ", resolved.name, ": shard ", piece.shard,
+              replica ? " from replica rank " : " on rank ", holders[k]);
+          FetchOptions options;
+          options.timeout = (deadline - absl::Now()) /
+                            static_cast<int64_t>(holders.size() - k);
+          if (options.timeout <= absl::ZeroDuration()) {
+            return absl::DeadlineExceededError(
+                absl::StrCat(what, ": deadline exceeded"));
+          }
+          absl::StatusOr<std::shared_ptr<ShardClient>> client =
+              env.rank->ClientFor(holders[k]);
+          status = Annotate(
+              client.ok()
+                  ? (*client)->FetchRegionInto(
+                        replica ? ReplicaTensorId(resolved.info.tensor_id())
+                                : resolved.info.tensor_id(),
+                        static_cast<int64_t>(piece.shard),
+                        piece.offsets_in_shard, piece.view, options)
+                  : client.status(),
+              what);
+          if (status.ok() ||
+              !(absl::IsUnavailable(status) ||
+                absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
+            return status;
+          }
         }
-        return Annotate(
-            (*client)->FetchRegionInto(
-                resolved.info.tensor_id(), static_cast<int64_t>(piece.shard),
-                piece.offsets_in_shard, piece.view, options),
-            what);
+        return status;
       }));
   ASSIGN_OR_RETURN(const ShardMetadata where,
                    ShardMetadata::Create(
@@ -332,10 +365,12 @@ class WriteRegionReactor final
         env_.rank->registry().Find(resolved.info.tensor_id());
     copies_ =
         env_.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
+    refill_ =
+        env_.refilling ? env_.refilling(resolved.info.tensor_id()) : nullptr;
     if (replica_) {
       // Into this daemon's copies only: a holder of a replica was sent it.
       for (const RegionOverlap& overlap : Overlaps(shards, region)) {
-        if (Mine(copies_, overlap.shard) == nullptr) {
+        if (Mine(copies_, overlap.shard) == nullptr && refill_ == nullptr) {
           return absl::InvalidArgumentError(
               absl::StrCat(What(), ": rank ", env_.rank->rank(),
                            " holds no replica of shard ", overlap.shard,
@@ -347,17 +382,14 @@ class WriteRegionReactor final
           [&](const RegionPiece& piece, std::string* name) {
             *name = absl::StrCat("replica rank ", env_.rank->rank(),
                                  " (this daemon)");
-            return CopyBox(piece.view,
-                           std::vector<int64_t>(piece.view.dim(), 0),
-                           Mine(copies_, piece.shard)->shard.tensor,
-                           piece.offsets_in_shard, piece.box->shard_sizes());
+            return WriteHere(/*replica=*/true, piece);
           });
     }
     for (const RegionOverlap& overlap : Overlaps(shards, region)) {
-      // The table says this rank owns it, yet it is not registered: a
-      // forward would come straight back.
+      // The table says this rank owns it, yet it is not registered (nor
+      // being refilled): a forward would come straight back.
       if (resolved.info.shard_ranks(overlap.shard) == env_.rank->rank() &&
-          Mine(registered, overlap.shard) == nullptr) {
+          Mine(registered, overlap.shard) == nullptr && refill_ == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat(What(), ": shard ", overlap.shard, " of tensor id ",
                          resolved.info.tensor_id(),
@@ -390,13 +422,10 @@ class WriteRegionReactor final
       std::string* owner_name) {
     const ResolvedRegion& resolved = *resolved_;
     *owner_name = absl::StrCat(replica ? "replica rank " : "rank ", owner);
-    if (const LocalShard* mine = owner == env_.rank->rank()
-                                     ? Mine(registered, piece.shard)
-                                     : nullptr) {
+    if (owner == env_.rank->rank() &&
+        (Mine(registered, piece.shard) != nullptr || refill_ != nullptr)) {
       absl::StrAppend(owner_name, " (this daemon)");
-      return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
-                     mine->shard.tensor, piece.offsets_in_shard,
-                     piece.box->shard_sizes());
+      return WriteHere(replica, piece);
     }
     absl::StatusOr<WorkerInfo> worker = env_.rank->Worker(owner);
     RETURN_IF_ERROR(worker.status());
@@ -413,6 +442,30 @@ class WriteRegionReactor final
         .status();
   }
 
+  // Writes `piece` into this daemon's shard or copy of it: the registered
+  // one, or the refill's while one is in progress.
+  absl::Status WriteHere(bool replica, const RegionPiece& piece) {
+    const std::string& id = resolved_->info.tensor_id();
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const std::shared_ptr<const RegisteredTensor> target =
+          env_.rank->registry().Find(replica ? ReplicaTensorId(id) : id);
+      if (const LocalShard* mine = Mine(target, piece.shard)) {
+        return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
+                       mine->shard.tensor, piece.offsets_in_shard,
+                       piece.box->shard_sizes());
+      }
+      if (refill_ == nullptr) break;
+      // Not registered yet: the refill takes it, unless it completed
+      // meanwhile (then the shard is registered: look again).
+      ASSIGN_OR_RETURN(const bool taken, refill_->Write(replica, piece));
+      if (taken) return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(What(), ": rank ", env_.rank->rank(), " holds no ",
+                     replica ? "replica" : "registered shard", " ", piece.shard,
+                     " of tensor id ", id));
+  }
+
   v1::WriteRegionResponse* const response_;
   const RegionEnv env_;
   const absl::Time deadline_;
@@ -424,6 +477,7 @@ class WriteRegionReactor final
   // Whether the header asked for this daemon's replicas only; its copies.
   bool replica_ = false;
   std::shared_ptr<const RegisteredTensor> copies_;
+  std::shared_ptr<Refill> refill_;  // This daemon refilling the tensor.
   // Chunks are the client's: out of order or too long is its mistake.
   ChunkSequence sequence_{absl::StatusCode::kInvalidArgument, "region"};
   ReactorThread thread_;

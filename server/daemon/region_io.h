@@ -44,6 +44,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/refill.h"
 #include "server/rank/rank.h"
 #include "server/serve/shard_service.h"
 #include "tessera/v1/control.pb.h"
@@ -68,6 +69,10 @@ struct RegionEnv {
   // The daemon's memory budget: a read stages its region, a write its
   // box, within it (RESOURCE_EXHAUSTED beyond); null: no budget.
   std::shared_ptr<MemoryBudget> budget;
+  // The refill in progress of the tensor with this id on this daemon
+  // (refill.h), or null: writes to shards it refills go into it.
+  std::function<std::shared_ptr<Refill>(const std::string& tensor_id)>
+      refilling;
 };
 
 // Reads the region of `request` into a new contiguous host tensor,

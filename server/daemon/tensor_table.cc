@@ -42,6 +42,9 @@ absl::StatusOr<ShardedTensor> Core::Lookup(const std::string& name) const {
   if (it->second.info.lost_shards_size() > 0) {
     return DegradedError(it->second.info);
   }
+  if (!it->second.tensor.has_value()) {
+    return RefillingError(name, it->second);
+  }
   return *it->second.tensor;
 }
 
@@ -71,14 +74,14 @@ absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {
   RETURN_IF_ERROR(AcceptingLocked());
   auto it = table_.find(name);
   if (it == table_.end()) return UnknownTensor(name);
-  return it->second.info;
+  return InfoWithState(it->second);
 }
 
 v1::ListTensorsResponse Core::List() const {
   v1::ListTensorsResponse response;
   absl::MutexLock lock(&mu_);
   for (const auto& [name, entry] : table_) {
-    *response.add_tensors() = entry.info;
+    *response.add_tensors() = InfoWithState(entry);
   }
   return response;
 }
@@ -133,6 +136,16 @@ RegionEnv Core::Env() {
     std::shared_ptr<Core> core = weak.lock();
     if (core == nullptr) return absl::UnavailableError(kShuttingDown);
     return core->Describe(name);
+  };
+  env.refilling = [weak = weak_from_this()](
+                      const std::string& tensor_id) -> std::shared_ptr<Refill> {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return nullptr;
+    absl::MutexLock lock(&core->mu_);
+    for (const auto& [name, entry] : core->table_) {
+      if (entry.info.tensor_id() == tensor_id) return entry.refill;
+    }
+    return nullptr;
   };
   return env;
 }

@@ -13,10 +13,12 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -516,6 +518,105 @@ TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
   ASSERT_OK_AND_ASSIGN(Tensor copy_of_cols, replica_of(1, columns, 0));
   ASSERT_OK_AND_ASSIGN(Tensor left, second.Narrow(1, 0, 2));
   EXPECT_EQ(Floats(copy_of_cols), Floats(left));
+}
+
+// Every value of a tensor with two copies survives owners killed while
+// reads and writes run, and the restarted owners' refills (in the
+// background: writes that arrive meanwhile are kept).
+TEST(ResilienceTest,
+     ReplicasKeepEveryValueThroughKillsMidReadMidWriteAndRefill) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  constexpr int64_t kRows = 3 * 512;  // 2 MiB per shard
+  constexpr int64_t kColumns = 1024;
+  CreateOptions two;
+  two.replicas = 2;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("big", {kRows, kColumns}, Rows(), two));
+  auto pattern = [&](float base) {
+    Tensor t = *Tensor::Empty({kRows, kColumns});
+    float* data = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      data[i] = base + static_cast<float>(i % 4099);
+    }
+    return t;
+  };
+  TransferOptions transfer;
+  transfer.timeout = absl::Seconds(20);
+  const Tensor a = pattern(1);
+  ASSERT_OK(view.Write({0, 0}, a, transfer));
+
+  // Rank 1 killed while reads run: every read returns every value.
+  {
+    std::atomic<bool> stop{false};
+    std::atomic<int> reads{0};
+    absl::Status failed;
+    std::thread reader([&] {
+      while (!stop.load()) {
+        absl::StatusOr<Tensor> read = view.Read(transfer);
+        if (!read.ok() || Floats(*read) != Floats(a)) {
+          failed =
+              read.ok() ? absl::DataLossError("values differ") : read.status();
+          return;
+        }
+        ++reads;
+      }
+    });
+    absl::SleepFor(absl::Milliseconds(50));
+    cluster->Kill(1);
+    const int before = reads.load();
+    while (reads.load() < before + 3 && failed.ok()) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    stop = true;
+    reader.join();
+    ASSERT_OK(failed) << "after " << reads.load() << " reads";
+  }
+  // Restarted, it refills in the background; a write meanwhile is kept.
+  ASSERT_OK(cluster->Restart(1)) << cluster->Log(1);
+  ASSERT_OK(CreateAfterUntilServing(*client, absl::Now()))
+      << cluster->Log(0) << cluster->Log(1);
+  ASSERT_OK(client->Delete("after"));
+  const Tensor b = pattern(2);
+  ASSERT_OK(view.Write({0, 0}, b, transfer));
+
+  // Rank 2 killed while a write runs: the write reaches the live copies.
+  const Tensor c = pattern(3);
+  {
+    absl::Status written;
+    std::thread writer([&] { written = view.Write({0, 0}, c, transfer); });
+    absl::SleepFor(absl::Milliseconds(5));
+    cluster->Kill(2);
+    writer.join();
+    ASSERT_OK(written);
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor read, view.Read(transfer));
+  EXPECT_EQ(Floats(read), Floats(c));
+
+  ASSERT_OK(cluster->Restart(2)) << cluster->Log(2);
+  ASSERT_OK(CreateAfterUntilServing(*client, absl::Now()))
+      << cluster->Log(0) << cluster->Log(2);
+  // Each restarted owner serves its own shard again, refilled: ask it alone.
+  for (const int owner : {1, 2}) {
+    absl::StatusOr<Shard> own;
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    do {
+      own = ShardClient::Create(cluster->address(owner))
+                ->FetchShard(view.tensor_id(), owner);
+      if (own.ok()) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < until);
+    ASSERT_OK(own.status()) << cluster->Log(owner);
+    ASSERT_OK_AND_ASSIGN(Tensor rows, c.Narrow(0, owner * 512, 512));
+    EXPECT_EQ(Floats(own->tensor), Floats(rows)) << "rank " << owner;
+  }
+  ASSERT_OK_AND_ASSIGN(read, view.Read(transfer));
+  EXPECT_EQ(Floats(read), Floats(c));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView after, client->Open("big"));
+  EXPECT_FALSE(after.degraded());
 }
 
 // With nothing running, a daemon that goes silent is noticed within its
