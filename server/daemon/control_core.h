@@ -372,8 +372,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Outcome RunDelete(const v1::ControlOp& op);
 
   // ---- Replicas (replicas.cc).
-  // Each daemon's host, for PlaceReplicas: the host id of its local path,
-  // else the host of its address.
+  // Each daemon's host, for PlaceReplicas: the host of its address.
   std::vector<std::string> WorkerHosts() const;
   // Collective: gives the tensor `name` of the table `replicas` (> 1)
   // copies of every shard. Places them (PlaceReplicas), allocates this

@@ -34,16 +34,16 @@ absl::StatusOr<std::shared_ptr<ReplicaCopies>> ReplicaCopies::Register(
 ReplicaCopies::~ReplicaCopies() { rank_->registry().Unregister(id_); }
 
 std::vector<std::string> Core::WorkerHosts() const {
+  // The host part of each daemon's advertised address: what operators call
+  // a host (a node's address). The local path's host id would not do: it
+  // names the kernel, which network namespaces and containers on one
+  // machine share although their addresses differ.
   std::vector<std::string> hosts;
   for (int r = 0; r < rank_->world_size(); ++r) {
     absl::StatusOr<WorkerInfo> worker = rank_->Worker(r);
-    std::string host = absl::StrCat("rank ", r);  // unknown: a host alone
-    if (worker.ok() && !worker->local_address.empty()) {
-      host = worker->local_address.substr(0, worker->local_address.find('/'));
-    } else if (worker.ok()) {
-      host = worker->address.substr(0, worker->address.rfind(':'));
-    }
-    hosts.push_back(std::move(host));
+    hosts.push_back(worker.ok()
+                        ? worker->address.substr(0, worker->address.rfind(':'))
+                        : absl::StrCat("rank ", r));  // unknown: a host alone
   }
   return hosts;
 }

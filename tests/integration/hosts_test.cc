@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -205,6 +206,41 @@ TEST_F(HostsTest, APartitionedHostHealsWithinALease) {
     for (int64_t i = 0; i < values.numel(); ++i) {
       ASSERT_EQ(values.data<float>()[i], 7.0f) << name << " " << i;
     }
+  }
+}
+
+// Replicas go to the other host first; when a host is cut off, its shards
+// are read from their copies on the host still reachable.
+TEST_F(HostsTest, ReplicasLiveOnTheOtherHostAndServeAPartitionedOnesShards) {
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster_->address(0), client_options));
+  CreateOptions two;
+  two.init = TensorInit::kRandn;
+  two.seed = 3;
+  two.replicas = 2;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("r", {8, 4}, Rows(), two));
+  ASSERT_EQ(view.info().replicas_size(), kWorld);
+  for (int shard = 0; shard < kWorld; ++shard) {
+    ASSERT_EQ(view.info().replicas(shard).ranks_size(), 1);
+    const int replica = view.info().replicas(shard).ranks(0);
+    EXPECT_NE(HostOf(replica), HostOf(view.owner_rank(shard)))
+        << "shard " << shard << " has its copy on rank " << replica;
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor before, view.Read());
+
+  ASSERT_OK(hosts_->SetLink(1, false));
+  absl::Cleanup heal = [&] { hosts_->SetLink(1, true).IgnoreError(); };
+  TransferOptions quick;
+  quick.timeout = absl::Seconds(6);
+  const absl::Time start = absl::Now();
+  ASSERT_OK_AND_ASSIGN(Tensor during, view.Read(quick));
+  std::cout << "[ hosts ] read with host 1 cut off in " << absl::Now() - start
+            << "\n";
+  for (int64_t i = 0; i < before.numel(); ++i) {
+    ASSERT_EQ(during.data<float>()[i], before.data<float>()[i]) << i;
   }
 }
 
