@@ -17,6 +17,8 @@ packages=(
   openssl libssl-dev
   libeigen3-dev libspdlog-dev
   golang-etcd-server-dev etcd-server
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  python3-tqdm
 )
 
 missing=()

@@ -1,0 +1,215 @@
+"""Tessera from Python: named sharded tensors on a cluster of daemons.
+
+    import tessera, numpy as np
+    c = tessera.connect()                       # $TESSERA_ADDRESS or 127.0.0.1:29600
+    spec = tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"])
+    w = c.create("w", (1000, 64), spec, dtype="float32", init="randn", seed=7)
+    a = w[100:200, 8:16]                        # only those bytes move
+    w[0:2, 0:8] = np.ones((2, 8), np.float32)   # each owner gets its part
+
+Reads and writes go straight to the shards' owners over the C++ client
+library (tessera._tessera), without copies for C-contiguous arrays and with
+the GIL released. Every call has a deadline; failures raise
+tessera.errors classes (tessera.Error and its subclasses).
+"""
+
+import os as _os
+
+from . import _tessera
+from ._tensor import Shard, Tensor, RemoteShard
+from .errors import (
+    AlreadyExistsError,
+    DataLossError,
+    DeadlineExceededError,
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+
+__all__ = [
+    "connect",
+    "chunk",
+    "parse_spec",
+    "Client",
+    "Tensor",
+    "Shard",
+    "RemoteShard",
+    "ShardingSpec",
+    "Error",
+    "NotFoundError",
+    "AlreadyExistsError",
+    "InvalidArgumentError",
+    "OutOfRangeError",
+    "UnavailableError",
+    "DeadlineExceededError",
+    "DataLossError",
+    "FailedPreconditionError",
+    "ResourceExhaustedError",
+    "PermissionDeniedError",
+    "UnauthenticatedError",
+]
+
+__version__ = "0.1.0"
+
+DEFAULT_ADDRESS = "127.0.0.1:29600"
+ShardingSpec = _tessera.ShardingSpec
+
+
+def chunk(dim, placements):
+    """ChunkShardingSpec: the tensor cut along ``dim`` into one chunk per
+    placement ("rank:0/cpu", "worker1/cuda:0", ...), as torch's."""
+    return _tessera.chunk(int(dim), [str(p) for p in placements])
+
+
+def parse_spec(text):
+    """A spec in the CLI's text form ("chunk:dim=1:rank:0/cpu,rank:1/cpu",
+    "enum:0,0:4,8@rank:0/cpu;4,0:4,8@rank:1/cpu")."""
+    return _tessera.parse_spec(text)
+
+
+def _dtype_name(dtype):
+    """The canonical tessera dtype name of a numpy/torch dtype or a name."""
+    if isinstance(dtype, str):
+        return _tessera.canonical_dtype(dtype)
+    name = getattr(dtype, "name", None)
+    if name is None:  # a numpy scalar type (np.float32) or a torch dtype
+        text = str(dtype)
+        name = text[len("torch."):] if text.startswith("torch.") else None
+        if name is None:
+            import numpy
+
+            name = numpy.dtype(dtype).name
+    return _tessera.canonical_dtype(name)
+
+
+class Client:
+    """A connection to a Tessera cluster (every daemon's address is learnt
+    from the one given). Safe to share between threads."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def world_size(self):
+        """The number of daemons."""
+        return self._native.world_size
+
+    @property
+    def generation(self):
+        """The generation of the daemons' process group when connecting."""
+        return self._native.generation
+
+    def health(self):
+        """Each daemon's health: a list of (address, rank, ok)."""
+        return self._native.health()
+
+    def create(self, name, shape, spec, dtype="float32", init="empty",
+               fill_value=0.0, seed=0, replicas=1):
+        """Creates a named tensor laid out by ``spec``, filled by ``init``
+        (empty, zeros, ones, full with ``fill_value``, rand, randn from
+        ``seed``); ``replicas`` copies of every shard (docs: Replicas)."""
+        if fill_value is None:
+            fill_value = 0.0
+        elif init == "empty" and fill_value != 0.0:
+            init = "full"
+        return Tensor(self, self._native.create(
+            name, [int(s) for s in shape], spec, _dtype_name(dtype), init,
+            float(fill_value), int(seed), int(replicas)))
+
+    def put(self, name, array, spec, replicas=1, timeout=None):
+        """Creates ``name`` with ``array``'s shape and dtype (a numpy array
+        or a CPU torch tensor) and writes it."""
+        import numpy
+
+        data = _as_numpy(array)
+        tensor = self.create(name, data.shape, spec, dtype=data.dtype.name,
+                             replicas=replicas)
+        try:
+            tensor.write((0,) * data.ndim, data, timeout=timeout)
+        except BaseException:
+            try:
+                self.delete(name)
+            except Error:
+                pass
+            raise
+        return tensor
+
+    def list(self):
+        """Every tensor, sorted by name."""
+        return [Tensor(self, v) for v in self._native.list()]
+
+    def open(self, name):
+        """The tensor named ``name`` (NotFoundError when there is none)."""
+        return Tensor(self, self._native.open(name))
+
+    def delete(self, name):
+        self._native.delete(name)
+
+    def reshard(self, name, spec):
+        """Lays the tensor out by ``spec``; returns its new view."""
+        return Tensor(self, self._native.reshard(name, spec))
+
+    def gather(self, name, timeout=None):
+        """The whole tensor, gathered by the connected daemon."""
+        return self._native.gather(name, _seconds(timeout))
+
+    def save(self, path, names=None, overwrite=False):
+        """Saves tensors (None: all) under the daemons' checkpoint root;
+        returns the names saved."""
+        return self._native.save(path, list(names or []), bool(overwrite))
+
+    def load(self, path, names=None, as_names=None, spec=None,
+             replace=False):
+        """Loads a checkpoint (entries ``names``, renamed ``as_names``,
+        resharded to ``spec``); returns the loaded tensors."""
+        views = self._native.load(path, list(names or []),
+                                  list(as_names or []), spec, bool(replace))
+        return [Tensor(self, v) for v in views]
+
+    def __repr__(self):
+        return f"tessera.Client(world_size={self.world_size})"
+
+
+def _seconds(timeout):
+    return 0.0 if timeout is None else float(timeout)
+
+
+def _as_numpy(array):
+    import numpy
+
+    if hasattr(array, "detach") and hasattr(array, "numpy"):  # torch
+        if array.device.type != "cpu":
+            raise InvalidArgumentError(3, "only CPU torch tensors: call .cpu()")
+        array = array.detach().numpy()
+    return numpy.asarray(array)
+
+
+def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,
+            tls_key=None, token=None, token_file=None):
+    """Connects to the daemon at ``address`` ($TESSERA_ADDRESS, else
+    127.0.0.1:29600) and learns the cluster from it.
+
+    ``timeout`` is each control call's deadline (seconds). TLS and tokens
+    are the CLI's: ``tls_ca``/``tls_cert``/``tls_key`` (else
+    $TESSERA_TLS_CA/_CERT/_KEY) and ``token`` or ``token_file`` (else
+    $TESSERA_TOKEN / $TESSERA_TOKEN_FILE); they apply to the whole process.
+    """
+    if address is None:
+        address = _os.environ.get("TESSERA_ADDRESS") or DEFAULT_ADDRESS
+    if tls_ca or tls_cert or tls_key:
+        _tessera.set_tls(tls_ca or "", tls_cert or "", tls_key or "")
+    if token_file is not None:
+        with open(token_file) as f:
+            words = f.read().split()
+        if not words:
+            raise InvalidArgumentError(3, f"token file {token_file} is empty")
+        token = words[0]
+    if token is not None:
+        _tessera.set_token(token)
+    return Client(_tessera.Client.connect(address, float(timeout)))

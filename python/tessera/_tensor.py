@@ -1,0 +1,228 @@
+"""A named tensor of the cluster, as numpy sees it: slicing reads and
+writes only the bytes of the box."""
+
+import dataclasses
+import operator
+
+import numpy
+
+from . import errors
+
+__all__ = ["Tensor", "Shard", "RemoteShard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Where one shard lives: its box in the tensor, its placement
+    ("rank:1/cpu") and its owner's rank."""
+
+    index: int
+    offsets: tuple
+    sizes: tuple
+    placement: str
+    rank: int
+
+
+class RemoteShard:
+    """One shard, fetched whole from its owner by :meth:`to_here`."""
+
+    def __init__(self, tensor, shard):
+        self._tensor = tensor
+        self.shard = shard
+
+    @property
+    def rank(self):
+        return self.shard.rank
+
+    def to_here(self, timeout=None):
+        """(offsets, sizes, array): the shard's bytes, fetched now."""
+        offsets, sizes, array = self._tensor._native.to_here(
+            self.shard.index, _seconds(timeout))
+        return tuple(offsets), tuple(sizes), array
+
+    def __repr__(self):
+        return (f"tessera.RemoteShard({self._tensor.name!r}, shard "
+                f"{self.shard.index} on rank {self.shard.rank})")
+
+
+def _seconds(timeout):
+    return 0.0 if timeout is None else float(timeout)
+
+
+def _invalid(message):
+    return errors.InvalidArgumentError(3, message)
+
+
+class Tensor:
+    """A view of a named sharded tensor: its metadata as the daemon
+    described it. After a reshard or a delete its reads and writes fail
+    instead of touching the new layout; ``Client.open`` gets a fresh one."""
+
+    def __init__(self, client, native):
+        self._client = client
+        self._native = native
+        self._shape = tuple(native.shape)
+
+    # ---- Metadata.
+    @property
+    def name(self):
+        return self._native.name
+
+    @property
+    def tensor_id(self):
+        return self._native.tensor_id
+
+    @property
+    def shape(self):
+        return self._shape
+
+    @property
+    def ndim(self):
+        return len(self._shape)
+
+    @property
+    def size(self):
+        n = 1
+        for s in self._shape:
+            n *= s
+        return n
+
+    @property
+    def dtype_name(self):
+        """The tessera dtype name ("float32", "bfloat16", ...)."""
+        return self._native.dtype
+
+    @property
+    def dtype(self):
+        """The numpy dtype (InvalidArgumentError for bfloat16, which numpy
+        lacks: use dtype_name, or tessera.torch)."""
+        if self.dtype_name == "bfloat16":
+            raise _invalid("bfloat16 has no numpy dtype (see dtype_name; "
+                           "tessera.torch reads it as torch.bfloat16)")
+        return numpy.dtype(self.dtype_name)
+
+    @property
+    def degraded(self):
+        """Whether shards were lost (their owners restarted, no copy left)."""
+        return self._native.degraded
+
+    @property
+    def copies(self):
+        """Copies of each shard (create's ``replicas``)."""
+        return self._native.copies
+
+    @property
+    def shards(self):
+        return [Shard(i, tuple(o), tuple(s), p, r)
+                for i, (o, s, p, r) in enumerate(self._native.shards())]
+
+    def remote_shards(self):
+        return [RemoteShard(self, shard) for shard in self.shards]
+
+    # ---- Bytes.
+    def read_region(self, offsets, sizes, out=None, timeout=None):
+        """The box at ``offsets`` of ``sizes`` as a numpy array (into
+        ``out`` when given, in place)."""
+        offsets = [operator.index(o) for o in offsets]
+        sizes = [operator.index(s) for s in sizes]
+        if out is None:
+            return self._native.read_region(offsets, sizes, None,
+                                            _seconds(timeout))
+        if not isinstance(out, numpy.ndarray):
+            raise _invalid("out must be a numpy array")
+        if out.flags.c_contiguous:
+            return self._native.read_region(offsets, sizes, out,
+                                            _seconds(timeout))
+        out[...] = self._native.read_region(offsets, sizes, None,
+                                            _seconds(timeout))
+        return out
+
+    def read(self, out=None, timeout=None):
+        """The whole tensor (into ``out`` when given)."""
+        return self.read_region((0,) * self.ndim, self._shape, out=out,
+                                timeout=timeout)
+
+    def write(self, offsets, data, timeout=None):
+        """Writes ``data`` (numpy array or CPU torch tensor, any layout) as
+        the box at ``offsets``; each owner gets its part."""
+        if hasattr(data, "detach") and hasattr(data, "numpy"):
+            if data.device.type != "cpu":
+                raise _invalid("only CPU torch tensors: call .cpu()")
+            data = data.detach().numpy()
+        array = numpy.ascontiguousarray(data)
+        offsets = [operator.index(o) for o in offsets]
+        self._native.write(offsets, array, _seconds(timeout))
+
+    # ---- numpy basic indexing.
+    def _box(self, key):
+        """(offsets, sizes, shape of the result) for a basic index."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        if sum(1 for k in key if k is Ellipsis) > 1:
+            raise _invalid("an index can only have a single ellipsis ('...')")
+        if any(k is Ellipsis for k in key):
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = self.ndim - (len(key) - 1)
+            key = key[:at] + (slice(None),) * max(fill, 0) + key[at + 1:]
+        if len(key) > self.ndim:
+            raise errors.OutOfRangeError(
+                11, f"too many indices for tensor {self.name}: it has "
+                f"{self.ndim} dimensions but {len(key)} were indexed")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        offsets, sizes, shape = [], [], []
+        for axis, (k, n) in enumerate(zip(key, self._shape)):
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step != 1:
+                    raise _invalid(
+                        f"slices with a step other than 1 are not supported "
+                        f"(axis {axis} has step {step}): read the range and "
+                        f"step it in numpy")
+                size = max(0, stop - start)
+                offsets.append(start if size > 0 else 0)
+                sizes.append(size)
+                shape.append(size)
+                continue
+            try:
+                i = operator.index(k)
+            except TypeError:
+                raise _invalid(
+                    f"index {k!r} on axis {axis}: only integers, slices and "
+                    f"'...' are supported") from None
+            if i < -n or i >= n:
+                raise errors.OutOfRangeError(
+                    11, f"index {i} is out of bounds for axis {axis} with "
+                    f"size {n}")
+            offsets.append(i + n if i < 0 else i)
+            sizes.append(1)
+        return offsets, sizes, tuple(shape)
+
+    def __getitem__(self, key):
+        offsets, sizes, shape = self._box(key)
+        if 0 in sizes:
+            return numpy.empty(shape, dtype=self.dtype)
+        return self.read_region(offsets, sizes).reshape(shape)
+
+    def __setitem__(self, key, value):
+        offsets, sizes, shape = self._box(key)
+        if hasattr(value, "detach") and hasattr(value, "numpy"):
+            value = value.detach().cpu().numpy()
+        data = numpy.broadcast_to(numpy.asarray(value, dtype=self.dtype),
+                                  shape).reshape(sizes)
+        if 0 in sizes:
+            return
+        self.write(offsets, data)
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __array__(self, dtype=None):
+        array = self.read()
+        return array if dtype is None else array.astype(dtype)
+
+    def __repr__(self):
+        return (f"tessera.Tensor({self.name!r}, shape={self._shape}, "
+                f"dtype={self.dtype_name}, shards={len(self.shards)}, "
+                f"id={self.tensor_id!r})")

@@ -1,0 +1,456 @@
+// tessera._tessera: the C++ client library (client/client.h) for Python.
+// The pure-Python package around it (python/tessera/) shapes the API;
+// this module moves the bytes: reads land in numpy arrays and writes leave
+// from them without a copy (their memory is wrapped as a tessera::Tensor
+// for the length of the call), with the GIL released while they move.
+//
+// Errors raise tessera.errors classes (made by tessera.errors.from_status
+// from the absl code and message). Every call has the client's deadline,
+// so a dead daemon is an exception within it, never a hang.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/dtype.h"
+#include "common/proto_convert.h"
+#include "common/sharding_spec.h"
+#include "common/sharding_spec_text.h"
+#include "common/tensor/storage.h"
+#include "common/tensor/tensor.h"
+#include "wire/auth.h"
+#include "wire/credentials.h"
+
+namespace py = pybind11;
+
+namespace tessera {
+namespace {
+
+// A sharding spec for Python (ShardingSpec itself is a std::variant,
+// which pybind11 would convert rather than wrap).
+struct PySpec {
+  ShardingSpec spec;
+};
+
+// Raises the tessera.errors class for `status` (needs the GIL).
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::object error = py::module_::import("tessera.errors")
+                         .attr("from_status")(static_cast<int>(status.code()),
+                                              std::string(status.message()));
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())),
+                  error.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return *std::move(value);
+}
+
+DType DTypeFromName(const std::string& name) { return Check(ParseDType(name)); }
+
+// The numpy dtype of `dtype`; bfloat16 has none.
+py::dtype NumpyDType(DType dtype) {
+  if (dtype == DType::kBFloat16) {
+    Raise(absl::InvalidArgumentError(
+        "bfloat16 has no numpy dtype: read with cast=\"float32\" or use "
+        "tessera.torch"));
+  }
+  return py::dtype(std::string(DTypeName(dtype)));
+}
+
+// A tensor sharing the memory of `array` (C-contiguous, checked by the
+// caller's side too), valid while the array lives: the calls below keep it
+// alive until every transfer has ended.
+Tensor Wrap(const py::array& array, DType dtype) {
+  if (!(array.flags() & py::array::c_style)) {
+    Raise(absl::InvalidArgumentError("the array is not C-contiguous"));
+  }
+  std::vector<int64_t> sizes(array.shape(), array.shape() + array.ndim());
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * std::max<int64_t>(sizes[d + 1], 1);
+  }
+  const size_t nbytes = static_cast<size_t>(array.nbytes());
+  std::shared_ptr<Storage> storage = Storage::Wrap(
+      const_cast<void*>(array.data()), nbytes, Device::Cpu(), nullptr);
+  return Check(
+      Tensor::FromStorage(std::move(storage), dtype, 0, sizes, strides));
+}
+
+// A numpy array owning a copy of nothing: it shares `tensor`'s storage and
+// keeps it alive (a capsule holds a reference).
+py::array ToNumpy(Tensor tensor) {
+  absl::StatusOr<Tensor> host =
+      tensor.device().is_cpu() ? tensor.Contiguous() : tensor.To(Device::Cpu());
+  Tensor dense = Check(std::move(host));
+  if (!dense.is_contiguous()) dense = Check(dense.Contiguous());
+  const py::dtype dtype = NumpyDType(dense.dtype());
+  std::vector<py::ssize_t> shape(dense.sizes().begin(), dense.sizes().end());
+  auto* owner = new Tensor(dense);
+  py::capsule base(owner, [](void* p) { delete static_cast<Tensor*>(p); });
+  return py::array(dtype, shape, {}, dense.data_ptr(), base);
+}
+
+TensorInit InitFromName(const std::string& init) {
+  if (init == "empty") return TensorInit::kEmpty;
+  if (init == "zeros") return TensorInit::kZeros;
+  if (init == "ones") return TensorInit::kOnes;
+  if (init == "full") return TensorInit::kFull;
+  if (init == "rand") return TensorInit::kRand;
+  if (init == "randn") return TensorInit::kRandn;
+  Raise(absl::InvalidArgumentError(absl::StrCat(
+      "init must be empty, zeros, ones, full, rand or randn, not \"", init,
+      "\"")));
+}
+
+TransferOptions Transfer(double timeout_seconds) {
+  TransferOptions options;
+  if (timeout_seconds > 0) options.timeout = absl::Seconds(timeout_seconds);
+  return options;
+}
+
+// One shard's place: (offsets, sizes, placement text, rank).
+using ShardTuple =
+    std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string, int>;
+
+class PyView {
+ public:
+  explicit PyView(ShardedTensorView view) : view_(std::move(view)) {}
+
+  const std::string& name() const { return view_.name(); }
+  const std::string& tensor_id() const { return view_.tensor_id(); }
+  std::vector<int64_t> shape() const { return view_.sizes(); }
+  std::string dtype() const { return std::string(DTypeName(view_.dtype())); }
+  bool degraded() const { return view_.degraded(); }
+  int copies() const {
+    return view_.info().replicas_size() == 0
+               ? 1
+               : 1 + view_.info().replicas(0).ranks_size();
+  }
+  std::vector<ShardTuple> shards() const {
+    std::vector<ShardTuple> shards;
+    const auto& all = view_.metadata().shards_metadata;
+    for (size_t i = 0; i < all.size(); ++i) {
+      shards.emplace_back(
+          all[i].shard_offsets(), all[i].shard_sizes(),
+          all[i].placement().has_value() ? all[i].placement()->ToString() : "",
+          view_.owner_rank(i));
+    }
+    return shards;
+  }
+
+  // Reads the box into `out` (a C-contiguous array of the tensor's dtype
+  // and the box's shape), or a new array.
+  py::array ReadRegion(const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& sizes,
+                       std::optional<py::array> out, double timeout) const {
+    const py::dtype dtype = NumpyDType(view_.dtype());
+    py::array target = out.has_value()
+                           ? *out
+                           : py::array(dtype, std::vector<py::ssize_t>(
+                                                  sizes.begin(), sizes.end()));
+    if (!target.dtype().is(dtype)) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("out has dtype ", std::string(py::str(target.dtype())),
+                       " but tensor ", view_.name(), " is ", dtype_name())));
+    }
+    if (!target.writeable()) {
+      Raise(absl::InvalidArgumentError("out is not writeable"));
+    }
+    std::vector<int64_t> shape(target.shape(), target.shape() + target.ndim());
+    if (shape != sizes) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("out has shape (", absl::StrJoin(shape, ", "),
+                       ") but the box is (", absl::StrJoin(sizes, ", "), ")")));
+    }
+    const Tensor destination = Wrap(target, view_.dtype());
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = view_.ReadRegionInto(offsets, destination, Transfer(timeout));
+    }
+    Check(status);
+    return target;
+  }
+
+  void Write(const std::vector<int64_t>& offsets, const py::array& data,
+             double timeout) const {
+    const Tensor source = Wrap(
+        data, DTypeFromName(std::string(py::str(data.dtype().attr("name")))));
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = view_.Write(offsets, source, Transfer(timeout));
+    }
+    Check(status);
+  }
+
+  // Each shard fetched whole from its owner: (offsets, sizes, array).
+  std::tuple<std::vector<int64_t>, std::vector<int64_t>, py::array> ToHere(
+      size_t index, double timeout) const {
+    const std::vector<RemoteShard> remote = view_.remote_shards();
+    if (index >= remote.size()) {
+      Raise(absl::OutOfRangeError(absl::StrCat(
+          "shard ", index, " of a tensor with ", remote.size(), " shards")));
+    }
+    FetchOptions options;
+    if (timeout > 0) options.timeout = absl::Seconds(timeout);
+    absl::StatusOr<Shard> shard;
+    {
+      py::gil_scoped_release release;
+      shard = remote[index].to_here(options);
+    }
+    Shard fetched = Check(std::move(shard));
+    return {fetched.metadata.shard_offsets(), fetched.metadata.shard_sizes(),
+            ToNumpy(std::move(fetched.tensor))};
+  }
+
+  const ShardedTensorView& view() const { return view_; }
+
+ private:
+  std::string dtype_name() const {
+    return std::string(DTypeName(view_.dtype()));
+  }
+
+  ShardedTensorView view_;
+};
+
+class PyClient {
+ public:
+  static std::shared_ptr<PyClient> Connect(const std::string& address,
+                                           double timeout) {
+    ClientOptions options;
+    if (timeout > 0) options.timeout = absl::Seconds(timeout);
+    absl::StatusOr<std::shared_ptr<Client>> client;
+    {
+      py::gil_scoped_release release;
+      client = Client::Connect(address, options);
+    }
+    return std::make_shared<PyClient>(Check(std::move(client)));
+  }
+  explicit PyClient(std::shared_ptr<Client> client)
+      : client_(std::move(client)) {}
+
+  int world_size() const { return client_->world_size(); }
+  int64_t generation() const { return client_->cluster().generation(); }
+
+  std::vector<std::tuple<std::string, int, bool>> Health() const {
+    std::vector<absl::Status> health;
+    {
+      py::gil_scoped_release release;
+      health = client_->Health();
+    }
+    std::vector<std::tuple<std::string, int, bool>> out;
+    for (size_t r = 0; r < health.size(); ++r) {
+      out.emplace_back(
+          client_->cluster().workers(static_cast<int>(r)).address(),
+          static_cast<int>(r), health[r].ok());
+    }
+    return out;
+  }
+
+  PyView Create(const std::string& name, const std::vector<int64_t>& sizes,
+                const PySpec& spec, const std::string& dtype,
+                const std::string& init, double fill_value, uint64_t seed,
+                int replicas) {
+    CreateOptions options;
+    options.dtype = DTypeFromName(dtype);
+    options.init = InitFromName(init);
+    options.fill_value = fill_value;
+    options.seed = seed;
+    options.replicas = replicas;
+    absl::StatusOr<ShardedTensorView> view;
+    {
+      py::gil_scoped_release release;
+      view = client_->Create(name, sizes, spec.spec, options);
+    }
+    return PyView(Check(std::move(view)));
+  }
+
+  std::vector<PyView> List() const {
+    absl::StatusOr<std::vector<ShardedTensorView>> views;
+    {
+      py::gil_scoped_release release;
+      views = client_->List();
+    }
+    std::vector<PyView> out;
+    for (ShardedTensorView& view : Check(std::move(views))) {
+      out.emplace_back(std::move(view));
+    }
+    return out;
+  }
+
+  PyView Open(const std::string& name) const {
+    absl::StatusOr<ShardedTensorView> view;
+    {
+      py::gil_scoped_release release;
+      view = client_->Open(name);
+    }
+    return PyView(Check(std::move(view)));
+  }
+
+  void Delete(const std::string& name) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Delete(name);
+    }
+    Check(status);
+  }
+
+  PyView Reshard(const std::string& name, const PySpec& spec) {
+    absl::StatusOr<ShardedTensorView> view;
+    {
+      py::gil_scoped_release release;
+      view = client_->Reshard(name, spec.spec);
+    }
+    return PyView(Check(std::move(view)));
+  }
+
+  py::array Gather(const std::string& name, double timeout) const {
+    absl::StatusOr<Tensor> gathered;
+    {
+      py::gil_scoped_release release;
+      gathered = client_->Gather(name, Transfer(timeout));
+    }
+    return ToNumpy(Check(std::move(gathered)));
+  }
+
+  std::vector<std::string> Save(const std::string& path,
+                                const std::vector<std::string>& names,
+                                bool overwrite) {
+    absl::StatusOr<std::vector<std::string>> saved;
+    {
+      py::gil_scoped_release release;
+      saved = client_->Save(path, names, overwrite);
+    }
+    return Check(std::move(saved));
+  }
+
+  std::vector<PyView> Load(const std::string& path,
+                           const std::vector<std::string>& names,
+                           const std::vector<std::string>& as_names,
+                           std::optional<PySpec> spec, bool replace) {
+    v1::LoadCheckpointRequest request;
+    request.set_path(path);
+    for (const std::string& name : names) request.add_names(name);
+    for (const std::string& name : as_names) request.add_as_names(name);
+    if (spec.has_value()) *request.mutable_spec() = ToProto(spec->spec);
+    request.set_replace(replace);
+    absl::StatusOr<std::vector<ShardedTensorView>> views;
+    {
+      py::gil_scoped_release release;
+      views = client_->Load(request);
+    }
+    std::vector<PyView> out;
+    for (ShardedTensorView& view : Check(std::move(views))) {
+      out.emplace_back(std::move(view));
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+};
+
+}  // namespace
+}  // namespace tessera
+
+PYBIND11_MODULE(_tessera, m) {
+  using namespace tessera;
+  m.doc() = "Tessera's C++ client library (use the tessera package)";
+
+  py::class_<PySpec>(m, "ShardingSpec")
+      .def("to_text",
+           [](const PySpec& spec) { return ShardingSpecToText(spec.spec); })
+      .def("to_json",
+           [](const PySpec& spec) { return ShardingSpecToJson(spec.spec); })
+      .def("__repr__",
+           [](const PySpec& spec) {
+             return absl::StrCat("tessera.parse_spec(\"",
+                                 ShardingSpecToText(spec.spec), "\")");
+           })
+      .def("__eq__", [](const PySpec& a, const PySpec& b) {
+        return ShardingSpecToText(a.spec) == ShardingSpecToText(b.spec);
+      });
+  m.def("parse_spec", [](const std::string& text) {
+    return PySpec{Check(ParseShardingSpec(text))};
+  });
+  m.def("spec_from_json", [](const std::string& json) {
+    return PySpec{Check(ShardingSpecFromJson(json))};
+  });
+  m.def("chunk", [](int64_t dim, const std::vector<std::string>& placements) {
+    return PySpec{
+        ShardingSpec(Check(ChunkShardingSpec::Create(dim, placements)))};
+  });
+  m.def("dtype_names", [] {
+    std::vector<std::string> names;
+    for (DType dtype : kAllDTypes) names.emplace_back(DTypeName(dtype));
+    return names;
+  });
+  m.def("canonical_dtype", [](const std::string& name) {
+    return std::string(DTypeName(DTypeFromName(name)));
+  });
+  m.def("set_tls", [](const std::string& ca, const std::string& cert,
+                      const std::string& key) {
+    TlsConfig config;
+    config.ca_file = ca;
+    config.cert_file = cert;
+    config.key_file = key;
+    Check(ValidateTlsConfig(config, /*server=*/false, "tls_cert", "tls_key",
+                            "tls_ca"));
+    SetProcessTls(std::move(config));
+  });
+  m.def("set_token", [](const std::string& token) { SetProcessToken(token); });
+
+  py::class_<PyView>(m, "View")
+      .def_property_readonly("name", &PyView::name)
+      .def_property_readonly("tensor_id", &PyView::tensor_id)
+      .def_property_readonly("shape", &PyView::shape)
+      .def_property_readonly("dtype", &PyView::dtype)
+      .def_property_readonly("degraded", &PyView::degraded)
+      .def_property_readonly("copies", &PyView::copies)
+      .def("shards", &PyView::shards)
+      .def("read_region", &PyView::ReadRegion, py::arg("offsets"),
+           py::arg("sizes"), py::arg("out") = py::none(),
+           py::arg("timeout") = 0.0)
+      .def("write", &PyView::Write, py::arg("offsets"), py::arg("data"),
+           py::arg("timeout") = 0.0)
+      .def("to_here", &PyView::ToHere, py::arg("index"),
+           py::arg("timeout") = 0.0);
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
+      .def_static("connect", &PyClient::Connect, py::arg("address"),
+                  py::arg("timeout") = 0.0)
+      .def_property_readonly("world_size", &PyClient::world_size)
+      .def_property_readonly("generation", &PyClient::generation)
+      .def("health", &PyClient::Health)
+      .def("create", &PyClient::Create)
+      .def("list", &PyClient::List)
+      .def("open", &PyClient::Open)
+      .def("delete", &PyClient::Delete)
+      .def("reshard", &PyClient::Reshard)
+      .def("gather", &PyClient::Gather, py::arg("name"),
+           py::arg("timeout") = 0.0)
+      .def("save", &PyClient::Save)
+      .def("load", &PyClient::Load);
+}

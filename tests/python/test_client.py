@@ -1,0 +1,226 @@
+"""The tessera package against real daemons: every call, values compared to
+numpy, slicing edge cases, every error class, a daemon killed mid-read,
+concurrent readers."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tessera
+from conftest import Daemons
+
+
+def test_connect_and_health(daemons, client):
+    assert client.world_size == 4
+    health = client.health()
+    assert [(a, r, ok) for a, r, ok in health] == [
+        (daemons.addresses[r], r, True) for r in range(4)]
+    os.environ["TESSERA_ADDRESS"] = daemons.addresses[2]
+    try:
+        assert tessera.connect().world_size == 4
+    finally:
+        del os.environ["TESSERA_ADDRESS"]
+
+
+def test_create_metadata_and_every_init(client, rows4):
+    w = client.create("w", (1000, 64), rows4, dtype="float32", init="randn",
+                      seed=7)
+    assert (w.name, w.shape, w.dtype) == ("w", (1000, 64), np.dtype("float32"))
+    assert w.tensor_id
+    assert [s.rank for s in w.shards] == [0, 1, 2, 3]
+    assert w.shards[1].offsets == (250, 0) and w.shards[1].sizes == (250, 64)
+    assert w.shards[1].placement == "rank:1/cpu"
+    again = client.create("w2", (1000, 64), rows4, init="randn", seed=7)
+    np.testing.assert_array_equal(w.read(), again.read())
+    for init, value in [("zeros", 0), ("ones", 1)]:
+        t = client.create(init, (8, 3), rows4, dtype=np.int64, init=init)
+        assert t.dtype == np.int64
+        np.testing.assert_array_equal(t.read(), np.full((8, 3), value))
+    full = client.create("full", (5,), tessera.chunk(0, ["rank:3/cpu"]),
+                         dtype="float64", init="full", fill_value=2.5)
+    np.testing.assert_array_equal(full.read(), np.full(5, 2.5))
+    rand = client.create("rand", (100,), rows4, init="rand", seed=1).read()
+    assert ((rand >= 0) & (rand < 1)).all()
+
+
+def test_slicing_reads_only_the_box(client, rows4):
+    values = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
+    w = client.put("w", values, rows4)
+    for key in [np.s_[5:25, 1:4], np.s_[3], np.s_[-1], np.s_[..., 2],
+                np.s_[-5:], np.s_[:, -2:], np.s_[10:10], np.s_[30:100],
+                np.s_[7, 5], np.s_[...], np.s_[:, :]]:
+        np.testing.assert_array_equal(w[key], values[key], err_msg=str(key))
+    assert w[10:10].shape == (0, 6)
+    with pytest.raises(tessera.OutOfRangeError) as e:
+        w[40]
+    assert isinstance(e.value, IndexError)
+    with pytest.raises(tessera.OutOfRangeError):
+        w[-41]
+    with pytest.raises(tessera.OutOfRangeError):
+        w[1, 2, 3]
+    with pytest.raises(tessera.InvalidArgumentError, match="step"):
+        w[::2]
+    with pytest.raises(tessera.InvalidArgumentError):
+        w[[1, 2]]
+
+
+def test_writes_and_reads_in_place(client, rows4):
+    w = client.create("w", (12, 8), rows4, init="zeros")
+    expected = np.zeros((12, 8), np.float32)
+    w[0:2, 0:8] = np.ones((2, 8), np.float32)
+    expected[0:2, 0:8] = 1
+    w[5, :] = 7  # broadcast, across the boundary of shards 1 and 2
+    expected[5, :] = 7
+    w[2:9, 3] = np.arange(7)
+    expected[2:9, 3] = np.arange(7)
+    w.write((10, 4), np.full((2, 4), 3, np.float32))
+    expected[10:12, 4:8] = 3
+    np.testing.assert_array_equal(w.read(), expected)
+    out = np.empty((12, 8), np.float32)
+    assert w.read(out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    box = np.empty((3, 2), np.float32)
+    w.read_region((4, 2), (3, 2), out=box)
+    np.testing.assert_array_equal(box, expected[4:7, 2:4])
+    strided = np.empty((12, 16), np.float32)[:, ::2]
+    w.read(out=strided)
+    np.testing.assert_array_equal(strided, expected)
+    # Non-contiguous sources are written as they are.
+    w.write((0, 0), expected.T.copy().T)
+    np.testing.assert_array_equal(w.read(), expected)
+    with pytest.raises(tessera.InvalidArgumentError):
+        w.read(out=np.empty((12, 8), np.float64))
+    with pytest.raises(tessera.InvalidArgumentError):
+        w.write((0, 0), np.zeros((2, 2), np.int32))
+    with pytest.raises(tessera.OutOfRangeError):
+        w.write((11, 0), np.zeros((2, 8), np.float32))
+
+
+def test_remote_shards_list_open_delete_reshard(client, rows4):
+    values = np.arange(16 * 4, dtype=np.int32).reshape(16, 4)
+    client.put("b", values, rows4)
+    client.put("a", values[:4], tessera.chunk(0, ["rank:1/cpu"]))
+    assert [t.name for t in client.list()] == ["a", "b"]
+    b = client.open("b")
+    offsets, sizes, shard = b.remote_shards()[2].to_here()
+    assert offsets == (8, 0) and sizes == (4, 4)
+    np.testing.assert_array_equal(shard, values[8:12])
+    spec2 = tessera.parse_spec("chunk:dim=1:rank:0/cpu,rank:1/cpu")
+    c = client.reshard("b", spec2)
+    assert c.tensor_id != b.tensor_id and len(c.shards) == 2
+    np.testing.assert_array_equal(c.read(), values)
+    with pytest.raises(tessera.Error):
+        b.read()  # the old layout is gone
+    client.delete("a")
+    with pytest.raises(tessera.NotFoundError) as e:
+        client.open("a")
+    assert isinstance(e.value, KeyError) and e.value.code == "NOT_FOUND"
+    np.testing.assert_array_equal(client.gather("b"), values)
+
+
+def test_save_and_load(client, rows4):
+    values = np.random.default_rng(3).standard_normal((20, 5))
+    client.put("w", values, rows4)
+    assert client.save("ckpt-py") == ["w"]
+    with pytest.raises(tessera.AlreadyExistsError):
+        client.save("ckpt-py")
+    client.save("ckpt-py", overwrite=True)
+    client.delete("w")
+    spec2 = tessera.parse_spec("chunk:dim=1:rank:0/cpu,rank:1/cpu")
+    [loaded] = client.load("ckpt-py", names=["w"], as_names=["v"], spec=spec2)
+    assert loaded.name == "v" and len(loaded.shards) == 2
+    np.testing.assert_array_equal(loaded.read(), values)
+    with pytest.raises(tessera.AlreadyExistsError):
+        client.load("ckpt-py", names=["w"], as_names=["v"])
+    client.load("ckpt-py", names=["w"], as_names=["v"], replace=True)
+    with pytest.raises(tessera.NotFoundError):
+        client.load("no-such-checkpoint")
+
+
+def test_every_error_class(client, rows4):
+    client.create("t", (4, 4), rows4)
+    with pytest.raises(tessera.AlreadyExistsError):
+        client.create("t", (4, 4), rows4)
+    with pytest.raises(tessera.InvalidArgumentError) as e:
+        client.create("bad name!", (4,), rows4)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(tessera.InvalidArgumentError):
+        tessera.parse_spec("chunk:dim=0")
+    with pytest.raises(tessera.InvalidArgumentError):
+        client.create("u", (4,), rows4, dtype="no-such-dtype")
+    with pytest.raises(tessera.InvalidArgumentError):
+        client.create("u", (4,), rows4, init="no-such-init")
+    with pytest.raises(tessera.InvalidArgumentError):
+        client.create("u", (4,), tessera.chunk(0, ["rank:9/cpu"]))
+    b16 = client.create("b16", (4,), rows4, dtype="bfloat16")
+    assert b16.dtype_name == "bfloat16"
+    with pytest.raises(tessera.InvalidArgumentError, match="bfloat16"):
+        b16.read()
+    with pytest.raises(tessera.UnavailableError):
+        tessera.connect("127.0.0.1:1", timeout=2)
+    with pytest.raises(tessera.PermissionDeniedError, match="outside"):
+        client.save("/definitely/outside/the/root")
+    stale = client.open("t")
+    client.reshard("t", tessera.chunk(1, ["rank:0/cpu", "rank:1/cpu"]))
+    with pytest.raises(tessera.FailedPreconditionError):
+        stale.write((0, 0), np.zeros((4, 4), np.float32))
+    for cls in [tessera.NotFoundError, tessera.AlreadyExistsError,
+                tessera.InvalidArgumentError, tessera.OutOfRangeError,
+                tessera.UnavailableError, tessera.DeadlineExceededError,
+                tessera.DataLossError, tessera.FailedPreconditionError]:
+        assert issubclass(cls, tessera.Error)
+
+
+def test_concurrent_readers(client, rows4):
+    values = np.arange(64 * 256, dtype=np.float64).reshape(64, 256)
+    w = client.put("w", values, rows4)
+    failures = []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            r, c = int(rng.integers(0, 60)), int(rng.integers(0, 250))
+            got = w[r:r + 4, c:c + 6]
+            if not np.array_equal(got, values[r:r + 4, c:c + 6]):
+                failures.append((r, c))
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_a_daemon_killed_mid_read_is_an_exception_within_the_deadline():
+    cluster = Daemons(world=2)
+    try:
+        c = tessera.connect(cluster.addresses[0], timeout=10)
+        spec = tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"])
+        w = c.create("big", (8192, 4096), spec, init="ones")  # 128 MiB
+        result = {}
+
+        def read():
+            start = time.monotonic()
+            try:
+                for _ in range(50):
+                    w.read(timeout=8)
+            except tessera.Error as e:
+                result["error"] = e
+            result["seconds"] = time.monotonic() - start
+
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(0.3)
+        cluster.kill(1)
+        t.join(timeout=30)
+        assert not t.is_alive()
+        assert isinstance(result.get("error"),
+                          (tessera.UnavailableError,
+                           tessera.DeadlineExceededError)), result
+        assert "rank 1" in str(result["error"])
+    finally:
+        cluster.stop()

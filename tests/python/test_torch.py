@@ -1,0 +1,78 @@
+"""tessera.torch: torch tensors in and out without copies, specs both
+ways, state dicts (skipped when torch is absent)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
+
+try:
+    from torch.distributed._shard.sharding_spec import (
+        ChunkShardingSpec, EnumerableShardingSpec)
+    from torch.distributed._shard.metadata import ShardMetadata
+    SHARD_ERROR = None
+except Exception as e:  # Debian's torch 1.13 under Python 3.11
+    SHARD_ERROR = e
+
+
+@pytest.mark.skipif(SHARD_ERROR is not None,
+                    reason=f"torch.distributed._shard does not import: "
+                    f"{SHARD_ERROR}")
+def test_specs_both_ways():
+    chunk = ChunkShardingSpec(dim=1, placements=["rank:0/cpu", "rank:1/cpu"])
+    spec = tt.spec_from_torch(chunk)
+    assert spec == tessera.parse_spec("chunk:dim=1:rank:0/cpu,rank:1/cpu")
+    back = tt.spec_to_torch(spec)
+    assert isinstance(back, ChunkShardingSpec) and back.dim == 1
+    assert [str(p) for p in back.placements] == ["rank:0/cpu", "rank:1/cpu"]
+    enum = EnumerableShardingSpec([
+        ShardMetadata([0, 0], [2, 4], "rank:0/cpu"),
+        ShardMetadata([2, 0], [2, 4], "rank:1/cpu")])
+    spec = tt.spec_from_torch(enum)
+    assert spec == tessera.parse_spec(
+        "enum:0,0:2,4@rank:0/cpu;2,0:2,4@rank:1/cpu")
+    back = tt.spec_to_torch(spec)
+    assert [s.shard_offsets for s in back.shards] == [[0, 0], [2, 0]]
+
+
+def test_tensors_in_and_out_in_place(client, rows4):
+    source = torch.arange(32 * 8, dtype=torch.float32).reshape(32, 8)
+    w = client.put("w", source, rows4)
+    out = torch.empty(32, 8)
+    pointer = out.data_ptr()
+    assert tt.read(w, out=out) is out and out.data_ptr() == pointer
+    assert torch.equal(out, source)
+    w[0:2] = torch.zeros(2, 8)
+    box = torch.empty(4, 3)
+    tt.read(w, out=box, offsets=(0, 2))
+    assert torch.equal(box, torch.cat([torch.zeros(2, 3), source[2:4, 2:5]]))
+    assert torch.equal(tt.read(w)[2:], source[2:])
+
+
+def test_state_dict_weight_sync(client, rows4):
+    model = torch.nn.Linear(8, 16)
+    state = model.state_dict()
+    tt.put_state_dict(client, "m.", state,
+                      lambda name, t: tessera.chunk(0, ["rank:0/cpu",
+                                                        "rank:1/cpu"]))
+    assert sorted(t.name for t in client.list()) == ["m.bias", "m.weight"]
+    tt.put_state_dict(client, "m.", state, lambda n, t: rows4)  # replaces
+    like = {"weight": torch.zeros(16, 8), "bias": torch.zeros(16)}
+    tt.get_state_dict(client, "m.", like)
+    assert torch.equal(like["weight"], state["weight"])
+    assert torch.equal(like["bias"], state["bias"])
+    # An inference rank takes only its slice: rows 8..16 of the weight.
+    mine = torch.zeros(8, 8)
+    tt.get_state_dict(client, "m.", {"weight": (mine, (8, 0))})
+    assert torch.equal(mine, state["weight"][8:])
+
+
+@pytest.mark.skipif(SHARD_ERROR is None,
+                    reason="torch.distributed._shard imports here")
+def test_spec_to_torch_says_why_it_cannot():
+    with pytest.raises(tessera.FailedPreconditionError,
+                       match="torch.distributed._shard cannot be imported"):
+        tt.spec_to_torch(tessera.parse_spec("chunk:dim=0:rank:0/cpu"))
