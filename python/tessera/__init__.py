@@ -17,20 +17,8 @@ import os as _os
 
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard
-from .errors import (
-    AlreadyExistsError,
-    DataLossError,
-    DeadlineExceededError,
-    Error,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    OutOfRangeError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403  (Error and its subclasses)
 
 __all__ = [
     "connect",
@@ -41,18 +29,7 @@ __all__ = [
     "Shard",
     "RemoteShard",
     "ShardingSpec",
-    "Error",
-    "NotFoundError",
-    "AlreadyExistsError",
-    "InvalidArgumentError",
-    "OutOfRangeError",
-    "UnavailableError",
-    "DeadlineExceededError",
-    "DataLossError",
-    "FailedPreconditionError",
-    "ResourceExhaustedError",
-    "PermissionDeniedError",
-    "UnauthenticatedError",
+    *errors.__all__,
 ]
 
 __version__ = "0.1.0"

@@ -19,7 +19,6 @@ __all__ = [
     "ResourceExhaustedError",
     "PermissionDeniedError",
     "UnauthenticatedError",
-    "from_status",
 ]
 
 # absl::StatusCode (the gRPC codes) by number.
