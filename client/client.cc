@@ -366,6 +366,7 @@ absl::Status ShardedTensorView::ReadRegionInto(
           fetch.timeout = (deadline - absl::Now()) /
                           static_cast<int64_t>(holders.size() - k);
           fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
+          fetch.cancel = options.cancel;
           const std::string id =
               k == 0 ? tensor_id() : ReplicaTensorId(tensor_id());
           status = Annotate(
@@ -409,6 +410,7 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
   RegionWriteOptions write;
   write.chunk_bytes = options.chunk_bytes;
   write.deadline = absl::Now() + options.timeout;
+  write.cancel = options.cancel;
   ProgressCounter progress(RegionBytes(data.sizes(), dtype()),
                            options.progress);
   write.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };

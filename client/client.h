@@ -31,6 +31,7 @@
 #ifndef TESSERA_CLIENT_CLIENT_H_
 #define TESSERA_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,6 +85,11 @@ struct TransferOptions {
   // At most this many shard transfers run at once.
   int parallelism = 16;
   ProgressFn progress;
+  // When set, turning it true ends the transfer promptly (at each piece's
+  // next chunk) with CANCELLED. A cancelled read leaves the destination
+  // partly written; a cancelled write may have been applied by some
+  // owners, as any failed write (the error names them).
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 // How Client::Create fills a new tensor.

@@ -248,8 +248,14 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
   header->set_total_bytes(total);
   header->set_replica(options.replica);
   int64_t offset = 0;
+  bool cancelled = false;
   // One message even for an empty box: it carries the header.
   do {
+    if (options.cancel != nullptr && options.cancel->load()) {
+      cancelled = true;
+      context.TryCancel();
+      break;
+    }
     const int64_t size = std::min(chunk_bytes, total - offset);
     chunk.set_offset(offset);
     chunk.set_data(size > 0 ? base + offset : "", static_cast<size_t>(size));
@@ -262,7 +268,13 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
     offset += size;
   } while (offset < total);
   writer->WritesDone();
-  RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  const absl::Status finished = FromGrpcStatus(writer->Finish());
+  if (cancelled) {
+    return absl::CancelledError(absl::StrCat(
+        "WriteRegion of tensor ", name, ": cancelled by the caller after ",
+        offset, " of ", total, " bytes (nothing of it applied)"));
+  }
+  RETURN_IF_ERROR(finished);
   if (offset != total) {
     // The daemon closed the stream early yet reported success.
     return absl::DataLossError(absl::StrCat("WriteRegion of tensor ", name,

@@ -16,6 +16,7 @@
 #ifndef TESSERA_CLIENT_REGION_TRANSFER_H_
 #define TESSERA_CLIENT_REGION_TRANSFER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -139,6 +140,9 @@ struct RegionWriteOptions {
   std::function<void(int64_t bytes)> on_chunk;
   // Into the daemon's replicas of the shards (WriteRegionHeader.replica).
   bool replica = false;
+  // When set, turning it true ends the write at its next chunk with
+  // CANCELLED; the daemon applies nothing of an incomplete stream.
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

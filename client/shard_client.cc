@@ -201,6 +201,7 @@ absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
                                 const FetchOptions& options,
                                 ShardAssembler* assembler) const {
   assembler->set_on_chunk(options.on_chunk);
+  assembler->set_cancel(options.cancel);
   const bool required = options.local_path == LocalPath::kRequired;
   const Tensor& destination = assembler->destination();
   const bool small =

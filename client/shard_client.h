@@ -29,6 +29,7 @@
 #ifndef TESSERA_CLIENT_SHARD_CLIENT_H_
 #define TESSERA_CLIENT_SHARD_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -97,6 +98,9 @@ struct FetchOptions {
   // written, with its size in bytes (once, with all of them, when the
   // bytes came over the local path). Keep it cheap.
   std::function<void(int64_t bytes)> on_chunk;
+  // When set, turning it true ends the fetch at its next chunk with
+  // CANCELLED (the destination then holds part of the bytes).
+  std::shared_ptr<const std::atomic<bool>> cancel;
   LocalPath local_path = LocalPath::kAuto;
   // kAuto takes the stream for a destination smaller than this.
   int64_t local_min_bytes = kLocalPathMinBytes;

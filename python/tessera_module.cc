@@ -11,10 +11,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -128,6 +133,81 @@ TransferOptions Transfer(double timeout_seconds) {
   return options;
 }
 
+// Transfers at least this large run interruptibly (below): smaller ones
+// end sooner than a thread starts.
+constexpr int64_t kInterruptibleBytes = int64_t{1} << 20;
+
+// Runs `work` (which must not touch Python) on a thread of its own while
+// this thread, the GIL released, waits for it in slices of 50 ms; between
+// them it runs Python's signal handlers (Ctrl-C raises KeyboardInterrupt
+// there) and calls `progress(done, total)` when given. When a handler
+// raises, `cancel` is set, the work is waited for (it stops at its next
+// chunk, CANCELLED) and the Python exception propagates.
+absl::Status Interruptible(const std::function<absl::Status()>& work,
+                           const std::shared_ptr<std::atomic<bool>>& cancel,
+                           const std::shared_ptr<std::atomic<int64_t>>& done,
+                           int64_t total, const py::object& progress) {
+  std::promise<absl::Status> promise;
+  std::future<absl::Status> future = promise.get_future();
+  std::thread worker([&] { promise.set_value(work()); });
+  const auto join = [&] {
+    py::gil_scoped_release release;
+    future.wait();
+    worker.join();
+  };
+  try {
+    while (true) {
+      bool ready;
+      {
+        py::gil_scoped_release release;
+        ready = future.wait_for(std::chrono::milliseconds(50)) ==
+                std::future_status::ready;
+      }
+      if (!progress.is_none()) progress(done->load(), total);
+      if (ready) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  } catch (...) {
+    cancel->store(true);
+    join();
+    throw;
+  }
+  join();
+  return future.get();
+}
+
+// TransferOptions for a call: its timeout, a cancel flag and a progress
+// counter.
+struct Transfers {
+  TransferOptions options;
+  std::shared_ptr<std::atomic<bool>> cancel =
+      std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<int64_t>> done =
+      std::make_shared<std::atomic<int64_t>>(0);
+};
+Transfers MakeTransfers(double timeout_seconds) {
+  Transfers transfers;
+  transfers.options = Transfer(timeout_seconds);
+  transfers.options.cancel = transfers.cancel;
+  transfers.options.progress = [done = transfers.done](int64_t bytes, int64_t) {
+    done->store(bytes);
+  };
+  return transfers;
+}
+
+// Runs a transfer of `bytes`: interruptibly when large or watched,
+// otherwise on this thread with the GIL released.
+absl::Status RunTransfer(const std::function<absl::Status()>& work,
+                         const Transfers& transfers, int64_t bytes,
+                         const py::object& progress) {
+  if (bytes >= kInterruptibleBytes || !progress.is_none()) {
+    return Interruptible(work, transfers.cancel, transfers.done, bytes,
+                         progress);
+  }
+  py::gil_scoped_release release;
+  return work();
+}
+
 // One shard's place: (offsets, sizes, placement text, rank).
 using ShardTuple =
     std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string, int>;
@@ -162,7 +242,8 @@ class PyView {
   // and the box's shape), or a new array.
   py::array ReadRegion(const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& sizes,
-                       std::optional<py::array> out, double timeout) const {
+                       std::optional<py::array> out, double timeout,
+                       const py::object& progress) const {
     const py::dtype dtype = NumpyDType(view_.dtype());
     py::array target = out.has_value()
                            ? *out
@@ -183,25 +264,23 @@ class PyView {
                        ") but the box is (", absl::StrJoin(sizes, ", "), ")")));
     }
     const Tensor destination = Wrap(target, view_.dtype());
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = view_.ReadRegionInto(offsets, destination, Transfer(timeout));
-    }
-    Check(status);
+    const Transfers transfers = MakeTransfers(timeout);
+    Check(RunTransfer(
+        [&] {
+          return view_.ReadRegionInto(offsets, destination, transfers.options);
+        },
+        transfers, static_cast<int64_t>(target.nbytes()), progress));
     return target;
   }
 
   void Write(const std::vector<int64_t>& offsets, const py::array& data,
-             double timeout) const {
+             double timeout, const py::object& progress) const {
     const Tensor source = Wrap(
         data, DTypeFromName(std::string(py::str(data.dtype().attr("name")))));
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = view_.Write(offsets, source, Transfer(timeout));
-    }
-    Check(status);
+    const Transfers transfers = MakeTransfers(timeout);
+    Check(RunTransfer(
+        [&] { return view_.Write(offsets, source, transfers.options); },
+        transfers, static_cast<int64_t>(data.nbytes()), progress));
   }
 
   // Each shard fetched whole from its owner: (offsets, sizes, array).
@@ -432,9 +511,9 @@ PYBIND11_MODULE(_tessera, m) {
       .def("shards", &PyView::shards)
       .def("read_region", &PyView::ReadRegion, py::arg("offsets"),
            py::arg("sizes"), py::arg("out") = py::none(),
-           py::arg("timeout") = 0.0)
+           py::arg("timeout") = 0.0, py::arg("progress") = py::none())
       .def("write", &PyView::Write, py::arg("offsets"), py::arg("data"),
-           py::arg("timeout") = 0.0)
+           py::arg("timeout") = 0.0, py::arg("progress") = py::none())
       .def("to_here", &PyView::ToHere, py::arg("index"),
            py::arg("timeout") = 0.0);
 

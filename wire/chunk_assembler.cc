@@ -178,6 +178,7 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(chunk.offset), ": header repeated"));
   }
+  RETURN_IF_ERROR(CheckCancel());
   RETURN_IF_ERROR(sequence_.CheckNext(chunk.offset, chunk.data_size,
                                       ChunkName(chunk.offset)));
   if (!WriteAndVerify(chunk)) {
@@ -318,12 +319,20 @@ absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
     return absl::DataLossError(
         absl::StrCat(ShardName(), ": chunk before the header"));
   }
+  RETURN_IF_ERROR(CheckCancel());
   if (length <= 0) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(offset), ": empty chunk"));
   }
   RETURN_IF_ERROR(sequence_.CheckNext(offset, length, ChunkName(offset)));
   return write_base_ + offset;
+}
+
+absl::Status ShardAssembler::CheckCancel() const {
+  if (cancel_ == nullptr || !cancel_->load()) return absl::OkStatus();
+  return absl::CancelledError(
+      absl::StrCat(ShardName(), ": cancelled by the caller after ",
+                   sequence_.received_bytes(), " bytes"));
 }
 
 absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,

@@ -7,6 +7,7 @@
 #ifndef TESSERA_WIRE_CHUNK_ASSEMBLER_H_
 #define TESSERA_WIRE_CHUNK_ASSEMBLER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -113,6 +114,11 @@ class ShardAssembler {
   void set_on_chunk(std::function<void(int64_t bytes)> on_chunk) {
     on_chunk_ = std::move(on_chunk);
   }
+  // Once `*cancel` turns true, the next chunk (Consume, Place) is refused
+  // with CANCELLED, so that whoever feeds the assembler stops the stream.
+  void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) {
+    cancel_ = std::move(cancel);
+  }
 
   // Verifies one serialized ShardChunk and writes its bytes. The first
   // chunk must carry the header: INVALID_ARGUMENT when its dtype or sizes
@@ -188,6 +194,9 @@ class ShardAssembler {
   std::optional<std::vector<int64_t>> region_offsets_;
   std::vector<int64_t> region_sizes_;
   std::function<void(int64_t)> on_chunk_;
+  std::shared_ptr<const std::atomic<bool>> cancel_;
+  // CANCELLED once cancel_ is set.
+  absl::Status CheckCancel() const;
   Tensor destination_;
   // For an allocating assembler: where to allocate.
   std::optional<TensorOptions> allocate_;

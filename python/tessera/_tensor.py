@@ -49,6 +49,35 @@ def _seconds(timeout):
     return 0.0 if timeout is None else float(timeout)
 
 
+class _Progress:
+    """progress=True: a tqdm bar of the bytes moved (when python3-tqdm is
+    installed; nothing otherwise), updated while the transfer runs."""
+
+    def __init__(self, wanted, total, description):
+        self.bar = None
+        if not wanted:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self.bar = tqdm(total=total, unit="B", unit_scale=True,
+                        unit_divisor=1024, desc=description, leave=False)
+
+    @property
+    def callback(self):
+        if self.bar is None:
+            return None
+        return lambda done, total: self.bar.update(done - self.bar.n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _invalid(message):
     return errors.InvalidArgumentError(3, message)
 
@@ -120,38 +149,44 @@ class Tensor:
         return [RemoteShard(self, shard) for shard in self.shards]
 
     # ---- Bytes.
-    def read_region(self, offsets, sizes, out=None, timeout=None):
+    def read_region(self, offsets, sizes, out=None, timeout=None,
+                    progress=False):
         """The box at ``offsets`` of ``sizes`` as a numpy array (into
-        ``out`` when given, in place)."""
+        ``out`` when given, in place). Ctrl-C stops a long read promptly;
+        ``progress=True`` shows a tqdm bar."""
         offsets = [operator.index(o) for o in offsets]
         sizes = [operator.index(s) for s in sizes]
-        if out is None:
-            return self._native.read_region(offsets, sizes, None,
-                                            _seconds(timeout))
-        if not isinstance(out, numpy.ndarray):
+        if out is not None and not isinstance(out, numpy.ndarray):
             raise _invalid("out must be a numpy array")
-        if out.flags.c_contiguous:
-            return self._native.read_region(offsets, sizes, out,
-                                            _seconds(timeout))
-        out[...] = self._native.read_region(offsets, sizes, None,
-                                            _seconds(timeout))
+        direct = out if out is None or out.flags.c_contiguous else None
+        nbytes = self.dtype.itemsize * int(numpy.prod(sizes))
+        with _Progress(progress, nbytes, f"read {self.name}") as bar:
+            got = self._native.read_region(offsets, sizes, direct,
+                                           _seconds(timeout), bar.callback)
+        if out is None or direct is not None:
+            return got
+        out[...] = got
         return out
 
-    def read(self, out=None, timeout=None):
+    def read(self, out=None, timeout=None, progress=False):
         """The whole tensor (into ``out`` when given)."""
         return self.read_region((0,) * self.ndim, self._shape, out=out,
-                                timeout=timeout)
+                                timeout=timeout, progress=progress)
 
-    def write(self, offsets, data, timeout=None):
+    def write(self, offsets, data, timeout=None, progress=False):
         """Writes ``data`` (numpy array or CPU torch tensor, any layout) as
-        the box at ``offsets``; each owner gets its part."""
+        the box at ``offsets``; each owner gets its part. Ctrl-C stops a
+        long write promptly (owners may hold part of it, as after any
+        failed write)."""
         if hasattr(data, "detach") and hasattr(data, "numpy"):
             if data.device.type != "cpu":
                 raise _invalid("only CPU torch tensors: call .cpu()")
             data = data.detach().numpy()
         array = numpy.ascontiguousarray(data)
         offsets = [operator.index(o) for o in offsets]
-        self._native.write(offsets, array, _seconds(timeout))
+        with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
+            self._native.write(offsets, array, _seconds(timeout),
+                               bar.callback)
 
     # ---- numpy basic indexing.
     def _box(self, key):

@@ -419,6 +419,27 @@ TEST_F(DaemonTest, BadRequestsGetClearErrors) {
   for (const absl::Status& s : client_->Health()) EXPECT_THAT(s, IsOk());
 }
 
+// TransferOptions::cancel: a cancelled read or write ends with CANCELLED
+// at its next chunk; a write cancelled before its bytes left applies
+// nothing.
+TEST_F(DaemonTest, CancelledTransfersEndWithCancelled) {
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Create("cancelled", {8, 4}, RowSpec()));
+  ASSERT_OK(view.Write({0, 0}, Iota(8, 4)));
+  TransferOptions options;
+  auto cancel = std::make_shared<std::atomic<bool>>(true);
+  options.cancel = cancel;
+  EXPECT_THAT(view.Read(options).status(),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({8, 4}));
+  EXPECT_THAT(view.Write({0, 0}, zeros, options),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  cancel->store(false);
+  ASSERT_OK_AND_ASSIGN(Tensor values, view.Read(options));
+  EXPECT_EQ(values.data<float>()[31], Iota(8, 4).data<float>()[31]);
+  EXPECT_OK(client_->Delete("cancelled"));
+}
+
 // Requests that once aborted every daemon (issue 14): a save to a path the
 // file system refuses, placements without an owner, on the meta device or
 // on a device the daemon cannot hold. Each is refused with a clear error;

@@ -224,3 +224,39 @@ def test_a_daemon_killed_mid_read_is_an_exception_within_the_deadline():
         assert "rank 1" in str(result["error"])
     finally:
         cluster.stop()
+
+
+def test_an_interrupted_transfer_stops_and_the_client_goes_on(client, rows4):
+    # What Ctrl-C does: Python's signal handler raises KeyboardInterrupt
+    # while the transfer runs; the progress callback raises it the same
+    # way, at the first look (50 ms in), deterministically.
+    data = np.ones((64 * 1024, 1024), np.float32)  # 256 MiB
+    w = client.create("w", data.shape, rows4, init="zeros")
+    seen = []
+
+    def interrupt(done, total):
+        seen.append((done, total))
+        raise KeyboardInterrupt
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        w._native.write([0, 0], data, 60.0, interrupt)
+    assert seen and seen[0][1] == data.nbytes
+    assert time.monotonic() - start < 30
+    with pytest.raises(KeyboardInterrupt):
+        w._native.read_region([0, 0], list(data.shape), None, 60.0, interrupt)
+    # Nothing is left broken: the next transfers work.
+    w[0:4] = np.full((4, 1024), 2, np.float32)
+    np.testing.assert_array_equal(w[0:4], np.full((4, 1024), 2, np.float32))
+
+
+def test_progress_reports_every_byte(client, rows4, capsys):
+    pytest.importorskip("tqdm", reason="python3-tqdm is not installed")
+    data = np.arange(4 * 1024 * 1024, dtype=np.float32).reshape(-1, 1024)
+    w = client.put("w", data, rows4)
+    seen = []
+    w._native.read_region([0, 0], list(data.shape), None, 60.0,
+                          lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (data.nbytes, data.nbytes)
+    np.testing.assert_array_equal(w.read(progress=True), data)
+    w.write((0, 0), data, progress=True)
