@@ -77,12 +77,24 @@ class Cluster {
     }
     return workers_[rank];
   }
-  // Asks the coordinator where the daemons are now; true when `rank`
-  // moved (it restarted elsewhere) and its new connection is in place.
-  bool Reconnect(int rank) const {
+  // Asks the coordinator where the daemons are now; true when `rank`'s
+  // connection is no longer `tried` (it restarted elsewhere, and a new
+  // connection is in place, made now or by another caller meanwhile).
+  // Every caller asks: a daemon skipped as dead while it serves elsewhere
+  // would keep a stale copy.
+  bool Reconnect(int rank, const std::shared_ptr<const Worker>& tried) const {
     absl::MutexLock serial(&reconnect_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (rank < 0 || rank >= static_cast<int>(workers_.size())) return false;
+      if (workers_[rank] != tried) return true;
+    }
     v1::ClusterInfo now;
-    const std::unique_ptr<grpc::ClientContext> context = ControlContext();
+    // A short deadline: the caller waits for this on its failure path, and
+    // the coordinator itself may be the daemon that is gone.
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(
+        absl::Now() + std::min(options_.timeout, kReconnectTimeout)));
     if (!coordinator_->control
              ->GetCluster(context.get(), v1::GetClusterRequest(), &now)
              .ok() ||
@@ -90,7 +102,6 @@ class Cluster {
         rank < 0 || rank >= now.workers_size()) {
       return false;
     }
-    bool moved = false;
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < now.workers_size(); ++r) {
       const v1::WorkerAddress& there = now.workers(r);
@@ -102,9 +113,8 @@ class Cluster {
         continue;
       }
       workers_[r] = MakeWorker(there, NewShardChannel(there.address()));
-      moved = moved || r == rank;
     }
-    return moved;
+    return workers_[rank] != tried;
   }
 
   // A context whose deadline is the control timeout from now.
@@ -154,6 +164,7 @@ class Cluster {
   const ClientOptions options_;
   v1::ClusterInfo info_;  // As Connect found it.
   std::shared_ptr<const Worker> coordinator_;
+  static constexpr absl::Duration kReconnectTimeout = absl::Seconds(2);
   mutable absl::Mutex reconnect_mu_;
   mutable absl::Mutex mu_;
   mutable std::vector<std::shared_ptr<const Worker>> workers_
@@ -382,7 +393,7 @@ absl::Status ShardedTensorView::ReadRegionInto(
           }
           // A holder that restarted elsewhere is asked again where it is now.
           if (absl::IsUnavailable(status) && !reconnected &&
-              cluster_->Reconnect(holders[k])) {
+              cluster_->Reconnect(holders[k], worker)) {
             reconnected = true;
             --k;
           }
@@ -446,7 +457,7 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
                              .status();
                 // A holder that restarted elsewhere: where is it now?
                 if (!absl::IsUnavailable(status) || attempt > 0 ||
-                    !cluster_->Reconnect(holders[k])) {
+                    !cluster_->Reconnect(holders[k], worker)) {
                   break;
                 }
               }

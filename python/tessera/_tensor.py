@@ -2,6 +2,7 @@
 writes only the bytes of the box."""
 
 import dataclasses
+import math
 import operator
 
 import numpy
@@ -159,10 +160,15 @@ class Tensor:
         if out is not None and not isinstance(out, numpy.ndarray):
             raise _invalid("out must be a numpy array")
         direct = out if out is None or out.flags.c_contiguous else None
-        nbytes = self.dtype.itemsize * int(numpy.prod(sizes))
-        with _Progress(progress, nbytes, f"read {self.name}") as bar:
+        if not progress:  # the common case, kept short for small boxes
             got = self._native.read_region(offsets, sizes, direct,
-                                           _seconds(timeout), bar.callback)
+                                           _seconds(timeout), None)
+        else:
+            nbytes = self.dtype.itemsize * math.prod(sizes)
+            with _Progress(progress, nbytes, f"read {self.name}") as bar:
+                got = self._native.read_region(offsets, sizes, direct,
+                                               _seconds(timeout),
+                                               bar.callback)
         if out is None or direct is not None:
             return got
         out[...] = got

@@ -465,8 +465,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::thread submitter_;
   std::thread executor_;
   std::thread lease_keeper_;
-  // Refills in the background (RunRefill), joined by Shutdown.
+  // Refills in the background (RunRefill), joined by Shutdown, and those
+  // in progress by tensor id (for writes: Env().refilling).
   std::vector<std::thread> refills_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Refill>> refilling_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::control_internal

@@ -757,6 +757,7 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
       entry.refill =
           std::make_shared<Refill>(std::move(own), std::move(copies));
       absl::MutexLock lock(&mu_);
+      refilling_[info.tensor_id()] = entry.refill;
       refills_.emplace_back(&Core::RunRefill, this, info, spec_proto, starting,
                             entry.refill);
     }
@@ -806,6 +807,13 @@ void Core::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
       it->second.refill.reset();
       return absl::OkStatus();
     });
+  }
+  {
+    // Done either way: later writes find the registered shards, or (after
+    // a failure) are refused as for a shard this daemon does not hold.
+    absl::MutexLock lock(&mu_);
+    auto it = refilling_.find(info.tensor_id());
+    if (it != refilling_.end() && it->second == refill) refilling_.erase(it);
   }
   if (status.ok()) {
     spdlog::info(

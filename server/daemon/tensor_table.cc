@@ -142,10 +142,8 @@ RegionEnv Core::Env() {
     std::shared_ptr<Core> core = weak.lock();
     if (core == nullptr) return nullptr;
     absl::MutexLock lock(&core->mu_);
-    for (const auto& [name, entry] : core->table_) {
-      if (entry.info.tensor_id() == tensor_id) return entry.refill;
-    }
-    return nullptr;
+    auto it = core->refilling_.find(tensor_id);
+    return it == core->refilling_.end() ? nullptr : it->second;
   };
   return env;
 }
