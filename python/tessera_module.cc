@@ -185,13 +185,17 @@ struct Transfers {
   std::shared_ptr<std::atomic<int64_t>> done =
       std::make_shared<std::atomic<int64_t>>(0);
 };
-Transfers MakeTransfers(double timeout_seconds) {
+Transfers MakeTransfers(double timeout_seconds, int64_t bytes,
+                        const py::object& progress) {
   Transfers transfers;
   transfers.options = Transfer(timeout_seconds);
-  transfers.options.cancel = transfers.cancel;
-  transfers.options.progress = [done = transfers.done](int64_t bytes, int64_t) {
-    done->store(bytes);
-  };
+  // Only transfers that RunTransfer runs interruptibly count their bytes:
+  // the counter costs a lock per chunk.
+  if (bytes >= kInterruptibleBytes || !progress.is_none()) {
+    transfers.options.cancel = transfers.cancel;
+    transfers.options.progress =
+        [done = transfers.done](int64_t moved, int64_t) { done->store(moved); };
+  }
   return transfers;
 }
 
@@ -244,7 +248,10 @@ class PyView {
                        const std::vector<int64_t>& sizes,
                        std::optional<py::array> out, double timeout,
                        const py::object& progress) const {
-    const py::dtype dtype = NumpyDType(view_.dtype());
+    // Made once per view: building a numpy dtype costs microseconds, which
+    // a 4 KiB read notices.
+    if (!numpy_dtype_) numpy_dtype_ = NumpyDType(view_.dtype());
+    const py::dtype dtype = py::reinterpret_borrow<py::dtype>(numpy_dtype_);
     py::array target = out.has_value()
                            ? *out
                            : py::array(dtype, std::vector<py::ssize_t>(
@@ -264,12 +271,14 @@ class PyView {
                        ") but the box is (", absl::StrJoin(sizes, ", "), ")")));
     }
     const Tensor destination = Wrap(target, view_.dtype());
-    const Transfers transfers = MakeTransfers(timeout);
+    const int64_t transfer_bytes = static_cast<int64_t>(target.nbytes());
+    const Transfers transfers =
+        MakeTransfers(timeout, transfer_bytes, progress);
     Check(RunTransfer(
         [&] {
           return view_.ReadRegionInto(offsets, destination, transfers.options);
         },
-        transfers, static_cast<int64_t>(target.nbytes()), progress));
+        transfers, transfer_bytes, progress));
     return target;
   }
 
@@ -277,10 +286,12 @@ class PyView {
              double timeout, const py::object& progress) const {
     const Tensor source = Wrap(
         data, DTypeFromName(std::string(py::str(data.dtype().attr("name")))));
-    const Transfers transfers = MakeTransfers(timeout);
+    const int64_t transfer_bytes = static_cast<int64_t>(data.nbytes());
+    const Transfers transfers =
+        MakeTransfers(timeout, transfer_bytes, progress);
     Check(RunTransfer(
         [&] { return view_.Write(offsets, source, transfers.options); },
-        transfers, static_cast<int64_t>(data.nbytes()), progress));
+        transfers, transfer_bytes, progress));
   }
 
   // Each shard fetched whole from its owner: (offsets, sizes, array).
@@ -311,6 +322,7 @@ class PyView {
   }
 
   ShardedTensorView view_;
+  mutable py::object numpy_dtype_;  // null until the first read
 };
 
 class PyClient {
