@@ -38,6 +38,7 @@
 #include "common/tensor/tensor.h"
 #include "wire/auth.h"
 #include "wire/credentials.h"
+#include "wire/replicas.h"
 
 namespace py = pybind11;
 
@@ -225,11 +226,7 @@ class PyView {
   std::vector<int64_t> shape() const { return view_.sizes(); }
   std::string dtype() const { return std::string(DTypeName(view_.dtype())); }
   bool degraded() const { return view_.degraded(); }
-  int copies() const {
-    return view_.info().replicas_size() == 0
-               ? 1
-               : 1 + view_.info().replicas(0).ranks_size();
-  }
+  int copies() const { return CopiesOf(view_.info()); }
   std::vector<ShardTuple> shards() const {
     std::vector<ShardTuple> shards;
     const auto& all = view_.metadata().shards_metadata;

@@ -16,7 +16,7 @@ tessera.errors classes (tessera.Error and its subclasses).
 import os as _os
 
 from . import _tessera
-from ._tensor import Shard, Tensor, RemoteShard
+from ._tensor import Shard, Tensor, RemoteShard, _as_numpy, _seconds
 from . import errors
 from .errors import *  # noqa: F401,F403  (Error and its subclasses)
 
@@ -102,8 +102,6 @@ class Client:
     def put(self, name, array, spec, replicas=1, timeout=None):
         """Creates ``name`` with ``array``'s shape and dtype (a numpy array
         or a CPU torch tensor) and writes it."""
-        import numpy
-
         data = _as_numpy(array)
         tensor = self.create(name, data.shape, spec, dtype=data.dtype.name,
                              replicas=replicas)
@@ -151,20 +149,6 @@ class Client:
 
     def __repr__(self):
         return f"tessera.Client(world_size={self.world_size})"
-
-
-def _seconds(timeout):
-    return 0.0 if timeout is None else float(timeout)
-
-
-def _as_numpy(array):
-    import numpy
-
-    if hasattr(array, "detach") and hasattr(array, "numpy"):  # torch
-        if array.device.type != "cpu":
-            raise InvalidArgumentError(3, "only CPU torch tensors: call .cpu()")
-        array = array.detach().numpy()
-    return numpy.asarray(array)
 
 
 def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,

@@ -50,6 +50,16 @@ def _seconds(timeout):
     return 0.0 if timeout is None else float(timeout)
 
 
+def _as_numpy(data):
+    """A numpy array of ``data`` (numpy, anything array-like, or a CPU torch
+    tensor, whose memory it shares)."""
+    if hasattr(data, "detach") and hasattr(data, "numpy"):  # torch
+        if data.device.type != "cpu":
+            raise _invalid("only CPU torch tensors: call .cpu()")
+        data = data.detach().numpy()
+    return numpy.asarray(data)
+
+
 class _Progress:
     """progress=True: a tqdm bar of the bytes moved (when python3-tqdm is
     installed; nothing otherwise), updated while the transfer runs."""
@@ -184,11 +194,7 @@ class Tensor:
         the box at ``offsets``; each owner gets its part. Ctrl-C stops a
         long write promptly (owners may hold part of it, as after any
         failed write)."""
-        if hasattr(data, "detach") and hasattr(data, "numpy"):
-            if data.device.type != "cpu":
-                raise _invalid("only CPU torch tensors: call .cpu()")
-            data = data.detach().numpy()
-        array = numpy.ascontiguousarray(data)
+        array = numpy.ascontiguousarray(_as_numpy(data))
         offsets = [operator.index(o) for o in offsets]
         with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
             self._native.write(offsets, array, _seconds(timeout),
