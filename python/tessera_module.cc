@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "common/dtype.h"
 #include "common/proto_convert.h"
+#include "common/region.h"
 #include "common/sharding_spec.h"
 #include "common/sharding_spec_text.h"
 #include "common/tensor/storage.h"
@@ -247,6 +248,10 @@ class PyView {
                        const py::object& progress) const {
     // Made once per view: building a numpy dtype costs microseconds, which
     // a 4 KiB read notices.
+    // The box is checked before its array is allocated: a huge box outside
+    // the tensor is OUT_OF_RANGE, not a MemoryError.
+    Check(ValidateRegion(offsets, sizes, view_.sizes(),
+                         absl::StrCat("tensor ", view_.name()), "tensor"));
     if (!numpy_dtype_) numpy_dtype_ = NumpyDType(view_.dtype());
     const py::dtype dtype = py::reinterpret_borrow<py::dtype>(numpy_dtype_);
     py::array target = out.has_value()

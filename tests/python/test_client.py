@@ -63,6 +63,8 @@ def test_slicing_reads_only_the_box(client, rows4):
         w[1, 2, 3]
     with pytest.raises(tessera.InvalidArgumentError, match="step"):
         w[::2]
+    with pytest.raises(tessera.OutOfRangeError):  # checked before allocating
+        w.read_region((0, 0), (10**9, 10**9))
     with pytest.raises(tessera.InvalidArgumentError):
         w[[1, 2]]
 
