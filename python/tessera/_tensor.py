@@ -200,58 +200,13 @@ class Tensor:
             self._native.write(offsets, array, _seconds(timeout),
                                bar.callback)
 
-    # ---- numpy basic indexing.
-    def _box(self, key):
-        """(offsets, sizes, shape of the result) for a basic index."""
-        if not isinstance(key, tuple):
-            key = (key,)
-        if sum(1 for k in key if k is Ellipsis) > 1:
-            raise _invalid("an index can only have a single ellipsis ('...')")
-        if any(k is Ellipsis for k in key):
-            at = next(i for i, k in enumerate(key) if k is Ellipsis)
-            fill = self.ndim - (len(key) - 1)
-            key = key[:at] + (slice(None),) * max(fill, 0) + key[at + 1:]
-        if len(key) > self.ndim:
-            raise errors.OutOfRangeError(
-                11, f"too many indices for tensor {self.name}: it has "
-                f"{self.ndim} dimensions but {len(key)} were indexed")
-        key = key + (slice(None),) * (self.ndim - len(key))
-        offsets, sizes, shape = [], [], []
-        for axis, (k, n) in enumerate(zip(key, self._shape)):
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                if step != 1:
-                    raise _invalid(
-                        f"slices with a step other than 1 are not supported "
-                        f"(axis {axis} has step {step}): read the range and "
-                        f"step it in numpy")
-                size = max(0, stop - start)
-                offsets.append(start if size > 0 else 0)
-                sizes.append(size)
-                shape.append(size)
-                continue
-            try:
-                i = operator.index(k)
-            except TypeError:
-                raise _invalid(
-                    f"index {k!r} on axis {axis}: only integers, slices and "
-                    f"'...' are supported") from None
-            if i < -n or i >= n:
-                raise errors.OutOfRangeError(
-                    11, f"index {i} is out of bounds for axis {axis} with "
-                    f"size {n}")
-            offsets.append(i + n if i < 0 else i)
-            sizes.append(1)
-        return offsets, sizes, tuple(shape)
-
+    # ---- numpy basic indexing (ints, slices of step 1, '...'; parsed by
+    # the native view, so a small read is one call).
     def __getitem__(self, key):
-        offsets, sizes, shape = self._box(key)
-        if 0 in sizes:
-            return numpy.empty(shape, dtype=self.dtype)
-        return self.read_region(offsets, sizes).reshape(shape)
+        return self._native.getitem(key)
 
     def __setitem__(self, key, value):
-        offsets, sizes, shape = self._box(key)
+        offsets, sizes, shape = self._native.box(key)
         if hasattr(value, "detach") and hasattr(value, "numpy"):
             value = value.detach().cpu().numpy()
         data = numpy.broadcast_to(numpy.asarray(value, dtype=self.dtype),

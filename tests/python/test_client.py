@@ -67,6 +67,18 @@ def test_slicing_reads_only_the_box(client, rows4):
         w.read_region((0, 0), (10**9, 10**9))
     with pytest.raises(tessera.InvalidArgumentError):
         w[[1, 2]]
+    np.testing.assert_array_equal(w[np.int64(3), np.int32(-1)], values[3, -1])
+    assert w[-1, -1].shape == () and w[0:0, 2].shape == (0,)
+    assert w[..., 1:3].shape == (40, 2) and w[2, ...].shape == (6,)
+    for bad in [True, None, 1.0, "1", (..., ...), (slice(0, 2), [0, 1])]:
+        with pytest.raises(tessera.InvalidArgumentError):
+            w[bad]
+        with pytest.raises(tessera.InvalidArgumentError):
+            w[bad] = 1
+    for bad in [2**70, -2**70, (0, 6), (0, -7)]:
+        with pytest.raises(tessera.OutOfRangeError):
+            w[bad]
+    np.testing.assert_array_equal(w.read(), values)  # nothing was written
 
 
 def test_writes_and_reads_in_place(client, rows4):
