@@ -31,7 +31,6 @@
 #ifndef TESSERA_CLIENT_CLIENT_H_
 #define TESSERA_CLIENT_CLIENT_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/remote_shard.h"
+#include "common/cancellation.h"
 #include "common/dtype.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/sharding_spec.h"
@@ -85,11 +85,12 @@ struct TransferOptions {
   // At most this many shard transfers run at once.
   int parallelism = 16;
   ProgressFn progress;
-  // When set, turning it true ends the transfer promptly (at each piece's
-  // next chunk) with CANCELLED. A cancelled read leaves the destination
-  // partly written; a cancelled write may have been applied by some
-  // owners, as any failed write (the error names them).
-  std::shared_ptr<const std::atomic<bool>> cancel;
+  // When set, Cancel() ends the transfer promptly with CANCELLED, also
+  // while it waits on a stalled daemon (the wait is interrupted). A
+  // cancelled read leaves the destination partly written; a cancelled
+  // write may have been applied by some owners, as any failed write (the
+  // error names them).
+  std::shared_ptr<Cancellation> cancel;
 };
 
 // How Client::Create fills a new tensor.

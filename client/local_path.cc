@@ -333,10 +333,16 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
         TakeConnection(deadline, attempt == 0, &pooled);
     if (!socket.ok()) return TransportFailure(Annotate(socket.status(), what));
     UniqueFd attached;
+    // Cancelling the fetch interrupts the wait for a stalled owner's reply
+    // (the socket is then not pooled again).
+    Cancellation::Registration interrupt = OnCancel(
+        assembler->cancel(), [fd = socket->get()] { InterruptSocket(fd); });
     absl::Status sent = SendLocalMessage(socket->get(), serialized, deadline);
     absl::StatusOr<std::string> message =
         sent.ok() ? ReceiveLocalMessage(socket->get(), deadline, &attached)
                   : sent;
+    interrupt.Reset();
+    if (Cancelled(assembler->cancel())) return Final(assembler->CheckCancel());
     if (!message.ok()) {
       if (pooled && absl::IsUnavailable(message.status())) {
         DropIdleConnections();

@@ -235,6 +235,10 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(options.deadline));
+  // Cancelling the call ends a write blocked on a stalled daemon, from the
+  // start of the call (which waits for the connection) to its Finish.
+  const Cancellation::Registration interrupt =
+      OnCancel(options.cancel, [&context] { context.TryCancel(); });
   v1::WriteRegionResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::WriteRegionChunk>> writer =
       stub.WriteRegion(&context, &response);
@@ -248,14 +252,9 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
   header->set_total_bytes(total);
   header->set_replica(options.replica);
   int64_t offset = 0;
-  bool cancelled = false;
   // One message even for an empty box: it carries the header.
   do {
-    if (options.cancel != nullptr && options.cancel->load()) {
-      cancelled = true;
-      context.TryCancel();
-      break;
-    }
+    if (Cancelled(options.cancel)) break;
     const int64_t size = std::min(chunk_bytes, total - offset);
     chunk.set_offset(offset);
     chunk.set_data(size > 0 ? base + offset : "", static_cast<size_t>(size));
@@ -269,10 +268,14 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
   } while (offset < total);
   writer->WritesDone();
   const absl::Status finished = FromGrpcStatus(writer->Finish());
-  if (cancelled) {
+  if (Cancelled(options.cancel)) {
+    // An incomplete stream is never applied; a complete one whose answer
+    // was not awaited may have been.
     return absl::CancelledError(absl::StrCat(
         "WriteRegion of tensor ", name, ": cancelled by the caller after ",
-        offset, " of ", total, " bytes (nothing of it applied)"));
+        offset, " of ", total, " bytes",
+        offset < total ? " (nothing of it applied)"
+                       : " had been sent (the daemon may have applied them)"));
   }
   RETURN_IF_ERROR(finished);
   if (offset != total) {

@@ -16,7 +16,6 @@
 #ifndef TESSERA_CLIENT_REGION_TRANSFER_H_
 #define TESSERA_CLIENT_REGION_TRANSFER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -28,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/cancellation.h"
 #include "common/shard_metadata.h"
 #include "common/tensor/tensor.h"
 #include "tessera/v1/control.grpc.pb.h"
@@ -140,9 +140,11 @@ struct RegionWriteOptions {
   std::function<void(int64_t bytes)> on_chunk;
   // Into the daemon's replicas of the shards (WriteRegionHeader.replica).
   bool replica = false;
-  // When set, turning it true ends the write at its next chunk with
-  // CANCELLED; the daemon applies nothing of an incomplete stream.
-  std::shared_ptr<const std::atomic<bool>> cancel;
+  // When set, Cancel() ends the write at once (the stream is cancelled,
+  // even while it waits on the daemon) with CANCELLED; the daemon applies
+  // nothing of an incomplete stream, and may have applied a complete one
+  // whose answer was still awaited (the message says which).
+  std::shared_ptr<Cancellation> cancel;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

@@ -135,12 +135,16 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  // Cancelling the fetch ends a Read blocked on a stalled owner too.
+  const Cancellation::Registration interrupt =
+      OnCancel(assembler->cancel(), [&context] { context.TryCancel(); });
   RawStreamCall call(&stub, &context, method, serialized);
   grpc::ByteBuffer message;
   absl::Status status;
   while (status.ok() && call.Read(&message)) {
     status = assembler->Consume(message);
   }
+  if (status.ok()) status = assembler->CheckCancel();
   if (!status.ok()) {
     context.TryCancel();
     while (call.Read(&message)) {
@@ -287,8 +291,9 @@ absl::Status ShardClient::FetchRegionInto(
   return Fetch(request, options, &assembler);
 }
 
-absl::StatusOr<DataConnection> ShardClient::TakeConnection(absl::Time deadline,
-                                                           bool reuse) const {
+absl::StatusOr<DataConnection> ShardClient::TakeConnection(
+    absl::Time deadline, bool reuse,
+    const std::shared_ptr<Cancellation>& cancel) const {
   if (reuse) {
     absl::MutexLock lock(&pool_mu_);
     if (!idle_.empty()) {
@@ -298,8 +303,12 @@ absl::StatusOr<DataConnection> ShardClient::TakeConnection(absl::Time deadline,
     }
   }
   ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(data_plane_address_, deadline));
-  ASSIGN_OR_RETURN(std::shared_ptr<TlsContext> tls, ProcessClientTlsContext());
   DataConnection connection = DataConnection::Plain(UniqueFd());
+  // A stalled server accepts (the kernel does) but never handshakes.
+  // Declared after the socket's owners, so unregistered before they close.
+  const Cancellation::Registration interrupt =
+      OnCancel(cancel, [fd = socket.get()] { InterruptSocket(fd); });
+  ASSIGN_OR_RETURN(std::shared_ptr<TlsContext> tls, ProcessClientTlsContext());
   if (tls != nullptr) {
     const size_t colon = data_plane_address_.rfind(':');
     std::string host = data_plane_address_.substr(0, colon);
@@ -340,24 +349,40 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
                                           ShardAssembler* assembler) const {
   const std::string what = FetchWhat(request);
   const absl::Time deadline = absl::Now() + options.timeout;
+  const std::shared_ptr<Cancellation>& cancel = assembler->cancel();
+  // A cancelled fetch says so, whatever its interrupted wait returned.
+  const auto failed = [&](const absl::Status& status) {
+    return Cancelled(cancel) ? assembler->CheckCancel()
+                             : Annotate(status, what);
+  };
   // A pooled connection may have been closed by the server meanwhile; a
   // fresh one is tried once before giving up. The retry must not take
   // another pooled connection: those idled at least as long, so after a
   // server's idle timeout they are all closed, and they are dropped.
   for (int attempt = 0;; ++attempt) {
+    RETURN_IF_ERROR(assembler->CheckCancel());
     absl::StatusOr<DataConnection> socket =
-        TakeConnection(deadline, attempt == 0);
-    if (!socket.ok()) return Annotate(socket.status(), what);
+        TakeConnection(deadline, attempt == 0, cancel);
+    if (!socket.ok()) return failed(socket.status());
+    // Cancelling interrupts any wait on the owner; such a connection is
+    // never pooled again (the registration ends before it would be).
+    Cancellation::Registration interrupt =
+        OnCancel(cancel, [fd = socket->fd()] { InterruptSocket(fd); });
+    const auto release = [&] {
+      interrupt.Reset();
+      if (!Cancelled(cancel)) ReturnConnection(*std::move(socket));
+    };
     absl::Status sent =
         socket->WriteFrame(request.SerializeAsString(), deadline);
     absl::StatusOr<std::string> frame =
         sent.ok() ? socket->ReadFrame(deadline) : sent;
     if (!frame.ok()) {
-      if (attempt == 0 && absl::IsUnavailable(frame.status())) {
+      if (attempt == 0 && absl::IsUnavailable(frame.status()) &&
+          !Cancelled(cancel)) {
         DropIdleConnections();
         continue;
       }
-      return Annotate(frame.status(), what);
+      return failed(frame.status());
     }
     v1::BulkFetchReply reply;
     if (!reply.ParseFromString(*frame) || reply.code() < 0 ||
@@ -365,7 +390,7 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
       return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
     }
     if (reply.code() != 0) {
-      ReturnConnection(*std::move(socket));
+      release();
       return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
                                    reply.message()),
                       what);
@@ -373,11 +398,11 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
     RETURN_IF_ERROR(assembler->Start(reply.header()));
     absl::Status received = ReceiveChunks(*socket, deadline, assembler);
     if (!received.ok() && !absl::IsDataLoss(received)) {
-      return Annotate(received, what);
+      return failed(received);
     }
     RETURN_IF_ERROR(received);
     RETURN_IF_ERROR(assembler->Finish());
-    ReturnConnection(*std::move(socket));
+    release();
     return absl::OkStatus();
   }
 }

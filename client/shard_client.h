@@ -29,7 +29,6 @@
 #ifndef TESSERA_CLIENT_SHARD_CLIENT_H_
 #define TESSERA_CLIENT_SHARD_CLIENT_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/cancellation.h"
 #include "common/device.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
@@ -98,9 +98,10 @@ struct FetchOptions {
   // written, with its size in bytes (once, with all of them, when the
   // bytes came over the local path). Keep it cheap.
   std::function<void(int64_t bytes)> on_chunk;
-  // When set, turning it true ends the fetch at its next chunk with
-  // CANCELLED (the destination then holds part of the bytes).
-  std::shared_ptr<const std::atomic<bool>> cancel;
+  // When set, Cancel() ends the fetch at once with CANCELLED, also while
+  // it waits on the owner (the socket or RPC is interrupted); the
+  // destination then holds part of the bytes.
+  std::shared_ptr<Cancellation> cancel;
   LocalPath local_path = LocalPath::kAuto;
   // kAuto takes the stream for a destination smaller than this.
   int64_t local_min_bytes = kLocalPathMinBytes;
@@ -174,9 +175,11 @@ class ShardClient {
   absl::Status ReceiveChunks(DataConnection& stream, absl::Time deadline,
                              ShardAssembler* assembler) const;
   // An idle pooled connection when `reuse` and there is one, else a new one
-  // (over TLS, with the process token, when this process has them).
-  absl::StatusOr<DataConnection> TakeConnection(absl::Time deadline,
-                                                bool reuse) const;
+  // (over TLS, with the process token, when this process has them);
+  // cancelling `cancel` interrupts a new one's handshake.
+  absl::StatusOr<DataConnection> TakeConnection(
+      absl::Time deadline, bool reuse,
+      const std::shared_ptr<Cancellation>& cancel) const;
   void ReturnConnection(DataConnection socket) const;
   void DropIdleConnections() const;
 

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/cancellation.h"
 #include "common/dtype.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
@@ -136,18 +137,23 @@ TransferOptions Transfer(double timeout_seconds) {
   return options;
 }
 
-// Transfers at least this large run interruptibly (below): smaller ones
-// end sooner than a thread starts.
-constexpr int64_t kInterruptibleBytes = int64_t{1} << 20;
+// Transfers at least this large, or watched by a progress bar, run on a
+// thread of their own (Interruptible); smaller ones end sooner than a
+// thread starts.
+constexpr int64_t kThreadedBytes = int64_t{1} << 20;
+// How long a small read runs on the caller's thread before it is started
+// again interruptibly (a read is idempotent): the most a Ctrl-C waits for.
+constexpr absl::Duration kInlineSlice = absl::Milliseconds(200);
 
 // Runs `work` (which must not touch Python) on a thread of its own while
 // this thread, the GIL released, waits for it in slices of 50 ms; between
 // them it runs Python's signal handlers (Ctrl-C raises KeyboardInterrupt
 // there) and calls `progress(done, total)` when given. When a handler
-// raises, `cancel` is set, the work is waited for (it stops at its next
-// chunk, CANCELLED) and the Python exception propagates.
+// raises, `cancel` is cancelled, which interrupts the work even where it
+// waits on a stalled daemon; it is waited for and the Python exception
+// propagates.
 absl::Status Interruptible(const std::function<absl::Status()>& work,
-                           const std::shared_ptr<std::atomic<bool>>& cancel,
+                           const std::shared_ptr<Cancellation>& cancel,
                            const std::shared_ptr<std::atomic<int64_t>>& done,
                            int64_t total, const py::object& progress) {
   std::promise<absl::Status> promise;
@@ -171,7 +177,7 @@ absl::Status Interruptible(const std::function<absl::Status()>& work,
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
   } catch (...) {
-    cancel->store(true);
+    cancel->Cancel();
     join();
     throw;
   }
@@ -179,41 +185,65 @@ absl::Status Interruptible(const std::function<absl::Status()>& work,
   return future.get();
 }
 
-// TransferOptions for a call: its timeout, a cancel flag and a progress
-// counter.
-struct Transfers {
-  TransferOptions options;
-  std::shared_ptr<std::atomic<bool>> cancel =
-      std::make_shared<std::atomic<bool>>(false);
-  std::shared_ptr<std::atomic<int64_t>> done =
+// A transfer of `bytes` from Python: its deadline, a cancellation and,
+// when watched, a progress counter.
+class PyTransfer {
+ public:
+  PyTransfer(double timeout_seconds, int64_t bytes, py::object progress)
+      : bytes_(bytes),
+        progress_(std::move(progress)),
+        options_(Transfer(timeout_seconds)) {
+    options_.cancel = cancel_;
+    if (threaded()) {
+      // Counting costs a lock per chunk: only watched transfers count.
+      options_.progress = [done = done_](int64_t moved, int64_t) {
+        done->store(moved);
+      };
+    }
+  }
+
+  // Runs `work` with the transfer's options so that Ctrl-C stops it
+  // promptly: large or watched transfers on a thread (Interruptible);
+  // small ones with the GIL released on this thread, which for a read
+  // (`idempotent`) first gets kInlineSlice and then, if the deadline
+  // allows more, is started again interruptibly with what is left. A small
+  // write runs on a thread: it cannot be repeated safely.
+  absl::Status Run(
+      const std::function<absl::Status(const TransferOptions&)>& work,
+      bool idempotent) {
+    if (!threaded() && idempotent) {
+      const absl::Time deadline = absl::Now() + options_.timeout;
+      TransferOptions first = options_;
+      first.timeout = std::min(options_.timeout, kInlineSlice);
+      absl::Status status;
+      {
+        py::gil_scoped_release release;
+        status = work(first);
+      }
+      if (!absl::IsDeadlineExceeded(status) ||
+          first.timeout == options_.timeout) {
+        return status;
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      options_.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    }
+    return Interruptible([&] { return work(options_); }, cancel_, done_, bytes_,
+                         progress_);
+  }
+
+ private:
+  bool threaded() const {
+    return bytes_ >= kThreadedBytes || !progress_.is_none();
+  }
+
+  const int64_t bytes_;
+  const py::object progress_;
+  TransferOptions options_;
+  const std::shared_ptr<Cancellation> cancel_ =
+      std::make_shared<Cancellation>();
+  const std::shared_ptr<std::atomic<int64_t>> done_ =
       std::make_shared<std::atomic<int64_t>>(0);
 };
-Transfers MakeTransfers(double timeout_seconds, int64_t bytes,
-                        const py::object& progress) {
-  Transfers transfers;
-  transfers.options = Transfer(timeout_seconds);
-  // Only transfers that RunTransfer runs interruptibly count their bytes:
-  // the counter costs a lock per chunk.
-  if (bytes >= kInterruptibleBytes || !progress.is_none()) {
-    transfers.options.cancel = transfers.cancel;
-    transfers.options.progress =
-        [done = transfers.done](int64_t moved, int64_t) { done->store(moved); };
-  }
-  return transfers;
-}
-
-// Runs a transfer of `bytes`: interruptibly when large or watched,
-// otherwise on this thread with the GIL released.
-absl::Status RunTransfer(const std::function<absl::Status()>& work,
-                         const Transfers& transfers, int64_t bytes,
-                         const py::object& progress) {
-  if (bytes >= kInterruptibleBytes || !progress.is_none()) {
-    return Interruptible(work, transfers.cancel, transfers.done, bytes,
-                         progress);
-  }
-  py::gil_scoped_release release;
-  return work();
-}
 
 // A numpy basic index (an int, a slice of step 1, `...`, or a tuple of
 // them) on a tensor of `shape`: the box it selects and the shape of the
@@ -366,14 +396,13 @@ class PyView {
                        ") but the box is (", absl::StrJoin(sizes, ", "), ")")));
     }
     const Tensor destination = Wrap(target, view_.dtype());
-    const int64_t transfer_bytes = static_cast<int64_t>(target.nbytes());
-    const Transfers transfers =
-        MakeTransfers(timeout, transfer_bytes, progress);
-    Check(RunTransfer(
-        [&] {
-          return view_.ReadRegionInto(offsets, destination, transfers.options);
+    PyTransfer transfer(timeout, static_cast<int64_t>(target.nbytes()),
+                        progress);
+    Check(transfer.Run(
+        [&](const TransferOptions& options) {
+          return view_.ReadRegionInto(offsets, destination, options);
         },
-        transfers, transfer_bytes, progress));
+        /*idempotent=*/true));
     return target;
   }
 
@@ -394,15 +423,13 @@ class PyView {
     if (box.empty()) return target;
     Tensor destination = Wrap(target, view_.dtype());
     destination = Check(destination.View(box.sizes));
-    const int64_t transfer_bytes = static_cast<int64_t>(target.nbytes());
-    const Transfers transfers =
-        MakeTransfers(timeout, transfer_bytes, py::none());
-    Check(RunTransfer(
-        [&] {
-          return view_.ReadRegionInto(box.offsets, destination,
-                                      transfers.options);
+    PyTransfer transfer(timeout, static_cast<int64_t>(target.nbytes()),
+                        py::none());
+    Check(transfer.Run(
+        [&](const TransferOptions& options) {
+          return view_.ReadRegionInto(box.offsets, destination, options);
         },
-        transfers, transfer_bytes, py::none()));
+        /*idempotent=*/true));
     return target;
   }
 
@@ -410,12 +437,12 @@ class PyView {
              double timeout, const py::object& progress) const {
     const Tensor source = Wrap(
         data, DTypeFromName(std::string(py::str(data.dtype().attr("name")))));
-    const int64_t transfer_bytes = static_cast<int64_t>(data.nbytes());
-    const Transfers transfers =
-        MakeTransfers(timeout, transfer_bytes, progress);
-    Check(RunTransfer(
-        [&] { return view_.Write(offsets, source, transfers.options); },
-        transfers, transfer_bytes, progress));
+    PyTransfer transfer(timeout, static_cast<int64_t>(data.nbytes()), progress);
+    Check(transfer.Run(
+        [&](const TransferOptions& options) {
+          return view_.Write(offsets, source, options);
+        },
+        /*idempotent=*/false));
   }
 
   // Each shard fetched whole from its owner: (offsets, sizes, array).
@@ -426,14 +453,22 @@ class PyView {
       Raise(absl::OutOfRangeError(absl::StrCat(
           "shard ", index, " of a tensor with ", remote.size(), " shards")));
     }
-    FetchOptions options;
-    if (timeout > 0) options.timeout = absl::Seconds(timeout);
+    const std::vector<int64_t>& sizes =
+        view_.metadata().shards_metadata[index].shard_sizes();
+    int64_t bytes = static_cast<int64_t>(ElementSize(view_.dtype()));
+    for (const int64_t size : sizes) bytes *= size;
     absl::StatusOr<Shard> shard;
-    {
-      py::gil_scoped_release release;
-      shard = remote[index].to_here(options);
-    }
-    Shard fetched = Check(std::move(shard));
+    PyTransfer transfer(timeout, bytes, py::none());
+    Check(transfer.Run(
+        [&](const TransferOptions& transfer_options) {
+          FetchOptions options;
+          options.timeout = transfer_options.timeout;
+          options.cancel = transfer_options.cancel;
+          shard = remote[index].to_here(options);
+          return shard.status();
+        },
+        /*idempotent=*/true));
+    Shard fetched = *std::move(shard);
     return {fetched.metadata.shard_offsets(), fetched.metadata.shard_sizes(),
             ToNumpy(std::move(fetched.tensor))};
   }

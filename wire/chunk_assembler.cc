@@ -329,7 +329,7 @@ absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
 }
 
 absl::Status ShardAssembler::CheckCancel() const {
-  if (cancel_ == nullptr || !cancel_->load()) return absl::OkStatus();
+  if (!Cancelled(cancel_)) return absl::OkStatus();
   return absl::CancelledError(
       absl::StrCat(ShardName(), ": cancelled by the caller after ",
                    sequence_.received_bytes(), " bytes"));

@@ -7,7 +7,6 @@
 #ifndef TESSERA_WIRE_CHUNK_ASSEMBLER_H_
 #define TESSERA_WIRE_CHUNK_ASSEMBLER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/cancellation.h"
 #include "common/device.h"
 #include "common/shard_metadata.h"
 #include "common/tensor/tensor.h"
@@ -114,11 +114,16 @@ class ShardAssembler {
   void set_on_chunk(std::function<void(int64_t bytes)> on_chunk) {
     on_chunk_ = std::move(on_chunk);
   }
-  // Once `*cancel` turns true, the next chunk (Consume, Place) is refused
-  // with CANCELLED, so that whoever feeds the assembler stops the stream.
-  void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) {
+  // Once `cancel` is cancelled, the next chunk (Consume, Place) is refused
+  // with CANCELLED, so that whoever feeds the assembler stops the stream;
+  // the feeder registers with cancel() to interrupt its waits.
+  void set_cancel(std::shared_ptr<Cancellation> cancel) {
     cancel_ = std::move(cancel);
   }
+  const std::shared_ptr<Cancellation>& cancel() const { return cancel_; }
+  // CANCELLED "shard 3 of tensor t: cancelled by the caller after N bytes"
+  // once the cancellation was cancelled; OK otherwise.
+  absl::Status CheckCancel() const;
 
   // Verifies one serialized ShardChunk and writes its bytes. The first
   // chunk must carry the header: INVALID_ARGUMENT when its dtype or sizes
@@ -194,9 +199,7 @@ class ShardAssembler {
   std::optional<std::vector<int64_t>> region_offsets_;
   std::vector<int64_t> region_sizes_;
   std::function<void(int64_t)> on_chunk_;
-  std::shared_ptr<const std::atomic<bool>> cancel_;
-  // CANCELLED once cancel_ is set.
-  absl::Status CheckCancel() const;
+  std::shared_ptr<Cancellation> cancel_;
   Tensor destination_;
   // For an allocating assembler: where to allocate.
   std::optional<TensorOptions> allocate_;

@@ -427,14 +427,15 @@ TEST_F(DaemonTest, CancelledTransfersEndWithCancelled) {
                        client_->Create("cancelled", {8, 4}, RowSpec()));
   ASSERT_OK(view.Write({0, 0}, Iota(8, 4)));
   TransferOptions options;
-  auto cancel = std::make_shared<std::atomic<bool>>(true);
+  auto cancel = std::make_shared<Cancellation>();
+  cancel->Cancel();
   options.cancel = cancel;
   EXPECT_THAT(view.Read(options).status(),
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
   ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({8, 4}));
   EXPECT_THAT(view.Write({0, 0}, zeros, options),
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
-  cancel->store(false);
+  options.cancel = nullptr;
   ASSERT_OK_AND_ASSIGN(Tensor values, view.Read(options));
   EXPECT_EQ(values.data<float>()[31], Iota(8, 4).data<float>()[31]);
   EXPECT_OK(client_->Delete("cancelled"));

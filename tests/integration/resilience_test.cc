@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
+#include "common/cancellation.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
@@ -700,6 +701,97 @@ TEST(ResilienceTest, ACallInFlightWhenADaemonStallsEndsWithinTheLease) {
   const absl::Status created = CreateAfterUntilServing(*client, resumed);
   ASSERT_OK(created) << cluster->Log(0) << cluster->Log(1);
   ExpectAllSevens(*client, "after");
+}
+
+// TransferOptions::cancel (a user's Ctrl-C) ends a transfer that waits on
+// a stalled daemon at once, with CANCELLED, over every transport and for a
+// write, not at its deadline; the client and the cluster go on.
+TEST(ResilienceTest, CancellingATransferThatWaitsOnAStalledDaemonEndsIt) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  struct Transport {
+    const char* name;
+    bool data_plane;
+    bool local_path;
+  };
+  const Transport transports[] = {{"grpc", false, false},
+                                  {"data plane", true, false},
+                                  {"local", true, true}};
+  std::vector<std::shared_ptr<Client>> clients;
+  std::vector<ShardedTensorView> views;
+  for (const Transport& transport : transports) {
+    ClientOptions client_options;
+    client_options.data_plane = transport.data_plane;
+    client_options.use_local_path = transport.local_path;
+    client_options.local_min_bytes = 0;
+    ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
+                         Client::Connect(cluster->address(0), client_options));
+    if (views.empty()) {
+      ASSERT_OK(clients[0]->Create("kept", {6, 4}, Rows(), Sevens()).status());
+    }
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView view, clients.back()->Open("kept"));
+    views.push_back(std::move(view));
+  }
+  const pid_t stalled = cluster->daemon(2).pid();
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
+  // Runs `transfer` with a 60 s deadline, cancelled 300 ms in.
+  const auto cancelled_after =
+      [](const std::string& what,
+         const std::function<absl::Status(const TransferOptions&)>& transfer) {
+        SCOPED_TRACE(what);
+        TransferOptions options;
+        options.timeout = absl::Seconds(60);
+        options.cancel = std::make_shared<Cancellation>();
+        std::thread canceller([cancel = options.cancel] {
+          absl::SleepFor(absl::Milliseconds(300));
+          cancel->Cancel();
+        });
+        const absl::Time start = absl::Now();
+        const absl::Status status = transfer(options);
+        const absl::Duration took = absl::Now() - start;
+        canceller.join();
+        EXPECT_THAT(status, StatusIs(absl::StatusCode::kCancelled,
+                                     HasSubstr("cancelled by the caller")));
+        EXPECT_LT(took, kAtOnce);
+        std::cout << "[ resilience ] " << what << " cancelled after " << took
+                  << "\n";
+      };
+  for (size_t t = 0; t < views.size(); ++t) {
+    cancelled_after(absl::StrCat("read over ", transports[t].name),
+                    [&](const TransferOptions& transfer) {
+                      return views[t].Read(transfer).status();
+                    });
+  }
+  const std::vector<RemoteShard> remote = views[1].remote_shards();
+  cancelled_after("to_here of the stalled daemon's shard",
+                  [&](const TransferOptions& transfer) {
+                    FetchOptions fetch;
+                    fetch.timeout = transfer.timeout;
+                    fetch.cancel = transfer.cancel;
+                    return remote[2].to_here(fetch).status();
+                  });
+  ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Full({6, 4}, 1.0));
+  cancelled_after("write", [&](const TransferOptions& transfer) {
+    return views[0].Write({0, 0}, ones, transfer);
+  });
+
+  // Resumed, every client reads again. The cancelled write reached ranks
+  // 0 and 1; rank 2 applied all of its box or none of it.
+  std::move(resume).Invoke();
+  for (size_t t = 0; t < views.size(); ++t) {
+    SCOPED_TRACE(transports[t].name);
+    ASSERT_OK_AND_ASSIGN(Tensor values, views[t].Read());
+    const float* data = values.data<float>();
+    for (int64_t i = 0; i < 24; ++i) {
+      if (i < 16) {
+        EXPECT_EQ(data[i], 1.0f) << "element " << i;
+      } else {
+        EXPECT_EQ(data[i], data[16]) << "element " << i;
+      }
+    }
+  }
 }
 
 // With the store in etcd (--store), no daemon is special: an etcd member

@@ -1,8 +1,11 @@
 """The tessera package against real daemons: every call, values compared to
 numpy, slicing edge cases, every error class, a daemon killed mid-read,
-concurrent readers."""
+Ctrl-C while a daemon stalls, concurrent readers."""
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -237,6 +240,73 @@ def test_a_daemon_killed_mid_read_is_an_exception_within_the_deadline():
                            tessera.DeadlineExceededError)), result
         assert "rank 1" in str(result["error"])
     finally:
+        cluster.stop()
+
+
+# A child process reads and writes while the owner of half the tensor is
+# stalled (SIGSTOP) and gets a real SIGINT 0.5 s into each call: every one
+# ends with KeyboardInterrupt at once, not at its (default, 300 s) deadline.
+CTRL_C_CHILD = r"""
+import os, signal, sys, threading, time
+import numpy as np
+import tessera
+
+c = tessera.connect(sys.argv[1], timeout=60)
+w = c.open("w")
+print("ready", flush=True)
+sys.stdin.readline()
+
+def interrupted(label, call):
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+        call()
+        print(label, "finished", flush=True)
+    except KeyboardInterrupt:
+        print(label, "interrupted", round(time.monotonic() - start, 2),
+              flush=True)
+
+interrupted("4KiB-read", lambda: w[1500, :])
+interrupted("8MiB-read", lambda: w.read())
+interrupted("to_here", lambda: w.remote_shards()[1].to_here())
+interrupted("4KiB-write", lambda: w.__setitem__(1500, 2.0))
+print("done", flush=True)
+"""
+
+
+def test_ctrl_c_stops_a_transfer_waiting_on_a_stalled_daemon():
+    cluster = Daemons(world=2, extra=["--timeout", "60"])
+    child = None
+    try:
+        c = tessera.connect(cluster.addresses[0], timeout=30)
+        spec = tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"])
+        w = c.create("w", (2048, 1024), spec, init="ones")  # 8 MiB
+        child = subprocess.Popen(
+            [sys.executable, "-c", CTRL_C_CHILD, cluster.addresses[0]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        cluster.procs[1].send_signal(signal.SIGSTOP)
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            out, _ = child.communicate(timeout=60)
+        finally:
+            cluster.procs[1].send_signal(signal.SIGCONT)
+        print(out)  # shown with -s: how long each took to stop
+        lines = out.split("\n")
+        assert "done" in lines, out
+        for label in ["4KiB-read", "8MiB-read", "to_here", "4KiB-write"]:
+            line = next(l for l in lines if l.startswith(label + " "))
+            _, verdict, *seconds = line.split()
+            assert verdict == "interrupted", out
+            assert float(seconds[0]) < 5, out
+        # Resumed, the stalled daemon's rows read and write again.
+        w[1500, :] = 3.0
+        np.testing.assert_array_equal(w[1499:1501, 0], [1.0, 3.0])
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
         cluster.stop()
 
 
