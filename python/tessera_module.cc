@@ -80,10 +80,28 @@ DType DTypeFromName(const std::string& name) { return Check(ParseDType(name)); }
 py::dtype NumpyDType(DType dtype) {
   if (dtype == DType::kBFloat16) {
     Raise(absl::InvalidArgumentError(
-        "bfloat16 has no numpy dtype: read with cast=\"float32\" or use "
-        "tessera.torch"));
+        "the tensor is bfloat16, which numpy lacks: read it with "
+        "cast=\"float32\", or into a torch.bfloat16 tensor with "
+        "tessera.torch.read"));
   }
   return py::dtype(std::string(DTypeName(dtype)));
+}
+
+// The numpy dtype that holds `dtype`'s bits: its own, or uint16 for
+// bfloat16 (the package converts those bits; torch views them as its
+// bfloat16).
+py::dtype BitsDType(DType dtype) {
+  return dtype == DType::kBFloat16 ? py::dtype("uint16") : NumpyDType(dtype);
+}
+
+// Whether `array` may carry `dtype`'s bits: its numpy dtype, or any 16-bit
+// integer for bfloat16.
+bool CarriesBitsOf(const py::array& array, DType dtype) {
+  if (dtype == DType::kBFloat16) {
+    const char kind = array.dtype().kind();
+    return array.itemsize() == 2 && (kind == 'u' || kind == 'i');
+  }
+  return array.dtype().is(NumpyDType(dtype));
 }
 
 // A tensor sharing the memory of `array` (C-contiguous, checked by the
@@ -106,13 +124,15 @@ Tensor Wrap(const py::array& array, DType dtype) {
 }
 
 // A numpy array owning a copy of nothing: it shares `tensor`'s storage and
-// keeps it alive (a capsule holds a reference).
-py::array ToNumpy(Tensor tensor) {
+// keeps it alive (a capsule holds a reference). With `bits`, a bfloat16
+// tensor comes as its bits (BitsDType).
+py::array ToNumpy(Tensor tensor, bool bits = false) {
   absl::StatusOr<Tensor> host =
       tensor.device().is_cpu() ? tensor.Contiguous() : tensor.To(Device::Cpu());
   Tensor dense = Check(std::move(host));
   if (!dense.is_contiguous()) dense = Check(dense.Contiguous());
-  const py::dtype dtype = NumpyDType(dense.dtype());
+  const py::dtype dtype =
+      bits ? BitsDType(dense.dtype()) : NumpyDType(dense.dtype());
   std::vector<py::ssize_t> shape(dense.sizes().begin(), dense.sizes().end());
   auto* owner = new Tensor(dense);
   py::capsule base(owner, [](void* p) { delete static_cast<Tensor*>(p); });
@@ -364,24 +384,23 @@ class PyView {
   }
 
   // Reads the box into `out` (a C-contiguous array of the tensor's dtype
-  // and the box's shape), or a new array.
+  // and the box's shape), or a new array. A bfloat16 tensor's box is read
+  // as its bits (BitsDType).
   py::array ReadRegion(const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& sizes,
                        std::optional<py::array> out, double timeout,
                        const py::object& progress) const {
-    // Made once per view: building a numpy dtype costs microseconds, which
-    // a 4 KiB read notices.
     // The box is checked before its array is allocated: a huge box outside
     // the tensor is OUT_OF_RANGE, not a MemoryError.
     Check(ValidateRegion(offsets, sizes, view_.sizes(),
                          absl::StrCat("tensor ", view_.name()), "tensor"));
-    if (!numpy_dtype_) numpy_dtype_ = NumpyDType(view_.dtype());
-    const py::dtype dtype = py::reinterpret_borrow<py::dtype>(numpy_dtype_);
+    if (!bits_dtype_) bits_dtype_ = BitsDType(view_.dtype());
+    const py::dtype dtype = py::reinterpret_borrow<py::dtype>(bits_dtype_);
     py::array target = out.has_value()
                            ? *out
                            : py::array(dtype, std::vector<py::ssize_t>(
                                                   sizes.begin(), sizes.end()));
-    if (!target.dtype().is(dtype)) {
+    if (!(target.dtype().is(dtype) || CarriesBitsOf(target, view_.dtype()))) {
       Raise(absl::InvalidArgumentError(
           absl::StrCat("out has dtype ", std::string(py::str(target.dtype())),
                        " but tensor ", view_.name(), " is ", dtype_name())));
@@ -433,10 +452,15 @@ class PyView {
     return target;
   }
 
+  // Writes `data` as the box at `offsets`; a bfloat16 tensor takes its
+  // bits from a 16-bit integer array.
   void Write(const std::vector<int64_t>& offsets, const py::array& data,
              double timeout, const py::object& progress) const {
-    const Tensor source = Wrap(
-        data, DTypeFromName(std::string(py::str(data.dtype().attr("name")))));
+    const DType dtype =
+        view_.dtype() == DType::kBFloat16 && CarriesBitsOf(data, view_.dtype())
+            ? DType::kBFloat16
+            : DTypeFromName(std::string(py::str(data.dtype().attr("name"))));
+    const Tensor source = Wrap(data, dtype);
     PyTransfer transfer(timeout, static_cast<int64_t>(data.nbytes()), progress);
     Check(transfer.Run(
         [&](const TransferOptions& options) {
@@ -470,7 +494,7 @@ class PyView {
         /*idempotent=*/true));
     Shard fetched = *std::move(shard);
     return {fetched.metadata.shard_offsets(), fetched.metadata.shard_sizes(),
-            ToNumpy(std::move(fetched.tensor))};
+            ToNumpy(std::move(fetched.tensor), /*bits=*/true)};
   }
 
   const ShardedTensorView& view() const { return view_; }
@@ -481,7 +505,10 @@ class PyView {
   }
 
   ShardedTensorView view_;
-  mutable py::object numpy_dtype_;  // null until the first read
+  // Null until the first read (building a numpy dtype costs microseconds,
+  // which a 4 KiB read notices).
+  mutable py::object numpy_dtype_;
+  mutable py::object bits_dtype_;
 };
 
 class PyClient {

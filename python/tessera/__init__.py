@@ -16,7 +16,7 @@ tessera.errors classes (tessera.Error and its subclasses).
 import os as _os
 
 from . import _tessera
-from ._tensor import Shard, Tensor, RemoteShard, _as_numpy, _seconds
+from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
 from . import errors
 from .errors import *  # noqa: F401,F403  (Error and its subclasses)
 
@@ -102,11 +102,12 @@ class Client:
     def put(self, name, array, spec, replicas=1, timeout=None):
         """Creates ``name`` with ``array``'s shape and dtype (a numpy array
         or a CPU torch tensor) and writes it."""
-        data = _as_numpy(array)
-        tensor = self.create(name, data.shape, spec, dtype=data.dtype.name,
+        data, bits = _source(array)
+        tensor = self.create(name, data.shape, spec,
+                             dtype="bfloat16" if bits else data.dtype.name,
                              replicas=replicas)
         try:
-            tensor.write((0,) * data.ndim, data, timeout=timeout)
+            tensor.write((0,) * data.ndim, array, timeout=timeout)
         except BaseException:
             try:
                 self.delete(name)

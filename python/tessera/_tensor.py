@@ -35,11 +35,13 @@ class RemoteShard:
     def rank(self):
         return self.shard.rank
 
-    def to_here(self, timeout=None):
-        """(offsets, sizes, array): the shard's bytes, fetched now."""
+    def to_here(self, timeout=None, cast=None):
+        """(offsets, sizes, array): the shard's bytes, fetched now (as
+        ``cast`` when given; a bfloat16 tensor needs one)."""
         offsets, sizes, array = self._tensor._native.to_here(
             self.shard.index, _seconds(timeout))
-        return tuple(offsets), tuple(sizes), array
+        return (tuple(offsets), tuple(sizes),
+                self._tensor._values(array, cast))
 
     def __repr__(self):
         return (f"tessera.RemoteShard({self._tensor.name!r}, shard "
@@ -50,14 +52,50 @@ def _seconds(timeout):
     return 0.0 if timeout is None else float(timeout)
 
 
-def _as_numpy(data):
-    """A numpy array of ``data`` (numpy, anything array-like, or a CPU torch
-    tensor, whose memory it shares)."""
+def _source(data):
+    """(numpy array, bfloat16 bits?) of ``data``: numpy, anything
+    array-like, or a CPU torch tensor, whose memory the array shares (a
+    torch.bfloat16 one as its bits, int16)."""
     if hasattr(data, "detach") and hasattr(data, "numpy"):  # torch
         if data.device.type != "cpu":
             raise _invalid("only CPU torch tensors: call .cpu()")
-        data = data.detach().numpy()
-    return numpy.asarray(data)
+        data = data.detach()
+        if str(data.dtype) == "torch.bfloat16":
+            import torch
+
+            return data.view(torch.int16).numpy(), True
+        return data.numpy(), False
+    return numpy.asarray(data), False
+
+
+def _as_numpy(data):
+    """A numpy array of ``data`` (see _source); torch.bfloat16 values come
+    as float32."""
+    array, bits = _source(data)
+    return bf16_to_float32(array) if bits else array
+
+
+def bf16_to_float32(bits):
+    """bfloat16 bits (a 16-bit integer array) as float32 values (exact)."""
+    return (bits.view(numpy.uint16).astype(numpy.uint32) << 16).view(
+        numpy.float32)
+
+
+def float_to_bf16(values):
+    """Values as bfloat16 bits (uint16), rounded to the nearest even as
+    torch does; NaNs stay NaNs."""
+    f = numpy.ascontiguousarray(values, dtype=numpy.float32)
+    u = f.view(numpy.uint32)
+    bits = ((u + numpy.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(
+        numpy.uint16)
+    nan = numpy.isnan(f)
+    if nan.any():
+        bits[nan] = ((u[nan] >> 16) | 0x40).astype(numpy.uint16)
+    return bits
+
+
+def _is_bits(array):
+    return array.dtype.itemsize == 2 and array.dtype.kind in "ui"
 
 
 class _Progress:
@@ -102,6 +140,7 @@ class Tensor:
         self._client = client
         self._native = native
         self._shape = tuple(native.shape)
+        self._bf16 = native.dtype == "bfloat16"
 
     # ---- Metadata.
     @property
@@ -135,10 +174,12 @@ class Tensor:
     @property
     def dtype(self):
         """The numpy dtype (InvalidArgumentError for bfloat16, which numpy
-        lacks: use dtype_name, or tessera.torch)."""
-        if self.dtype_name == "bfloat16":
-            raise _invalid("bfloat16 has no numpy dtype (see dtype_name; "
-                           "tessera.torch reads it as torch.bfloat16)")
+        lacks: see dtype_name; read with cast=, or with tessera.torch)."""
+        if self._bf16:
+            raise _invalid(f"tensor {self.name} is bfloat16, which numpy "
+                           f"lacks (see dtype_name): read it with "
+                           f"cast=\"float32\", or into a torch.bfloat16 "
+                           f"tensor with tessera.torch.read")
         return numpy.dtype(self.dtype_name)
 
     @property
@@ -161,40 +202,70 @@ class Tensor:
 
     # ---- Bytes.
     def read_region(self, offsets, sizes, out=None, timeout=None,
-                    progress=False):
+                    progress=False, cast=None):
         """The box at ``offsets`` of ``sizes`` as a numpy array (into
-        ``out`` when given, in place). Ctrl-C stops a long read promptly;
-        ``progress=True`` shows a tqdm bar."""
+        ``out`` when given, in place), converted to the dtype ``cast`` when
+        given. Ctrl-C stops a long read promptly; ``progress=True`` shows a
+        tqdm bar. A bfloat16 tensor (numpy has no such dtype) is read with
+        ``cast``, or as its bits into a 16-bit integer ``out``."""
         offsets = [operator.index(o) for o in offsets]
         sizes = [operator.index(s) for s in sizes]
         if out is not None and not isinstance(out, numpy.ndarray):
             raise _invalid("out must be a numpy array")
+        if cast is not None:
+            got = self._read(offsets, sizes, None, timeout, progress)
+            values = self._values(got, cast)
+            if out is None:
+                return values
+            out[...] = values
+            return out
+        if self._bf16 and (out is None or not _is_bits(out)):
+            self.dtype  # raises, saying how to read it
         direct = out if out is None or out.flags.c_contiguous else None
-        if not progress:  # the common case, kept short for small boxes
-            got = self._native.read_region(offsets, sizes, direct,
-                                           _seconds(timeout), None)
-        else:
-            nbytes = self.dtype.itemsize * math.prod(sizes)
-            with _Progress(progress, nbytes, f"read {self.name}") as bar:
-                got = self._native.read_region(offsets, sizes, direct,
-                                               _seconds(timeout),
-                                               bar.callback)
+        got = self._read(offsets, sizes, direct, timeout, progress)
         if out is None or direct is not None:
             return got
         out[...] = got
         return out
 
-    def read(self, out=None, timeout=None, progress=False):
-        """The whole tensor (into ``out`` when given)."""
+    def _read(self, offsets, sizes, out, timeout, progress):
+        if not progress:  # the common case, kept short for small boxes
+            return self._native.read_region(offsets, sizes, out,
+                                            _seconds(timeout), None)
+        nbytes = (2 if self._bf16 else self.dtype.itemsize) * math.prod(sizes)
+        with _Progress(progress, nbytes, f"read {self.name}") as bar:
+            return self._native.read_region(offsets, sizes, out,
+                                            _seconds(timeout), bar.callback)
+
+    def _values(self, got, cast):
+        """What the native layer read (bfloat16: its bits) as ``cast``."""
+        if cast is None:
+            if self._bf16:
+                self.dtype  # raises, saying how to read it
+            return got
+        values = bf16_to_float32(got) if self._bf16 else got
+        return values.astype(numpy.dtype(cast), copy=False)
+
+    def read(self, out=None, timeout=None, progress=False, cast=None):
+        """The whole tensor (into ``out`` when given; as ``cast`` when
+        given)."""
         return self.read_region((0,) * self.ndim, self._shape, out=out,
-                                timeout=timeout, progress=progress)
+                                timeout=timeout, progress=progress,
+                                cast=cast)
 
     def write(self, offsets, data, timeout=None, progress=False):
         """Writes ``data`` (numpy array or CPU torch tensor, any layout) as
-        the box at ``offsets``; each owner gets its part. Ctrl-C stops a
-        long write promptly (owners may hold part of it, as after any
-        failed write)."""
-        array = numpy.ascontiguousarray(_as_numpy(data))
+        the box at ``offsets``; each owner gets its part. A bfloat16 tensor
+        takes numbers (rounded to bfloat16 as torch does) or a
+        torch.bfloat16 tensor. Ctrl-C stops a long write promptly (owners
+        may hold part of it, as after any failed write)."""
+        array, bits = _source(data)
+        if bits and not self._bf16:
+            raise _invalid(f"data is bfloat16 but tensor {self.name} is "
+                           f"{self.dtype_name}")
+        if self._bf16 and not bits:
+            array = float_to_bf16(array)
+        array = numpy.ascontiguousarray(array)
         offsets = [operator.index(o) for o in offsets]
         with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
             self._native.write(offsets, array, _seconds(timeout),
@@ -207,9 +278,9 @@ class Tensor:
 
     def __setitem__(self, key, value):
         offsets, sizes, shape = self._native.box(key)
-        if hasattr(value, "detach") and hasattr(value, "numpy"):
-            value = value.detach().cpu().numpy()
-        data = numpy.broadcast_to(numpy.asarray(value, dtype=self.dtype),
+        value = _as_numpy(value)
+        dtype = numpy.float32 if self._bf16 else self.dtype
+        data = numpy.broadcast_to(numpy.asarray(value, dtype=dtype),
                                   shape).reshape(sizes)
         if 0 in sizes:
             return

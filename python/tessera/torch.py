@@ -7,9 +7,11 @@ Imported on demand (``import tessera.torch``); needs torch.
 
 import json
 
+import numpy
 import torch
 
 from . import _tessera, errors
+from ._tensor import _source
 
 __all__ = ["spec_from_torch", "spec_to_torch", "read", "put_state_dict",
            "get_state_dict"]
@@ -73,30 +75,24 @@ def spec_to_torch(spec):
         for s in form["shards"]])
 
 
-def _numpy_of(tensor):
-    if tensor.device.type != "cpu":
-        raise _invalid("only CPU torch tensors: call .cpu()")
-    if tensor.dtype == torch.bfloat16:
-        raise _invalid("bfloat16 torch tensors are not supported yet")
-    return tensor.detach().numpy()  # shares the memory
-
-
 def read(tensor, out=None, offsets=None, timeout=None):
     """Reads a tessera tensor (or, with ``offsets``, the box of ``out``'s
     shape there) into the CPU torch tensor ``out`` in place, or a new
-    one."""
+    one; bfloat16 as torch.bfloat16."""
     if out is None:
-        array = (tensor.read(timeout=timeout) if offsets is None else None)
-        if array is None:
+        if offsets is not None:
             raise _invalid("a box read needs out= (its shape is the box's)")
-        return torch.from_numpy(array)
-    target = _numpy_of(out)
+        if tensor.dtype_name != "bfloat16":
+            return torch.from_numpy(tensor.read(timeout=timeout))
+        out = torch.empty(tensor.shape, dtype=torch.bfloat16)
+    target, _ = _source(out)  # shares the memory (bfloat16: its bits)
     origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
     if target.flags.c_contiguous:
         tensor.read_region(origin, target.shape, out=target, timeout=timeout)
     else:
-        target[...] = tensor.read_region(origin, target.shape,
-                                         timeout=timeout)
+        dense = numpy.empty(target.shape, target.dtype)
+        tensor.read_region(origin, target.shape, out=dense, timeout=timeout)
+        target[...] = dense
     return out
 
 

@@ -157,6 +157,40 @@ def test_save_and_load(client, rows4):
         client.load("no-such-checkpoint")
 
 
+def test_bfloat16_reads_with_cast_and_writes_rounded(client, rows4):
+    # numpy has no bfloat16: values go in as numbers (rounded to nearest
+    # even, as torch does) and come out with cast=, or as bits.
+    values = np.array([[1.0, -2.5, 3.140625, 65504.0],
+                       [1e-3, np.inf, -np.inf, 0.0]] * 4, np.float32)
+    w = client.create("w", values.shape, rows4, dtype="bfloat16")
+    w.write((0, 0), values)
+    expected = np.array([[1.0, -2.5, 3.140625, 65536.0],
+                         [0.00099945068359375, np.inf, -np.inf, 0.0]] * 4,
+                        np.float32)
+    got = w.read(cast="float32")
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(w.read(cast=np.float64), expected)
+    np.testing.assert_array_equal(
+        w.read_region((1, 1), (2, 2), cast="float32"), expected[1:3, 1:3])
+    bits = np.empty(values.shape, np.uint16)
+    assert w.read(out=bits) is bits
+    assert bits[0, 0] == 0x3F80  # 1.0
+    out = np.empty(values.shape, np.float32)
+    assert w.read(out=out, cast="float32") is out
+    np.testing.assert_array_equal(out, expected)
+    _, _, shard = w.remote_shards()[1].to_here(cast="float32")
+    np.testing.assert_array_equal(shard, expected[2:4])
+    w[0, 0] = 7.0
+    w[1, :] = np.nan
+    got = w.read(cast="float32")
+    assert got[0, 0] == 7.0 and np.isnan(got[1]).all()
+    # Integers are numbers, not bits.
+    w.write((0, 0), np.full(values.shape, 3, np.int16))
+    np.testing.assert_array_equal(w.read(cast="float32"),
+                                  np.full(values.shape, 3, np.float32))
+
+
 def test_every_error_class(client, rows4):
     client.create("t", (4, 4), rows4)
     with pytest.raises(tessera.AlreadyExistsError):
@@ -174,8 +208,10 @@ def test_every_error_class(client, rows4):
         client.create("u", (4,), tessera.chunk(0, ["rank:9/cpu"]))
     b16 = client.create("b16", (4,), rows4, dtype="bfloat16")
     assert b16.dtype_name == "bfloat16"
-    with pytest.raises(tessera.InvalidArgumentError, match="bfloat16"):
-        b16.read()
+    for call in [lambda: b16.read(), lambda: b16[0:2], lambda: b16.dtype,
+                 lambda: b16.remote_shards()[0].to_here()]:
+        with pytest.raises(tessera.InvalidArgumentError, match="cast="):
+            call()
     with pytest.raises(tessera.UnavailableError):
         tessera.connect("127.0.0.1:1", timeout=2)
     with pytest.raises(tessera.PermissionDeniedError, match="outside"):

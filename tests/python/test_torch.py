@@ -52,6 +52,33 @@ def test_tensors_in_and_out_in_place(client, rows4):
     assert torch.equal(tt.read(w)[2:], source[2:])
 
 
+def test_bfloat16_tensors_in_and_out(client, rows4):
+    source = torch.randn(16, 8).to(torch.bfloat16)
+    w = client.put("w", source, rows4)
+    assert w.dtype_name == "bfloat16"
+    got = tt.read(w)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, source)
+    out = torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert tt.read(w, out=out, offsets=(6, 0)) is out
+    assert torch.equal(out, source[6:10])
+    strided = torch.zeros(8, 16, dtype=torch.bfloat16).t()  # not contiguous
+    tt.read(w, out=strided)
+    assert torch.equal(strided, source)
+    # numpy sees the same values as float32, exactly.
+    np.testing.assert_array_equal(w.read(cast="float32"),
+                                  source.float().numpy())
+    # float32 written into a bfloat16 tensor rounds as torch does.
+    values = torch.randn(16, 8)
+    w.write((0, 0), values)
+    assert torch.equal(tt.read(w), values.to(torch.bfloat16))
+    w.write((0, 0), source.t().contiguous().t())  # any layout
+    assert torch.equal(tt.read(w), source)
+    with pytest.raises(tessera.InvalidArgumentError, match="bfloat16"):
+        client.create("f", (16, 8), rows4).write((0, 0), source)
+    with pytest.raises(tessera.InvalidArgumentError):
+        tt.read(w, out=torch.zeros(16, 8))  # float32 out of a bfloat16
+
+
 def test_state_dict_weight_sync(client, rows4):
     model = torch.nn.Linear(8, 16)
     state = model.state_dict()
