@@ -18,6 +18,47 @@ except Exception as e:  # Debian's torch 1.13 under Python 3.11
     SHARD_ERROR = e
 
 
+# Stand-ins with the attributes of torch's classes (spec_from_torch reads
+# only those), so the conversion is checked where torch.distributed._shard
+# does not import.
+class _RemoteDevice:
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+class _ShardMetadata:
+    def __init__(self, offsets, sizes, placement):
+        self.shard_offsets, self.shard_sizes = offsets, sizes
+        self.placement = None if placement is None else _RemoteDevice(
+            placement)
+
+
+def test_spec_from_torch_reads_torchs_attributes():
+    chunk = type("ChunkShardingSpec", (), {})()
+    chunk.dim = 1
+    chunk.placements = [_RemoteDevice("rank:0/cpu"),
+                        _RemoteDevice("worker1/cuda:0")]
+    assert tt.spec_from_torch(chunk) == tessera.parse_spec(
+        "chunk:dim=1:rank:0/cpu,worker1/cuda:0")
+    enum = type("EnumerableShardingSpec", (), {})()
+    enum.shards = [_ShardMetadata([0, 0], [2, 4], "rank:0/cpu"),
+                   _ShardMetadata([2, 0], [2, 4], "rank:1/cpu")]
+    assert tt.spec_from_torch(enum) == tessera.parse_spec(
+        "enum:0,0:2,4@rank:0/cpu;2,0:2,4@rank:1/cpu")
+    chunk.dim = "rows"  # a named dimension, as torch refuses it
+    with pytest.raises(tessera.Error, match="named"):
+        tt.spec_from_torch(chunk)
+    with pytest.raises(tessera.InvalidArgumentError, match="only Chunk"):
+        tt.spec_from_torch(object())
+    enum.shards = [_ShardMetadata([0, 0], [2, 4], "rank:0/cpu"),
+                   _ShardMetadata([1, 0], [2, 4], "rank:1/cpu")]  # overlap
+    with pytest.raises(tessera.InvalidArgumentError):
+        tt.spec_from_torch(enum)
+
+
 @pytest.mark.skipif(SHARD_ERROR is not None,
                     reason=f"torch.distributed._shard does not import: "
                     f"{SHARD_ERROR}")
@@ -97,6 +138,8 @@ def test_state_dict_weight_sync(client, rows4):
     assert torch.equal(mine, state["weight"][8:])
 
 
+@pytest.mark.skipif(SHARD_ERROR is None,
+                    reason="torch.distributed._shard imports here")
 @pytest.mark.skipif(SHARD_ERROR is None,
                     reason="torch.distributed._shard imports here")
 def test_spec_to_torch_says_why_it_cannot():
