@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,6 +31,33 @@ absl::Status Errno(absl::string_view what) {
 
 // How long a read polls before it blocks (see ReadFull).
 constexpr std::chrono::microseconds kReadSpin(100);
+
+// Adaptive spinning. Polling before blocking pays when the bytes come
+// within kReadSpin, which is what a quiet machine does; on a busy one
+// (more runnable threads than cores) the peer that would send them may be
+// waiting for the very core the poller holds, and polling makes every wait
+// longer. So the process keeps a score of its recent waits: one that ended
+// within kReadSpin (polled or blocked) raises it, a longer one lowers it
+// twice as fast, and reads poll only while it is at least kSpinAbove.
+// Blocked waits keep being timed, so polling resumes once waits are short
+// again.
+constexpr int kSpinScoreMax = 8;
+constexpr int kSpinAbove = 4;
+std::atomic<int> g_spin_score{kSpinScoreMax};
+
+bool SpinWorthIt() {
+  return g_spin_score.load(std::memory_order_relaxed) >= kSpinAbove;
+}
+
+void RecordWait(std::chrono::steady_clock::duration waited) {
+  int score = g_spin_score.load(std::memory_order_relaxed);
+  const int next = waited <= kReadSpin ? std::min(score + 1, kSpinScoreMax)
+                                       : std::max(score - 2, 0);
+  if (next != score) {
+    // A lost race only drops one sample.
+    g_spin_score.compare_exchange_weak(score, next, std::memory_order_relaxed);
+  }
+}
 
 void TuneSocket(int fd) {
   int one = 1;
@@ -144,10 +172,13 @@ absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host) {
 
 absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
   char* out = static_cast<char*>(data);
-  // Each wait first polls the socket in a loop for a moment: a sleeping
-  // (virtual) CPU takes tens of microseconds to wake, more than a small
-  // fetch's whole round trip on loopback.
-  std::chrono::steady_clock::time_point spin_until{};
+  // Each wait first polls the socket in a loop for a moment, while waits
+  // are short (SpinWorthIt): a sleeping (virtual) CPU takes tens of
+  // microseconds to wake, more than a small fetch's whole round trip on
+  // loopback.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point waiting_since{};  // The current wait's start.
+  bool spin = false;
   while (size > 0) {
     absl::Status in_time = CheckDeadline(deadline, "recv");
     if (!in_time.ok()) return in_time;
@@ -155,20 +186,23 @@ absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
     if (n > 0) {
       out += n;
       size -= static_cast<size_t>(n);
-      spin_until = {};
+      if (waiting_since != Clock::time_point{}) {
+        RecordWait(Clock::now() - waiting_since);
+        waiting_since = {};
+      }
       continue;
     }
     if (n == 0) return absl::UnavailableError("connection closed by peer");
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Errno("recv");
-    const auto now = std::chrono::steady_clock::now();
-    if (spin_until == std::chrono::steady_clock::time_point{}) {
-      spin_until = now + kReadSpin;
+    const auto now = Clock::now();
+    if (waiting_since == Clock::time_point{}) {
+      waiting_since = now;
+      spin = SpinWorthIt();
     }
-    if (now < spin_until) continue;
+    if (spin && now - waiting_since < kReadSpin) continue;
     absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recv");
     if (!ready.ok()) return ready;
-    spin_until = {};
   }
   return absl::OkStatus();
 }

@@ -130,7 +130,12 @@ ShardAssembler::ShardAssembler(absl::string_view tensor_id, int64_t shard_index,
                                Device device, bool pin_memory)
     : tensor_id_(tensor_id),
       shard_index_(shard_index),
-      allocate_(TensorOptions().WithDevice(device).WithPinMemory(pin_memory)) {}
+      // A fetched copy stays in this process: private memory, fast to
+      // fill (a memory file would cost several times more per byte).
+      allocate_(TensorOptions()
+                    .WithDevice(device)
+                    .WithPinMemory(pin_memory)
+                    .Private()) {}
 
 // Out of line, where DeviceLanding is complete; waits for its copies.
 ShardAssembler::~ShardAssembler() = default;
@@ -298,8 +303,9 @@ absl::Status ShardAssembler::PrepareDestination(
   }
   ASSIGN_OR_RETURN(
       staging_,
-      Tensor::Empty(sizes, TensorOptions().WithDType(dtype).WithPinMemory(
-                               destination_.device().is_cuda())));
+      Tensor::Empty(sizes,
+                    TensorOptions().WithDType(dtype).Private().WithPinMemory(
+                        destination_.device().is_cuda())));
   write_base_ = static_cast<char*>(staging_.data_ptr());
   if (destination_.device().is_cuda() && destination_.is_contiguous() &&
       destination_.nbytes() > 0) {

@@ -83,6 +83,9 @@ void* MapSharedMemory(size_t rounded, int* fd_out) {
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
     data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
+  if (data != MAP_FAILED && rounded >= kHugePageBytes) {
+    madvise(data, rounded, MADV_HUGEPAGE);  // Advice only.
+  }
   if (data == MAP_FAILED) {
     if (fd >= 0) close(fd);
     g_shared_storages.fetch_sub(1);
@@ -120,9 +123,8 @@ std::shared_ptr<Storage> Storage::Wrap(void* data, size_t nbytes, Device device,
   return storage;
 }
 
-absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
-                                                           Device device,
-                                                           bool pinned) {
+absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(
+    size_t nbytes, Device device, bool pinned, HostSharing sharing) {
   if (pinned && !device.is_cpu()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Only CPU memory can be pinned, got device ", device.ToString()));
@@ -177,7 +179,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
   if (!pinned) {
     const int64_t share_min_bytes = g_sharing_min_bytes.load();
     size_t page_rounded;
-    if (share_min_bytes >= 0 &&
+    if (sharing == HostSharing::kIfEnabled && share_min_bytes >= 0 &&
         nbytes >= static_cast<uint64_t>(share_min_bytes) &&
         RoundUp(nbytes, PageSize(), &page_rounded)) {
       int fd = -1;

@@ -30,9 +30,23 @@ namespace tessera {
 // pages (the local path of docs/data_plane.md). shared_memory_fd()
 // is that file; its size is sealed (it can neither shrink nor grow), so a
 // process that maps it cannot fault past its end.
+// Whether a host allocation may be lent to other processes.
+enum class HostSharing {
+  // Shareable when the process shares host memory (SetHostMemorySharing)
+  // and the allocation is large enough: what a shard that the local path
+  // may lend needs. The default.
+  kIfEnabled,
+  // Never: private memory, huge pages when large, several times faster to
+  // fill fresh than a memory file (tests/bench/alloc_bench). For what stays
+  // in this process: fetched copies, gather outputs, staging and
+  // collective buffers.
+  kPrivate,
+};
+
 class Storage {
  public:
-  // Allocates `nbytes` on `device`. For the CPU, `pinned` asks for
+  // Allocates `nbytes` on `device`. `sharing` applies to unpinned host
+  // memory (see HostSharing). For the CPU, `pinned` asks for
   // page-locked memory (cudaHostAlloc when CUDA is usable, otherwise
   // mlock); pinned memory that cannot be had is RESOURCE_EXHAUSTED, never a
   // silent fallback. CUDA without a CUDA build or device is
@@ -41,9 +55,9 @@ class Storage {
   // (the storage records the resolved index). `pinned` off the CPU is
   // INVALID_ARGUMENT. The meta device allocates nothing, and neither do zero
   // bytes: data() is null for both. Host memory is 64-byte aligned.
-  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(size_t nbytes,
-                                                           Device device,
-                                                           bool pinned);
+  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(
+      size_t nbytes, Device device, bool pinned,
+      HostSharing sharing = HostSharing::kIfEnabled);
   // Memory this storage does not own, such as another process's shared
   // memory mapped here or a CUDA IPC mapping: `release` (may be empty) runs
   // once when the storage is destroyed and must not fail. `data` must stay
@@ -91,14 +105,17 @@ class Storage {
 
 // The process-wide switch for shareable host memory (see Storage). Off by
 // default. While on, non-pinned CPU allocations of at least `min_bytes`
-// bytes are memfd-backed; smaller ones, pinned ones and device ones are
-// not. Sharing is an optimisation: when a memory file cannot be had (no
-// memfd support, descriptors exhausted, a mapping refused) the allocation
-// silently uses the heap, as with sharing off. Each shared storage holds
-// one file descriptor while it lives; at most half of the process's
-// RLIMIT_NOFILE soft limit (as it was when sharing was turned on) is spent
-// on them, later allocations use the heap. First touch of shared memory
-// faults in small pages, where large heap buffers use huge pages.
+// bytes are memfd-backed unless they ask for HostSharing::kPrivate;
+// smaller ones, pinned ones and device ones are not. Sharing is an
+// optimisation: when a memory file cannot be had (no memfd support, descriptors
+// exhausted, a mapping refused) the allocation silently uses the heap, as with
+// sharing off. Each shared storage holds one file descriptor while it lives; at
+// most half of the process's RLIMIT_NOFILE soft limit (as it was when sharing
+// was turned on) is spent on them, later allocations use the heap. Large shared
+// mappings are advised as huge pages, which the kernel grants only where shmem
+// huge pages are enabled (/sys/kernel/mm/transparent_hugepage/shmem_enabled);
+// elsewhere first touch faults in small pages, where large private
+// buffers use huge pages.
 // Thread-safe; storages already allocated keep their kind.
 inline constexpr int64_t kDefaultHostSharingMinBytes = int64_t{64} << 10;
 void SetHostMemorySharing(int64_t min_bytes = kDefaultHostSharingMinBytes);

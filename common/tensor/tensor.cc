@@ -128,9 +128,9 @@ absl::StatusOr<Tensor> Tensor::Empty(absl::Span<const int64_t> sizes,
     return absl::InvalidArgumentError(absl::StrCat(
         "Tensor of sizes ", SizesString(sizes), " has too many bytes"));
   }
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Storage> storage,
-      Storage::Allocate(nbytes, options.device, options.pin_memory));
+  ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
+                   Storage::Allocate(nbytes, options.device, options.pin_memory,
+                                     options.sharing));
   Tensor tensor;
   tensor.storage_ = std::move(storage);
   tensor.sizes_.assign(sizes.begin(), sizes.end());

@@ -41,6 +41,8 @@ struct TensorOptions {
   Device device = Device::Cpu();
   bool pin_memory = false;     // Only meaningful on the CPU.
   bool requires_grad = false;  // Metadata only: Tessera has no autograd.
+  // Unpinned host memory only (see HostSharing, storage.h).
+  HostSharing sharing = HostSharing::kIfEnabled;
 
   TensorOptions& WithDType(DType d) {
     dtype = d;
@@ -58,6 +60,12 @@ struct TensorOptions {
     requires_grad = r;
     return *this;
   }
+  TensorOptions& WithSharing(HostSharing s) {
+    sharing = s;
+    return *this;
+  }
+  // Memory that stays in this process (HostSharing::kPrivate).
+  TensorOptions& Private() { return WithSharing(HostSharing::kPrivate); }
 };
 
 class Tensor {

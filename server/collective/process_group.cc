@@ -148,11 +148,11 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(
   const int64_t* sizes = host_lengths.data<int64_t>();
   int64_t total = 0;
   for (int r = 0; r < group.size(); ++r) total += sizes[r];
-  ASSIGN_OR_RETURN(
-      Tensor gathered,
-      Tensor::Empty(
-          {total},
-          TensorOptions().WithDType(DType::kUInt8).WithDevice(device)));
+  ASSIGN_OR_RETURN(Tensor gathered,
+                   Tensor::Empty({total}, TensorOptions()
+                                              .WithDType(DType::kUInt8)
+                                              .WithDevice(device)
+                                              .Private()));
   std::vector<Tensor> views;
   int64_t offset = 0;
   for (int r = 0; r < group.size(); offset += sizes[r++]) {

@@ -401,8 +401,9 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
                            absl::StrCat("Gather \"", request.name(),
                                         "\" (on rank ", rank(), ")")));
       ASSIGN_OR_RETURN(
-          out, Tensor::Empty(tensor->size(),
-                             TensorOptions().WithDType(tensor->dtype())));
+          out,
+          Tensor::Empty(tensor->size(),
+                        TensorOptions().WithDType(tensor->dtype()).Private()));
     }
     return absl::OkStatus();
   }();

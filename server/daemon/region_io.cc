@@ -146,8 +146,9 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
   ASSIGN_OR_RETURN(
       const Tensor box,
       Tensor::Empty(region.shard_sizes(),
-                    TensorOptions().WithDType(
-                        resolved.metadata.tensor_properties.dtype)));
+                    TensorOptions()
+                        .WithDType(resolved.metadata.tensor_properties.dtype)
+                        .Private()));
   const std::shared_ptr<const RegisteredTensor> registered =
       env.rank->registry().Find(resolved.info.tensor_id());
   const std::shared_ptr<const RegisteredTensor> copies =
@@ -332,8 +333,9 @@ class WriteRegionReactor final
       ASSIGN_OR_RETURN(staged_,
                        env_.budget->Reserve(resolved_->nbytes, What()));
     }
-    ASSIGN_OR_RETURN(buffer_, Tensor::Empty(resolved_->region.shard_sizes(),
-                                            TensorOptions().WithDType(dtype)));
+    ASSIGN_OR_RETURN(buffer_,
+                     Tensor::Empty(resolved_->region.shard_sizes(),
+                                   TensorOptions().WithDType(dtype).Private()));
     sequence_.Start(resolved_->nbytes);
     replica_ = header.replica();
     return absl::OkStatus();

@@ -182,7 +182,8 @@ absl::StatusOr<std::vector<Tensor>> PackForScatter(
     const TensorOptions& options) {
   std::vector<Tensor> buffers;
   for (int64_t elems : layout.rank_elems) {
-    ASSIGN_OR_RETURN(Tensor buffer, Tensor::Empty({elems}, options));
+    ASSIGN_OR_RETURN(Tensor buffer,
+                     Tensor::Empty({elems}, TensorOptions(options).Private()));
     buffers.push_back(std::move(buffer));
   }
   const auto& shards = layout.metadata.shards_metadata;

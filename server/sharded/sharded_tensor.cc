@@ -812,8 +812,20 @@ class ShardedTensorGather {
     return absl::OkStatus();
   }
 
-  // This rank's shards packed into one buffer.
+  // This rank's shards packed into one buffer: the shard itself when it is
+  // the only one and dense on the group's device (no copy), else a copy.
   absl::StatusOr<Tensor> PackLocal() const {
+    if (std::optional<size_t> only = OnlyShardOf(state_.group->rank());
+        only.has_value()) {
+      size_t local = 0;
+      for (size_t i = 0; i < *only; ++i) {
+        if (state_.owners[i] == state_.rank->rank()) ++local;
+      }
+      const Tensor& tensor = state_.local_shards[local].tensor;
+      if (tensor.is_contiguous() && tensor.device() == device_) {
+        return tensor.View({tensor.numel()});
+      }
+    }
     ASSIGN_OR_RETURN(Tensor send, Buffer(state_.group->rank()));
     size_t next_local = 0;
     for (size_t i = 0; i < state_.owners.size(); ++i) {
@@ -827,21 +839,32 @@ class ShardedTensorGather {
     return send;
   }
 
-  absl::StatusOr<std::vector<Tensor>> Buffers() const {
+  // A receive buffer per group rank: where `out` (when defined) can take
+  // that rank's bytes as they are, a view of it (Unpack then skips them),
+  // else a new buffer.
+  absl::StatusOr<std::vector<Tensor>> Buffers(const Tensor& out = Tensor()) {
     std::vector<Tensor> buffers;
+    direct_.assign(state_.group->size(), false);
     for (int g = 0; g < state_.group->size(); ++g) {
+      if (std::optional<Tensor> view = DirectView(out, g); view.has_value()) {
+        buffers.push_back(*std::move(view));
+        direct_[g] = true;
+        continue;
+      }
       ASSIGN_OR_RETURN(Tensor buffer, Buffer(g));
       buffers.push_back(std::move(buffer));
     }
     return buffers;
   }
 
-  // Copies every shard from the gathered buffers to its box in `out`.
+  // Copies every shard from the gathered buffers to its box in `out`
+  // (those received into `out` directly are there already).
   absl::Status Unpack(const std::vector<Tensor>& buffers,
                       const Tensor& out) const {
     const auto& shards = state_.metadata.shards_metadata;
     for (size_t i = 0; i < shards.size(); ++i) {
       if (shards[i].numel() == 0) continue;
+      if (!direct_.empty() && direct_[layout_.group_rank[i]]) continue;
       ASSIGN_OR_RETURN(Tensor view, ShardView(buffers[layout_.group_rank[i]],
                                               layout_, shards[i], i));
       std::vector<int64_t> zeros(shards[i].dim(), 0);
@@ -852,16 +875,61 @@ class ShardedTensorGather {
   }
 
  private:
+  // The one shard with elements that group rank `g` owns, if so.
+  std::optional<size_t> OnlyShardOf(int g) const {
+    std::optional<size_t> only;
+    const auto& shards = state_.metadata.shards_metadata;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (layout_.group_rank[i] != g || shards[i].numel() == 0) continue;
+      if (only.has_value()) return std::nullopt;
+      only = i;
+    }
+    return only;
+  }
+
+  // The run of `out` that rank `g`'s one shard covers, when its box is
+  // contiguous there (every dimension after the first one it cuts is
+  // whole, every one before it has size 1) and `out` is dense on the
+  // group's device; nullopt otherwise.
+  std::optional<Tensor> DirectView(const Tensor& out, int g) const {
+    if (!out.defined() || !out.is_contiguous() || out.device() != device_) {
+      return std::nullopt;
+    }
+    const std::optional<size_t> only = OnlyShardOf(g);
+    if (!only.has_value()) return std::nullopt;
+    const ShardMetadata& shard = state_.metadata.shards_metadata[*only];
+    const std::vector<int64_t>& offsets = shard.shard_offsets();
+    const std::vector<int64_t>& sizes = shard.shard_sizes();
+    const std::vector<int64_t>& whole = out.sizes();
+    size_t first_cut = 0;
+    while (first_cut < sizes.size() && sizes[first_cut] == 1) ++first_cut;
+    for (size_t d = first_cut + 1; d < sizes.size(); ++d) {
+      if (sizes[d] != whole[d]) return std::nullopt;
+    }
+    int64_t start = 0;
+    for (size_t d = 0; d < offsets.size(); ++d) {
+      start += offsets[d] * out.strides()[d];
+    }
+    absl::StatusOr<Tensor> flat = out.View({out.numel()});
+    if (!flat.ok()) return std::nullopt;
+    absl::StatusOr<Tensor> run = flat->Narrow(0, start, shard.numel());
+    if (!run.ok()) return std::nullopt;
+    return *std::move(run);
+  }
+
   absl::StatusOr<Tensor> Buffer(int group_rank) const {
     return Tensor::Empty({layout_.rank_elems[group_rank]},
                          TensorOptions()
                              .WithDType(state_.metadata.tensor_properties.dtype)
-                             .WithDevice(device_));
+                             .WithDevice(device_)
+                             .Private());
   }
 
   const ShardedTensor::State& state_;
   PackedLayout layout_;
   Device device_ = Device::Cpu();
+  // Per group rank, after Buffers: received into `out` directly.
+  std::vector<bool> direct_;
 };
 
 absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
@@ -877,7 +945,7 @@ absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
   }
   ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
   if (my_rank != dst) return state_->group->Gather(send, {}, *root);
-  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers());
+  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers(out));
   RETURN_IF_ERROR(state_->group->Gather(send, buffers, *root));
   return gather.Unpack(buffers, out);
 }
@@ -886,10 +954,11 @@ absl::StatusOr<Tensor> ShardedTensor::GatherAll() const {
   ShardedTensorGather gather(*state_);
   RETURN_IF_ERROR(gather.Prepare());
   ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
-  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers());
+  ASSIGN_OR_RETURN(
+      Tensor out,
+      Tensor::Empty(size(), TensorOptions().WithDType(dtype()).Private()));
+  ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers(out));
   RETURN_IF_ERROR(state_->group->AllGather(send, buffers));
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::Empty(size(), TensorOptions().WithDType(dtype())));
   RETURN_IF_ERROR(gather.Unpack(buffers, out));
   return out;
 }

@@ -88,7 +88,9 @@ absl::StatusOr<Streams> MakeStreams(const std::vector<int64_t>& elems,
   Streams streams;
   int64_t total = 0;
   for (int64_t n : elems) total += n;
-  ASSIGN_OR_RETURN(streams.buffer, Tensor::Empty({total}, options));
+  // A staging buffer: private memory (the new shards are not).
+  ASSIGN_OR_RETURN(streams.buffer,
+                   Tensor::Empty({total}, TensorOptions(options).Private()));
   int64_t start = 0;
   for (int64_t n : elems) {
     ASSIGN_OR_RETURN(Tensor part, streams.buffer.Narrow(0, start, n));

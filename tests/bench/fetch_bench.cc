@@ -4,7 +4,9 @@
 //                                     (the ceiling a fetch is compared with)
 //   {"bench":"fetch", "shard_mib":N, "mode":"sequential|parallel|to_here"}
 //   {"bench":"gather", "shard_mib":N}  st.gather(0, out), GB/s of `out`
-//   {"bench":"fetch_latency", "shard_bytes":4096, "p50_us":..., "p99_us":...}
+//   {"bench":"fetch_latency", "shard_bytes":4096, "busy_threads":B,
+//       "p50_us":..., "p99_us":...}  quiet (B 0), then with B threads
+//       spinning in rank 0
 //   {"bench":"create", "op":"empty|init_from_local_shards", "p50_us":...}
 //   {"bench":"init_from_local_shards_scale", "shards":N, "seconds":...}
 //
@@ -15,13 +17,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <future>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -43,6 +48,9 @@ struct Config {
   int64_t min_bytes = int64_t{2} << 30;  // Per throughput measurement.
   int latency_iterations = 5000;
   std::vector<int64_t> scale_shards = {10000, 100000, 1000000};
+  // Latency is measured again with this many threads spinning in rank 0
+  // (more runnable threads than cores: a loaded box).
+  int busy_threads = 8;
 };
 
 using bench::Percentile;
@@ -205,24 +213,44 @@ absl::Status FetchLatency(Rank& rank, const Config& config) {
     const RemoteShard& shard = remote.at(1).front();
     ASSIGN_OR_RETURN(Tensor dst, Tensor::Empty(shard.metadata().shard_sizes()));
     ASSIGN_OR_RETURN(auto client, rank.ClientFor(1));
-    for (const bool allocate : {false, true}) {
-      std::vector<double> micros;
-      for (int i = 0; i < config.latency_iterations + 100; ++i) {
-        absl::Time start = absl::Now();
-        absl::Status status =
-            allocate ? shard.to_here().status()
-                     : client->FetchShardInto(st.tensor_id(),
-                                              shard.shard_index(), dst);
-        RETURN_IF_ERROR(status);
-        if (i >= 100)
-          micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    for (const int busy : {0, config.busy_threads}) {
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> spinners;
+      for (int t = 0; t < busy; ++t) {
+        spinners.emplace_back([&stop] {
+          uint64_t x = 1;
+          while (!stop.load(std::memory_order_relaxed)) {
+            x = x * 6364136223846793005u + 1;
+          }
+          volatile uint64_t sink = x;
+          (void)sink;
+        });
       }
-      std::printf(
-          "{\"bench\":\"fetch_latency\",\"shard_bytes\":%d,\"mode\":\"%s\","
-          "\"iterations\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
-          static_cast<int>(kColumns * 4), allocate ? "to_here" : "fetch_into",
-          micros.size(), Percentile(micros, 0.5), Percentile(micros, 0.99));
-      std::fflush(stdout);
+      absl::Cleanup stop_spinners = [&] {
+        stop = true;
+        for (std::thread& spinner : spinners) spinner.join();
+      };
+      for (const bool allocate : {false, true}) {
+        std::vector<double> micros;
+        for (int i = 0; i < config.latency_iterations + 100; ++i) {
+          absl::Time start = absl::Now();
+          absl::Status status =
+              allocate ? shard.to_here().status()
+                       : client->FetchShardInto(st.tensor_id(),
+                                                shard.shard_index(), dst);
+          RETURN_IF_ERROR(status);
+          if (i >= 100)
+            micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        }
+        std::printf(
+            "{\"bench\":\"fetch_latency\",\"shard_bytes\":%d,\"mode\":\"%s\","
+            "\"busy_threads\":%d,\"iterations\":%zu,\"p50_us\":%.1f,"
+            "\"p99_us\":%.1f}\n",
+            static_cast<int>(kColumns * 4), allocate ? "to_here" : "fetch_into",
+            busy, micros.size(), Percentile(micros, 0.5),
+            Percentile(micros, 0.99));
+        std::fflush(stdout);
+      }
     }
   }
   return rank.default_group()->Barrier();
@@ -371,12 +399,16 @@ int main(int argc, char** argv) {
   app.add_option("--shard-mib", config.shard_mib, "Shard sizes in MiB");
   app.add_option("--scale-shards", config.scale_shards,
                  "Shard counts for the init_from_local_shards scale run");
+  app.add_option("--busy-threads", config.busy_threads,
+                 "Threads spinning in rank 0 for the loaded latency run")
+      ->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
   if (config.quick) {
     config.shard_mib = {1};
     config.min_bytes = 8 << 20;
     config.latency_iterations = 200;
     config.scale_shards = {1000};
+    config.busy_threads = 2;
   }
   if (!tessera::testing::RankFromEnv().has_value()) {
     std::vector<std::string> args(argv + 1, argv + argc);

@@ -613,6 +613,55 @@ TEST_P(TestShardedTensorChunked, GatherKeepsValuesAndDType) {
   }
 }
 
+// Gather receives a rank's bytes straight into `out` where its shard is
+// one contiguous run there (row chunks), into a buffer otherwise (column
+// chunks, a strided `out`): every value lands in its place either way.
+TEST_P(TestShardedTensorChunked, GatherPlacesEveryValueForEveryLayout) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  for (const int64_t dim : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("chunks along dim ", dim));
+    ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(dim, {0, 1, 2, 3}));
+    ASSERT_OK_AND_ASSIGN(ShardedTensor st, ShardedTensor::Zeros(spec, {8, 6}));
+    // Element (i, j) holds 6 * i + j.
+    for (const Shard& shard : st.local_shards()) {
+      ASSERT_OK_AND_ASSIGN(Tensor host, shard.tensor.To(Device::Cpu()));
+      const std::vector<int64_t>& at = shard.metadata.shard_offsets();
+      const int64_t columns = host.sizes()[1];
+      for (int64_t e = 0; e < host.numel(); ++e) {
+        host.data<float>()[e] =
+            static_cast<float>(6 * (at[0] + e / columns) + at[1] + e % columns);
+      }
+      ASSERT_OK(CopyInto(host, shard.tensor));
+    }
+    Tensor dense, wide, strided;
+    if (rank() == 1) {
+      const TensorOptions on = TensorOptions().WithDevice(DeviceOf(1));
+      ASSERT_OK_AND_ASSIGN(dense, Tensor::Zeros({8, 6}, on));
+      ASSERT_OK_AND_ASSIGN(wide, Tensor::Zeros({8, 12}, on));
+      ASSERT_OK_AND_ASSIGN(strided, wide.Narrow(1, 3, 6));
+    }
+    ASSERT_OK(st.Gather(1, dense));
+    ASSERT_OK(st.Gather(1, strided));
+    ASSERT_OK_AND_ASSIGN(Tensor all, st.GatherAll());
+    for (const Tensor* out : {&dense, &strided, &all}) {
+      if (!out->defined()) continue;
+      ASSERT_OK_AND_ASSIGN(Tensor host, out->To(Device::Cpu()));
+      ASSERT_OK_AND_ASSIGN(host, host.Contiguous());
+      for (int64_t e = 0; e < 48; ++e) {
+        ASSERT_EQ(host.data<float>()[e], static_cast<float>(e)) << e;
+      }
+    }
+    if (rank() == 1) {  // The columns around the strided view are untouched.
+      ASSERT_OK_AND_ASSIGN(Tensor host, wide.To(Device::Cpu()));
+      for (int64_t r = 0; r < 8; ++r) {
+        EXPECT_EQ(host.data<float>()[r * 12], 0.0f);
+        EXPECT_EQ(host.data<float>()[r * 12 + 11], 0.0f);
+      }
+    }
+  }
+}
+
 TEST_P(TestShardedTensorChunked, GatherArgumentErrors) {
   RANKS_TEST_BEGIN();
   ASSERT_OK(InitComms());

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
@@ -113,6 +114,29 @@ TEST(StorageTest, CpuAllocationIsAligned) {
     EXPECT_TRUE(storage->device().is_cpu());
     std::memset(storage->data(), 0xAB, n);  // Writable end to end.
   }
+}
+
+// With sharing on, large allocations are memory files unless they ask for
+// private memory (fetched copies, staging, collective buffers), and the
+// private ones are as usable.
+TEST(StorageTest, PrivateAllocationsAreNeverShared) {
+  SetHostMemorySharing(4096);
+  absl::Cleanup off = [] { DisableHostMemorySharing(); };
+  const size_t bytes = size_t{4} << 20;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> shared,
+                       Storage::Allocate(bytes, Device::Cpu(), false));
+  EXPECT_GE(shared->shared_memory_fd(), 0);
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> mine,
+      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+  EXPECT_EQ(mine->shared_memory_fd(), -1);
+  std::memset(mine->data(), 7, bytes);
+  EXPECT_EQ(static_cast<const char*>(mine->data())[bytes - 1], 7);
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::Empty({1 << 20}, TensorOptions().Private()));
+  EXPECT_EQ(t.storage()->shared_memory_fd(), -1);
+  ASSERT_OK_AND_ASSIGN(Tensor u, Tensor::Empty({1 << 20}));
+  EXPECT_GE(u.storage()->shared_memory_fd(), 0);
 }
 
 TEST(StorageTest, ZeroBytesAllocateNothing) {
