@@ -86,6 +86,22 @@ class ProcessGroup {
   // As AllGather, but only `root` receives; other members pass no outputs.
   virtual absl::Status Gather(const Tensor& input,
                               absl::Span<const Tensor> outputs, int root) = 0;
+  // AllGather and Gather for callers whose every member computes every
+  // size from the same agreed data (a ShardedTensor's metadata): the
+  // exchange of transfer plans that otherwise checks the members against
+  // each other first is skipped, one round trip less; each member's own
+  // arguments are still checked. Only for such sizes: members that
+  // disagreed would corrupt the transport. Backends without the shortcut
+  // run the checked collective.
+  virtual absl::Status AllGatherAgreed(const Tensor& input,
+                                       absl::Span<const Tensor> outputs) {
+    return AllGather(input, outputs);
+  }
+  virtual absl::Status GatherAgreed(const Tensor& input,
+                                    absl::Span<const Tensor> outputs,
+                                    int root) {
+    return Gather(input, outputs, root);
+  }
   // Member r's `output` receives root's inputs[r]; only root passes inputs.
   virtual absl::Status Scatter(absl::Span<const Tensor> inputs,
                                const Tensor& output, int root) = 0;

@@ -125,6 +125,19 @@ absl::Status ReformableGroup::Gather(const Tensor& input,
   return Forward(
       [&](ProcessGroup& group) { return group.Gather(input, outputs, root); });
 }
+absl::Status ReformableGroup::AllGatherAgreed(
+    const Tensor& input, absl::Span<const Tensor> outputs) {
+  return Forward([&](ProcessGroup& group) {
+    return group.AllGatherAgreed(input, outputs);
+  });
+}
+absl::Status ReformableGroup::GatherAgreed(const Tensor& input,
+                                           absl::Span<const Tensor> outputs,
+                                           int root) {
+  return Forward([&](ProcessGroup& group) {
+    return group.GatherAgreed(input, outputs, root);
+  });
+}
 absl::Status ReformableGroup::Scatter(absl::Span<const Tensor> inputs,
                                       const Tensor& output, int root) {
   return Forward(

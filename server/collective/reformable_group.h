@@ -96,6 +96,11 @@ class ReformableGroup final : public ProcessGroup {
                          absl::Span<const Tensor> outputs) override;
   absl::Status Gather(const Tensor& input, absl::Span<const Tensor> outputs,
                       int root) override;
+  absl::Status AllGatherAgreed(const Tensor& input,
+                               absl::Span<const Tensor> outputs) override;
+  absl::Status GatherAgreed(const Tensor& input,
+                            absl::Span<const Tensor> outputs,
+                            int root) override;
   absl::Status Scatter(absl::Span<const Tensor> inputs, const Tensor& output,
                        int root) override;
   absl::Status AllToAll(absl::Span<const Tensor> inputs,

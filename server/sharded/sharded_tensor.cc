@@ -944,9 +944,11 @@ absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
         absl::StrJoin(state_->group->global_ranks(), ", "), "])"));
   }
   ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
-  if (my_rank != dst) return state_->group->Gather(send, {}, *root);
+  // Every member sizes its buffers from the tensor's metadata, agreed
+  // when the tensor was made: no plans to exchange first.
+  if (my_rank != dst) return state_->group->GatherAgreed(send, {}, *root);
   ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers(out));
-  RETURN_IF_ERROR(state_->group->Gather(send, buffers, *root));
+  RETURN_IF_ERROR(state_->group->GatherAgreed(send, buffers, *root));
   return gather.Unpack(buffers, out);
 }
 
@@ -958,7 +960,7 @@ absl::StatusOr<Tensor> ShardedTensor::GatherAll() const {
       Tensor out,
       Tensor::Empty(size(), TensorOptions().WithDType(dtype()).Private()));
   ASSIGN_OR_RETURN(std::vector<Tensor> buffers, gather.Buffers(out));
-  RETURN_IF_ERROR(state_->group->AllGather(send, buffers));
+  RETURN_IF_ERROR(state_->group->AllGatherAgreed(send, buffers));
   RETURN_IF_ERROR(gather.Unpack(buffers, out));
   return out;
 }

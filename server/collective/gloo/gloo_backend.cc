@@ -356,9 +356,20 @@ absl::Status GlooBackend::Broadcast(const Tensor& tensor, int root) {
 
 absl::Status GlooBackend::AllGather(const Tensor& input,
                                     absl::Span<const Tensor> outputs) {
+  return AllGatherImpl(input, outputs, /*agree=*/true);
+}
+
+absl::Status GlooBackend::AllGatherAgreed(const Tensor& input,
+                                          absl::Span<const Tensor> outputs) {
+  return AllGatherImpl(input, outputs, /*agree=*/false);
+}
+
+absl::Status GlooBackend::AllGatherImpl(const Tensor& input,
+                                        absl::Span<const Tensor> outputs,
+                                        bool agree) {
   ASSIGN_OR_RETURN(TransferPlan plan,
                    collective::PlanAllGather(*this, input, outputs));
-  return Run("AllGather", &plan, [&](const Call& call) {
+  return Run("AllGather", agree ? &plan : nullptr, [&](const Call& call) {
     PackedBytes out(outputs, /*copy_in=*/false);
     gloo::AllgathervOptions opts(call.context);
     // Gloo copies the input into place itself, unless it already is there.
@@ -377,9 +388,21 @@ absl::Status GlooBackend::AllGather(const Tensor& input,
 // point.
 absl::Status GlooBackend::Gather(const Tensor& input,
                                  absl::Span<const Tensor> outputs, int root) {
+  return GatherImpl(input, outputs, root, /*agree=*/true);
+}
+
+absl::Status GlooBackend::GatherAgreed(const Tensor& input,
+                                       absl::Span<const Tensor> outputs,
+                                       int root) {
+  return GatherImpl(input, outputs, root, /*agree=*/false);
+}
+
+absl::Status GlooBackend::GatherImpl(const Tensor& input,
+                                     absl::Span<const Tensor> outputs, int root,
+                                     bool agree) {
   ASSIGN_OR_RETURN(TransferPlan plan,
                    collective::PlanGather(*this, input, outputs, root));
-  return Run("Gather", &plan, [&](const Call& call) {
+  return Run("Gather", agree ? &plan : nullptr, [&](const Call& call) {
     if (rank() != root) {
       const Transfer send{root, BytesOf(input), input.nbytes()};
       PointToPoint(call, gloo::kGatherSlotPrefix, {send}, {});

@@ -55,6 +55,11 @@ class GlooBackend : public ProcessGroup {
                          absl::Span<const Tensor> outputs) override;
   absl::Status Gather(const Tensor& input, absl::Span<const Tensor> outputs,
                       int root) override;
+  absl::Status AllGatherAgreed(const Tensor& input,
+                               absl::Span<const Tensor> outputs) override;
+  absl::Status GatherAgreed(const Tensor& input,
+                            absl::Span<const Tensor> outputs,
+                            int root) override;
   absl::Status Scatter(absl::Span<const Tensor> inputs, const Tensor& output,
                        int root) override;
   absl::Status AllToAll(absl::Span<const Tensor> inputs,
@@ -80,6 +85,11 @@ class GlooBackend : public ProcessGroup {
   absl::Status Run(absl::string_view op, const collective::TransferPlan* plan,
                    absl::FunctionRef<void(const Call&)> body);
   uint32_t NextTag() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The collectives, with or without agreeing on their plans first.
+  absl::Status AllGatherImpl(const Tensor& input,
+                             absl::Span<const Tensor> outputs, bool agree);
+  absl::Status GatherImpl(const Tensor& input, absl::Span<const Tensor> outputs,
+                          int root, bool agree);
 
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;

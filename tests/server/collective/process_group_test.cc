@@ -160,8 +160,10 @@ TEST_P(ProcessGroupTest, BroadcastFromEachRoot) {
 }
 
 // Rank r contributes size_of(r) elements; outputs are separate tensors.
+// With `agreed`, through AllGatherAgreed (no exchange of plans first).
 void CheckAllGather(ProcessGroup& group, DType dtype,
-                    const std::function<int64_t(int)>& size_of) {
+                    const std::function<int64_t(int)>& size_of,
+                    bool agreed = false) {
   ASSERT_OK_AND_ASSIGN(
       Tensor input,
       Pattern(size_of(group.rank()), group.rank(), dtype, group.device()));
@@ -173,7 +175,8 @@ void CheckAllGather(ProcessGroup& group, DType dtype,
             {size_of(r)}, 1,
             TensorOptions().WithDType(dtype).WithDevice(group.device())));
   }
-  ASSERT_OK(group.AllGather(input, outputs));
+  ASSERT_OK(agreed ? group.AllGatherAgreed(input, outputs)
+                   : group.AllGather(input, outputs));
   for (int r = 0; r < group.size(); ++r) {
     ASSERT_OK_AND_ASSIGN(Tensor expected, Pattern(size_of(r), r, dtype));
     ExpectTensorEq(outputs[r], expected);
@@ -183,18 +186,25 @@ void CheckAllGather(ProcessGroup& group, DType dtype,
 TEST_P(ProcessGroupTest, AllGatherUnevenSizes) {
   RunRanks([&](ProcessGroup& group) {
     for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBool}) {
-      CheckAllGather(group, dtype, [](int r) { return r * 3 + 1; });
+      for (const bool agreed : {false, true}) {
+        CheckAllGather(
+            group, dtype, [](int r) { return r * 3 + 1; }, agreed);
+      }
     }
   });
 }
 
 TEST_P(ProcessGroupTest, AllGatherWithEmptyContributions) {
   RunRanks([&](ProcessGroup& group) {
-    // Rank 0 (and every even rank) sends nothing.
-    CheckAllGather(group, DType::kFloat32,
-                   [](int r) { return r % 2 == 0 ? 0 : r + 2; });
-    // Nobody sends anything.
-    CheckAllGather(group, DType::kInt64, [](int) { return 0; });
+    for (const bool agreed : {false, true}) {
+      // Rank 0 (and every even rank) sends nothing.
+      CheckAllGather(
+          group, DType::kFloat32, [](int r) { return r % 2 == 0 ? 0 : r + 2; },
+          agreed);
+      // Nobody sends anything.
+      CheckAllGather(
+          group, DType::kInt64, [](int) { return 0; }, agreed);
+    }
   });
 }
 
@@ -228,26 +238,30 @@ TEST_P(ProcessGroupTest, AllGatherIntoViewsOfOneTensor) {
 // Sizes for Gather/Scatter: member 1 has nothing, the others differ.
 int64_t UnevenSize(int r) { return r == 1 ? 0 : 2 * r + 1; }
 
+// Also through GatherAgreed (no exchange of plans first).
 TEST_P(ProcessGroupTest, GatherUnevenToLastRank) {
   RunRanks([&](ProcessGroup& group) {
-    const int root = group.size() - 1;
-    const TensorOptions options =
-        TensorOptions().WithDType(DType::kFloat32).WithDevice(group.device());
-    ASSERT_OK_AND_ASSIGN(Tensor input,
-                         Pattern(UnevenSize(group.rank()), group.rank(),
-                                 DType::kFloat32, group.device()));
-    std::vector<Tensor> outputs;
-    if (group.rank() == root) {
-      for (int r = 0; r < group.size(); ++r) {
-        ASSERT_OK_AND_ASSIGN(outputs.emplace_back(),
-                             Tensor::Zeros({UnevenSize(r)}, options));
+    for (const bool agreed : {false, true}) {
+      const int root = group.size() - 1;
+      const TensorOptions options =
+          TensorOptions().WithDType(DType::kFloat32).WithDevice(group.device());
+      ASSERT_OK_AND_ASSIGN(Tensor input,
+                           Pattern(UnevenSize(group.rank()), group.rank(),
+                                   DType::kFloat32, group.device()));
+      std::vector<Tensor> outputs;
+      if (group.rank() == root) {
+        for (int r = 0; r < group.size(); ++r) {
+          ASSERT_OK_AND_ASSIGN(outputs.emplace_back(),
+                               Tensor::Zeros({UnevenSize(r)}, options));
+        }
       }
-    }
-    ASSERT_OK(group.Gather(input, outputs, root));
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      ASSERT_OK_AND_ASSIGN(Tensor expected,
-                           Pattern(UnevenSize(r), r, DType::kFloat32));
-      ExpectTensorEq(outputs[r], expected);
+      ASSERT_OK(agreed ? group.GatherAgreed(input, outputs, root)
+                       : group.Gather(input, outputs, root));
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        ASSERT_OK_AND_ASSIGN(Tensor expected,
+                             Pattern(UnevenSize(r), r, DType::kFloat32));
+        ExpectTensorEq(outputs[r], expected);
+      }
     }
   });
 }
