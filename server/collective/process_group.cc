@@ -1,6 +1,7 @@
 #include "server/collective/process_group.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <utility>
@@ -121,53 +122,84 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateProcessGroup(
 
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(
     ProcessGroup& group, absl::string_view bytes) {
+  // One exchange of a fixed-size slot per member: the length, then up to
+  // kInlineBytes of the bytes. Payloads that fit (a few shards' metadata,
+  // an error) arrive in it; the rest of longer ones follows in a second
+  // exchange sized by the lengths every member now knows. Both sizes are
+  // the same on every member by construction, so neither exchange agrees
+  // on plans first.
+  constexpr int64_t kSlotBytes = 1024;
+  constexpr int64_t kInlineBytes = kSlotBytes - 8;
   const Device device = group.device();
-  const TensorOptions on_device =
-      TensorOptions().WithDType(DType::kInt64).WithDevice(device);
-  // Lengths first, so that every member can size its receive buffers.
+  const int size = group.size();
+  const TensorOptions bytes_on =
+      TensorOptions().WithDType(DType::kUInt8).WithDevice(device).Private();
+  const TensorOptions bytes_on_host =
+      TensorOptions().WithDType(DType::kUInt8).Private();
   const int64_t length = static_cast<int64_t>(bytes.size());
-  ASSIGN_OR_RETURN(Tensor my_length, Tensor::Full({1}, length, on_device));
-  ASSIGN_OR_RETURN(Tensor lengths, Tensor::Empty({group.size()}, on_device));
-  std::vector<Tensor> length_views;
-  for (int r = 0; r < group.size(); ++r) {
-    ASSIGN_OR_RETURN(length_views.emplace_back(), lengths.Narrow(0, r, 1));
+  const int64_t inline_length = std::min(length, kInlineBytes);
+  ASSIGN_OR_RETURN(Tensor slot, Tensor::Zeros({kSlotBytes}, bytes_on_host));
+  std::memcpy(slot.data_ptr(), &length, sizeof(length));
+  if (inline_length > 0) {
+    std::memcpy(static_cast<char*>(slot.data_ptr()) + 8, bytes.data(),
+                static_cast<size_t>(inline_length));
   }
-  RETURN_IF_ERROR(group.AllGather(my_length, length_views));
-  ASSIGN_OR_RETURN(Tensor host_lengths, lengths.To(Device::Cpu()));
+  if (!device.is_cpu()) {
+    ASSIGN_OR_RETURN(slot, slot.To(device));
+  }
+  ASSIGN_OR_RETURN(Tensor slots, Tensor::Empty({size * kSlotBytes}, bytes_on));
+  std::vector<Tensor> slot_views;
+  for (int r = 0; r < size; ++r) {
+    ASSIGN_OR_RETURN(slot_views.emplace_back(),
+                     slots.Narrow(0, r * kSlotBytes, kSlotBytes));
+  }
+  RETURN_IF_ERROR(group.AllGatherAgreed(slot, slot_views));
+  ASSIGN_OR_RETURN(Tensor host_slots, slots.To(Device::Cpu()));
+  const char* slot_data = static_cast<const char*>(host_slots.data_ptr());
 
-  // Then the bytes, into adjacent views of one buffer.
+  std::vector<std::string> result(size);
+  std::vector<int64_t> rest(size, 0);
+  int64_t total_rest = 0;
+  for (int r = 0; r < size; ++r) {
+    int64_t theirs;
+    std::memcpy(&theirs, slot_data + r * kSlotBytes, sizeof(theirs));
+    if (theirs < 0) {
+      return absl::DataLossError(
+          absl::StrCat("AllGatherBytes: rank ", group.global_ranks()[r],
+                       " announced a negative length (", theirs, ")"));
+    }
+    const int64_t inline_part = std::min(theirs, kInlineBytes);
+    result[r].assign(slot_data + r * kSlotBytes + 8,
+                     static_cast<size_t>(inline_part));
+    result[r].reserve(static_cast<size_t>(theirs));
+    rest[r] = theirs - inline_part;
+    total_rest += rest[r];
+  }
+  if (total_rest == 0) return result;
+
+  // The rest, into adjacent views of one buffer.
   ASSIGN_OR_RETURN(
       Tensor input,
       Tensor::FromVector<uint8_t>(
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
-                              bytes.size()),
-          {length}));
+          absl::MakeConstSpan(
+              reinterpret_cast<const uint8_t*>(bytes.data()) + inline_length,
+              static_cast<size_t>(length - inline_length)),
+          {length - inline_length}));
   if (!device.is_cpu()) {
     ASSIGN_OR_RETURN(input, input.To(device));
   }
-  const int64_t* sizes = host_lengths.data<int64_t>();
-  int64_t total = 0;
-  for (int r = 0; r < group.size(); ++r) total += sizes[r];
-  ASSIGN_OR_RETURN(Tensor gathered,
-                   Tensor::Empty({total}, TensorOptions()
-                                              .WithDType(DType::kUInt8)
-                                              .WithDevice(device)
-                                              .Private()));
+  ASSIGN_OR_RETURN(Tensor gathered, Tensor::Empty({total_rest}, bytes_on));
   std::vector<Tensor> views;
   int64_t offset = 0;
-  for (int r = 0; r < group.size(); offset += sizes[r++]) {
-    ASSIGN_OR_RETURN(views.emplace_back(),
-                     gathered.Narrow(0, offset, sizes[r]));
+  for (int r = 0; r < size; offset += rest[r++]) {
+    ASSIGN_OR_RETURN(views.emplace_back(), gathered.Narrow(0, offset, rest[r]));
   }
-  RETURN_IF_ERROR(group.AllGather(input, views));
+  RETURN_IF_ERROR(group.AllGatherAgreed(input, views));
   ASSIGN_OR_RETURN(Tensor host, gathered.To(Device::Cpu()));
-
-  std::vector<std::string> result;
   const char* data = static_cast<const char*>(host.data_ptr());
   offset = 0;
-  for (int r = 0; r < group.size(); offset += sizes[r++]) {
-    result.push_back(sizes[r] == 0 ? std::string()
-                                   : std::string(data + offset, sizes[r]));
+  for (int r = 0; r < size; offset += rest[r++]) {
+    result[r].append(data + offset, static_cast<size_t>(rest[r]));
   }
   return result;
 }

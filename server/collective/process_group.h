@@ -170,6 +170,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateProcessGroup(
 
 // Exchanges one byte string per member (of any lengths) and returns them in
 // group-rank order: PyTorch's all_gather_object for serialized payloads.
+// One all-gather when every payload is at most 1016 bytes, two otherwise
+// (neither agrees on plans first: their sizes follow from the protocol).
 // Works on any backend (CUDA backends stage through the device).
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(
     ProcessGroup& group, absl::string_view bytes);

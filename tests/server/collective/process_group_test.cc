@@ -332,6 +332,17 @@ TEST_P(ProcessGroupTest, AllGatherBytesOfDifferentLengths) {
     for (int r = 0; r < group.size(); ++r) EXPECT_EQ(all[r], bytes_of(r));
     ASSERT_OK_AND_ASSIGN(all, AllGatherBytes(group, ""));
     EXPECT_THAT(all, ::testing::Each(""));
+    // Around the 1016 bytes that travel in the first exchange, and far past.
+    auto long_of = [](int r) {
+      const size_t lengths[] = {1016, 1017, 1015, 100000};
+      std::string s(lengths[r % 4], '\0');
+      for (size_t i = 0; i < s.size(); ++i) {
+        s[i] = static_cast<char>((i * 31 + static_cast<size_t>(r)) % 251);
+      }
+      return s;
+    };
+    ASSERT_OK_AND_ASSIGN(all, AllGatherBytes(group, long_of(group.rank())));
+    for (int r = 0; r < group.size(); ++r) EXPECT_EQ(all[r], long_of(r)) << r;
   });
 }
 
