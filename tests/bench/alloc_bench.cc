@@ -21,12 +21,6 @@
 namespace tessera {
 namespace {
 
-using bench::Gbps;
-using bench::JsonLine;
-using bench::Median;
-using bench::PrintJsonLine;
-using bench::Seconds;
-
 absl::Status Measure(const std::string& kind, int64_t mib, int reps) {
   const size_t bytes = static_cast<size_t>(mib) << 20;
   std::vector<double> seconds;
@@ -52,14 +46,15 @@ absl::Status Measure(const std::string& kind, int64_t mib, int reps) {
       }
       std::memset((*storage)->data(), rep & 0xff, bytes);
     }
-    if (rep >= 0) seconds.push_back(Seconds(absl::Now() - start));
+    if (rep >= 0) seconds.push_back(bench::Seconds(absl::Now() - start));
   }
-  PrintJsonLine(
-      JsonLine{{"bench", "alloc_fill"},
-               {"kind", kind},
-               {"mib", mib},
-               {"reps", reps},
-               {"gbps", Gbps(static_cast<double>(bytes), Median(seconds))}});
+  const double gbps =
+      bench::Gbps(static_cast<double>(bytes), bench::Median(seconds));
+  bench::PrintJsonLine(bench::JsonLine{{"bench", "alloc_fill"},
+                                       {"kind", kind},
+                                       {"mib", mib},
+                                       {"reps", reps},
+                                       {"gbps", gbps}});
   return absl::OkStatus();
 }
 
