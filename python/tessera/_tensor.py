@@ -212,7 +212,17 @@ class Tensor:
         sizes = [operator.index(s) for s in sizes]
         if out is not None and not isinstance(out, numpy.ndarray):
             raise _invalid("out must be a numpy array")
+        # Checked before any byte moves, whatever the layout of out (a
+        # strided one is filled by assignment, which would broadcast or
+        # convert silently).
+        if out is not None and out.shape != tuple(sizes):
+            raise _invalid(f"out has shape {out.shape} but the box is "
+                           f"{tuple(sizes)}")
         if cast is not None:
+            try:
+                cast = numpy.dtype(cast)
+            except TypeError as e:
+                raise _invalid(f"cast: {e}") from None
             got = self._read(offsets, sizes, None, timeout, progress)
             values = self._values(got, cast)
             if out is None:
@@ -221,6 +231,9 @@ class Tensor:
             return out
         if self._bf16 and (out is None or not _is_bits(out)):
             self.dtype  # raises, saying how to read it
+        if out is not None and not self._bf16 and out.dtype != self.dtype:
+            raise _invalid(f"out has dtype {out.dtype} but tensor {self.name} "
+                           f"is {self.dtype_name}")
         direct = out if out is None or out.flags.c_contiguous else None
         got = self._read(offsets, sizes, direct, timeout, progress)
         if out is None or direct is not None:

@@ -105,6 +105,12 @@ def test_writes_and_reads_in_place(client, rows4):
     strided = np.empty((12, 16), np.float32)[:, ::2]
     w.read(out=strided)
     np.testing.assert_array_equal(strided, expected)
+    # A strided out is checked as strictly as a dense one: no broadcast, no
+    # silent conversion.
+    with pytest.raises(tessera.InvalidArgumentError, match="shape"):
+        w.read_region((0, 0), (1, 8), out=strided)
+    with pytest.raises(tessera.InvalidArgumentError, match="dtype"):
+        w.read(out=np.empty((12, 16), np.float64)[:, ::2])
     # Non-contiguous sources are written as they are.
     w.write((0, 0), expected.T.copy().T)
     np.testing.assert_array_equal(w.read(), expected)
@@ -179,6 +185,10 @@ def test_bfloat16_reads_with_cast_and_writes_rounded(client, rows4):
     out = np.empty(values.shape, np.float32)
     assert w.read(out=out, cast="float32") is out
     np.testing.assert_array_equal(out, expected)
+    with pytest.raises(tessera.InvalidArgumentError, match="cast"):
+        w.read(cast="no-such-dtype")
+    with pytest.raises(tessera.InvalidArgumentError, match="shape"):
+        w.read_region((0, 0), (1, 4), out=out, cast="float32")  # no broadcast
     _, _, shard = w.remote_shards()[1].to_here(cast="float32")
     np.testing.assert_array_equal(shard, expected[2:4])
     w[0, 0] = 7.0
