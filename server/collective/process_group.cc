@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -163,15 +164,17 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(
   for (int r = 0; r < size; ++r) {
     int64_t theirs;
     std::memcpy(&theirs, slot_data + r * kSlotBytes, sizeof(theirs));
-    if (theirs < 0) {
+    const int64_t inline_part = std::min(theirs, kInlineBytes);
+    // A negative length, or one whose sum with the others overflows, is
+    // refused; a merely huge one makes the rest's buffer RESOURCE_EXHAUSTED.
+    if (theirs < 0 || theirs - inline_part >
+                          std::numeric_limits<int64_t>::max() - total_rest) {
       return absl::DataLossError(
           absl::StrCat("AllGatherBytes: rank ", group.global_ranks()[r],
-                       " announced a negative length (", theirs, ")"));
+                       " announced an impossible length (", theirs, ")"));
     }
-    const int64_t inline_part = std::min(theirs, kInlineBytes);
     result[r].assign(slot_data + r * kSlotBytes + 8,
                      static_cast<size_t>(inline_part));
-    result[r].reserve(static_cast<size_t>(theirs));
     rest[r] = theirs - inline_part;
     total_rest += rest[r];
   }
