@@ -809,13 +809,23 @@ class ShardedTensorGather {
     // Buffers on the group's device: Gloo moves host memory, NCCL its own
     // device's (also on a rank without shards, which must still take part).
     device_ = state_.group->device();
+    // Each group rank's one shard with elements, where it has exactly one.
+    lone_shard_.assign(state_.group->size(), std::nullopt);
+    std::vector<int> with_elements(state_.group->size(), 0);
+    const auto& shards = state_.metadata.shards_metadata;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].numel() == 0) continue;
+      const int g = layout_.group_rank[i];
+      if (++with_elements[g] == 1) lone_shard_[g] = i;
+      if (with_elements[g] == 2) lone_shard_[g] = std::nullopt;
+    }
     return absl::OkStatus();
   }
 
   // This rank's shards packed into one buffer: the shard itself when it is
   // the only one and dense on the group's device (no copy), else a copy.
   absl::StatusOr<Tensor> PackLocal() const {
-    if (std::optional<size_t> only = OnlyShardOf(state_.group->rank());
+    if (const std::optional<size_t> only = lone_shard_[state_.group->rank()];
         only.has_value()) {
       size_t local = 0;
       for (size_t i = 0; i < *only; ++i) {
@@ -875,18 +885,6 @@ class ShardedTensorGather {
   }
 
  private:
-  // The one shard with elements that group rank `g` owns, if so.
-  std::optional<size_t> OnlyShardOf(int g) const {
-    std::optional<size_t> only;
-    const auto& shards = state_.metadata.shards_metadata;
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (layout_.group_rank[i] != g || shards[i].numel() == 0) continue;
-      if (only.has_value()) return std::nullopt;
-      only = i;
-    }
-    return only;
-  }
-
   // The run of `out` that rank `g`'s one shard covers, when its box is
   // contiguous there (every dimension after the first one it cuts is
   // whole, every one before it has size 1) and `out` is dense on the
@@ -895,7 +893,7 @@ class ShardedTensorGather {
     if (!out.defined() || !out.is_contiguous() || out.device() != device_) {
       return std::nullopt;
     }
-    const std::optional<size_t> only = OnlyShardOf(g);
+    const std::optional<size_t> only = lone_shard_[g];
     if (!only.has_value()) return std::nullopt;
     const ShardMetadata& shard = state_.metadata.shards_metadata[*only];
     const std::vector<int64_t>& offsets = shard.shard_offsets();
@@ -928,6 +926,9 @@ class ShardedTensorGather {
   const ShardedTensor::State& state_;
   PackedLayout layout_;
   Device device_ = Device::Cpu();
+  // Per group rank, after Prepare: the index of its one shard with
+  // elements, when it has exactly one.
+  std::vector<std::optional<size_t>> lone_shard_;
   // Per group rank, after Buffers: received into `out` directly.
   std::vector<bool> direct_;
 };
