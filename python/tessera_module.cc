@@ -414,14 +414,7 @@ class PyView {
           absl::StrCat("out has shape (", absl::StrJoin(shape, ", "),
                        ") but the box is (", absl::StrJoin(sizes, ", "), ")")));
     }
-    const Tensor destination = Wrap(target, view_.dtype());
-    PyTransfer transfer(timeout, static_cast<int64_t>(target.nbytes()),
-                        progress);
-    Check(transfer.Run(
-        [&](const TransferOptions& options) {
-          return view_.ReadRegionInto(offsets, destination, options);
-        },
-        /*idempotent=*/true));
+    ReadInto(offsets, Wrap(target, view_.dtype()), timeout, progress);
     return target;
   }
 
@@ -440,15 +433,8 @@ class PyView {
     const py::dtype dtype = py::reinterpret_borrow<py::dtype>(numpy_dtype_);
     py::array target(dtype, box.shape);
     if (box.empty()) return target;
-    Tensor destination = Wrap(target, view_.dtype());
-    destination = Check(destination.View(box.sizes));
-    PyTransfer transfer(timeout, static_cast<int64_t>(target.nbytes()),
-                        py::none());
-    Check(transfer.Run(
-        [&](const TransferOptions& options) {
-          return view_.ReadRegionInto(box.offsets, destination, options);
-        },
-        /*idempotent=*/true));
+    ReadInto(box.offsets, Check(Wrap(target, view_.dtype()).View(box.sizes)),
+             timeout, py::none());
     return target;
   }
 
@@ -477,10 +463,8 @@ class PyView {
       Raise(absl::OutOfRangeError(absl::StrCat(
           "shard ", index, " of a tensor with ", remote.size(), " shards")));
     }
-    const std::vector<int64_t>& sizes =
-        view_.metadata().shards_metadata[index].shard_sizes();
-    int64_t bytes = static_cast<int64_t>(ElementSize(view_.dtype()));
-    for (const int64_t size : sizes) bytes *= size;
+    const int64_t bytes = view_.metadata().shards_metadata[index].numel() *
+                          static_cast<int64_t>(ElementSize(view_.dtype()));
     absl::StatusOr<Shard> shard;
     PyTransfer transfer(timeout, bytes, py::none());
     Check(transfer.Run(
@@ -500,6 +484,19 @@ class PyView {
   const ShardedTensorView& view() const { return view_; }
 
  private:
+  // Reads the box at `offsets` into `destination` (memory of a numpy
+  // array), interruptibly (PyTransfer).
+  void ReadInto(const std::vector<int64_t>& offsets, const Tensor& destination,
+                double timeout, const py::object& progress) const {
+    PyTransfer transfer(timeout, static_cast<int64_t>(destination.nbytes()),
+                        progress);
+    Check(transfer.Run(
+        [&](const TransferOptions& options) {
+          return view_.ReadRegionInto(offsets, destination, options);
+        },
+        /*idempotent=*/true));
+  }
+
   std::string dtype_name() const {
     return std::string(DTypeName(view_.dtype()));
   }

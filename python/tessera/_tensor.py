@@ -234,11 +234,13 @@ class Tensor:
         if out is not None and not self._bf16 and out.dtype != self.dtype:
             raise _invalid(f"out has dtype {out.dtype} but tensor {self.name} "
                            f"is {self.dtype_name}")
-        direct = out if out is None or out.flags.c_contiguous else None
-        got = self._read(offsets, sizes, direct, timeout, progress)
-        if out is None or direct is not None:
-            return got
-        out[...] = got
+        if out is None or out.flags.c_contiguous:
+            return self._read(offsets, sizes, out, timeout, progress)
+        # A strided out: read into a dense array of its dtype (the same
+        # bytes as out's, bits included), then assign.
+        dense = self._read(offsets, sizes, numpy.empty(out.shape, out.dtype),
+                           timeout, progress)
+        out[...] = dense
         return out
 
     def _read(self, offsets, sizes, out, timeout, progress):

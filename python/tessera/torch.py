@@ -7,7 +7,6 @@ Imported on demand (``import tessera.torch``); needs torch.
 
 import json
 
-import numpy
 import torch
 
 from . import _tessera, errors
@@ -87,12 +86,7 @@ def read(tensor, out=None, offsets=None, timeout=None):
         out = torch.empty(tensor.shape, dtype=torch.bfloat16)
     target, _ = _source(out)  # shares the memory (bfloat16: its bits)
     origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
-    if target.flags.c_contiguous:
-        tensor.read_region(origin, target.shape, out=target, timeout=timeout)
-    else:
-        dense = numpy.empty(target.shape, target.dtype)
-        tensor.read_region(origin, target.shape, out=dense, timeout=timeout)
-        target[...] = dense
+    tensor.read_region(origin, target.shape, out=target, timeout=timeout)
     return out
 
 
