@@ -451,10 +451,18 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
                 *holder_name =
                     absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k],
                                  " (", worker->address.address(), ")");
-                status = WriteRegion(*worker->control, name(), tensor_id(),
-                                     piece.box->shard_offsets(), piece.view,
-                                     to_holder)
-                             .status();
+                // Over the data plane, straight into the shard, when the
+                // holder can take it there; else through WriteRegion.
+                absl::StatusOr<bool> direct = worker->shards->WriteRegion(
+                    tensor_id(), static_cast<int64_t>(piece.shard),
+                    piece.offsets_in_shard, piece.view, to_holder);
+                status = direct.status();
+                if (direct.ok() && !*direct) {
+                  status = WriteRegion(*worker->control, name(), tensor_id(),
+                                       piece.box->shard_offsets(), piece.view,
+                                       to_holder)
+                               .status();
+                }
                 // A holder that restarted elsewhere: where is it now?
                 if (!absl::IsUnavailable(status) || attempt > 0 ||
                     !cluster_->Reconnect(holders[k], worker)) {

@@ -151,7 +151,11 @@ class ShardedTensorView {
   // several owners is not atomic: every owner is tried, and a failure names
   // each box written and each box not written with its owner and error
   // (WriteEveryRegionPiece, client/region_transfer.h), so the caller can retry
-  // exactly those.
+  // exactly those. Each piece goes over its holder's data plane, straight
+  // into the shard, when the holder can take it there
+  // (ShardClient::WriteRegion), else through ControlService.WriteRegion;
+  // a box named not written may then hold part of the new bytes
+  // (docs/data_plane.md, "Writes").
   absl::Status Write(absl::Span<const int64_t> offsets, const Tensor& data,
                      const TransferOptions& options = {}) const;
 

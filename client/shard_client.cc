@@ -322,12 +322,13 @@ absl::StatusOr<DataConnection> ShardClient::TakeConnection(
   }
   ASSIGN_OR_RETURN(const std::string token, ProcessToken());
   if (token.empty()) {
-    RETURN_IF_ERROR(connection.WriteFull(
-        kDataPlaneMagic.data(), kDataPlaneMagic.size(), deadline, true));
+    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestMagic.data(),
+                                         kDataPlaneRequestMagic.size(),
+                                         deadline, true));
   } else {
-    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneTokenMagic.data(),
-                                         kDataPlaneTokenMagic.size(), deadline,
-                                         true));
+    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestTokenMagic.data(),
+                                         kDataPlaneRequestTokenMagic.size(),
+                                         deadline, true));
     RETURN_IF_ERROR(connection.WriteFrame(token, deadline, true));
   }
   return connection;
@@ -355,56 +356,70 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
     return Cancelled(cancel) ? assembler->CheckCancel()
                              : Annotate(status, what);
   };
+  v1::DataPlaneRequest framed;
+  *framed.mutable_fetch() = request;
+  RETURN_IF_ERROR(assembler->CheckCancel());
+  absl::StatusOr<Exchange> exchange =
+      Request(framed.SerializeAsString(), deadline, cancel);
+  if (!exchange.ok()) return failed(exchange.status());
+  v1::BulkFetchReply reply;
+  if (!reply.ParseFromString(exchange->reply) || reply.code() < 0 ||
+      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+  }
+  if (reply.code() != 0) {
+    Release(*std::move(exchange), cancel);
+    return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                                 reply.message()),
+                    what);
+  }
+  RETURN_IF_ERROR(assembler->Start(reply.header()));
+  absl::Status received =
+      ReceiveChunks(exchange->connection, deadline, assembler);
+  if (!received.ok() && !absl::IsDataLoss(received)) {
+    return failed(received);
+  }
+  RETURN_IF_ERROR(received);
+  RETURN_IF_ERROR(assembler->Finish());
+  Release(*std::move(exchange), cancel);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardClient::Exchange> ShardClient::Request(
+    const std::string& frame, absl::Time deadline,
+    const std::shared_ptr<Cancellation>& cancel) const {
   // A pooled connection may have been closed by the server meanwhile; a
   // fresh one is tried once before giving up. The retry must not take
   // another pooled connection: those idled at least as long, so after a
   // server's idle timeout they are all closed, and they are dropped.
   for (int attempt = 0;; ++attempt) {
-    RETURN_IF_ERROR(assembler->CheckCancel());
-    absl::StatusOr<DataConnection> socket =
-        TakeConnection(deadline, attempt == 0, cancel);
-    if (!socket.ok()) return failed(socket.status());
+    if (Cancelled(cancel)) return absl::CancelledError("cancelled");
+    ASSIGN_OR_RETURN(DataConnection socket,
+                     TakeConnection(deadline, attempt == 0, cancel));
+    Exchange exchange{std::move(socket), {}, {}};
     // Cancelling interrupts any wait on the owner; such a connection is
     // never pooled again (the registration ends before it would be).
-    Cancellation::Registration interrupt =
-        OnCancel(cancel, [fd = socket->fd()] { InterruptSocket(fd); });
-    const auto release = [&] {
-      interrupt.Reset();
-      if (!Cancelled(cancel)) ReturnConnection(*std::move(socket));
-    };
-    absl::Status sent =
-        socket->WriteFrame(request.SerializeAsString(), deadline);
-    absl::StatusOr<std::string> frame =
-        sent.ok() ? socket->ReadFrame(deadline) : sent;
-    if (!frame.ok()) {
-      if (attempt == 0 && absl::IsUnavailable(frame.status()) &&
-          !Cancelled(cancel)) {
-        DropIdleConnections();
-        continue;
-      }
-      return failed(frame.status());
+    exchange.interrupt = OnCancel(
+        cancel, [fd = exchange.connection.fd()] { InterruptSocket(fd); });
+    absl::Status sent = exchange.connection.WriteFrame(frame, deadline);
+    absl::StatusOr<std::string> reply =
+        sent.ok() ? exchange.connection.ReadFrame(deadline) : sent;
+    if (reply.ok()) {
+      exchange.reply = *std::move(reply);
+      return exchange;
     }
-    v1::BulkFetchReply reply;
-    if (!reply.ParseFromString(*frame) || reply.code() < 0 ||
-        reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+    if (attempt > 0 || !absl::IsUnavailable(reply.status()) ||
+        Cancelled(cancel)) {
+      return reply.status();
     }
-    if (reply.code() != 0) {
-      release();
-      return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                                   reply.message()),
-                      what);
-    }
-    RETURN_IF_ERROR(assembler->Start(reply.header()));
-    absl::Status received = ReceiveChunks(*socket, deadline, assembler);
-    if (!received.ok() && !absl::IsDataLoss(received)) {
-      return failed(received);
-    }
-    RETURN_IF_ERROR(received);
-    RETURN_IF_ERROR(assembler->Finish());
-    release();
-    return absl::OkStatus();
+    DropIdleConnections();
   }
+}
+
+void ShardClient::Release(Exchange exchange,
+                          const std::shared_ptr<Cancellation>& cancel) const {
+  exchange.interrupt.Reset();
+  if (!Cancelled(cancel)) ReturnConnection(std::move(exchange.connection));
 }
 
 absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
@@ -421,6 +436,117 @@ absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
         assembler->Verify(chunk.offset, chunk.length, chunk.checksum));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// A BulkWriteReply from `frame`; DATA_LOSS when it does not parse or
+// carries no valid code.
+absl::StatusOr<v1::BulkWriteReply> ParseWriteReply(const std::string& frame,
+                                                   absl::string_view what) {
+  v1::BulkWriteReply reply;
+  if (!reply.ParseFromString(frame) || reply.code() < 0 ||
+      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+  }
+  return reply;
+}
+
+absl::Status ReplyStatus(const v1::BulkWriteReply& reply) {
+  return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                      reply.message());
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ShardClient::WriteRegion(
+    absl::string_view tensor_id, int64_t shard_index,
+    absl::Span<const int64_t> region_offsets, const Tensor& data,
+    const RegionWriteOptions& options) const {
+  if (data_plane_address_.empty()) return false;
+  if (!data.defined()) {
+    return absl::InvalidArgumentError("WriteRegion: undefined data");
+  }
+  const std::string what = absl::StrCat(
+      "writing ", options.replica ? "the replica of " : "", "shard ",
+      shard_index, " of tensor ", tensor_id, " over the data plane");
+  // The bytes to send, row-major in host memory.
+  ASSIGN_OR_RETURN(const Tensor bytes, data.device().is_cpu()
+                                           ? data.Contiguous()
+                                           : data.To(Device::Cpu()));
+  const int64_t total = static_cast<int64_t>(bytes.nbytes());
+  const char* const base = static_cast<const char*>(bytes.data_ptr());
+  v1::DataPlaneRequest framed;
+  v1::BulkWriteRequest& request = *framed.mutable_write();
+  request.set_tensor_id(std::string(tensor_id));
+  request.set_shard_index(shard_index);
+  request.set_replica(options.replica);
+  request.mutable_region_offsets()->Add(region_offsets.begin(),
+                                        region_offsets.end());
+  request.mutable_region_sizes()->Add(data.sizes().begin(), data.sizes().end());
+  request.set_dtype(ToProto(data.dtype()));
+  request.set_total_bytes(total);
+  request.set_chunk_bytes(options.chunk_bytes);
+  const std::string serialized = framed.SerializeAsString();
+  const absl::Time deadline = options.deadline;
+  const std::shared_ptr<Cancellation>& cancel = options.cancel;
+  int64_t sent_bytes = 0;
+  // After the go-ahead, bytes land in the shard as they arrive.
+  bool started = false;
+  const auto failed = [&](const absl::Status& status) {
+    const std::string partly =
+        started ? " (the box may be partly written)" : "";
+    if (Cancelled(cancel)) {
+      return absl::CancelledError(
+          absl::StrCat(what, ": cancelled by the caller after ", sent_bytes,
+                       " of ", total, " bytes", partly));
+    }
+    return Annotate(status, absl::StrCat(what, partly));
+  };
+  absl::StatusOr<Exchange> exchange = Request(serialized, deadline, cancel);
+  if (!exchange.ok()) return failed(exchange.status());
+  ASSIGN_OR_RETURN(const v1::BulkWriteReply go,
+                   ParseWriteReply(exchange->reply, what));
+  if (go.code() != 0 || go.fallback()) {
+    Release(*std::move(exchange), cancel);
+    if (go.code() != 0) return Annotate(ReplyStatus(go), what);
+    return false;  // Nothing written: the caller takes gRPC.
+  }
+  if (go.chunk_bytes() <= 0) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": the server allows chunks of ", go.chunk_bytes(), " bytes"));
+  }
+  started = true;
+  DataConnection& socket = exchange->connection;
+  char prefix[kDataPlaneChunkPrefixBytes];
+  while (sent_bytes < total) {
+    const int64_t size = std::min(go.chunk_bytes(), total - sent_bytes);
+    const char* chunk = base + sent_bytes;
+    EncodeChunkPrefix(
+        ChunkPrefix{sent_bytes, size,
+                    XXH3_64bits(chunk, static_cast<size_t>(size))},
+        prefix);
+    absl::Status wrote =
+        socket.WriteFull(prefix, sizeof(prefix), deadline, /*more=*/true);
+    if (wrote.ok()) {
+      wrote = socket.WriteFull(chunk, static_cast<size_t>(size), deadline);
+    }
+    if (!wrote.ok()) return failed(wrote);
+    sent_bytes += size;
+    if (options.on_chunk) options.on_chunk(size);
+  }
+  absl::StatusOr<std::string> last = socket.ReadFrame(deadline);
+  if (!last.ok()) return failed(last.status());
+  ASSIGN_OR_RETURN(const v1::BulkWriteReply done, ParseWriteReply(*last, what));
+  // The server read the whole stream either way: the connection is in step.
+  Release(*std::move(exchange), cancel);
+  if (done.code() != 0) return failed(ReplyStatus(done));
+  if (done.bytes_written() != total) {
+    return absl::DataLossError(absl::StrCat(what, ": the server wrote ",
+                                            done.bytes_written(), " of ", total,
+                                            " bytes"));
+  }
+  return true;
 }
 
 absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(

@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/region_transfer.h"
 #include "common/cancellation.h"
 #include "common/device.h"
 #include "common/shard_metadata.h"
@@ -149,6 +150,26 @@ class ShardClient {
                                absl::Span<const int64_t> region_offsets,
                                const Tensor& destination,
                                const FetchOptions& options = {}) const;
+  // Writes `data` (the shard's dtype, any strides; on the CPU, or CUDA,
+  // staged through host memory) as the box at `region_offsets` (relative
+  // to the shard) of shard `shard_index` of `tensor_id`, or of the
+  // server's replica of it with options.replica, over the data plane:
+  // the server receives the bytes straight into the shard's memory.
+  // Returns false, with nothing written, when this client knows no data
+  // plane or the server cannot take this write there (a shard on a GPU, a
+  // box that is no dense run of the shard, a tensor id not registered
+  // there: it may be refilling); write through ControlService.WriteRegion
+  // then (client/region_transfer.h). Errors: the server's
+  // (INVALID_ARGUMENT, OUT_OF_RANGE, UNAUTHENTICATED, PERMISSION_DENIED,
+  // DATA_LOSS for a chunk changed on its way) or the connection's
+  // (UNAVAILABLE, DEADLINE_EXCEEDED at options.deadline, CANCELLED). A
+  // write that fails once its first chunk left may have changed any byte of
+  // the box (the message says "may be partly written"; docs/data_plane.md).
+  absl::StatusOr<bool> WriteRegion(absl::string_view tensor_id,
+                                   int64_t shard_index,
+                                   absl::Span<const int64_t> region_offsets,
+                                   const Tensor& data,
+                                   const RegionWriteOptions& options) const;
   absl::StatusOr<TensorDescription> DescribeTensor(
       absl::string_view tensor_id,
       absl::Duration timeout = absl::Seconds(10)) const;
@@ -181,6 +202,23 @@ class ShardClient {
       absl::Time deadline, bool reuse,
       const std::shared_ptr<Cancellation>& cancel) const;
   void ReturnConnection(DataConnection socket) const;
+  // A data-plane connection and the reply frame to one request on it;
+  // while it lives, cancelling interrupts every wait on the connection.
+  struct Exchange {
+    DataConnection connection;
+    Cancellation::Registration interrupt;
+    std::string reply;
+  };
+  // Sends the request `frame` over a pooled connection (or a new one) and
+  // reads the reply frame; a pooled connection the server closed while
+  // idle is replaced once by a fresh one, and the idle pool dropped.
+  absl::StatusOr<Exchange> Request(
+      const std::string& frame, absl::Time deadline,
+      const std::shared_ptr<Cancellation>& cancel) const;
+  // Ends the exchange's registration and pools its connection, unless
+  // the cancellation was cancelled (its connection may be interrupted).
+  void Release(Exchange exchange,
+               const std::shared_ptr<Cancellation>& cancel) const;
   void DropIdleConnections() const;
 
   std::shared_ptr<grpc::Channel> channel_;

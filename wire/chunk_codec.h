@@ -8,9 +8,11 @@
 //  - The data plane (docs/data_plane.md): a connection (plaintext, or TLS
 //    when the cluster uses it: data_connection.h) opens with
 //    kDataPlaneMagic, or kDataPlaneTokenMagic and a frame with the
-//    client's token; requests and replies are length-prefixed frames
-//    (WriteFrame/ReadFrame, at most kMaxDataPlaneFrameBytes); each chunk's
-//    bytes follow a 24-byte little-endian prefix (offset, length, XXH3-64),
+//    client's token (kDataPlaneRequestMagic and kDataPlaneRequestTokenMagic
+//    for connections that may also write); requests and replies are
+//    length-prefixed frames (WriteFrame/ReadFrame, at most
+//    kMaxDataPlaneFrameBytes); each chunk's bytes follow a 24-byte
+//    little-endian prefix (offset, length, XXH3-64),
 //    EncodeChunkPrefix/DecodeChunkPrefix.
 //  - The local path (proto/tessera/v1/local.proto): a connection opens with
 //    kLocalMagic; a lease ends with the one-byte message kLocalDone.
@@ -42,6 +44,10 @@ inline constexpr absl::string_view kDataPlaneMagic = "TSRBULK1";
 // The same for a client that presents a token (wire/auth.h): the magic is
 // followed by one frame holding the token.
 inline constexpr absl::string_view kDataPlaneTokenMagic = "TSRBULK2";
+// The same two for a connection whose frames are v1::DataPlaneRequests
+// (fetches and writes) instead of bare FetchShardRequests.
+inline constexpr absl::string_view kDataPlaneRequestMagic = "TSRBULK3";
+inline constexpr absl::string_view kDataPlaneRequestTokenMagic = "TSRBULK4";
 // Largest control frame (request or reply) either side accepts.
 inline constexpr uint32_t kMaxDataPlaneFrameBytes = 1 << 20;
 // Size of the binary prefix of each data-plane chunk.

@@ -194,6 +194,8 @@ absl::Status Daemon::Init() {
   rpc.advertise_host = o.advertise_host;
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;
+  // Clients write straight into the shards (ShardClient::WriteRegion).
+  rpc.data_plane_writes = true;
   rpc.local_users = o.local_users;
   if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
     return absl::Status(

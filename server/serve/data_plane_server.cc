@@ -9,10 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/serve/chunk_source.h"
+#include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
+#include "wire/chunk_assembler.h"
 #include "wire/chunk_codec.h"
+#include "wire/replicas.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -28,6 +32,16 @@ absl::Status SendError(DataConnection& stream, const absl::Status& error,
                        absl::Time deadline) {
   return SendReply(stream, ErrorReply<v1::BulkFetchReply>(error), deadline,
                    /*more=*/false);
+}
+
+v1::BulkWriteReply WriteError(const absl::Status& status) {
+  return ErrorReply<v1::BulkWriteReply>(status);
+}
+
+absl::Status SendWriteReply(DataConnection& stream,
+                            const v1::BulkWriteReply& reply,
+                            absl::Time deadline) {
+  return stream.WriteFrame(reply.SerializeAsString(), deadline);
 }
 
 }  // namespace
@@ -77,18 +91,34 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
   }
   char magic[kDataPlaneMagic.size()];
   if (!stream.ReadFull(magic, sizeof(magic), opening).ok()) return;
+  const absl::string_view opened(magic, sizeof(magic));
+  const bool with_token =
+      opened == kDataPlaneTokenMagic || opened == kDataPlaneRequestTokenMagic;
+  // Frames are DataPlaneRequests (fetches and writes), or bare fetches.
+  const bool framed =
+      opened == kDataPlaneRequestMagic || opened == kDataPlaneRequestTokenMagic;
+  if (!with_token && !framed && opened != kDataPlaneMagic) {
+    return;  // Not a Tessera data-plane client.
+  }
   std::optional<std::string> token;
-  if (absl::string_view(magic, sizeof(magic)) == kDataPlaneTokenMagic) {
+  if (with_token) {
     absl::StatusOr<std::string> presented = stream.ReadFrame(opening);
     if (!presented.ok()) return;
     token = *std::move(presented);
-  } else if (absl::string_view(magic, sizeof(magic)) != kDataPlaneMagic) {
-    return;  // Not a Tessera data-plane client.
   }
-  // The data plane serves FetchShard only.
-  const absl::Status allowed = AuthorizeToken(
+  // A fetch needs what ShardService/FetchShard needs; a write what
+  // ControlService/WriteRegion does.
+  const absl::Status fetch_allowed = AuthorizeToken(
       token,
       absl::StrCat(v1::ShardService::service_full_name(), "/FetchShard"));
+  const absl::Status write_allowed = AuthorizeToken(
+      token,
+      absl::StrCat(v1::ControlService::service_full_name(), "/WriteRegion"));
+  // A refused request is answered, and its connection closed.
+  const auto refuse = [&](const absl::Status& status) {
+    SendError(stream, status, absl::Now() + options_.io_timeout).IgnoreError();
+    return false;
+  };
   connection.ServeRequests(
       [&] { return stream.ReadFrame(absl::Now() + options_.idle_timeout); },
       [&] {
@@ -99,22 +129,36 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
             .IgnoreError();
       },
       [&](const std::string& frame) {
-        if (!allowed.ok()) {
-          SendError(stream, allowed, absl::Now() + options_.io_timeout)
-              .IgnoreError();
-          return false;
+        if (!framed) {
+          if (!fetch_allowed.ok()) return refuse(fetch_allowed);
+          v1::FetchShardRequest request;
+          if (!request.ParseFromString(frame)) {
+            return SendError(stream, MalformedFetchError(),
+                             absl::Now() + options_.io_timeout)
+                .ok();
+          }
+          return AnswerFetch(stream, request).ok();
         }
-        return Answer(stream, frame).ok();
+        v1::DataPlaneRequest request;
+        if (!request.ParseFromString(frame) ||
+            request.request_case() == v1::DataPlaneRequest::REQUEST_NOT_SET) {
+          // Both replies carry the code and message as fields 1 and 2.
+          return SendError(stream, MalformedFetchError(),
+                           absl::Now() + options_.io_timeout)
+              .ok();
+        }
+        if (request.has_write()) {
+          if (!write_allowed.ok()) return refuse(write_allowed);
+          return AnswerWrite(stream, request.write()).ok();
+        }
+        if (!fetch_allowed.ok()) return refuse(fetch_allowed);
+        return AnswerFetch(stream, request.fetch()).ok();
       });
 }
 
-absl::Status DataPlaneServer::Answer(DataConnection& stream,
-                                     const std::string& frame) {
+absl::Status DataPlaneServer::AnswerFetch(
+    DataConnection& stream, const v1::FetchShardRequest& request) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;
-  v1::FetchShardRequest request;
-  if (!request.ParseFromString(frame)) {
-    return SendError(stream, MalformedFetchError(), deadline);
-  }
   absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, request);
   if (!prepared.ok()) return SendError(stream, prepared.status(), deadline);
   const int64_t chunk_bytes =
@@ -154,6 +198,125 @@ absl::Status DataPlaneServer::Answer(DataConnection& stream,
   return absl::OkStatus();
 }
 
+absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
+                                          const v1::BulkWriteRequest& request) {
+  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  const std::string what = absl::StrCat(
+      "data-plane write of ", request.replica() ? "the replica of " : "",
+      "shard ", request.shard_index(), " of tensor ", request.tensor_id());
+  // The write's target, validated as a fetch of the same box would be.
+  v1::FetchShardRequest locate;
+  locate.set_tensor_id(request.replica() ? ReplicaTensorId(request.tensor_id())
+                                         : request.tensor_id());
+  locate.set_shard_index(request.shard_index());
+  *locate.mutable_region_offsets() = request.region_offsets();
+  *locate.mutable_region_sizes() = request.region_sizes();
+  v1::BulkWriteReply reply;
+  const auto fall_back = [&](absl::string_view why) {
+    reply.set_fallback(true);
+    reply.set_message(absl::StrCat(what, ": ", why));
+    return SendWriteReply(stream, reply, deadline);
+  };
+  if (!options_.accept_writes) {
+    return fall_back("this server takes no writes over the data plane");
+  }
+  absl::StatusOr<FetchView> target = PrepareFetchView(*registry_, locate);
+  if (!target.ok()) {
+    // Not registered here (yet: a daemon refilling it takes the write over
+    // gRPC, which also names a tensor that is gone the way every other
+    // write does).
+    if (absl::IsNotFound(target.status()) ||
+        absl::IsFailedPrecondition(target.status())) {
+      return fall_back(target.status().message());
+    }
+    return SendWriteReply(stream, WriteError(Annotate(target.status(), what)),
+                          deadline);
+  }
+  const Tensor& box = target->view;
+  absl::StatusOr<DType> sent = FromProto(request.dtype());
+  if (!sent.ok()) {
+    return SendWriteReply(stream, WriteError(Annotate(sent.status(), what)),
+                          deadline);
+  }
+  if (*sent != box.dtype()) {
+    return SendWriteReply(stream,
+                          WriteError(absl::InvalidArgumentError(absl::StrCat(
+                              what, ": the data is ", DTypeName(*sent),
+                              " but the tensor is ", DTypeName(box.dtype())))),
+                          deadline);
+  }
+  const int64_t total = static_cast<int64_t>(box.nbytes());
+  if (request.total_bytes() != total) {
+    return SendWriteReply(stream,
+                          WriteError(absl::InvalidArgumentError(absl::StrCat(
+                              what, ": total_bytes ", request.total_bytes(),
+                              " is not the ", total, " bytes of the box"))),
+                          deadline);
+  }
+  if (!box.device().is_cpu()) return fall_back("the shard is on a GPU");
+  if (!box.is_contiguous()) {
+    return fall_back("the box is not one dense run of the shard");
+  }
+  const int64_t chunk_bytes =
+      ChunkBytesFor(options_.chunks, request.chunk_bytes());
+  reply.set_chunk_bytes(chunk_bytes);
+  RETURN_IF_ERROR(SendWriteReply(stream, reply, deadline));
+
+  // Each chunk lands straight in the shard and is verified there; a chunk
+  // whose checksum does not match leaves its bytes in place (documented
+  // in docs/data_plane.md) and the rest of the stream is read and dropped,
+  // so that the client hears why.
+  char* const base = static_cast<char*>(box.data_ptr());
+  ChunkSequence sequence(absl::StatusCode::kInvalidArgument, "box");
+  sequence.Start(total);
+  absl::Status failed;
+  int64_t written = 0;
+  std::string discard;
+  char prefix[kDataPlaneChunkPrefixBytes];
+  while (sequence.received_bytes() < total) {
+    const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
+    RETURN_IF_ERROR(stream.ReadFull(prefix, sizeof(prefix), chunk_deadline));
+    const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
+    const std::string chunk_name =
+        absl::StrCat(what, ": chunk at offset ", chunk.offset);
+    absl::Status next =
+        sequence.CheckNext(chunk.offset, chunk.length, chunk_name);
+    if (next.ok() && (chunk.length <= 0 || chunk.length > chunk_bytes)) {
+      next = absl::InvalidArgumentError(
+          absl::StrCat(chunk_name, ": ", chunk.length, " bytes, not in [1, ",
+                       chunk_bytes, "]"));
+    }
+    if (!next.ok()) {
+      // The stream is out of step: answer, then close the connection.
+      SendWriteReply(stream, WriteError(next), deadline).IgnoreError();
+      return next;
+    }
+    const size_t length = static_cast<size_t>(chunk.length);
+    if (failed.ok()) {
+      char* place = base + chunk.offset;
+      RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
+      failed = ChunkSequence::CheckChecksum(XXH3_64bits(place, length),
+                                            chunk.checksum, chunk_name);
+      if (failed.ok()) written += chunk.length;
+    } else {
+      discard.resize(std::min(length, size_t{1} << 20));
+      for (size_t left = length; left > 0;) {
+        const size_t part = std::min(left, discard.size());
+        RETURN_IF_ERROR(stream.ReadFull(discard.data(), part, chunk_deadline));
+        left -= part;
+      }
+    }
+    sequence.Advance(chunk.length);
+  }
+  v1::BulkWriteReply done =
+      failed.ok() ? v1::BulkWriteReply()
+                  : WriteError(absl::DataLossError(absl::StrCat(
+                        failed.message(), "; bytes [0, ", written,
+                        ") of the box were written, the chunk's own bytes "
+                        "hold what arrived, the rest is unchanged")));
+  done.set_bytes_written(written);
+  return SendWriteReply(stream, done, absl::Now() + options_.io_timeout);
+}
 void DataPlaneServer::Shutdown(absl::Duration grace) {
   if (connections_ != nullptr) connections_->Shutdown(grace);
 }

@@ -17,6 +17,17 @@
 // stream cut short (UNAVAILABLE). Copies in flight are waited for before
 // their buffers are freed, also when the client goes away mid-stream.
 //
+// It also takes writes (v1::BulkWriteRequest, on connections that open
+// with kDataPlaneRequestMagic): a box of a host shard (or replica) this
+// rank has registered, when the box is one dense run of the shard, is
+// received straight into the shard's memory, chunk by chunk, each chunk
+// verified where it landed. Anything else (an unregistered tensor id, a
+// CUDA or meta shard, a strided box) is answered `fallback`, with nothing
+// written, and the client writes through ControlService.WriteRegion
+// instead. A write that fails after the go-ahead (a checksum mismatch, a
+// cut connection, a stall past io_timeout) may have changed any byte of its
+// box and no byte outside it (docs/data_plane.md, "Writes").
+//
 // One thread accepts; each connection gets a thread that serves its
 // requests one after another (a client uses one connection per concurrent
 // fetch; ConnectionServer keeps the books). Every read and write is bounded: a
@@ -27,9 +38,9 @@
 // Security (docs/security.md): with `tls`, every connection is TLS (mutual
 // when the context has a CA), handshaken within io_timeout. With a
 // process token table (wire/auth.h), a connection's token (sent after
-// kDataPlaneTokenMagic) must allow ShardService/FetchShard; otherwise its
-// first request is answered UNAUTHENTICATED or PERMISSION_DENIED and the
-// connection closed.
+// kDataPlaneTokenMagic) must allow ShardService/FetchShard for fetches and
+// ControlService/WriteRegion for writes; otherwise the request is answered
+// UNAUTHENTICATED or PERMISSION_DENIED and the connection closed.
 //
 // Thread-safety: Start/Shutdown from one owner thread; port()/address()
 // from any. Shutdown(grace) (idempotent; also run by the destructor, with
@@ -60,6 +71,10 @@ struct DataPlaneServerOptions {
   absl::Duration idle_timeout = absl::Minutes(10);
   // Connections beyond this are refused (closed at once).
   int max_connections = 512;
+  // Take writes (BulkWriteRequest) into any shard or replica registered
+  // here, from clients whose token allows ControlService/WriteRegion.
+  // Off: every write is answered `fallback`, with nothing written.
+  bool accept_writes = false;
   // TLS for every connection (wire/data_connection.h); null: plaintext.
   std::shared_ptr<TlsContext> tls;
 };
@@ -87,8 +102,12 @@ class DataPlaneServer {
   // Answers one connection until it ends (ConnectionServer::StartServing).
   friend class ConnectionServer;
   void Serve(ConnectionServer::Connection& connection);
-  // Answers one request; an error means the connection must be closed.
-  absl::Status Answer(DataConnection& stream, const std::string& frame);
+  // Answer one request each; an error means the connection must be
+  // closed.
+  absl::Status AnswerFetch(DataConnection& stream,
+                           const v1::FetchShardRequest& request);
+  absl::Status AnswerWrite(DataConnection& stream,
+                           const v1::BulkWriteRequest& request);
 
   const std::string host_;
   const int port_;

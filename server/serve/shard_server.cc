@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.data_plane) {
     DataPlaneServerOptions data_plane_options;
     data_plane_options.chunks = service_options;
+    data_plane_options.accept_writes = options.data_plane_writes;
     // TLS like the gRPC server's (the process's configuration).
     absl::StatusOr<std::shared_ptr<TlsContext>> tls = ProcessServerTlsContext();
     if (!tls.ok()) {

@@ -180,6 +180,38 @@ class AuthTest : public tt::PkiTest {
     return reply;
   }
 
+  // The go-ahead (or refusal) of a raw data-plane write of row 0 of shard
+  // 0 of `tensor_id` (float32, `cols` wide) by a client presenting `token`,
+  // in the clear; its status when the daemon closed the connection instead.
+  static absl::StatusOr<v1::BulkWriteReply> RawWrite(
+      const std::string& address, const std::string& tensor_id, int64_t cols,
+      const std::string& token) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
+    DataConnection connection = DataConnection::Plain(std::move(socket));
+    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestTokenMagic.data(),
+                                         kDataPlaneRequestTokenMagic.size(),
+                                         deadline));
+    RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
+    v1::DataPlaneRequest request;
+    v1::BulkWriteRequest& write = *request.mutable_write();
+    write.set_tensor_id(tensor_id);
+    write.add_region_offsets(0);
+    write.add_region_offsets(0);
+    write.add_region_sizes(1);
+    write.add_region_sizes(cols);
+    write.set_dtype(v1::DTYPE_FLOAT32);
+    write.set_total_bytes(cols * 4);
+    RETURN_IF_ERROR(
+        connection.WriteFrame(request.SerializeAsString(), deadline));
+    ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
+    v1::BulkWriteReply reply;
+    if (!reply.ParseFromString(frame)) {
+      return absl::DataLossError("unparsable reply");
+    }
+    return reply;
+  }
+
   std::string tokens_;
 };
 
@@ -426,6 +458,36 @@ TEST_F(AuthTest, TokensWithoutTls) {
   }
   EXPECT_EQ(code(RawFetch(data_address, id, kDataPlaneTokenMagic, kReadToken)),
             0);
+
+  // Writes over the data plane need the write role, as WriteRegion does.
+  absl::StatusOr<v1::BulkWriteReply> read_only =
+      RawWrite(data_address, id, 8, kReadToken);
+  ASSERT_OK(read_only.status());
+  EXPECT_EQ(read_only->code(),
+            static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(read_only->message(), HasSubstr("WriteRegion"));
+  absl::StatusOr<v1::BulkWriteReply> unknown_write =
+      RawWrite(data_address, id, 8, kUnknownToken);
+  ASSERT_OK(unknown_write.status());
+  EXPECT_EQ(unknown_write->code(),
+            static_cast<int>(absl::StatusCode::kUnauthenticated));
+  absl::StatusOr<v1::BulkWriteReply> allowed =
+      RawWrite(data_address, id, 8, kWriteToken);
+  ASSERT_OK(allowed.status());
+  EXPECT_EQ(allowed->code(), 0) << allowed->message();
+  EXPECT_FALSE(allowed->fallback()) << allowed->message();
+  // A read-token client's write is refused, and nothing changed.
+  std::shared_ptr<Client> reader;
+  ClientOptions data_plane;
+  data_plane.use_local_path = false;
+  ASSERT_OK_AND_ASSIGN(reader,
+                       Connect(*cluster, kReadToken, false, data_plane));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView seen, reader->Open("t"));
+  ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({2, 8}));
+  EXPECT_THAT(seen.Write({0, 0}, zeros),
+              tt::StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  ASSERT_OK_AND_ASSIGN(Tensor values, seen.Read());
+  tt::ExpectIotaBox(values, 0, 0, 8);
 }
 
 // With mutual TLS the data plane is TLS too: the cluster's client reads

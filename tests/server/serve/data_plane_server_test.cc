@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -37,6 +39,7 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
 using ::testing::_;
 using ::testing::AnyOf;
@@ -122,12 +125,14 @@ std::string RequestFrame(const std::string& id, int64_t index,
   return request.SerializeAsString();
 }
 
-absl::StatusOr<v1::BulkFetchReply> ReadReply(int fd) {
+// The next reply frame of a raw connection, parsed as a `Reply`.
+template <typename Reply = v1::BulkFetchReply>
+absl::StatusOr<Reply> ReadReply(int fd) {
   absl::StatusOr<std::string> frame = ReadFrame(fd, absl::Now() + kWait);
   if (!frame.ok()) return frame.status();
-  v1::BulkFetchReply reply;
+  Reply reply;
   if (!reply.ParseFromString(*frame)) {
-    return absl::DataLossError("unparsable BulkFetchReply");
+    return absl::DataLossError("unparsable reply");
   }
   return reply;
 }
@@ -669,6 +674,373 @@ TEST_F(DataPlaneServerTest, UnregisterDuringAFetch) {
                 StatusIs(absl::StatusCode::kNotFound, HasSubstr("t")));
   }
   EXPECT_OK(ServesGoodClient());
+}
+
+// ---- writes -----------------------------------------------------------------
+
+RegionWriteOptions WriteOptions(int64_t chunk_bytes = 0) {
+  RegionWriteOptions options;
+  options.chunk_bytes = chunk_bytes;
+  options.deadline = absl::Now() + absl::Seconds(10);
+  return options;
+}
+
+// A DataPlaneRequest frame asking to write `sizes` at `offsets` of shard
+// `index` of `id`, announcing `total_bytes`.
+std::string WriteRequestFrame(const std::string& id, int64_t index,
+                              std::vector<int64_t> offsets,
+                              std::vector<int64_t> sizes, DType dtype,
+                              int64_t total_bytes, int64_t chunk_bytes = 0) {
+  v1::DataPlaneRequest framed;
+  v1::BulkWriteRequest& request = *framed.mutable_write();
+  request.set_tensor_id(id);
+  request.set_shard_index(index);
+  request.mutable_region_offsets()->Add(offsets.begin(), offsets.end());
+  request.mutable_region_sizes()->Add(sizes.begin(), sizes.end());
+  request.set_dtype(ToProto(dtype));
+  request.set_total_bytes(total_bytes);
+  request.set_chunk_bytes(chunk_bytes);
+  return framed.SerializeAsString();
+}
+
+absl::StatusOr<v1::BulkWriteReply> ReadWriteReply(int fd) {
+  return ReadReply<v1::BulkWriteReply>(fd);
+}
+
+// Sends one chunk: its prefix (with `checksum`, the payload's own by
+// default) and payload.
+absl::Status SendChunk(int fd, int64_t offset, absl::string_view payload,
+                       std::optional<uint64_t> checksum = std::nullopt) {
+  char prefix[kDataPlaneChunkPrefixBytes];
+  EncodeChunkPrefix(ChunkPrefix{offset, static_cast<int64_t>(payload.size()),
+                                checksum.value_or(XXH3_64bits(payload.data(),
+                                                              payload.size()))},
+                    prefix);
+  RETURN_IF_ERROR(WriteFull(fd, prefix, sizeof(prefix), absl::Now() + kWait));
+  return WriteFull(fd, payload.data(), payload.size(), absl::Now() + kWait);
+}
+
+// A raw connection to `address` that asked to write all 16 KiB of shard 1
+// of "t" (4 x 1024 int32) in 4 KiB chunks and got the go-ahead (or an
+// invalid fd, with a test failure).
+UniqueFd StartRawWrite(const std::string& address) {
+  UniqueFd socket = Dial(address, kDataPlaneRequestMagic);
+  EXPECT_OK(WriteFrame(
+      socket.get(),
+      WriteRequestFrame("t", 1, {0, 0}, {4, 1024}, DType::kInt32, 16384, 4096),
+      absl::Now() + kWait));
+  absl::StatusOr<v1::BulkWriteReply> reply = ReadWriteReply(socket.get());
+  EXPECT_OK(reply.status());
+  if (!reply.ok() || reply->code() != 0 || reply->chunk_bytes() != 4096) {
+    ADD_FAILURE() << (reply.ok() ? reply->DebugString() : "no reply");
+    return UniqueFd();
+  }
+  return socket;
+}
+
+class DataPlaneWriteTest : public DataPlaneServerTest {
+ protected:
+  void SetUp() override {
+    DataPlaneServerOptions options;
+    options.accept_writes = true;
+    StartServer(options);
+  }
+};
+
+TEST_F(DataPlaneWriteTest, WritesABoxStraightIntoTheShard) {
+  for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBool}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::string id = absl::StrCat("t_", DTypeName(dtype));
+    const Tensor shard = Serve(id, Filled({40, 16}, dtype, 1));
+    const std::string before = RowMajorBytes(shard);
+    const Tensor data = Filled({25, 16}, dtype, 2);
+    // Whole rows 10..34: one dense run of the shard, in many chunks.
+    for (int64_t chunk_bytes : {int64_t{0}, int64_t{1}}) {
+      ASSERT_OK_AND_ASSIGN(const bool written,
+                           client_->WriteRegion(id, 1, {10, 0}, data,
+                                                WriteOptions(chunk_bytes)));
+      EXPECT_TRUE(written);
+    }
+    const size_t row = 16 * ElementSize(dtype);
+    const std::string after = RowMajorBytes(shard);
+    EXPECT_EQ(after.substr(0, 10 * row), before.substr(0, 10 * row));
+    EXPECT_EQ(after.substr(10 * row, 25 * row), RowMajorBytes(data));
+    EXPECT_EQ(after.substr(35 * row), before.substr(35 * row));
+  }
+  // A strided source (a column slice of a wider tensor) is sent row-major.
+  const Tensor shard = Serve("s", Filled({8, 4}, DType::kInt32, 3));
+  const Tensor wide = Filled({2, 10}, DType::kInt32, 4);
+  ASSERT_OK_AND_ASSIGN(const Tensor source, wide.Narrow(1, 3, 4));
+  ASSERT_OK_AND_ASSIGN(
+      const bool written,
+      client_->WriteRegion("s", 1, {5, 0}, source, WriteOptions()));
+  EXPECT_TRUE(written);
+  EXPECT_EQ(RowMajorBytes(shard).substr(5 * 16, 2 * 16), RowMajorBytes(source));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneWriteTest, WhatCannotBeWrittenInPlaceFallsBackUntouched) {
+  const Tensor shard = Serve("t", Filled({8, 8}, DType::kFloat32, 1));
+  const std::string before = RowMajorBytes(shard);
+  // Columns 2..5 of every row: not one dense run.
+  const Tensor columns = Filled({8, 4}, DType::kFloat32, 2);
+  EXPECT_THAT(client_->WriteRegion("t", 1, {0, 2}, columns, WriteOptions()),
+              IsOkAndHolds(false));
+  // A tensor or shard this server does not hold (it may be refilling, or
+  // gone: gRPC's WriteRegion says which).
+  const Tensor row = Filled({1, 8}, DType::kFloat32, 3);
+  EXPECT_THAT(client_->WriteRegion("missing", 1, {0, 0}, row, WriteOptions()),
+              IsOkAndHolds(false));
+  EXPECT_THAT(client_->WriteRegion("t", 0, {0, 0}, row, WriteOptions()),
+              IsOkAndHolds(false));
+  // No replica of it here.
+  RegionWriteOptions replica = WriteOptions();
+  replica.replica = true;
+  EXPECT_THAT(client_->WriteRegion("t", 1, {0, 0}, row, replica),
+              IsOkAndHolds(false));
+  EXPECT_EQ(RowMajorBytes(shard), before);
+
+  // A server that takes no writes (a library rank) falls every one back.
+  DataPlaneServerOptions read_only;
+  StartServer(read_only);
+  EXPECT_THAT(client_->WriteRegion("t", 1, {0, 0}, row, WriteOptions()),
+              IsOkAndHolds(false));
+  EXPECT_EQ(RowMajorBytes(shard), before);
+  // A client without a data plane never tries.
+  const auto grpc_only = ShardClient::Create(kNoGrpc);
+  EXPECT_THAT(grpc_only->WriteRegion("t", 1, {0, 0}, row, WriteOptions()),
+              IsOkAndHolds(false));
+}
+
+TEST_F(DataPlaneWriteTest, BadWritesAreRefusedBeforeAnyByteMoves) {
+  const Tensor shard = Serve("t", Filled({8, 8}, DType::kFloat32, 1));
+  const std::string before = RowMajorBytes(shard);
+  const Tensor row = Filled({1, 8}, DType::kFloat32, 3);
+  EXPECT_THAT(client_->WriteRegion("t", 1, {8, 0}, row, WriteOptions()),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("tensor t")));
+  EXPECT_THAT(client_->WriteRegion("t", 1, {-1, 0}, row, WriteOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_THAT(client_->WriteRegion("t", 1, {0}, row, WriteOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  const Tensor ints = Filled({1, 8}, DType::kInt32, 3);
+  EXPECT_THAT(client_->WriteRegion("t", 1, {0, 0}, ints, WriteOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the tensor is float32")));
+  // Raw: a total that is not the box's, an unknown dtype, huge sizes.
+  UniqueFd socket = Dial(server_->address(), kDataPlaneRequestMagic);
+  for (const std::string& frame :
+       {WriteRequestFrame("t", 1, {0, 0}, {1, 8}, DType::kFloat32, 31),
+        WriteRequestFrame("t", 1, {0, 0}, {1, 8}, DType::kFloat32, -1),
+        WriteRequestFrame("t", 1, {0, 0}, {int64_t{1} << 62, int64_t{1} << 62},
+                          DType::kFloat32, 32)}) {
+    ASSERT_OK(WriteFrame(socket.get(), frame, absl::Now() + kWait));
+    ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply,
+                         ReadWriteReply(socket.get()));
+    EXPECT_NE(reply.code(), 0);
+    EXPECT_FALSE(reply.fallback());
+  }
+  {
+    v1::DataPlaneRequest framed;
+    framed.mutable_write()->set_tensor_id("t");
+    framed.mutable_write()->set_shard_index(1);
+    framed.mutable_write()->add_region_offsets(0);
+    framed.mutable_write()->add_region_offsets(0);
+    framed.mutable_write()->add_region_sizes(1);
+    framed.mutable_write()->add_region_sizes(8);
+    framed.mutable_write()->set_dtype(static_cast<v1::DType>(999));
+    framed.mutable_write()->set_total_bytes(32);
+    ASSERT_OK(WriteFrame(socket.get(), framed.SerializeAsString(),
+                         absl::Now() + kWait));
+    ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply,
+                         ReadWriteReply(socket.get()));
+    EXPECT_EQ(reply.code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  // An empty request is malformed; the connection stays in step.
+  ASSERT_OK(WriteFrame(socket.get(), "", absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(RowMajorBytes(shard), before);
+  // Still usable: a real write over the same connection.
+  ASSERT_OK(
+      WriteFrame(socket.get(),
+                 WriteRequestFrame("t", 1, {7, 0}, {1, 8}, DType::kFloat32, 32),
+                 absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(reply, ReadWriteReply(socket.get()));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_FALSE(reply.fallback());
+  ASSERT_OK(SendChunk(socket.get(), 0, RowMajorBytes(row)));
+  ASSERT_OK_AND_ASSIGN(reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(reply.bytes_written(), 32);
+  EXPECT_EQ(RowMajorBytes(shard).substr(7 * 32), RowMajorBytes(row));
+}
+
+TEST_F(DataPlaneWriteTest, ACorruptChunkIsDataLossAndTheConnectionStaysInStep) {
+  const Tensor shard = Serve("t", Filled({4, 1024}, DType::kInt32, 1));
+  const std::string before = RowMajorBytes(shard);
+  const Tensor data = Filled({4, 1024}, DType::kInt32, 2);
+  const std::string bytes = RowMajorBytes(data);  // 16 KiB
+  UniqueFd socket = StartRawWrite(server_->address());
+  ASSERT_TRUE(socket.valid());
+  // The second chunk's checksum is wrong: the first is written, the second
+  // holds what arrived, the last two are read and dropped.
+  for (int64_t offset = 0; offset < 16384; offset += 4096) {
+    ASSERT_OK(
+        SendChunk(socket.get(), offset, bytes.substr(offset, 4096),
+                  offset == 4096 ? std::optional<uint64_t>(42) : std::nullopt));
+  }
+  ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(reply.message(), HasSubstr("checksum mismatch"));
+  EXPECT_THAT(reply.message(), HasSubstr("bytes [0, 4096) of the box"));
+  EXPECT_EQ(reply.bytes_written(), 4096);
+  const std::string after = RowMajorBytes(shard);
+  EXPECT_EQ(after.substr(0, 8192), bytes.substr(0, 8192));
+  EXPECT_EQ(after.substr(8192), before.substr(8192));
+  // The same connection fetches next.
+  v1::DataPlaneRequest fetch;
+  fetch.mutable_fetch()->set_tensor_id("t");
+  fetch.mutable_fetch()->set_shard_index(1);
+  ASSERT_OK(
+      WriteFrame(socket.get(), fetch.SerializeAsString(), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply fetched, ReadReply(socket.get()));
+  ASSERT_EQ(fetched.code(), 0) << fetched.message();
+  EXPECT_THAT(ReadChunks(socket.get(), fetched), IsOkAndHolds(after));
+}
+
+TEST_F(DataPlaneWriteTest, AStreamOutOfStepIsRefusedAndClosed) {
+  const Tensor shard = Serve("t", Filled({4, 1024}, DType::kInt32, 1));
+  const std::string before = RowMajorBytes(shard);
+  const std::string payload(4096, 'x');
+  struct Case {
+    const char* name;
+    int64_t offset;
+    std::string payload;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {"a chunk that skips ahead", 4096, payload},
+           {"a chunk larger than allowed", 0, std::string(8192, 'x')},
+           {"an empty chunk", 0, ""},
+       }) {
+    SCOPED_TRACE(bad.name);
+    UniqueFd socket = StartRawWrite(server_->address());
+    ASSERT_TRUE(socket.valid());
+    // Only the prefix is read before the refusal; the payload may be cut.
+    SendChunk(socket.get(), bad.offset, bad.payload).IgnoreError();
+    ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply,
+                         ReadWriteReply(socket.get()));
+    EXPECT_EQ(reply.code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(ReadAfterClose(socket.get()),
+                StatusIs(absl::StatusCode::kUnavailable, _));
+  }
+  // A negative or overflowing prefix, raw.
+  for (int64_t offset : {int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+    UniqueFd socket = StartRawWrite(server_->address());
+    ASSERT_TRUE(socket.valid());
+    char prefix[kDataPlaneChunkPrefixBytes];
+    EncodeChunkPrefix(
+        ChunkPrefix{offset, std::numeric_limits<int64_t>::max(), 0}, prefix);
+    ASSERT_OK(
+        WriteFull(socket.get(), prefix, sizeof(prefix), absl::Now() + kWait));
+    ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply,
+                         ReadWriteReply(socket.get()));
+    EXPECT_EQ(reply.code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_EQ(RowMajorBytes(shard), before);
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneWriteTest, AClientVanishingMidWriteLeavesTheRestAlone) {
+  const Tensor shard = Serve("t", Filled({4, 1024}, DType::kInt32, 1));
+  const std::string before = RowMajorBytes(shard);
+  const std::string bytes = RowMajorBytes(Filled({4, 1024}, DType::kInt32, 2));
+  {
+    UniqueFd socket = StartRawWrite(server_->address());
+    ASSERT_TRUE(socket.valid());
+    ASSERT_OK(SendChunk(socket.get(), 0, bytes.substr(0, 4096)));
+    // Half of the second chunk, then gone.
+    char prefix[kDataPlaneChunkPrefixBytes];
+    EncodeChunkPrefix(ChunkPrefix{4096, 4096, 0}, prefix);
+    ASSERT_OK(
+        WriteFull(socket.get(), prefix, sizeof(prefix), absl::Now() + kWait));
+    ASSERT_OK(WriteFull(socket.get(), bytes.data() + 4096, 2048,
+                        absl::Now() + kWait));
+  }
+  // Whatever the server received of the box is in it; nothing past it.
+  absl::SleepFor(absl::Milliseconds(100));
+  const std::string after = RowMajorBytes(shard);
+  EXPECT_EQ(after.substr(0, 4096), bytes.substr(0, 4096));
+  EXPECT_EQ(after.substr(8192), before.substr(8192));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneWriteTest, AStalledWriterIsCutAfterTheIoTimeout) {
+  DataPlaneServerOptions options;
+  options.accept_writes = true;
+  options.io_timeout = absl::Milliseconds(200);
+  StartServer(options);
+  Serve("t", Filled({4, 1024}, DType::kInt32, 1));
+  UniqueFd socket = StartRawWrite(server_->address());
+  ASSERT_TRUE(socket.valid());
+  // Sends nothing more: the server gives up and closes.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(ReadAfterClose(socket.get()),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneWriteTest, ConcurrentWritersOfDisjointRows) {
+  constexpr int kThreads = 8;
+  const Tensor shard =
+      Serve("t", Filled({kThreads * 64, 256}, DType::kFloat32));
+  std::vector<Tensor> rows;
+  for (int i = 0; i < kThreads; ++i) {
+    rows.push_back(Filled({64, 256}, DType::kFloat32, 100 + i));
+  }
+  std::vector<absl::Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < 3 && results[i].ok(); ++round) {
+        absl::StatusOr<bool> written = client_->WriteRegion(
+            "t", 1, {i * 64, 0}, rows[i], WriteOptions(round == 0 ? 4096 : 0));
+        results[i] = written.ok() && !*written
+                         ? absl::InternalError("fell back")
+                         : written.status();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::string after = RowMajorBytes(shard);
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_OK(results[i]) << "thread " << i;
+    EXPECT_EQ(after.substr(i * 64 * 1024, 64 * 1024), RowMajorBytes(rows[i]))
+        << "thread " << i;
+  }
+}
+
+TEST_F(DataPlaneWriteTest, CancellingAWriteToAStalledServerEndsIt) {
+  // A server that greets and never reads: the write blocks once the
+  // socket buffers are full, until cancelled.
+  ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
+  const auto client = ShardClient::Create(
+      kNoGrpc, absl::StrCat("127.0.0.1:", listening.second));
+  const Tensor data = Filled({1024, 1024}, DType::kFloat32);
+  RegionWriteOptions options = WriteOptions();
+  options.cancel = std::make_shared<Cancellation>();
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    options.cancel->Cancel();
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->WriteRegion("t", 1, {0, 0}, data, options),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  canceller.join();
 }
 
 // ---- a peer that answers badly ----------------------------------------------
