@@ -309,14 +309,8 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
                                     absl::Time deadline,
                                     bool skip_after_failure,
                                     ShardAssembler* assembler) const {
-  if (!same_host_) return FallBack(absl::FailedPreconditionError(unusable_));
-  if (skip_after_failure) {
-    absl::MutexLock lock(&mu_);
-    if (absl::Now() < retry_after_) {
-      return FallBack(absl::FailedPreconditionError(
-          absl::StrCat("the owner's local socket ", socket_name_,
-                       " could not be reached recently")));
-    }
+  if (absl::Status usable = Usable(skip_after_failure); !usable.ok()) {
+    return FallBack(usable);
   }
   v1::LocalFetchRequest local_request;
   *local_request.mutable_request() = request;
@@ -325,108 +319,212 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
   const std::string what =
       absl::StrCat("fetching ", FetchName(request), " over the local path");
 
+  Answer answer;
+  LocalAttempt outcome;
+  if (!Ask(serialized, deadline, assembler->cancel(), what, &answer,
+           &outcome)) {
+    return Cancelled(assembler->cancel()) ? Final(assembler->CheckCancel())
+                                          : outcome;
+  }
+  const v1::LocalFetchReply& reply = answer.reply;
+  UniqueFd& attached = answer.attached;
+  const bool leased = reply.transport() != v1::LOCAL_TRANSPORT_NONE;
+  // The lent memory could not be reached (worth a stream).
+  absl::Status unreachable;
+  absl::Status copied;
+  {
+    absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
+    // Nothing lent: nothing to copy, unless the header says otherwise.
+    absl::StatusOr<CheckedLayout> layout = CheckedLayout();
+    if (!dtype.ok()) {
+      layout = dtype.status();
+    } else if (leased) {
+      layout = CheckLayout(reply, *dtype);
+    } else if (reply.header().total_bytes() != 0) {
+      layout = absl::DataLossError("no transport for a non-empty shard");
+    }
+    if (!layout.ok()) unreachable = Annotate(layout.status(), what);
+    auto fill = [&](const Tensor& destination) -> absl::Status {
+      if (!leased) return absl::OkStatus();  // No bytes.
+      if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
+          IsDense(*layout) && destination.device().is_cpu() &&
+          destination.is_contiguous() &&
+          static_cast<int64_t>(destination.nbytes()) ==
+              layout->end_byte - layout->first_byte) {
+        return ReadDenseView(attached.get(), *layout, destination);
+      }
+      absl::StatusOr<Tensor> view =
+          LentView(reply, attached.get(), *layout, *dtype);
+      if (!view.ok()) {
+        unreachable = Annotate(view.status(), what);
+        return unreachable;
+      }
+      // The view (the mapping, the IPC handle) goes on return, before
+      // "done" lets the owner free the memory.
+      RETURN_IF_ERROR(CopyInto(*view, destination));
+      return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
+    };
+    if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
+    attached = UniqueFd();
+  }
+  EndLease(std::move(answer), deadline);
+  if (!unreachable.ok()) return FallBack(unreachable);
+  if (copied.ok() || IsFinalAssemblerError(copied) ||
+      absl::IsDeadlineExceeded(copied)) {
+    return Final(copied);
+  }
+  return FallBack(copied);
+}
+
+absl::Status LocalPathClient::Usable(bool skip_after_failure) const {
+  if (!same_host_) return absl::FailedPreconditionError(unusable_);
+  if (skip_after_failure) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() < retry_after_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the owner's local socket ", socket_name_,
+                       " could not be reached recently"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool LocalPathClient::Ask(const std::string& serialized, absl::Time deadline,
+                          const std::shared_ptr<Cancellation>& cancel,
+                          const std::string& what, Answer* answer,
+                          LocalAttempt* outcome) const {
   // A pooled connection may have been closed by the server meanwhile (its
   // idle timeout); a fresh one is tried once before giving up.
   for (int attempt = 0;; ++attempt) {
     bool pooled = false;
     absl::StatusOr<UniqueFd> socket =
         TakeConnection(deadline, attempt == 0, &pooled);
-    if (!socket.ok()) return TransportFailure(Annotate(socket.status(), what));
+    if (!socket.ok()) {
+      *outcome = TransportFailure(Annotate(socket.status(), what));
+      return false;
+    }
     UniqueFd attached;
-    // Cancelling the fetch interrupts the wait for a stalled owner's reply
-    // (the socket is then not pooled again).
-    Cancellation::Registration interrupt = OnCancel(
-        assembler->cancel(), [fd = socket->get()] { InterruptSocket(fd); });
+    // Cancelling interrupts the wait for a stalled owner's reply (the
+    // socket is then not pooled again).
+    Cancellation::Registration interrupt =
+        OnCancel(cancel, [fd = socket->get()] { InterruptSocket(fd); });
     absl::Status sent = SendLocalMessage(socket->get(), serialized, deadline);
     absl::StatusOr<std::string> message =
         sent.ok() ? ReceiveLocalMessage(socket->get(), deadline, &attached)
                   : sent;
     interrupt.Reset();
-    if (Cancelled(assembler->cancel())) return Final(assembler->CheckCancel());
+    if (Cancelled(cancel)) {
+      *outcome = Final(absl::CancelledError(
+          absl::StrCat(what, ": cancelled by the caller")));
+      return false;
+    }
     if (!message.ok()) {
       if (pooled && absl::IsUnavailable(message.status())) {
         DropIdleConnections();
         continue;
       }
-      return TransportFailure(Annotate(message.status(), what));
+      *outcome = TransportFailure(Annotate(message.status(), what));
+      return false;
     }
-    v1::LocalFetchReply reply;
+    v1::LocalFetchReply& reply = answer->reply;
     if (!reply.ParseFromString(*message) || reply.code() < 0 ||
         reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return FallBack(
+      *outcome = FallBack(
           absl::DataLossError(absl::StrCat(what, ": malformed reply")));
+      return false;
     }
     if (reply.code() != 0) {
-      const absl::Status answer =
+      const absl::Status verdict =
           Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
                                 reply.message()),
                    what);
       // FAILED_PRECONDITION: the memory cannot be lent; UNAVAILABLE: the
       // server is stopping. A stream gives the authoritative answer for
       // both; the rest is the server's verdict on the request.
-      if (absl::IsFailedPrecondition(answer)) {
+      if (absl::IsFailedPrecondition(verdict)) {
         ReturnConnection(*std::move(socket));
-        return FallBack(answer);
+        *outcome = FallBack(verdict);
+      } else if (absl::IsUnavailable(verdict)) {
+        *outcome = FallBack(verdict);
+      } else {
+        ReturnConnection(*std::move(socket));
+        *outcome = Final(verdict);
       }
-      if (absl::IsUnavailable(answer)) return FallBack(answer);
-      ReturnConnection(*std::move(socket));
-      return Final(answer);
+      return false;
     }
-    const bool leased = reply.transport() != v1::LOCAL_TRANSPORT_NONE;
-    // The lent memory could not be reached (worth a stream).
-    absl::Status unreachable;
-    absl::Status copied;
-    {
-      absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
-      // Nothing lent: nothing to copy, unless the header says otherwise.
-      absl::StatusOr<CheckedLayout> layout = CheckedLayout();
-      if (!dtype.ok()) {
-        layout = dtype.status();
-      } else if (leased) {
-        layout = CheckLayout(reply, *dtype);
-      } else if (reply.header().total_bytes() != 0) {
-        layout = absl::DataLossError("no transport for a non-empty shard");
-      }
-      if (!layout.ok()) unreachable = Annotate(layout.status(), what);
-      auto fill = [&](const Tensor& destination) -> absl::Status {
-        if (!leased) return absl::OkStatus();  // No bytes.
-        if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
-            IsDense(*layout) && destination.device().is_cpu() &&
-            destination.is_contiguous() &&
-            static_cast<int64_t>(destination.nbytes()) ==
-                layout->end_byte - layout->first_byte) {
-          return ReadDenseView(attached.get(), *layout, destination);
-        }
-        absl::StatusOr<Tensor> view =
-            LentView(reply, attached.get(), *layout, *dtype);
-        if (!view.ok()) {
-          unreachable = Annotate(view.status(), what);
-          return unreachable;
-        }
-        // The view (the mapping, the IPC handle) goes on return, before
-        // "done" lets the owner free the memory.
-        RETURN_IF_ERROR(CopyInto(*view, destination));
-        return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
-      };
-      if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
-      attached = UniqueFd();
-    }
-    if (leased) {
-      const char done = kLocalDone;
-      if (!SendLocalMessage(socket->get(), absl::string_view(&done, 1),
-                            deadline)
-               .ok()) {
-        *socket = UniqueFd();  // Closing it ends the lease as well.
-      }
-    }
-    if (socket->valid()) ReturnConnection(*std::move(socket));
-    if (!unreachable.ok()) return FallBack(unreachable);
-    if (copied.ok() || IsFinalAssemblerError(copied) ||
-        absl::IsDeadlineExceeded(copied)) {
-      return Final(copied);
-    }
-    return FallBack(copied);
+    answer->socket = *std::move(socket);
+    answer->attached = std::move(attached);
+    return true;
   }
+}
+
+void LocalPathClient::EndLease(Answer answer, absl::Time deadline) const {
+  answer.attached = UniqueFd();
+  if (answer.reply.transport() != v1::LOCAL_TRANSPORT_NONE) {
+    const char done = kLocalDone;
+    if (!SendLocalMessage(answer.socket.get(), absl::string_view(&done, 1),
+                          deadline)
+             .ok()) {
+      return;  // Closing the connection ends the lease as well.
+    }
+  }
+  ReturnConnection(std::move(answer.socket));
+}
+
+LocalAttempt LocalPathClient::Write(
+    const v1::FetchShardRequest& request, const Tensor& bytes,
+    absl::Time deadline, const std::shared_ptr<Cancellation>& cancel) const {
+  if (absl::Status usable = Usable(/*skip_after_failure=*/true); !usable.ok()) {
+    return FallBack(usable);
+  }
+  if (!bytes.device().is_cpu() || !bytes.is_contiguous()) {
+    return FallBack(absl::FailedPreconditionError(
+        "only contiguous host bytes are written over the local path"));
+  }
+  v1::LocalFetchRequest local_request;
+  *local_request.mutable_request() = request;
+  local_request.set_write(true);
+  const std::string what =
+      absl::StrCat("writing ", FetchName(request), " over the local path");
+  Answer answer;
+  LocalAttempt outcome;
+  if (!Ask(local_request.SerializeAsString(), deadline, cancel, what, &answer,
+           &outcome)) {
+    return outcome;
+  }
+  const v1::LocalFetchReply& reply = answer.reply;
+  const int64_t total = static_cast<int64_t>(bytes.nbytes());
+  absl::Status written;
+  bool began = false;  // Once pwrite ran, the box may have changed.
+  absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
+  if (!dtype.ok() || *dtype != bytes.dtype() ||
+      reply.header().total_bytes() != total) {
+    // The owner validated the box; a reply that disagrees is broken.
+    written = absl::DataLossError(
+        absl::StrCat(what, ": the owner's reply does not describe the box"));
+  } else if (total > 0) {
+    absl::StatusOr<CheckedLayout> layout = CheckLayout(reply, *dtype);
+    if (!layout.ok()) {
+      written = Annotate(layout.status(), what);
+    } else if (reply.transport() != v1::LOCAL_TRANSPORT_SHM ||
+               !answer.attached.valid() || !IsDense(*layout) ||
+               layout->end_byte - layout->first_byte != total) {
+      written = absl::DataLossError(
+          absl::StrCat(what, ": the owner lent no dense memory file run"));
+    } else {
+      began = true;
+      written = PwriteAll(answer.attached.get(), bytes.data_ptr(),
+                          static_cast<size_t>(total), layout->first_byte,
+                          "the lent memory file");
+      if (!written.ok()) {
+        written = Annotate(
+            written, absl::StrCat(what, " (the box may be partly written)"));
+      }
+    }
+  }
+  EndLease(std::move(answer), deadline);
+  // Until pwrite ran nothing was written: a stream may still take it.
+  return began || written.ok() ? Final(written) : FallBack(written);
 }
 
 }  // namespace tessera

@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "client/shard_client.h"
 #include "io/socket.h"
+#include "tessera/v1/local.pb.h"
 #include "tessera/v1/shard.pb.h"
 
 namespace tessera {
@@ -77,12 +78,46 @@ class LocalPathClient {
   LocalAttempt Fetch(const v1::FetchShardRequest& request, absl::Time deadline,
                      bool skip_after_failure, ShardAssembler* assembler) const;
 
+  // Writes `bytes` (contiguous host memory, the box's row-major bytes) as
+  // the box `request` names (its tensor id, shard and region: the owner
+  // validates it as a fetch of that box) straight into the owner's memory
+  // file, which the owner lends writable to processes of its own user or
+  // root only, for a box that is one dense run of it (pwrite(2): one copy,
+  // by the kernel). fall_back, with nothing written, whenever the path
+  // cannot be taken (the owner refuses to lend, another host...); a
+  // failure once the copy began is final and says "may be partly written".
+  LocalAttempt Write(const v1::FetchShardRequest& request, const Tensor& bytes,
+                     absl::Time deadline,
+                     const std::shared_ptr<Cancellation>& cancel) const;
+
  private:
   // An idle pooled connection when `reuse` and there is one (*pooled set),
   // else a new one, greeted.
   absl::StatusOr<UniqueFd> TakeConnection(absl::Time deadline, bool reuse,
                                           bool* pooled) const;
   void ReturnConnection(UniqueFd socket) const;
+  // OK when an attempt may be made: the owner is on this host and, with
+  // `skip_after_failure`, no connect failed recently.
+  absl::Status Usable(bool skip_after_failure) const;
+  // A reply (code 0) to one request, with its connection and the memory
+  // file it lends (when its transport is SHM).
+  struct Answer {
+    UniqueFd socket;
+    UniqueFd attached;
+    v1::LocalFetchReply reply;
+  };
+  // Sends `serialized` over a pooled connection (or a new one; once more
+  // on a new one when a pooled one was closed meanwhile) and reads the
+  // reply. False, with *outcome, when the attempt ends there: a transport
+  // failure or a malformed reply (fall back), cancellation (final
+  // CANCELLED), or the owner's refusal (FAILED_PRECONDITION and
+  // UNAVAILABLE fall back; the rest is final).
+  bool Ask(const std::string& serialized, absl::Time deadline,
+           const std::shared_ptr<Cancellation>& cancel, const std::string& what,
+           Answer* answer, LocalAttempt* outcome) const;
+  // Closes the lent file, ends the lease ("done") and pools the connection
+  // (closes it when "done" cannot be sent, which ends the lease too).
+  void EndLease(Answer answer, absl::Time deadline) const;
   void DropIdleConnections() const;
 
   const std::string address_;

@@ -21,6 +21,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
+#include "wire/replicas.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -463,10 +464,12 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
     absl::string_view tensor_id, int64_t shard_index,
     absl::Span<const int64_t> region_offsets, const Tensor& data,
     const RegionWriteOptions& options) const {
-  if (data_plane_address_.empty()) return false;
   if (!data.defined()) {
     return absl::InvalidArgumentError("WriteRegion: undefined data");
   }
+  const bool local = local_ != nullptr && local_->same_host() &&
+                     static_cast<int64_t>(data.nbytes()) >= kLocalPathMinBytes;
+  if (!local && data_plane_address_.empty()) return false;
   const std::string what = absl::StrCat(
       "writing ", options.replica ? "the replica of " : "", "shard ",
       shard_index, " of tensor ", tensor_id, " over the data plane");
@@ -487,9 +490,25 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
   request.set_dtype(ToProto(data.dtype()));
   request.set_total_bytes(total);
   request.set_chunk_bytes(options.chunk_bytes);
-  const std::string serialized = framed.SerializeAsString();
   const absl::Time deadline = options.deadline;
   const std::shared_ptr<Cancellation>& cancel = options.cancel;
+  if (local) {
+    // The owner on this host lends the shard's memory file writable.
+    v1::FetchShardRequest box;
+    box.set_tensor_id(options.replica ? ReplicaTensorId(tensor_id)
+                                      : std::string(tensor_id));
+    box.set_shard_index(shard_index);
+    *box.mutable_region_offsets() = request.region_offsets();
+    *box.mutable_region_sizes() = request.region_sizes();
+    const LocalAttempt attempt = local_->Write(box, bytes, deadline, cancel);
+    if (!attempt.fall_back) {
+      RETURN_IF_ERROR(attempt.status);
+      if (options.on_chunk && total > 0) options.on_chunk(total);
+      return true;
+    }
+    if (data_plane_address_.empty()) return false;
+  }
+  const std::string serialized = framed.SerializeAsString();
   int64_t sent_bytes = 0;
   // After the go-ahead, bytes land in the shard as they arrive.
   bool started = false;

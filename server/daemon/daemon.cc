@@ -195,7 +195,7 @@ absl::Status Daemon::Init() {
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;
   // Clients write straight into the shards (ShardClient::WriteRegion).
-  rpc.data_plane_writes = true;
+  rpc.accept_writes = true;
   rpc.local_users = o.local_users;
   if (absl::Status status = rank_->InitRpc(rpc); !status.ok()) {
     return absl::Status(

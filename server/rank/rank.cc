@@ -196,7 +196,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   server_options.fallback_host = options_.hostname;
   server_options.chunk_bytes = options.chunk_bytes;
   server_options.data_plane = options.data_plane;
-  server_options.data_plane_writes = options.data_plane_writes;
+  server_options.accept_writes = options.accept_writes;
   server_options.serve_local_path = options.serve_local_path;
   server_options.services = options.services;
   server_options.health_and_reflection = options.health_and_reflection;

@@ -94,9 +94,9 @@ struct RpcOptions {
   // Serve and fetch shard bytes over the raw-TCP data plane
   // (docs/data_plane.md) rather than gRPC streams. Needs an IPv4 host.
   bool data_plane = true;
-  // Let the data plane take writes into this rank's shards
-  // (ShardServerOptions::data_plane_writes): the daemons do.
-  bool data_plane_writes = false;
+  // Let the data plane and the local path take writes into this rank's
+  // shards (ShardServerOptions::accept_writes): the daemons do.
+  bool accept_writes = false;
   // Serve the local path (server/local_path_server.h): clients on
   // this host map shard memory instead of receiving it over a socket. Turns
   // on host memory sharing for the whole process (SetHostMemorySharing with

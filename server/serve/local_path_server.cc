@@ -28,16 +28,21 @@
 namespace tessera {
 namespace {
 
-// A new read-only open file description of the memory file `fd`, so that
-// the client can map the pages but not write them.
-absl::StatusOr<UniqueFd> ReopenReadOnly(int fd) {
+// A new open file description of the memory file `fd`: read-only, so
+// that a reader can map the pages but not write them, or read-write for a
+// writer.
+absl::StatusOr<UniqueFd> Reopen(int fd, bool writable) {
   const std::string path = absl::StrCat("/proc/self/fd/", fd);
-  UniqueFd readonly(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!readonly.valid()) {
-    return ErrnoError(errno, "reopening its memory file read-only failed",
-                      absl::StatusCode::kFailedPrecondition);
+  UniqueFd reopened(
+      open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC));
+  if (!reopened.valid()) {
+    return ErrnoError(
+        errno,
+        absl::StrCat("reopening its memory file ",
+                     writable ? "read-write" : "read-only", " failed"),
+        absl::StatusCode::kFailedPrecondition);
   }
-  return readonly;
+  return reopened;
 }
 
 // Answers a request with `error`, ending it.
@@ -116,6 +121,8 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
       (same_user || *peer == 0 ||
        std::find(options_.allowed_users.begin(), options_.allowed_users.end(),
                  *peer) != options_.allowed_users.end());
+  const bool may_write =
+      options_.accept_writes && peer.ok() && (same_user || *peer == 0);
   const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
       "the local path serves only the daemon's allowed users (uid ",
       peer.ok() ? absl::StrCat(*peer) : "unknown", " is not one)"));
@@ -135,7 +142,7 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
           return SendError(fd, refused, absl::Now() + options_.io_timeout).ok();
         }
         absl::StatusOr<std::shared_ptr<const FetchView>> lent =
-            Answer(fd, message, same_user);
+            Answer(fd, message, same_user, may_write);
         if (!lent.ok()) return false;
         if (*lent == nullptr) return true;
         absl::StatusOr<std::string> done =
@@ -149,7 +156,7 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
 }
 
 absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
-    int fd, const std::string& message, bool same_user) {
+    int fd, const std::string& message, bool same_user, bool may_write) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;
   v1::LocalFetchRequest request;
   if (!request.ParseFromString(message)) {
@@ -179,14 +186,27 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
   layout->mutable_strides()->Add(view.strides().begin(), view.strides().end());
   layout->set_storage_bytes(static_cast<int64_t>(storage.nbytes()));
 
-  UniqueFd readonly;
+  UniqueFd lent_file;
   absl::Status shareable;
-  if (storage.device().is_cpu() && storage.shared_memory_fd() >= 0) {
+  const bool write = request.write();
+  if (write && !may_write) {
+    shareable = absl::FailedPreconditionError(
+        options_.accept_writes
+            ? "memory is lent writable to processes of the server's own "
+              "user only"
+            : "this server takes no writes over the local path");
+  } else if (write &&
+             !(storage.device().is_cpu() && storage.shared_memory_fd() >= 0 &&
+               view.is_contiguous())) {
+    shareable = absl::FailedPreconditionError(
+        "only a box that is one dense run of a shared memory file can be "
+        "written over the local path");
+  } else if (storage.device().is_cpu() && storage.shared_memory_fd() >= 0) {
     absl::StatusOr<UniqueFd> reopened =
-        ReopenReadOnly(storage.shared_memory_fd());
+        Reopen(storage.shared_memory_fd(), /*writable=*/write);
     shareable = reopened.status();
     if (reopened.ok()) {
-      readonly = *std::move(reopened);
+      lent_file = *std::move(reopened);
       reply.set_transport(v1::LOCAL_TRANSPORT_SHM);
     }
   } else if (storage.device().is_cuda()) {
@@ -217,9 +237,9 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
   // Counted before the client can see the reply; Serve ends the count.
   active_leases_.fetch_add(1);
   // The kernel duplicates the descriptor into the message; ours closes
-  // when `readonly` goes.
-  const absl::Status sent =
-      SendLocalMessage(fd, reply.SerializeAsString(), deadline, readonly.get());
+  // when `lent_file` goes.
+  const absl::Status sent = SendLocalMessage(fd, reply.SerializeAsString(),
+                                             deadline, lent_file.get());
   if (!sent.ok()) {
     active_leases_.fetch_sub(1);
     return sent;

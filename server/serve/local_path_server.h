@@ -33,6 +33,12 @@
 // Who: only processes of this process's user, root and
 // `allowed_users` are lent anything (SO_PEERCRED); CUDA IPC handles, which
 // give write access to device memory, only to this process's user.
+// Writes (LocalFetchRequest.write, with `accept_writes`) lend the memory
+// file writable, and only to processes of this user or root, which could
+// write this process's memory anyway (ptrace, /proc/<pid>/mem); tokens
+// do not apply to them for the same reason. Anyone else's write, a CUDA
+// shard's or a box that is no dense run of its memory file is answered
+// FAILED_PRECONDITION (use a stream: the data plane, where tokens apply).
 //
 // Thread-safety: Start/Shutdown from one owner thread; address() and
 // active_leases() from any. Shutdown(grace) (idempotent; also run by the
@@ -75,6 +81,8 @@ struct LocalPathServerOptions {
   // are read, so their clients fetch over a stream, where tokens and TLS
   // apply.
   std::vector<uid_t> allowed_users;
+  // Lend memory files writable for writes (see above): the daemons do.
+  bool accept_writes = false;
 };
 
 class LocalPathServer {
@@ -106,8 +114,9 @@ class LocalPathServer {
   // Answers one request. Returns what the client was lent (to hold until
   // it is done; null when nothing was), or an error meaning the connection
   // must be closed.
+  // `may_write`: the peer may be lent memory writable.
   absl::StatusOr<std::shared_ptr<const FetchView>> Answer(
-      int fd, const std::string& message, bool same_user);
+      int fd, const std::string& message, bool same_user, bool may_write);
 
   const std::string address_;
   const std::shared_ptr<ShardRegistry> registry_;

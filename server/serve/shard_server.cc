@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.data_plane) {
     DataPlaneServerOptions data_plane_options;
     data_plane_options.chunks = service_options;
-    data_plane_options.accept_writes = options.data_plane_writes;
+    data_plane_options.accept_writes = options.accept_writes;
     // TLS like the gRPC server's (the process's configuration).
     absl::StatusOr<std::shared_ptr<TlsContext>> tls = ProcessServerTlsContext();
     if (!tls.ok()) {
@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     SetHostMemorySharing();
     LocalPathServerOptions local_options;
     local_options.allowed_users = options.local_users;
+    local_options.accept_writes = options.accept_writes;
     // An optimisation only: without it, clients on this host use the
     // streams like everyone else.
     absl::StatusOr<std::unique_ptr<LocalPathServer>> local =

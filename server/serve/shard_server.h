@@ -45,10 +45,11 @@ struct ShardServerOptions {
   // Default chunk size of fetches served.
   int64_t chunk_bytes = int64_t{512} << 10;
   bool data_plane = true;
-  // The data plane also takes writes into registered shards
-  // (DataPlaneServerOptions::accept_writes): the daemons' ControlService
-  // does; a rank of the library, whose remote shards are read-only, not.
-  bool data_plane_writes = false;
+  // The data plane and the local path also take writes into registered
+  // shards (DataPlaneServerOptions::accept_writes,
+  // LocalPathServerOptions::accept_writes): the daemons' do; a rank of the
+  // library, whose remote shards are read-only, does not.
+  bool accept_writes = false;
   // Serving the local path turns host memory sharing on for the whole
   // process (SetHostMemorySharing), so that CPU shards can be lent.
   bool serve_local_path = true;

@@ -38,6 +38,7 @@
 #include "common/region.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/file.h"
 #include "io/subprocess.h"
 #include "io/unix_socket.h"
 #include "server/rank/rank.h"
@@ -53,6 +54,7 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::kCudaId;
 using ::tessera::testing::kHeapId;
 using ::tessera::testing::kHeapKey;
@@ -68,6 +70,7 @@ using ::tessera::testing::kTinyKey;
 using ::tessera::testing::kTinySizes;
 using ::tessera::testing::PeerValue;
 using ::tessera::testing::StatusIs;
+using ::testing::_;
 using ::testing::HasSubstr;
 
 // Bound on every wait of the test itself.
@@ -622,6 +625,105 @@ TEST_F(LocalPathServerTest, ShardClientInTheSameProcess) {
   ASSERT_OK_AND_ASSIGN(Shard fetched, client->FetchShard(kId, 0, options));
   EXPECT_TRUE(Equal(fetched.tensor, shard_));
   EXPECT_EQ(fetched.metadata.shard_sizes(), shard_.sizes());
+}
+
+TEST_F(LocalPathServerTest, LendsTheMemoryFileWritableForAWrite) {
+  LocalPathServerOptions options;
+  options.accept_writes = true;
+  StartServer(options);
+  UniqueFd socket = Dial();
+  UniqueFd fd;
+  v1::LocalFetchRequest request;
+  ASSERT_TRUE(request.ParseFromString(Request(kId, {2, 0}, {3, 64})));
+  request.set_write(true);
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply reply,
+                       Ask(socket.get(), request.SerializeAsString(), &fd));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_EQ(reply.transport(), v1::LOCAL_TRANSPORT_SHM);
+  ASSERT_TRUE(fd.valid());
+  EXPECT_EQ(fcntl(fd.get(), F_GETFL) & O_ACCMODE, O_RDWR);
+  EXPECT_EQ(reply.layout().offset_bytes(), 2 * 64 * 8);
+  EXPECT_EQ(reply.header().total_bytes(), 3 * 64 * 8);
+  const std::vector<int64_t> values(3 * 64, -5);
+  ASSERT_OK(PwriteAll(fd.get(), values.data(), values.size() * 8,
+                      reply.layout().offset_bytes(), "the lent file"));
+  ASSERT_OK(SendDone(socket.get()));
+  for (int64_t i = 0; i < 128 * 64; ++i) {
+    ASSERT_EQ(shard_.data<int64_t>()[i], i >= 128 && i < 320 ? -5 : 1000 + i)
+        << i;
+  }
+  // A plain fetch on the same connection is still lent read-only.
+  ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request(kId), &fd));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(fcntl(fd.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_OK(SendDone(socket.get()));
+}
+
+TEST_F(LocalPathServerTest, WritesNeedAServerThatTakesThemAndADenseBox) {
+  const auto ask_write = [&](std::vector<int64_t> offsets,
+                             std::vector<int64_t> sizes) {
+    UniqueFd socket = Dial();
+    UniqueFd fd;
+    v1::LocalFetchRequest request;
+    EXPECT_TRUE(request.ParseFromString(Request(kId, offsets, sizes)));
+    request.set_write(true);
+    absl::StatusOr<v1::LocalFetchReply> reply =
+        Ask(socket.get(), request.SerializeAsString(), &fd);
+    EXPECT_OK(reply.status());
+    EXPECT_FALSE(fd.valid());
+    return reply.ok() ? *reply : v1::LocalFetchReply();
+  };
+  v1::LocalFetchReply reply = ask_write({0, 0}, {1, 64});
+  EXPECT_EQ(reply.code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(reply.message(), HasSubstr("takes no writes"));
+  LocalPathServerOptions options;
+  options.accept_writes = true;
+  StartServer(options);
+  reply = ask_write({0, 8}, {3, 5});  // Columns: not one dense run.
+  EXPECT_EQ(reply.code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(reply.message(), HasSubstr("dense run"));
+  // The request is validated as a fetch of the box first.
+  reply = ask_write({127, 0}, {2, 64});
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kOutOfRange));
+  for (int64_t i = 0; i < 128 * 64; ++i) {
+    ASSERT_EQ(shard_.data<int64_t>()[i], 1000 + i) << i;
+  }
+}
+
+TEST_F(LocalPathServerTest, ShardClientWritesOverTheLocalPath) {
+  LocalPathServerOptions options;
+  options.accept_writes = true;
+  StartServer(options);
+  SetHostMemorySharing(4096);
+  Tensor big = Iota({1024, 64}, 0);  // 512 KiB: above kLocalPathMinBytes.
+  DisableHostMemorySharing();
+  ASSERT_OK(registry_->Register("big", OneShard(big)));
+  // No data plane: only the local path can take it.
+  const auto client = ShardClient::Create(kNoGrpc, "", server_->address());
+  const Tensor rows = Iota({512, 64}, -100000);
+  RegionWriteOptions write;
+  write.deadline = absl::Now() + kWait;
+  int64_t reported = 0;
+  write.on_chunk = [&](int64_t bytes) { reported += bytes; };
+  ASSERT_OK_AND_ASSIGN(const bool written,
+                       client->WriteRegion("big", 0, {256, 0}, rows, write));
+  EXPECT_TRUE(written);
+  EXPECT_EQ(reported, 512 * 64 * 8);
+  for (int64_t i = 0; i < 1024 * 64; ++i) {
+    const int64_t expected =
+        i >= 256 * 64 && i < 768 * 64 ? -100000 + (i - 256 * 64) : i;
+    ASSERT_EQ(big.data<int64_t>()[i], expected) << i;
+  }
+  // What the local path cannot take, with no data plane: not written.
+  EXPECT_THAT(client->WriteRegion("big", 0, {0, 0}, Iota({2, 64}, 0), write),
+              IsOkAndHolds(false));  // Too small for the local path.
+  EXPECT_THAT(client->WriteRegion("big", 0, {0, 0}, Iota({1024, 32}, 0), write),
+              IsOkAndHolds(false));  // Columns.
+  // The owner's verdict on a bad box is final.
+  EXPECT_THAT(client->WriteRegion("big", 0, {600, 0}, rows, write),
+              StatusIs(absl::StatusCode::kOutOfRange, _));
 }
 
 // ---- ShardClient against a shard owner in another process ------------------
