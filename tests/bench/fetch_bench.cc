@@ -8,11 +8,13 @@
 //       "p50_us":..., "p99_us":...}  quiet (B 0), then with B threads
 //       spinning in rank 0
 //   {"bench":"create", "op":"empty|init_from_local_shards", "p50_us":...}
-//   {"bench":"init_from_local_shards_scale", "shards":N, "seconds":...}
+//   {"bench":"init_from_local_shards_scale", "shards":N, "seconds":...,
+//    "metadata_bytes_per_shard":B}   (heap kept by the tensor on rank 0)
 //
 // Run without arguments it launches the ranks itself (tests/testing/
 // rank_launcher.h) with a fresh StoreServer; --quick shrinks everything for
 // the ctest smoke run.
+#include <malloc.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -292,6 +294,13 @@ absl::Status CreationTime(Rank& rank, const Config& config) {
   return rank.default_group()->Barrier();
 }
 
+// Bytes the process's allocator has handed out and not had back (glibc:
+// the arenas' chunks in use plus the mmapped ones).
+int64_t HeapBytesInUse() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.uordblks + info.hblkhd);
+}
+
 // init_from_local_shards at scale: `shards` one-row shards of an
 // [shards, 4] tensor, dealt round-robin to the ranks (PyTorch's pairwise
 // checks need ~56 s for 10,000).
@@ -304,15 +313,20 @@ absl::Status LocalShardsScale(Rank& rank, int64_t shards) {
     mine.push_back(std::move(shard));
   }
   RETURN_IF_ERROR(rank.default_group()->Barrier());
+  const int64_t heap_before = HeapBytesInUse();
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(ShardedTensor st,
                    ShardedTensor::InitFromLocalShards(mine, {shards, 4}));
   const double seconds = Seconds(absl::Now() - start);
+  // What the tensor keeps on this rank beyond its shards' own bytes (which
+  // were allocated before): its metadata, the registry's entry, indices.
+  const int64_t kept = HeapBytesInUse() - heap_before;
   if (rank.rank() == 0) {
     std::printf(
         "{\"bench\":\"init_from_local_shards_scale\",\"shards\":%lld,"
-        "\"ranks\":%d,\"seconds\":%.3f}\n",
-        static_cast<long long>(shards), rank.world_size(), seconds);
+        "\"ranks\":%d,\"seconds\":%.3f,\"metadata_bytes_per_shard\":%.1f}\n",
+        static_cast<long long>(shards), rank.world_size(), seconds,
+        static_cast<double>(kept) / static_cast<double>(shards));
     std::fflush(stdout);
   }
   return rank.default_group()->Barrier();
