@@ -3,10 +3,14 @@
 // each size, `reps` times: allocate, fill (memset), free; JSON lines
 //   {"bench":"alloc_fill", "kind":K, "mib":N, "gbps":...}
 // with K one of
-//   "private"   Storage with HostSharing::kPrivate (huge pages when large)
+//   "private"   Storage with HostSharing::kPrivate (huge pages when large;
+//               from 2 MiB up, a buffer freed earlier is reused from the
+//               process's host buffer cache unless --host-cache-bytes 0)
 //   "shared"    a memory file (what the local path lends), sharing on
 //   "reused"    one buffer filled again and again: the ceiling (memset)
-// GB/s counts the bytes over allocate + fill + free.
+// GB/s counts the bytes over allocate + fill + free. Every line also
+// carries "host_cache_bytes" (TESSERA_HOST_CACHE_BYTES for this run).
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -21,7 +25,8 @@
 namespace tessera {
 namespace {
 
-absl::Status Measure(const std::string& kind, int64_t mib, int reps) {
+absl::Status Measure(const std::string& kind, int64_t mib, int reps,
+                     const std::string& cache_bytes) {
   const size_t bytes = static_cast<size_t>(mib) << 20;
   std::vector<double> seconds;
   std::shared_ptr<Storage> reused;
@@ -54,6 +59,7 @@ absl::Status Measure(const std::string& kind, int64_t mib, int reps) {
                                        {"kind", kind},
                                        {"mib", mib},
                                        {"reps", reps},
+                                       {"host_cache_bytes", cache_bytes},
                                        {"gbps", gbps}});
   return absl::OkStatus();
 }
@@ -70,7 +76,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   bool quick = false;
   app.add_flag("--quick", quick, "small run for ctest");
+  std::string cache_bytes;
+  app.add_option("--host-cache-bytes", cache_bytes,
+                 "TESSERA_HOST_CACHE_BYTES for this run (0: every private "
+                 "allocation is fresh)");
   CLI11_PARSE(app, argc, argv);
+  // Read once, at the first allocation: set before any.
+  if (!cache_bytes.empty()) {
+    setenv("TESSERA_HOST_CACHE_BYTES", cache_bytes.c_str(), 1);
+  }
+  const char* effective = std::getenv("TESSERA_HOST_CACHE_BYTES");
+  cache_bytes = effective != nullptr ? effective : "default";
   if (quick) {
     mibs = {1, 4};
     reps = 2;
@@ -78,7 +94,7 @@ int main(int argc, char** argv) {
   tessera::SetHostMemorySharing();
   for (const int64_t mib : mibs) {
     for (const char* kind : {"private", "shared", "reused"}) {
-      if (absl::Status status = tessera::Measure(kind, mib, reps);
+      if (absl::Status status = tessera::Measure(kind, mib, reps, cache_bytes);
           !status.ok()) {
         std::cerr << "alloc_bench: " << status << "\n";
         return 1;

@@ -139,6 +139,56 @@ TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   EXPECT_GE(u.storage()->shared_memory_fd(), 0);
 }
 
+// Large private buffers are kept when freed and handed to the next
+// allocation of the same size (the process's host buffer cache); a live
+// buffer never is, and Zeros still zeroes a reused one.
+TEST(StorageTest, FreedLargeBuffersAreReusedForTheSameSize) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the cache is off under AddressSanitizer";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "the cache is off under AddressSanitizer";
+#endif
+#endif
+  if (std::getenv("TESSERA_HOST_CACHE_BYTES") != nullptr) {
+    GTEST_SKIP() << "TESSERA_HOST_CACHE_BYTES is set";
+  }
+  const size_t bytes = size_t{6} << 20;
+  void* first = nullptr;
+  {
+    ASSERT_OK_AND_ASSIGN(
+        std::shared_ptr<Storage> storage,
+        Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+    first = storage->data();
+    std::memset(first, 0x5a, bytes);
+  }
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> again,
+      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+  EXPECT_EQ(again->data(), first);
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> other,
+      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+  EXPECT_NE(other->data(), again->data());
+  // Another size does not take it.
+  void* held = again->data();
+  again.reset();
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> larger,
+      Storage::Allocate(bytes + (size_t{2} << 20), Device::Cpu(), false,
+                        HostSharing::kPrivate));
+  EXPECT_NE(larger->data(), held);
+  // Zeros on a reused buffer is all zeros.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor zeros,
+      Tensor::Zeros({static_cast<int64_t>(bytes)},
+                    TensorOptions().WithDType(DType::kUInt8).Private()));
+  EXPECT_EQ(zeros.storage()->data(), held);
+  const auto* data = static_cast<const uint8_t*>(zeros.data_ptr());
+  EXPECT_TRUE(
+      std::all_of(data, data + bytes, [](uint8_t b) { return b == 0; }));
+}
+
 TEST(StorageTest, ZeroBytesAllocateNothing) {
   for (bool pinned : {false, true}) {
     ASSERT_OK_AND_ASSIGN(auto storage,
