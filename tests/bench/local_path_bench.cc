@@ -3,10 +3,13 @@
 // and serves it over the raw-TCP data plane and the local path; this
 // process fetches it whole into one preallocated host tensor, --reps times
 // per path, and prints one JSON line per path:
-//   {"bench":"local_path","path":"data_plane|local","mib":N,
+//   {"bench":"local_path","path":"data_plane|local|local_to_here|memcpy",
+//    "mib":N,
 //    "p50_ms":...,"best_ms":...,"gbps":...}   (gbps from the median)
 // The data plane runs with LocalPath::kOff, the local path with kRequired
-// (an error, never a silent fallback). --quick shrinks it for ctest.
+// (an error, never a silent fallback); local_to_here allocates its result
+// (ShardClient::FetchShard) and memcpy copies between two touched buffers
+// of this process (the same-host ceiling). --quick shrinks it for ctest.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -103,6 +107,34 @@ absl::Status Measure(int64_t mib, int reps) {
   const auto client =
       ShardClient::Create("127.0.0.1:1", data_plane_address, local_address);
   ASSIGN_OR_RETURN(Tensor destination, Tensor::Empty({Elements(mib)}));
+  // Times `body` (after one warm-up run) and prints its line.
+  const auto measure = [&](const char* name,
+                           const std::function<absl::Status()>& body) {
+    std::vector<double> seconds;
+    for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up.
+      std::memset(destination.data_ptr(), 0, destination.nbytes());
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(body());
+      if (rep >= 0) {
+        seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double median = seconds[seconds.size() / 2];
+    std::cout << absl::StrFormat(
+                     "{\"bench\":\"local_path\",\"path\":\"%s\",\"mib\":%d,"
+                     "\"p50_ms\":%.2f,\"best_ms\":%.2f,\"gbps\":%.2f}",
+                     name, mib, median * 1e3, seconds.front() * 1e3,
+                     mib * double{1 << 20} / median / 1e9)
+              << std::endl;
+    return absl::OkStatus();
+  };
+  const auto check = [&](const Tensor& fetched) -> absl::Status {
+    if (fetched.data<float>()[Elements(mib) - 1] != 1.5f) {
+      return absl::DataLossError("fetched bytes differ");
+    }
+    return absl::OkStatus();
+  };
   struct Path {
     const char* name;
     LocalPath local_path;
@@ -112,27 +144,26 @@ absl::Status Measure(int64_t mib, int reps) {
     FetchOptions options;
     options.local_path = path.local_path;
     options.timeout = absl::Minutes(2);
-    std::vector<double> seconds;
-    for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up.
-      std::memset(destination.data_ptr(), 0, destination.nbytes());
-      const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(measure(path.name, [&]() -> absl::Status {
       RETURN_IF_ERROR(
           client->FetchShardInto(kTensorId, 0, destination, options));
-      if (rep >= 0)
-        seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-      if (destination.data<float>()[Elements(mib) - 1] != 1.5f) {
-        return absl::DataLossError("fetched bytes differ");
-      }
-    }
-    std::sort(seconds.begin(), seconds.end());
-    const double median = seconds[seconds.size() / 2];
-    std::cout << absl::StrFormat(
-                     "{\"bench\":\"local_path\",\"path\":\"%s\",\"mib\":%d,"
-                     "\"p50_ms\":%.2f,\"best_ms\":%.2f,\"gbps\":%.2f}",
-                     path.name, mib, median * 1e3, seconds.front() * 1e3,
-                     mib * double{1 << 20} / median / 1e9)
-              << std::endl;
+      return check(destination);
+    }));
   }
+  // An allocating fetch (to_here) over the local path, and the ceiling:
+  // memcpy between two buffers of this process, both already touched.
+  FetchOptions local;
+  local.local_path = LocalPath::kRequired;
+  local.timeout = absl::Minutes(2);
+  RETURN_IF_ERROR(measure("local_to_here", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Shard shard, client->FetchShard(kTensorId, 0, local));
+    return check(shard.tensor);
+  }));
+  ASSIGN_OR_RETURN(Tensor source, Tensor::Full({Elements(mib)}, 1.5));
+  RETURN_IF_ERROR(measure("memcpy", [&]() -> absl::Status {
+    std::memcpy(destination.data_ptr(), source.data_ptr(), source.nbytes());
+    return check(destination);
+  }));
   owner.Signal(SIGTERM);
   owner.WaitFor(absl::Seconds(10));
   std::filesystem::remove_all(dir);
