@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 root=$(cd ../.. && pwd)
 out=corpus
 rm -rf "$out"
-mkdir -p "$out"/{sharding_spec_text_fuzz,proto_convert_fuzz,chunk_codec_fuzz,npy_fuzz,checkpoint_manifest_fuzz,store_request_fuzz}
+mkdir -p "$out"/{sharding_spec_text_fuzz,proto_convert_fuzz,chunk_codec_fuzz,npy_fuzz,checkpoint_manifest_fuzz,store_request_fuzz,data_plane_request_fuzz}
 
 enc() {  # enc MESSAGE < text  -> wire bytes on stdout
   protoc -I "$root/proto" --encode="tessera.v1.$1" \
@@ -16,6 +16,10 @@ enc() {  # enc MESSAGE < text  -> wire bytes on stdout
 }
 # A byte, then stdin.
 with_byte() { printf "\\x$(printf %02x "$1")"; cat; }
+# A data-plane frame: a little-endian u32 length, then stdin.
+frame32() { local f; f=$(mktemp); cat >"$f"; python3 -c 'import struct, sys; sys.stdout.buffer.write(struct.pack("<I", int(sys.argv[1])))' "$(stat -c %s "$f")"; cat "$f"; rm -f "$f"; }
+# A data-plane chunk prefix: offset, length, XXH3 (any: the server checks).
+prefix() { python3 -c 'import struct, sys; sys.stdout.buffer.write(struct.pack("<qqQ", int(sys.argv[1]), int(sys.argv[2]), 42))' "$1" "$2"; }
 # A length byte, then stdin (< 256 bytes).
 framed() { local f; f=$(mktemp); cat >"$f"; printf "\\x$(printf %02x "$(stat -c %s "$f")")"; cat "$f"; rm -f "$f"; }
 
@@ -89,4 +93,22 @@ d=$out/store_request_fuzz
   printf '\x05'; echo 'keys: ["missing"] timeout_ms: 0' | enc StoreWaitRequest | framed
   printf '\x04'; echo 'key: "k"' | enc StoreDeleteRequest | framed
 } >"$d/sequence"
+# --- Data-plane connections (data_plane_request_fuzz.cc): a byte picking
+# the magic (0: TSRBULK1 ... 3: TSRBULK4), then the connection's bytes.
+d=$out/data_plane_request_fuzz
+fetch='tensor_id: "t" shard_index: 0 region_offsets: [2, 0] region_sizes: [3, 16]'
+write='tensor_id: "t" shard_index: 0 region_offsets: [4, 0] region_sizes: [1, 16] dtype: DTYPE_FLOAT32 total_bytes: 64 chunk_bytes: 4096'
+{ printf '\x00'; echo "$fetch" | enc FetchShardRequest | frame32; } >"$d/fetch"
+{
+  printf '\x02'
+  echo "fetch { $fetch }" | enc DataPlaneRequest | frame32
+  echo "write { $write }" | enc DataPlaneRequest | frame32
+  prefix 0 32; printf '0123456789abcdef0123456789abcdef'
+  prefix 32 32; printf 'fedcba9876543210fedcba9876543210'
+} >"$d/fetch_then_write"
+{
+  printf '\x03'; printf 'a-token' | frame32
+  echo "write { $write replica: true }" | enc DataPlaneRequest | frame32
+} >"$d/token_write"
+
 echo "seed corpora written to $(pwd)/$out"
