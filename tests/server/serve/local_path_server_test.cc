@@ -353,6 +353,44 @@ class LocalPathServerTest : public ::testing::Test {
     return ReceiveLocalMessage(fd, absl::Now() + kWait).status();
   }
 
+  // Run as uid nobody in a child process: asks for shard kId (to write it,
+  // with `write`). 0: refused FAILED_PRECONDITION with `refusal` in the
+  // message and no memory file; 1: lent a memory file; 2: anything else.
+  static int AskAsNobody(const std::string& socket_name, bool write,
+                         absl::string_view refusal) {
+    constexpr uid_t kNobody = 65534;
+    const pid_t child = fork();
+    if (child == 0) {
+      if (setresgid(kNobody, kNobody, kNobody) != 0 ||
+          setresuid(kNobody, kNobody, kNobody) != 0) {
+        _exit(3);
+      }
+      absl::StatusOr<UniqueFd> socket =
+          ConnectLocal(socket_name, absl::Now() + kWait);
+      if (!socket.ok() ||
+          !SendLocalMessage(socket->get(), kLocalMagic, absl::Now() + kWait)
+               .ok()) {
+        _exit(4);
+      }
+      v1::LocalFetchRequest request;
+      request.mutable_request()->set_tensor_id(kId);
+      request.set_write(write);
+      UniqueFd fd;
+      absl::StatusOr<v1::LocalFetchReply> reply =
+          Ask(socket->get(), request.SerializeAsString(), &fd);
+      if (!reply.ok()) _exit(5);
+      if (reply->code() ==
+              static_cast<int>(absl::StatusCode::kFailedPrecondition) &&
+          absl::StrContains(reply->message(), refusal) && !fd.valid()) {
+        _exit(0);
+      }
+      _exit(reply->code() == 0 && fd.valid() ? 1 : 2);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
   std::shared_ptr<ShardRegistry> registry_ = std::make_shared<ShardRegistry>();
   std::unique_ptr<LocalPathServer> server_;
   std::string socket_name_;
@@ -570,39 +608,7 @@ TEST_F(LocalPathServerTest, ShutdownCutsLeasesPastTheGrace) {
 // client falls back to a stream, where tokens and TLS apply.
 TEST_F(LocalPathServerTest, OnlyAllowedUsersAreServed) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as nobody";
-  constexpr uid_t kNobody = 65534;
-  // The child's verdict: 0 refused as expected, 1 lent a memory file,
-  // 2 anything else.
-  auto ask_as_nobody = [&]() -> int {
-    const pid_t child = fork();
-    if (child == 0) {
-      if (setresgid(kNobody, kNobody, kNobody) != 0 ||
-          setresuid(kNobody, kNobody, kNobody) != 0) {
-        _exit(3);
-      }
-      absl::StatusOr<UniqueFd> socket =
-          ConnectLocal(socket_name_, absl::Now() + kWait);
-      if (!socket.ok() ||
-          !SendLocalMessage(socket->get(), kLocalMagic, absl::Now() + kWait)
-               .ok()) {
-        _exit(4);
-      }
-      UniqueFd fd;
-      absl::StatusOr<v1::LocalFetchReply> reply =
-          Ask(socket->get(), Request(kId), &fd);
-      if (!reply.ok()) _exit(5);
-      if (reply->code() ==
-              static_cast<int>(absl::StatusCode::kFailedPrecondition) &&
-          absl::StrContains(reply->message(), "allowed users") && !fd.valid()) {
-        _exit(0);
-      }
-      _exit(reply->code() == 0 && fd.valid() ? 1 : 2);
-    }
-    int status = 0;
-    waitpid(child, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  };
-  EXPECT_EQ(ask_as_nobody(), 0);
+  EXPECT_EQ(AskAsNobody(socket_name_, false, "allowed users"), 0);
   EXPECT_EQ(server_->active_leases(), 0);
   // This user still is.
   UniqueFd socket = Lease();
@@ -610,9 +616,23 @@ TEST_F(LocalPathServerTest, OnlyAllowedUsersAreServed) {
   ASSERT_OK(SendDone(socket.get()));
 
   LocalPathServerOptions allowing;
-  allowing.allowed_users = {kNobody};
+  allowing.allowed_users = {65534};
   StartServer(allowing);
-  EXPECT_EQ(ask_as_nobody(), 1);
+  EXPECT_EQ(AskAsNobody(socket_name_, false, ""), 1);
+}
+
+// An allowed user of another uid may read but is never lent memory
+// writable, even by a server that takes writes: it writes over a stream,
+// where its token is checked.
+TEST_F(LocalPathServerTest, OtherAllowedUsersMayReadButNotWrite) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as nobody";
+  LocalPathServerOptions options;
+  options.allowed_users = {65534};
+  options.accept_writes = true;
+  StartServer(options);
+  EXPECT_EQ(AskAsNobody(socket_name_, false, ""), 1);
+  EXPECT_EQ(AskAsNobody(socket_name_, true, "own user only"), 0);
+  EXPECT_TRUE(Eventually([&] { return server_->active_leases() == 0; }));
 }
 
 TEST_F(LocalPathServerTest, ShardClientInTheSameProcess) {
