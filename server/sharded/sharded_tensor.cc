@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/proto_convert.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
@@ -17,7 +18,6 @@ struct ShardedTensor::State {
   std::shared_ptr<Rank> rank;  // Null in no-process-group mode.
   std::shared_ptr<ProcessGroup> group;
   std::string tensor_id;
-  ShardingSpec spec;
   ShardedTensorMetadata metadata;
   std::vector<Shard> local_shards;
   // Global rank owning each shard of metadata.shards_metadata (empty in
@@ -27,7 +27,30 @@ struct ShardedTensor::State {
   RemoteShardMap remote_shards;
   bool registered = false;
 
-  State(ShardingSpec spec) : spec(std::move(spec)) {}
+  // A tensor of this layout.
+  explicit State(ShardingSpec spec) : spec_(std::move(spec)) {}
+  // A tensor made from its shards (init_from_local_shards): its layout is
+  // the EnumerableShardingSpec of metadata.shards_metadata, which the
+  // caller validated; it is built on first use (Spec()), since it would
+  // copy every shard's metadata again and most tensors never ask for it.
+  State() = default;
+
+  const ShardingSpec& Spec() const {
+    absl::MutexLock lock(&spec_mu_);
+    if (!spec_.has_value()) {
+      // Validated when the tensor was made: cannot fail.
+      absl::StatusOr<EnumerableShardingSpec> tiling =
+          EnumerableShardingSpec::CreateTiling(metadata.shards_metadata,
+                                               metadata.size);
+      spec_.emplace(*std::move(tiling));
+    }
+    return *spec_;
+  }
+  void SetSpec(ShardingSpec spec) {
+    absl::MutexLock lock(&spec_mu_);
+    spec_ = std::move(spec);
+  }
+
   // Exchanges every member (keep the list complete): Reshard replaces a
   // tensor's contents under all of its handles.
   void Swap(State& other) {
@@ -35,7 +58,11 @@ struct ShardedTensor::State {
     swap(rank, other.rank);
     swap(group, other.group);
     swap(tensor_id, other.tensor_id);
-    swap(spec, other.spec);
+    {
+      absl::MutexLock lock(&spec_mu_);
+      absl::MutexLock other_lock(&other.spec_mu_);
+      swap(spec_, other.spec_);
+    }
     swap(metadata, other.metadata);
     swap(local_shards, other.local_shards);
     swap(owners, other.owners);
@@ -54,7 +81,27 @@ struct ShardedTensor::State {
       rank->registry().Unregister(tensor_id);
     }
   }
+
+ private:
+  mutable absl::Mutex spec_mu_;
+  // Unset only until Spec() builds a tensor's tiling.
+  mutable std::optional<ShardingSpec> spec_ ABSL_GUARDED_BY(spec_mu_);
 };
+
+namespace {
+
+// EnumerableShardingSpec::CreateTiling's checks without its copy of the
+// shards: what a tensor made from its shards promises (State::Spec builds
+// the spec from them later).
+absl::Status ValidateTiling(const std::vector<ShardMetadata>& shards,
+                            absl::Span<const int64_t> sizes) {
+  if (shards.empty()) {
+    return absl::InvalidArgumentError("Empty shard list provided: []");
+  }
+  return ValidateShardLayout(shards, sizes);
+}
+
+}  // namespace
 
 absl::StatusOr<RankAndGroup> ResolveRankAndGroup(
     const ShardedTensorOptions& options) {
@@ -370,11 +417,9 @@ class ShardedTensorBuilder {
         global.shards_metadata.push_back(std::move(m));
       }
     }
-    ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
-                     EnumerableShardingSpec::CreateTiling(
-                         global.shards_metadata, global.size));
-
-    auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
+    RETURN_IF_ERROR(ValidateTiling(global.shards_metadata, global.size));
+    // Its spec is built from the metadata when first asked for.
+    auto state = std::make_shared<ShardedTensor::State>();
     state->rank = context.rank;
     state->group = context.group;
     state->init_rrefs = options.init_rrefs;
@@ -392,11 +437,9 @@ class ShardedTensorBuilder {
       const ShardedTensorOptions& options) {
     RETURN_IF_ERROR(ValidateFormat(metadata.tensor_properties.layout,
                                    metadata.tensor_properties.memory_format));
-    ASSIGN_OR_RETURN(EnumerableShardingSpec spec,
-                     EnumerableShardingSpec::CreateTiling(
-                         metadata.shards_metadata, metadata.size));
+    RETURN_IF_ERROR(ValidateTiling(metadata.shards_metadata, metadata.size));
     for (const Shard& shard : local_shards) RETURN_IF_ERROR(shard.Validate());
-    auto state = std::make_shared<ShardedTensor::State>(std::move(spec));
+    auto state = std::make_shared<ShardedTensor::State>();
     state->init_rrefs = options.init_rrefs;
     state->tensor_id = options.tensor_id;
     std::shared_ptr<Rank> rank =
@@ -458,7 +501,7 @@ class ShardedTensorBuilder {
     ASSIGN_OR_RETURN(ShardedTensor st, FromLocalShardsAndGlobalMetadata(
                                            std::move(local_shards),
                                            std::move(metadata), options));
-    st.state_->spec = std::move(spec);
+    st.state_->SetSpec(std::move(spec));
     return st;
   }
 
@@ -689,7 +732,7 @@ const ShardedTensorMetadata& ShardedTensor::metadata() const {
   return state_->metadata;
 }
 const ShardingSpec& ShardedTensor::sharding_spec() const {
-  return state_->spec;
+  return state_->Spec();
 }
 const std::vector<Shard>& ShardedTensor::local_shards() const {
   return state_->local_shards;

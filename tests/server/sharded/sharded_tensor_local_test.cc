@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::StatusIs;
+using ::testing::_;
 using ::testing::HasSubstr;
 
 constexpr int kWorldSize = 4;
@@ -216,6 +218,30 @@ TEST(TestCreateTensorNoProcessGroupMode, InitFromLocalShardsAndGlobalMetadata) {
                            local_shards, metadata));
   EXPECT_EQ(2u, st.local_shards().size());
   EXPECT_EQ(metadata, st.metadata());
+  // The layout is the tiling of the shards (built on first use, once, also
+  // when many threads ask at the same moment).
+  std::vector<const ShardingSpec*> seen(8);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < seen.size(); ++t) {
+    threads.emplace_back([&, t] { seen[t] = &st.sharding_spec(); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const ShardingSpec* spec : seen) EXPECT_EQ(spec, seen.front());
+  ASSERT_TRUE(std::holds_alternative<EnumerableShardingSpec>(*seen.front()));
+  EXPECT_EQ(std::get<EnumerableShardingSpec>(*seen.front()).shards(),
+            metadata.shards_metadata);
+  // A malformed layout is still refused when the tensor is made.
+  ShardedTensorMetadata overlapping = metadata;
+  overlapping.shards_metadata[1] =
+      *ShardMetadata::Create({1, 0}, {2, 2}, "rank:1/cpu");
+  EXPECT_THAT(ShardedTensor::InitFromLocalShardsAndGlobalMetadata(local_shards,
+                                                                  overlapping),
+              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  ShardedTensorMetadata empty = metadata;
+  empty.shards_metadata.clear();
+  EXPECT_THAT(
+      ShardedTensor::InitFromLocalShardsAndGlobalMetadata({}, empty),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Empty shard")));
 }
 
 TEST(TestCreateTensorNoProcessGroupMode, NonContiguousLocalShards) {
