@@ -490,6 +490,12 @@ LocalAttempt LocalPathClient::Write(
   LocalAttempt outcome;
   if (!Ask(local_request.SerializeAsString(), deadline, cancel, what, &answer,
            &outcome)) {
+    // An id or shard the owner has not registered is no verdict on a
+    // write: a restarted daemon refilling it takes the write over a stream
+    // (as the data plane's `fallback` says too).
+    if (!outcome.fall_back && absl::IsNotFound(outcome.status)) {
+      outcome.fall_back = true;
+    }
     return outcome;
   }
   const v1::LocalFetchReply& reply = answer.reply;

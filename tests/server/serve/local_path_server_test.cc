@@ -741,6 +741,10 @@ TEST_F(LocalPathServerTest, ShardClientWritesOverTheLocalPath) {
               IsOkAndHolds(false));  // Too small for the local path.
   EXPECT_THAT(client->WriteRegion("big", 0, {0, 0}, Iota({1024, 32}, 0), write),
               IsOkAndHolds(false));  // Columns.
+  // An id the owner has not registered (a restarted daemon refilling it)
+  // is left to a stream, which routes the write into the refill.
+  EXPECT_THAT(client->WriteRegion("missing", 0, {256, 0}, rows, write),
+              IsOkAndHolds(false));
   // The owner's verdict on a bad box is final.
   EXPECT_THAT(client->WriteRegion("big", 0, {600, 0}, rows, write),
               StatusIs(absl::StatusCode::kOutOfRange, _));
