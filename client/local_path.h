@@ -10,7 +10,9 @@
 // run of a memory file bound for a contiguous host destination is read
 // with pread(2); anything else is mapped (or its IPC handle opened) and
 // copied with CopyBox (any strides, CPU or CUDA). The mapping is gone
-// before "done" is sent.
+// before "done" is sent. Writes go the other way (Write): a daemon lends
+// the file writable to its own user's processes, and the client writes
+// the box into it with pwrite(2).
 //
 // Any failure that is about the path rather than the request (another
 // host, no socket under that name, memory the owner cannot share, a
@@ -26,7 +28,7 @@
 // attempt, not one per fetch. Connections are pooled, one per concurrent
 // fetch, and dropped after any error.
 //
-// Thread-safety: Fetch may be called from many threads at once.
+// Thread-safety: Fetch and Write may be called from many threads at once.
 #ifndef TESSERA_CLIENT_LOCAL_PATH_H_
 #define TESSERA_CLIENT_LOCAL_PATH_H_
 
