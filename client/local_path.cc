@@ -332,41 +332,39 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
   // The lent memory could not be reached (worth a stream).
   absl::Status unreachable;
   absl::Status copied;
-  {
-    absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
-    // Nothing lent: nothing to copy, unless the header says otherwise.
-    absl::StatusOr<CheckedLayout> layout = CheckedLayout();
-    if (!dtype.ok()) {
-      layout = dtype.status();
-    } else if (leased) {
-      layout = CheckLayout(reply, *dtype);
-    } else if (reply.header().total_bytes() != 0) {
-      layout = absl::DataLossError("no transport for a non-empty shard");
-    }
-    if (!layout.ok()) unreachable = Annotate(layout.status(), what);
-    auto fill = [&](const Tensor& destination) -> absl::Status {
-      if (!leased) return absl::OkStatus();  // No bytes.
-      if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
-          IsDense(*layout) && destination.device().is_cpu() &&
-          destination.is_contiguous() &&
-          static_cast<int64_t>(destination.nbytes()) ==
-              layout->end_byte - layout->first_byte) {
-        return ReadDenseView(attached.get(), *layout, destination);
-      }
-      absl::StatusOr<Tensor> view =
-          LentView(reply, attached.get(), *layout, *dtype);
-      if (!view.ok()) {
-        unreachable = Annotate(view.status(), what);
-        return unreachable;
-      }
-      // The view (the mapping, the IPC handle) goes on return, before
-      // "done" lets the owner free the memory.
-      RETURN_IF_ERROR(CopyInto(*view, destination));
-      return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
-    };
-    if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
-    attached = UniqueFd();
+  absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
+  // Nothing lent: nothing to copy, unless the header says otherwise.
+  absl::StatusOr<CheckedLayout> layout = CheckedLayout();
+  if (!dtype.ok()) {
+    layout = dtype.status();
+  } else if (leased) {
+    layout = CheckLayout(reply, *dtype);
+  } else if (reply.header().total_bytes() != 0) {
+    layout = absl::DataLossError("no transport for a non-empty shard");
   }
+  if (!layout.ok()) unreachable = Annotate(layout.status(), what);
+  auto fill = [&](const Tensor& destination) -> absl::Status {
+    if (!leased) return absl::OkStatus();  // No bytes.
+    if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
+        IsDense(*layout) && destination.device().is_cpu() &&
+        destination.is_contiguous() &&
+        static_cast<int64_t>(destination.nbytes()) ==
+            layout->end_byte - layout->first_byte) {
+      return ReadDenseView(attached.get(), *layout, destination);
+    }
+    absl::StatusOr<Tensor> view =
+        LentView(reply, attached.get(), *layout, *dtype);
+    if (!view.ok()) {
+      unreachable = Annotate(view.status(), what);
+      return unreachable;
+    }
+    // The view (the mapping, the IPC handle) goes on return, before
+    // "done" lets the owner free the memory.
+    RETURN_IF_ERROR(CopyInto(*view, destination));
+    return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
+  };
+  if (unreachable.ok()) copied = assembler->FillFrom(reply.header(), fill);
+  // Closes the lent file, then lets the owner go.
   EndLease(std::move(answer), deadline);
   if (!unreachable.ok()) return FallBack(unreachable);
   if (copied.ok() || IsFinalAssemblerError(copied) ||
@@ -490,12 +488,6 @@ LocalAttempt LocalPathClient::Write(
   LocalAttempt outcome;
   if (!Ask(local_request.SerializeAsString(), deadline, cancel, what, &answer,
            &outcome)) {
-    // An id or shard the owner has not registered is no verdict on a
-    // write: a restarted daemon refilling it takes the write over a stream
-    // (as the data plane's `fallback` says too).
-    if (!outcome.fall_back && absl::IsNotFound(outcome.status)) {
-      outcome.fall_back = true;
-    }
     return outcome;
   }
   const v1::LocalFetchReply& reply = answer.reply;

@@ -86,11 +86,11 @@ class LocalPathClient {
   // file, which the owner lends writable to processes of its own user or
   // root only, for a box that is one dense run of it (pwrite(2): one copy,
   // by the kernel). fall_back, with nothing written, whenever the path
-  // cannot be taken (the owner refuses to lend, another host...) and when
-  // the owner has no such tensor or shard registered (it may be refilling
-  // it: a stream routes the write there); the owner's other verdicts
-  // (OUT_OF_RANGE, INVALID_ARGUMENT) are final, and so is a failure once
-  // the copy began, which says "may be partly written".
+  // cannot be taken (the owner refuses to lend, another host...), also
+  // when the owner has no such tensor or shard registered (it may be
+  // refilling it: a stream routes the write there); the owner's other
+  // verdicts (OUT_OF_RANGE, INVALID_ARGUMENT) are final, and so is a
+  // failure once the copy began, which says "may be partly written".
   LocalAttempt Write(const v1::FetchShardRequest& request, const Tensor& bytes,
                      absl::Time deadline,
                      const std::shared_ptr<Cancellation>& cancel) const;

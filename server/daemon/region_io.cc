@@ -317,18 +317,9 @@ class WriteRegionReactor final
                      Resolve(env_, header.name(), header.tensor_id(),
                              header.offsets(), header.sizes(), "WriteRegion"));
     const DType dtype = resolved_->metadata.tensor_properties.dtype;
-    absl::StatusOr<DType> sent = FromProto(header.dtype());
-    if (!sent.ok()) return Annotate(sent.status(), What());
-    if (*sent != dtype) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(What(), ": the data is ", DTypeName(*sent),
-                       " but the tensor is ", DTypeName(dtype)));
-    }
-    if (header.total_bytes() != resolved_->nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          What(), ": total_bytes ", header.total_bytes(), " is not the ",
-          resolved_->nbytes, " bytes of the region"));
-    }
+    RETURN_IF_ERROR(CheckWriteHeader(header.dtype(), header.total_bytes(),
+                                     dtype, resolved_->nbytes, What(),
+                                     "region"));
     if (env_.budget != nullptr) {
       ASSIGN_OR_RETURN(staged_,
                        env_.budget->Reserve(resolved_->nbytes, What()));

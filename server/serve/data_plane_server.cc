@@ -22,8 +22,10 @@
 namespace tessera {
 namespace {
 
-absl::Status SendReply(DataConnection& stream, const v1::BulkFetchReply& reply,
-                       absl::Time deadline, bool more) {
+// Sends a BulkFetchReply or a BulkWriteReply.
+template <typename Reply>
+absl::Status SendReply(DataConnection& stream, const Reply& reply,
+                       absl::Time deadline, bool more = false) {
   return stream.WriteFrame(reply.SerializeAsString(), deadline, more);
 }
 
@@ -36,12 +38,6 @@ absl::Status SendError(DataConnection& stream, const absl::Status& error,
 
 v1::BulkWriteReply WriteError(const absl::Status& status) {
   return ErrorReply<v1::BulkWriteReply>(status);
-}
-
-absl::Status SendWriteReply(DataConnection& stream,
-                            const v1::BulkWriteReply& reply,
-                            absl::Time deadline) {
-  return stream.WriteFrame(reply.SerializeAsString(), deadline);
 }
 
 }  // namespace
@@ -129,19 +125,15 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
             .IgnoreError();
       },
       [&](const std::string& frame) {
-        if (!framed) {
-          if (!fetch_allowed.ok()) return refuse(fetch_allowed);
-          v1::FetchShardRequest request;
-          if (!request.ParseFromString(frame)) {
-            return SendError(stream, MalformedFetchError(),
-                             absl::Now() + options_.io_timeout)
-                .ok();
-          }
-          return AnswerFetch(stream, request).ok();
-        }
+        // A bare fetch's connection is refused before its frame is read.
+        if (!framed && !fetch_allowed.ok()) return refuse(fetch_allowed);
         v1::DataPlaneRequest request;
-        if (!request.ParseFromString(frame) ||
-            request.request_case() == v1::DataPlaneRequest::REQUEST_NOT_SET) {
+        const bool parsed =
+            framed ? request.ParseFromString(frame) &&
+                         request.request_case() !=
+                             v1::DataPlaneRequest::REQUEST_NOT_SET
+                   : request.mutable_fetch()->ParseFromString(frame);
+        if (!parsed) {
           // Both replies carry the code and message as fields 1 and 2.
           return SendError(stream, MalformedFetchError(),
                            absl::Now() + options_.io_timeout)
@@ -215,7 +207,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   const auto fall_back = [&](absl::string_view why) {
     reply.set_fallback(true);
     reply.set_message(absl::StrCat(what, ": ", why));
-    return SendWriteReply(stream, reply, deadline);
+    return SendReply(stream, reply, deadline);
   };
   if (!options_.accept_writes) {
     return fall_back("this server takes no writes over the data plane");
@@ -229,29 +221,16 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
         absl::IsFailedPrecondition(target.status())) {
       return fall_back(target.status().message());
     }
-    return SendWriteReply(stream, WriteError(Annotate(target.status(), what)),
-                          deadline);
+    return SendReply(stream, WriteError(Annotate(target.status(), what)),
+                     deadline);
   }
   const Tensor& box = target->view;
-  absl::StatusOr<DType> sent = FromProto(request.dtype());
-  if (!sent.ok()) {
-    return SendWriteReply(stream, WriteError(Annotate(sent.status(), what)),
-                          deadline);
-  }
-  if (*sent != box.dtype()) {
-    return SendWriteReply(stream,
-                          WriteError(absl::InvalidArgumentError(absl::StrCat(
-                              what, ": the data is ", DTypeName(*sent),
-                              " but the tensor is ", DTypeName(box.dtype())))),
-                          deadline);
-  }
   const int64_t total = static_cast<int64_t>(box.nbytes());
-  if (request.total_bytes() != total) {
-    return SendWriteReply(stream,
-                          WriteError(absl::InvalidArgumentError(absl::StrCat(
-                              what, ": total_bytes ", request.total_bytes(),
-                              " is not the ", total, " bytes of the box"))),
-                          deadline);
+  if (absl::Status checked =
+          CheckWriteHeader(request.dtype(), request.total_bytes(), box.dtype(),
+                           total, what, "box");
+      !checked.ok()) {
+    return SendReply(stream, WriteError(checked), deadline);
   }
   if (!box.device().is_cpu()) return fall_back("the shard is on a GPU");
   if (!box.is_contiguous()) {
@@ -260,7 +239,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
   reply.set_chunk_bytes(chunk_bytes);
-  RETURN_IF_ERROR(SendWriteReply(stream, reply, deadline));
+  RETURN_IF_ERROR(SendReply(stream, reply, deadline));
 
   // Each chunk lands straight in the shard and is verified there; a chunk
   // whose checksum does not match leaves its bytes in place (documented
@@ -288,7 +267,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
     }
     if (!next.ok()) {
       // The stream is out of step: answer, then close the connection.
-      SendWriteReply(stream, WriteError(next), deadline).IgnoreError();
+      SendReply(stream, WriteError(next), deadline).IgnoreError();
       return next;
     }
     const size_t length = static_cast<size_t>(chunk.length);
@@ -315,7 +294,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
                         ") of the box were written, the chunk's own bytes "
                         "hold what arrived, the rest is unchanged")));
   done.set_bytes_written(written);
-  return SendWriteReply(stream, done, absl::Now() + options_.io_timeout);
+  return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }
 void DataPlaneServer::Shutdown(absl::Duration grace) {
   if (connections_ != nullptr) connections_->Shutdown(grace);

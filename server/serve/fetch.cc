@@ -139,6 +139,24 @@ absl::StatusOr<PreparedFetch> PrepareTensorFetch(
   return prepared;
 }
 
+absl::Status CheckWriteHeader(v1::DType sent, int64_t total_bytes, DType dtype,
+                              int64_t nbytes, absl::string_view what,
+                              absl::string_view unit) {
+  absl::StatusOr<DType> data = FromProto(sent);
+  if (!data.ok()) return Annotate(data.status(), what);
+  if (*data != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the data is ", DTypeName(*data),
+                     " but the tensor is ", DTypeName(dtype)));
+  }
+  if (total_bytes != nbytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": total_bytes ", total_bytes, " is not the ",
+                     nbytes, " bytes of the ", unit));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MalformedFetchError() {
   return absl::InvalidArgumentError("FetchShard: malformed request");
 }

@@ -104,6 +104,15 @@ absl::StatusOr<PreparedFetch> PrepareFetch(
 absl::StatusOr<PreparedFetch> PrepareTensorFetch(const Tensor& box,
                                                  const ShardMetadata& metadata);
 
+// The checks of a write's announced dtype and size against its target (a
+// box of `dtype` and `nbytes` bytes), shared by the data plane's writes and
+// the daemons' WriteRegion: INVALID_ARGUMENT "<what>: the data is int32
+// but the tensor is float32", an unknown dtype's error annotated with
+// `what`, or "<what>: total_bytes N is not the M bytes of the <unit>".
+absl::Status CheckWriteHeader(v1::DType sent, int64_t total_bytes, DType dtype,
+                              int64_t nbytes, absl::string_view what,
+                              absl::string_view unit);
+
 // What every transport answers a FetchShardRequest that does not parse.
 absl::Status MalformedFetchError();
 // What the socket transports (data plane, local path) answer a request

@@ -166,7 +166,14 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
   absl::StatusOr<FetchView> found =
       PrepareFetchView(*registry_, request.request());
   if (!found.ok()) {
-    RETURN_IF_ERROR(SendError(fd, found.status(), deadline));
+    // A write to an id or shard not registered here is no verdict: a
+    // restarted daemon refilling it takes the write over a stream, which
+    // routes it into the refill (FAILED_PRECONDITION: use a stream).
+    const absl::Status refused =
+        request.write() && absl::IsNotFound(found.status())
+            ? absl::FailedPreconditionError(found.status().message())
+            : found.status();
+    RETURN_IF_ERROR(SendError(fd, refused, deadline));
     return nullptr;
   }
   v1::LocalFetchReply reply;
