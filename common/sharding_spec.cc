@@ -9,13 +9,17 @@
 
 namespace tessera {
 
+// Both are written so that no intermediate value overflows, whatever the
+// sizes a client sends (ceil(d / c) without d + c - 1; offsets compared by
+// division rather than multiplied past d).
 int64_t ChunkSplitSize(int64_t dim_size, int64_t chunks) {
-  return (dim_size + chunks - 1) / chunks;
+  return dim_size / chunks + (dim_size % chunks != 0 ? 1 : 0);
 }
 
 int64_t ChunkedDimSize(int64_t dim_size, int64_t split_size, int64_t index) {
-  return std::max<int64_t>(
-      std::min(dim_size, split_size * (index + 1)) - split_size * index, 0);
+  if (split_size <= 0 || index >= dim_size / split_size + 1) return 0;
+  const int64_t offset = split_size * index;  // <= dim_size: cannot overflow
+  return std::max<int64_t>(std::min(split_size, dim_size - offset), 0);
 }
 
 absl::StatusOr<ChunkShardingSpec> ChunkShardingSpec::Create(
@@ -71,7 +75,11 @@ absl::StatusOr<ShardedTensorMetadata> ChunkShardingSpec::BuildMetadata(
   for (int64_t i = 0; i < chunks; ++i) {
     std::vector<int64_t> offsets(tensor_sizes.size(), 0);
     std::vector<int64_t> sizes(tensor_sizes.begin(), tensor_sizes.end());
-    offsets[dim] = split_size * i;
+    if (__builtin_mul_overflow(split_size, i, &offsets[dim])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Cannot chunk a dimension of size ", dim_size, " into ", chunks,
+          " pieces: chunk ", i, "'s offset overflows int64"));
+    }
     sizes[dim] = ChunkedDimSize(dim_size, split_size, i);
     ASSIGN_OR_RETURN(ShardMetadata shard,
                      ShardMetadata::Create(std::move(offsets), std::move(sizes),

@@ -1,8 +1,11 @@
 #include "common/sharding_spec.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -57,6 +60,32 @@ TEST(TestChunkShardingSpec, ChunkSizesFollowTorchChunk) {
               ElementsAre(0, 0, 0, 0));
   EXPECT_THAT(DimSizes(Build(0, CudaPlacements(3), {1, 1}), 0),
               ElementsAre(1, 0, 0));
+}
+
+// Sizes near int64's limit (a client may send any) chunk without
+// overflowing: the pieces still tile the dimension exactly.
+TEST(TestChunkShardingSpec, ChunkingNeverOverflowsAtInt64Limits) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int64_t dim_size : {kMax, kMax - 1, kMax / 2 + 1, int64_t{1} << 62}) {
+    for (int chunks : {1, 2, 3, 4, 7}) {
+      SCOPED_TRACE(absl::StrCat(dim_size, " into ", chunks));
+      const ShardedTensorMetadata m =
+          Build(0, CudaPlacements(chunks), {dim_size, 0});
+      int64_t next = 0;
+      for (const ShardMetadata& shard : m.shards_metadata) {
+        if (shard.shard_sizes()[0] == 0) continue;
+        EXPECT_EQ(next, shard.shard_offsets()[0]);
+        ASSERT_LE(shard.shard_sizes()[0], dim_size - next);
+        next += shard.shard_sizes()[0];
+      }
+      EXPECT_EQ(dim_size, next);
+    }
+  }
+  EXPECT_EQ(kMax / 2 + 1, ChunkSplitSize(kMax, 2));
+  EXPECT_EQ(kMax / 2, ChunkedDimSize(kMax, kMax / 2 + 1, 1));
+  EXPECT_EQ(0, ChunkedDimSize(kMax, kMax / 2 + 1, 2));
+  EXPECT_EQ(0, ChunkedDimSize(kMax, kMax, 3));
+  EXPECT_EQ(0, ChunkedDimSize(0, 0, 1));
 }
 
 // Metadata half of TestShardedTensorChunked.test_complete_world_size.

@@ -111,4 +111,10 @@ write='tensor_id: "t" shard_index: 0 region_offsets: [4, 0] region_sizes: [1, 16
   echo "write { $write replica: true }" | enc DataPlaneRequest | frame32
 } >"$d/token_write"
 
+# --- Regressions: inputs that once crashed a target (base64), kept as seeds.
+# proto_convert_fuzz: a chunk spec over a dimension of ~2^63 entries
+# (ChunkSplitSize overflowed).
+echo 'BBD///////////8KEgiaGgYSFAoKEiIUChIIAFoGCAAaAggBGgYICRoCCAE=' \
+  | base64 -d >"$out/proto_convert_fuzz/regression-chunk-split-overflow"
+
 echo "seed corpora written to $(pwd)/$out"
