@@ -7,17 +7,17 @@
 # out-of-memory inputs and timeouts are written to WORK_DIR/ (crash-*,
 # leak-*, oom-*, timeout-*) and fail the run.
 #
-# The mutations follow a fixed seed (TESSERA_FUZZ_SEED, default 1), so that
+# The mutations follow a fixed seed (TESSERA_LIBFUZZER_SEED, default 1), so that
 # a run explores the same inputs in the same order on every machine: a test
 # run that passed keeps passing, and a slower machine explores a prefix of
-# what a faster one did. TESSERA_FUZZ_SEED=0 lets libFuzzer pick a seed per
-# run, for exploring (README.md: "Fuzzing").
+# what a faster one did. TESSERA_LIBFUZZER_SEED=0 lets libFuzzer pick a seed per
+# run, for exploring (README.md: "Sanitizers and fuzzing").
 set -uo pipefail
 binary=$1 seeds=$2 work=$3 seconds=$4
 rm -rf "$work"
 mkdir -p "$work/corpus"
 cp "$seeds"/* "$work/corpus/"
-"$binary" -seed="${TESSERA_FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+"$binary" -seed="${TESSERA_LIBFUZZER_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
   -timeout=10 -print_final_stats=1 -artifact_prefix="$work/" \
   "$work/corpus" >"$work/log" 2>&1
 status=$?
