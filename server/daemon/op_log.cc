@@ -734,7 +734,7 @@ absl::Status Core::Rebuild(v1::TensorInfo info,
       if (tensor.device().is_cpu()) {
         host_bytes += static_cast<int64_t>(tensor.nbytes());
       }
-      own.push_back(LocalShard{shard, Shard{std::move(tensor), where}});
+      own.push_back(LocalShard{shard, std::move(tensor)});
     }
     std::shared_ptr<RegisteredTensor> copies;
     if (info.replicas_size() > 0) {
@@ -785,7 +785,8 @@ void Core::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
                        FromProto(info.metadata()));
       std::vector<Shard> shards;
       for (const LocalShard& local : refill->own()) {
-        shards.push_back(local.shard);
+        shards.push_back(
+            Shard{local.tensor, metadata.shards_metadata[local.index]});
       }
       ASSIGN_OR_RETURN(ShardedTensor tensor,
                        RebuiltTensor(rank_, info, std::move(metadata), spec,

@@ -15,10 +15,10 @@ const Tensor* Refill::Buffer(bool replica, int64_t shard) const {
   if (replica) {
     if (copies_ == nullptr) return nullptr;
     const LocalShard* copy = copies_->FindShard(shard);
-    return copy == nullptr ? nullptr : &copy->shard.tensor;
+    return copy == nullptr ? nullptr : &copy->tensor;
   }
   for (const LocalShard& local : own_) {
-    if (local.index == shard) return &local.shard.tensor;
+    if (local.index == shard) return &local.tensor;
   }
   return nullptr;
 }

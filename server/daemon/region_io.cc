@@ -157,7 +157,7 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
       resolved.metadata.shards_metadata, region.shard_offsets(), box,
       env.parallelism, [&](const RegionPiece& piece) -> absl::Status {
         const auto copy_from = [&](const LocalShard& local) {
-          return CopyBox(local.shard.tensor, piece.offsets_in_shard, piece.view,
+          return CopyBox(local.tensor, piece.offsets_in_shard, piece.view,
                          std::vector<int64_t>(piece.view.dim(), 0),
                          piece.box->shard_sizes());
         };
@@ -444,7 +444,7 @@ class WriteRegionReactor final
           env_.rank->registry().Find(replica ? ReplicaTensorId(id) : id);
       if (const LocalShard* mine = Mine(target, piece.shard)) {
         return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
-                       mine->shard.tensor, piece.offsets_in_shard,
+                       mine->tensor, piece.offsets_in_shard,
                        piece.box->shard_sizes());
       }
       if (refill_ == nullptr) break;

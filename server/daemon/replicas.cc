@@ -52,7 +52,7 @@ absl::StatusOr<std::shared_ptr<RegisteredTensor>> Core::AllocateCopies(
     const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
     int64_t* host_bytes) const {
   auto copies = std::make_shared<RegisteredTensor>();
-  copies->metadata = metadata;
+  copies->metadata = std::make_shared<const ShardedTensorMetadata>(metadata);
   *host_bytes = 0;
   const DType dtype = metadata.tensor_properties.dtype;
   for (int shard = 0; shard < info.replicas_size(); ++shard) {
@@ -63,12 +63,7 @@ absl::StatusOr<std::shared_ptr<RegisteredTensor>> Core::AllocateCopies(
         Tensor copy,
         Tensor::Empty(where.shard_sizes(), TensorOptions().WithDType(dtype)));
     *host_bytes += static_cast<int64_t>(copy.nbytes());
-    ASSIGN_OR_RETURN(
-        ShardMetadata held,
-        ShardMetadata::Create(where.shard_offsets(), where.shard_sizes(),
-                              RemoteDevice::ForRank(rank(), Device::Cpu())));
-    copies->local_shards.push_back(
-        LocalShard{shard, Shard{std::move(copy), std::move(held)}});
+    copies->local_shards.push_back(LocalShard{shard, std::move(copy)});
   }
   return copies;
 }
@@ -90,10 +85,9 @@ absl::Status Core::FetchFromHolders(const v1::TensorInfo& info,
       options.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
       absl::StatusOr<std::shared_ptr<ShardClient>> client =
           rank_->ClientFor(holder);
-      absl::Status fetched = client.ok()
-                                 ? (*client)->FetchShardInto(
-                                       id, shard, local.shard.tensor, options)
-                                 : client.status();
+      absl::Status fetched = client.ok() ? (*client)->FetchShardInto(
+                                               id, shard, local.tensor, options)
+                                         : client.status();
       if (fetched.ok()) return absl::OkStatus();
       tried.push_back(absl::StrCat(owner ? "owner" : "replica", " rank ",
                                    holder, ": ", fetched.ToString()));
@@ -142,9 +136,9 @@ absl::Status Core::Replicate(const std::string& name, int replicas,
       for (LocalShard& copy : copies->local_shards) {
         ASSIGN_OR_RETURN(
             Tensor filled,
-            Tensor::Full(copy.shard.tensor.sizes(), value,
-                         TensorOptions().WithDType(copy.shard.tensor.dtype())));
-        copy.shard.tensor = std::move(filled);
+            Tensor::Full(copy.tensor.sizes(), value,
+                         TensorOptions().WithDType(copy.tensor.dtype())));
+        copy.tensor = std::move(filled);
       }
     } else if (init == nullptr || kind == v1::INIT_KIND_RAND ||
                kind == v1::INIT_KIND_RANDN) {

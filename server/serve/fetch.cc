@@ -107,12 +107,12 @@ absl::StatusOr<FetchView> PrepareFetchView(
     return absl::NotFoundError(absl::StrCat(
         "shard ", request.shard_index(), " of tensor ", request.tensor_id(),
         " is not served by this rank (it has ",
-        found.tensor->metadata.shards_metadata.size(), " shards)"));
+        found.tensor->metadata->shards_metadata.size(), " shards)"));
   }
-  ASSIGN_OR_RETURN(found.view, SourceOf(request, local->shard.tensor));
+  ASSIGN_OR_RETURN(found.view, SourceOf(request, local->tensor));
   found.header =
       HeaderOf(found.view,
-               ToProto(found.tensor->metadata.shards_metadata[local->index]));
+               ToProto(found.tensor->metadata->shards_metadata[local->index]));
   return found;
 }
 

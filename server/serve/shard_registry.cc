@@ -15,7 +15,11 @@ namespace {
 // never streams bytes that disagree with the header it sends.
 absl::Status ValidateLocalShards(absl::string_view tensor_id,
                                  const RegisteredTensor& tensor) {
-  const auto& shards = tensor.metadata.shards_metadata;
+  if (tensor.metadata == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor_id, " has no metadata"));
+  }
+  const auto& shards = tensor.metadata->shards_metadata;
   int64_t previous = -1;
   for (const LocalShard& local : tensor.local_shards) {
     if (local.index < 0 || local.index >= static_cast<int64_t>(shards.size())) {
@@ -28,15 +32,15 @@ absl::Status ValidateLocalShards(absl::string_view tensor_id,
           "tensor ", tensor_id, ": shard ", local.index, " registered twice"));
     }
     previous = local.index;
-    if (!local.shard.tensor.defined()) {
+    if (!local.tensor.defined()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " has no tensor"));
     }
     const std::vector<int64_t>& expected = shards[local.index].shard_sizes();
-    if (local.shard.tensor.sizes() != expected) {
+    if (local.tensor.sizes() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " has sizes [",
-          absl::StrJoin(local.shard.tensor.sizes(), ", "),
+          absl::StrJoin(local.tensor.sizes(), ", "),
           "] but its metadata says [", absl::StrJoin(expected, ", "), "]"));
     }
   }

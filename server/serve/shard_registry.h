@@ -31,17 +31,23 @@
 #include "absl/synchronization/mutex.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
+#include "common/tensor/tensor.h"
 
 namespace tessera {
 
+// One shard this rank serves: where it sits in the metadata, and its bytes.
+// Its box is metadata->shards_metadata[index] (kept once per tensor, not
+// once per shard: at a million shards each copy costs ~180 MB per rank).
 struct LocalShard {
-  // Index of the shard in metadata.shards_metadata.
+  // Index of the shard in metadata->shards_metadata.
   int64_t index = 0;
-  Shard shard;
+  Tensor tensor;
 };
 
 struct RegisteredTensor {
-  ShardedTensorMetadata metadata;
+  // Never null once registered. Shared, immutable: a ShardedTensor and its
+  // registry entry hold the same copy.
+  std::shared_ptr<const ShardedTensorMetadata> metadata;
   // Registered in increasing index order (Register sorts a copy when they
   // are not), so that a lookup stays O(log n) for ranks holding hundreds of
   // thousands of shards.

@@ -63,7 +63,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::DescribeTensor(
     reactor->Finish(ToGrpcStatus(UnknownTensorError(request->tensor_id())));
     return reactor;
   }
-  *response->mutable_metadata() = ToProto(tensor->metadata);
+  *response->mutable_metadata() = ToProto(*tensor->metadata);
   for (const LocalShard& local : tensor->local_shards) {
     response->add_local_shard_indices(local.index);
   }

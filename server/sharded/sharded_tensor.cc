@@ -18,7 +18,9 @@ struct ShardedTensor::State {
   std::shared_ptr<Rank> rank;  // Null in no-process-group mode.
   std::shared_ptr<ProcessGroup> group;
   std::string tensor_id;
-  ShardedTensorMetadata metadata;
+  // Shared with this rank's registry entry (one copy per rank); set when
+  // the tensor is made, never changed after (Reshard swaps whole States).
+  std::shared_ptr<const ShardedTensorMetadata> metadata;
   std::vector<Shard> local_shards;
   // Global rank owning each shard of metadata.shards_metadata (empty in
   // no-process-group mode). local_shards are this rank's, in this order.
@@ -40,8 +42,8 @@ struct ShardedTensor::State {
     if (!spec_.has_value()) {
       // Validated when the tensor was made: cannot fail.
       absl::StatusOr<EnumerableShardingSpec> tiling =
-          EnumerableShardingSpec::CreateTiling(metadata.shards_metadata,
-                                               metadata.size);
+          EnumerableShardingSpec::CreateTiling(metadata->shards_metadata,
+                                               metadata->size);
       spec_.emplace(*std::move(tiling));
     }
     return *spec_;
@@ -335,7 +337,8 @@ class ShardedTensorBuilder {
       state->local_shards.push_back(
           Shard{std::move(tensor), metadata.shards_metadata[i]});
     }
-    state->metadata = std::move(metadata);
+    state->metadata =
+        std::make_shared<const ShardedTensorMetadata>(std::move(metadata));
     return Finish(std::move(state), placements);
   }
 
@@ -354,7 +357,7 @@ class ShardedTensorBuilder {
     if (state->init_rrefs) {
       ASSIGN_OR_RETURN(state->remote_shards,
                        BuildRemoteShards(rank, state->tensor_id,
-                                         state->metadata, placements));
+                                         *state->metadata, placements));
     }
     auto registered = std::make_shared<RegisteredTensor>();
     registered->metadata = state->metadata;
@@ -363,7 +366,7 @@ class ShardedTensorBuilder {
     for (size_t i = 0; i < placements.size(); ++i) {
       if (placements[i].first != rank.rank()) continue;
       registered->local_shards.push_back(LocalShard{
-          static_cast<int64_t>(i), state->local_shards[next_local++]});
+          static_cast<int64_t>(i), state->local_shards[next_local++].tensor});
     }
     RETURN_IF_ERROR(rank.registry().Register(state->tensor_id, registered));
     state->registered = true;
@@ -426,9 +429,10 @@ class ShardedTensorBuilder {
     state->tensor_id = options.tensor_id;
     if (options.init_rrefs) RETURN_IF_ERROR(ValidateRpc(*context.rank));
     state->local_shards = std::move(local_shards);
-    state->metadata = std::move(global);
+    state->metadata =
+        std::make_shared<const ShardedTensorMetadata>(std::move(global));
     std::vector<std::pair<int, Device>> placements;
-    ASSIGN_OR_RETURN(placements, ResolvePlacements(context, state->metadata));
+    ASSIGN_OR_RETURN(placements, ResolvePlacements(context, *state->metadata));
     return Finish(std::move(state), placements);
   }
 
@@ -451,7 +455,8 @@ class ShardedTensorBuilder {
                         return true;
                       }).status());
       state->local_shards = std::move(local_shards);
-      state->metadata = std::move(metadata);
+      state->metadata =
+          std::make_shared<const ShardedTensorMetadata>(std::move(metadata));
       return ShardedTensor(std::move(state));
     }
     ASSIGN_OR_RETURN(Context context, ResolveRankAndGroup(options));
@@ -464,7 +469,8 @@ class ShardedTensorBuilder {
     state->rank = context.rank;
     state->group = context.group;
     state->local_shards = std::move(ordered);
-    state->metadata = std::move(metadata);
+    state->metadata =
+        std::make_shared<const ShardedTensorMetadata>(std::move(metadata));
     return Finish(std::move(state), placements);
   }
 
@@ -701,7 +707,7 @@ absl::StatusOr<ShardedTensor> ShardedTensor::RandnLike(
 }
 
 const std::vector<int64_t>& ShardedTensor::size() const {
-  return state_->metadata.size;
+  return state_->metadata->size;
 }
 
 absl::StatusOr<int64_t> ShardedTensor::size(int64_t d) const {
@@ -711,16 +717,16 @@ absl::StatusOr<int64_t> ShardedTensor::size(int64_t d) const {
 }
 
 DType ShardedTensor::dtype() const {
-  return state_->metadata.tensor_properties.dtype;
+  return state_->metadata->tensor_properties.dtype;
 }
 Layout ShardedTensor::layout() const {
-  return state_->metadata.tensor_properties.layout;
+  return state_->metadata->tensor_properties.layout;
 }
 bool ShardedTensor::requires_grad() const {
-  return state_->metadata.tensor_properties.requires_grad;
+  return state_->metadata->tensor_properties.requires_grad;
 }
 bool ShardedTensor::is_pinned() const {
-  return state_->metadata.tensor_properties.pin_memory;
+  return state_->metadata->tensor_properties.pin_memory;
 }
 
 Device ShardedTensor::device() const {
@@ -729,7 +735,7 @@ Device ShardedTensor::device() const {
 }
 
 const ShardedTensorMetadata& ShardedTensor::metadata() const {
-  return state_->metadata;
+  return *state_->metadata;
 }
 const ShardingSpec& ShardedTensor::sharding_spec() const {
   return state_->Spec();
@@ -848,14 +854,14 @@ class ShardedTensorGather {
           state_.group->name()));
     }
     ASSIGN_OR_RETURN(layout_,
-                     Pack(*state_.group, state_.metadata, state_.owners));
+                     Pack(*state_.group, *state_.metadata, state_.owners));
     // Buffers on the group's device: Gloo moves host memory, NCCL its own
     // device's (also on a rank without shards, which must still take part).
     device_ = state_.group->device();
     // Each group rank's one shard with elements, where it has exactly one.
     lone_shard_.assign(state_.group->size(), std::nullopt);
     std::vector<int> with_elements(state_.group->size(), 0);
-    const auto& shards = state_.metadata.shards_metadata;
+    const auto& shards = state_.metadata->shards_metadata;
     for (size_t i = 0; i < shards.size(); ++i) {
       if (shards[i].numel() == 0) continue;
       const int g = layout_.group_rank[i];
@@ -914,7 +920,7 @@ class ShardedTensorGather {
   // (those received into `out` directly are there already).
   absl::Status Unpack(const std::vector<Tensor>& buffers,
                       const Tensor& out) const {
-    const auto& shards = state_.metadata.shards_metadata;
+    const auto& shards = state_.metadata->shards_metadata;
     for (size_t i = 0; i < shards.size(); ++i) {
       if (shards[i].numel() == 0) continue;
       if (!direct_.empty() && direct_[layout_.group_rank[i]]) continue;
@@ -938,7 +944,7 @@ class ShardedTensorGather {
     }
     const std::optional<size_t> only = lone_shard_[g];
     if (!only.has_value()) return std::nullopt;
-    const ShardMetadata& shard = state_.metadata.shards_metadata[*only];
+    const ShardMetadata& shard = state_.metadata->shards_metadata[*only];
     const std::vector<int64_t>& offsets = shard.shard_offsets();
     const std::vector<int64_t>& sizes = shard.shard_sizes();
     const std::vector<int64_t>& whole = out.sizes();
@@ -959,11 +965,12 @@ class ShardedTensorGather {
   }
 
   absl::StatusOr<Tensor> Buffer(int group_rank) const {
-    return Tensor::Empty({layout_.rank_elems[group_rank]},
-                         TensorOptions()
-                             .WithDType(state_.metadata.tensor_properties.dtype)
-                             .WithDevice(device_)
-                             .Private());
+    return Tensor::Empty(
+        {layout_.rank_elems[group_rank]},
+        TensorOptions()
+            .WithDType(state_.metadata->tensor_properties.dtype)
+            .WithDevice(device_)
+            .Private());
   }
 
   const ShardedTensor::State& state_;

@@ -53,14 +53,16 @@ absl::Status Serve(int64_t mib, const std::string& address_file) {
     return absl::InternalError("the shard is not in shared memory");
   }
   auto registered = std::make_shared<RegisteredTensor>();
-  registered->metadata.tensor_properties.dtype = shard.dtype();
-  registered->metadata.size = shard.sizes();
+  auto metadata = std::make_shared<ShardedTensorMetadata>();
+  metadata->tensor_properties.dtype = shard.dtype();
+  metadata->size = shard.sizes();
   ASSIGN_OR_RETURN(
       ShardMetadata placement,
       ShardMetadata::Create({0}, shard.sizes(),
                             RemoteDevice::ForRank(0, Device::Cpu())));
-  registered->metadata.shards_metadata.push_back(placement);
-  registered->local_shards.push_back(LocalShard{0, Shard{shard, placement}});
+  metadata->shards_metadata.push_back(placement);
+  registered->metadata = std::move(metadata);
+  registered->local_shards.push_back(LocalShard{0, shard});
   auto registry = std::make_shared<ShardRegistry>();
   RETURN_IF_ERROR(registry->Register(kTensorId, std::move(registered)));
   ASSIGN_OR_RETURN(auto local, LocalPathServer::Start(registry));

@@ -46,15 +46,16 @@ Fixture& Get() {
     auto* f = new Fixture;
     Tensor shard = *Tensor::Zeros({16, 16});
     auto registered = std::make_shared<RegisteredTensor>();
-    registered->metadata.tensor_properties.dtype = shard.dtype();
-    registered->metadata.size = {32, 16};
+    auto metadata = std::make_shared<ShardedTensorMetadata>();
+    metadata->tensor_properties.dtype = shard.dtype();
+    metadata->size = {32, 16};
     for (int rank = 0; rank < 2; ++rank) {
-      registered->metadata.shards_metadata.push_back(
+      metadata->shards_metadata.push_back(
           *ShardMetadata::Create({rank * 16, 0}, {16, 16},
                                  RemoteDevice::ForRank(rank, Device::Cpu())));
     }
-    registered->local_shards.push_back(
-        LocalShard{0, Shard{shard, registered->metadata.shards_metadata[0]}});
+    registered->metadata = std::move(metadata);
+    registered->local_shards.push_back(LocalShard{0, shard});
     if (!f->registry->Register("t", std::move(registered)).ok()) std::abort();
     DataPlaneServerOptions options;
     options.accept_writes = true;

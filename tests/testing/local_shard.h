@@ -23,7 +23,8 @@ inline std::shared_ptr<RegisteredTensor> AsLocalShard(const Tensor& tensor,
                                                       int64_t index,
                                                       int num_shards) {
   auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
+  auto metadata_ptr = std::make_shared<ShardedTensorMetadata>();
+  ShardedTensorMetadata& metadata = *metadata_ptr;
   metadata.tensor_properties.dtype = tensor.dtype();
   metadata.size = tensor.sizes();
   metadata.size[0] *= num_shards;
@@ -35,8 +36,8 @@ inline std::shared_ptr<RegisteredTensor> AsLocalShard(const Tensor& tensor,
     EXPECT_TRUE(shard.ok()) << shard.status();
     metadata.shards_metadata.push_back(*shard);
   }
-  registered->local_shards.push_back(
-      LocalShard{index, Shard{tensor, metadata.shards_metadata[index]}});
+  registered->metadata = std::move(metadata_ptr);
+  registered->local_shards.push_back(LocalShard{index, tensor});
   return registered;
 }
 

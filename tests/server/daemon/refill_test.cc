@@ -31,10 +31,9 @@ Fixture Make() {
   Fixture f;
   f.own = *Tensor::Zeros({4, 4});
   f.copy = *Tensor::Zeros({4, 4});
-  ShardMetadata where = *ShardMetadata::Create({0, 0}, {4, 4});
-  std::vector<LocalShard> own = {LocalShard{0, Shard{f.own, where}}};
+  std::vector<LocalShard> own = {LocalShard{0, f.own}};
   auto copies = std::make_shared<RegisteredTensor>();
-  copies->local_shards.push_back(LocalShard{1, Shard{f.copy, where}});
+  copies->local_shards.push_back(LocalShard{1, f.copy});
   f.refill = std::make_shared<Refill>(std::move(own), copies);
   return f;
 }

@@ -204,14 +204,15 @@ class RegionIoTest : public ::testing::Test {
   // Rank r's shards of the grid, cut from global_.
   std::shared_ptr<RegisteredTensor> LocalShards(int r) {
     auto registered = std::make_shared<RegisteredTensor>();
-    registered->metadata = *FromProto(info_.metadata());
+    registered->metadata = std::make_shared<const ShardedTensorMetadata>(
+        *FromProto(info_.metadata()));
     for (int i = 0; i < info_.shard_ranks_size(); ++i) {
       if (info_.shard_ranks(i) != r) continue;
-      const ShardMetadata& shard = registered->metadata.shards_metadata[i];
+      const ShardMetadata& shard = registered->metadata->shards_metadata[i];
       Tensor bytes =
           *RegionView(global_, shard.shard_offsets(), shard.shard_sizes())
                ->Clone();
-      registered->local_shards.push_back(LocalShard{i, Shard{bytes, shard}});
+      registered->local_shards.push_back(LocalShard{i, bytes});
     }
     return registered;
   }
@@ -220,12 +221,12 @@ class RegionIoTest : public ::testing::Test {
   Tensor Held() {
     Tensor held = *Tensor::Zeros(kSizes);
     for (const auto& rank : ranks_) {
-      for (const LocalShard& local :
-           rank->registry().Find(kTensorId)->local_shards) {
-        const ShardMetadata& shard = local.shard.metadata;
-        EXPECT_OK(CopyBox(local.shard.tensor,
-                          std::vector<int64_t>(kSizes.size(), 0), held,
-                          shard.shard_offsets(), shard.shard_sizes()));
+      const auto registered = rank->registry().Find(kTensorId);
+      for (const LocalShard& local : registered->local_shards) {
+        const ShardMetadata& shard =
+            registered->metadata->shards_metadata[local.index];
+        EXPECT_OK(CopyBox(local.tensor, std::vector<int64_t>(kSizes.size(), 0),
+                          held, shard.shard_offsets(), shard.shard_sizes()));
       }
     }
     return held;

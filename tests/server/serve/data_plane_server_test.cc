@@ -226,7 +226,7 @@ class DataPlaneServerTest : public ::testing::Test {
     const std::shared_ptr<ShardClient> client =
         ShardClient::Create(kNoGrpc, server_->address());
     return FetchMatches(*client, "probe",
-                        registry_->Find("probe")->local_shards[0].shard.tensor);
+                        registry_->Find("probe")->local_shards[0].tensor);
   }
 
   std::shared_ptr<ShardRegistry> registry_ = std::make_shared<ShardRegistry>();
@@ -1098,7 +1098,7 @@ class MisbehavingPeerTest : public ::testing::Test {
     v1::BulkFetchReply reply;
     v1::ShardHeader* header = reply.mutable_header();
     *header->mutable_metadata() = ToProto(
-        testing::AsLocalShard(source_, 0, 1)->metadata.shards_metadata[0]);
+        testing::AsLocalShard(source_, 0, 1)->metadata->shards_metadata[0]);
     header->set_dtype(ToProto(DType::kInt64));
     header->add_sizes(2);
     header->set_total_bytes(16);

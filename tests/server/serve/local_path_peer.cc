@@ -48,7 +48,8 @@ absl::StatusOr<Tensor> Values(int key, const std::vector<int64_t>& sizes) {
 absl::Status Register(ShardRegistry& registry, const std::string& id,
                       const Tensor& shard) {
   auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
+  auto metadata_ptr = std::make_shared<ShardedTensorMetadata>();
+  ShardedTensorMetadata& metadata = *metadata_ptr;
   metadata.tensor_properties.dtype = shard.dtype();
   metadata.size = shard.sizes();
   ASSIGN_OR_RETURN(
@@ -56,7 +57,8 @@ absl::Status Register(ShardRegistry& registry, const std::string& id,
       ShardMetadata::Create(std::vector<int64_t>(shard.dim(), 0), shard.sizes(),
                             RemoteDevice::ForRank(0, shard.device())));
   metadata.shards_metadata.push_back(placement);
-  registered->local_shards.push_back(LocalShard{0, Shard{shard, placement}});
+  registered->metadata = std::move(metadata_ptr);
+  registered->local_shards.push_back(LocalShard{0, shard});
   return registry.Register(id, std::move(registered));
 }
 

@@ -102,7 +102,8 @@ Tensor Iota(const std::vector<int64_t>& sizes, int64_t base = 0) {
 // `tensor` as shard 0 of a one-shard tensor on rank 0.
 std::shared_ptr<RegisteredTensor> OneShard(const Tensor& tensor) {
   auto registered = std::make_shared<RegisteredTensor>();
-  ShardedTensorMetadata& metadata = registered->metadata;
+  auto metadata_ptr = std::make_shared<ShardedTensorMetadata>();
+  ShardedTensorMetadata& metadata = *metadata_ptr;
   metadata.tensor_properties.dtype = tensor.dtype();
   metadata.size = tensor.sizes();
   absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
@@ -110,7 +111,8 @@ std::shared_ptr<RegisteredTensor> OneShard(const Tensor& tensor) {
       RemoteDevice::ForRank(0, tensor.device()));
   EXPECT_OK(shard.status());
   metadata.shards_metadata.push_back(*shard);
-  registered->local_shards.push_back(LocalShard{0, Shard{tensor, *shard}});
+  registered->metadata = std::move(metadata_ptr);
+  registered->local_shards.push_back(LocalShard{0, tensor});
   return registered;
 }
 

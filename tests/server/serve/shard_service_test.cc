@@ -103,10 +103,9 @@ std::shared_ptr<RegisteredTensor> OneLocalShard(const Tensor& tensor,
                                                 int64_t local_index,
                                                 int num_shards = 3) {
   auto registered = std::make_shared<RegisteredTensor>();
-  registered->metadata = RowSharded(tensor.sizes(), num_shards, tensor.dtype());
-  registered->local_shards.push_back(LocalShard{
-      local_index,
-      Shard{tensor, registered->metadata.shards_metadata[local_index]}});
+  registered->metadata = std::make_shared<const ShardedTensorMetadata>(
+      RowSharded(tensor.sizes(), num_shards, tensor.dtype()));
+  registered->local_shards.push_back(LocalShard{local_index, tensor});
   return registered;
 }
 
@@ -158,7 +157,7 @@ TEST(ShardRegistryTest, RegisterFindUnregister) {
   EXPECT_FALSE(registry.Unregister("b"));
   EXPECT_EQ(registry.Find("b"), nullptr);
   // A reference taken before unregistering stays usable.
-  EXPECT_EQ(found->local_shards[0].shard.tensor.numel(), 4);
+  EXPECT_EQ(found->local_shards[0].tensor.numel(), 4);
   EXPECT_EQ(registry.size(), 1u);
 }
 
@@ -184,7 +183,7 @@ TEST(ShardRegistryTest, InvalidRegistrationsAreInvalidArgument) {
       registry.Register("t", negative),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
   auto wrong_sizes = OneLocalShard(tensor, 0);
-  wrong_sizes->local_shards[0].shard.tensor = Pattern({4, 3}, DType::kFloat32);
+  wrong_sizes->local_shards[0].tensor = Pattern({4, 3}, DType::kFloat32);
   EXPECT_THAT(
       registry.Register("t", wrong_sizes),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sizes [4, 3]")));
@@ -464,7 +463,7 @@ TEST_P(ShardFetchTest, FetchesShardBytesAndMetadata) {
   const Tensor tensor = Pattern(GetParam().sizes, GetParam().dtype);
   auto registered = Serve("t", tensor);
   ASSERT_OK_AND_ASSIGN(Shard shard, client_->FetchShard("t", 1));
-  EXPECT_EQ(shard.metadata, registered->metadata.shards_metadata[1]);
+  EXPECT_EQ(shard.metadata, registered->metadata->shards_metadata[1]);
   EXPECT_EQ(shard.tensor.dtype(), GetParam().dtype);
   EXPECT_EQ(shard.tensor.sizes(), GetParam().sizes);
   EXPECT_EQ(Bytes(shard.tensor), Bytes(tensor));
@@ -705,16 +704,16 @@ TEST_F(ShardServiceTest, ConcurrentFetchesFromEightThreads) {
 
 TEST_F(ShardServiceTest, DescribeTensor) {
   auto registered = std::make_shared<RegisteredTensor>();
-  registered->metadata = RowSharded({4, 6}, 4, DType::kInt64);
+  registered->metadata = std::make_shared<const ShardedTensorMetadata>(
+      RowSharded({4, 6}, 4, DType::kInt64));
   for (int64_t index : {3, 1}) {
     registered->local_shards.push_back(
-        LocalShard{index, Shard{Pattern({4, 6}, DType::kInt64),
-                                registered->metadata.shards_metadata[index]}});
+        LocalShard{index, Pattern({4, 6}, DType::kInt64)});
   }
   ASSERT_OK(registry_->Register("d", registered));
   ASSERT_OK_AND_ASSIGN(TensorDescription description,
                        client_->DescribeTensor("d"));
-  EXPECT_EQ(description.metadata, registered->metadata);
+  EXPECT_EQ(description.metadata, *registered->metadata);
   // Registered out of order; served (and described) in index order.
   EXPECT_THAT(description.local_shard_indices, ElementsAre(1, 3));
   EXPECT_THAT(
@@ -726,7 +725,7 @@ TEST_F(ShardServiceTest, RemoteShardToHere) {
   const Tensor tensor = Pattern({5, 5}, DType::kFloat64);
   auto registered = Serve("t", tensor);
   const WorkerInfo owner{"worker1", 1, address_, "", ""};
-  RemoteShard remote(owner, "t", 1, registered->metadata.shards_metadata[1],
+  RemoteShard remote(owner, "t", 1, registered->metadata->shards_metadata[1],
                      client_);
   EXPECT_EQ(remote.owner().name, "worker1");
   ASSERT_OK_AND_ASSIGN(Shard shard, remote.to_here());
@@ -764,7 +763,7 @@ TEST_F(ShardServiceTest, RegionHeaderHasTheBoxSizesAndTheShardMetadata) {
   EXPECT_EQ(prepared.header.total_bytes(), 4 * 12 * 4);
   ASSERT_OK_AND_ASSIGN(ShardMetadata metadata,
                        FromProto(prepared.header.metadata()));
-  EXPECT_EQ(metadata, registered->metadata.shards_metadata[1]);
+  EXPECT_EQ(metadata, registered->metadata->shards_metadata[1]);
   ASSERT_OK_AND_ASSIGN(Tensor box, RegionView(tensor, {2, 3}, {4, 12}));
   EXPECT_EQ(Bytes(prepared.bytes), Bytes(box));
   // No region: the whole shard, as before.
