@@ -309,8 +309,7 @@ absl::Status ShardedTensorView::CheckNotLost(absl::Span<const int64_t> offsets,
                                              absl::string_view what) const {
   if (info_.lost_shards().empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(const ShardMetadata region,
-                   ShardMetadata::Create({offsets.begin(), offsets.end()},
-                                         {sizes.begin(), sizes.end()}));
+                   ShardMetadata::Create(offsets, sizes));
   std::vector<std::string> lost;
   for (const RegionOverlap& overlap :
        Overlaps(metadata_.shards_metadata, region)) {

@@ -48,10 +48,8 @@ absl::Status ForEachRegionPiece(
     absl::Span<const int64_t> region_offsets, const Tensor& data,
     int parallelism,
     const std::function<absl::Status(const RegionPiece&)>& body) {
-  ASSIGN_OR_RETURN(
-      const ShardMetadata region,
-      ShardMetadata::Create({region_offsets.begin(), region_offsets.end()},
-                            data.sizes()));
+  ASSIGN_OR_RETURN(const ShardMetadata region,
+                   ShardMetadata::Create(region_offsets, data.sizes()));
   const std::vector<RegionOverlap> overlaps = Overlaps(shards, region);
   return RunInParallel(
       overlaps.size(), parallelism, [&](size_t k) -> absl::Status {

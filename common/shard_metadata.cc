@@ -11,7 +11,7 @@
 namespace tessera {
 
 absl::StatusOr<ShardMetadata> ShardMetadata::Create(
-    std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+    absl::Span<const int64_t> offsets, absl::Span<const int64_t> sizes,
     std::optional<RemoteDevice> placement) {
   if (offsets.size() != sizes.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -31,15 +31,14 @@ absl::StatusOr<ShardMetadata> ShardMetadata::Create(
                        absl::StrJoin(sizes, ", "), "]"));
     }
   }
-  return ShardMetadata(std::move(offsets), std::move(sizes),
-                       std::move(placement));
+  return ShardMetadata(offsets, sizes, std::move(placement));
 }
 
 absl::StatusOr<ShardMetadata> ShardMetadata::Create(
-    std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+    absl::Span<const int64_t> offsets, absl::Span<const int64_t> sizes,
     absl::string_view placement) {
   ASSIGN_OR_RETURN(RemoteDevice device, RemoteDevice::Parse(placement));
-  return Create(std::move(offsets), std::move(sizes), std::move(device));
+  return Create(offsets, sizes, std::move(device));
 }
 
 int64_t ShardMetadata::numel() const {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/device.h"
@@ -24,15 +25,16 @@ class ShardMetadata {
   // Validates PyTorch's invariants: as many offsets as sizes, all >= 0.
   // INVALID_ARGUMENT ("shard_offsets should be >=0", ...) otherwise.
   static absl::StatusOr<ShardMetadata> Create(
-      std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+      absl::Span<const int64_t> offsets, absl::Span<const int64_t> sizes,
       std::optional<RemoteDevice> placement = std::nullopt);
   // Same, parsing the placement text ("rank:0/cuda:0").
-  static absl::StatusOr<ShardMetadata> Create(std::vector<int64_t> offsets,
-                                              std::vector<int64_t> sizes,
+  static absl::StatusOr<ShardMetadata> Create(absl::Span<const int64_t> offsets,
+                                              absl::Span<const int64_t> sizes,
                                               absl::string_view placement);
 
-  const std::vector<int64_t>& shard_offsets() const { return offsets_; }
-  const std::vector<int64_t>& shard_sizes() const { return sizes_; }
+  // Views of the metadata's own storage: valid while it lives, unchanged.
+  absl::Span<const int64_t> shard_offsets() const { return offsets_; }
+  absl::Span<const int64_t> shard_sizes() const { return sizes_; }
   // Absent until the shard is placed; see ParseAndValidateRemoteDevice.
   const std::optional<RemoteDevice>& placement() const { return placement_; }
   void set_placement(std::optional<RemoteDevice> placement) {
@@ -55,14 +57,19 @@ class ShardMetadata {
   }
 
  private:
-  ShardMetadata(std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+  // Up to two dimensions (matrices, the usual case at a million shards)
+  // are held inline: no allocation per shard, 64 bytes less than vectors.
+  using Dims = absl::InlinedVector<int64_t, 2>;
+
+  ShardMetadata(absl::Span<const int64_t> offsets,
+                absl::Span<const int64_t> sizes,
                 std::optional<RemoteDevice> placement)
-      : offsets_(std::move(offsets)),
-        sizes_(std::move(sizes)),
+      : offsets_(offsets.begin(), offsets.end()),
+        sizes_(sizes.begin(), sizes.end()),
         placement_(std::move(placement)) {}
 
-  std::vector<int64_t> offsets_;
-  std::vector<int64_t> sizes_;
+  Dims offsets_;
+  Dims sizes_;
   std::optional<RemoteDevice> placement_;
 };
 

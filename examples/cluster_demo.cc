@@ -60,7 +60,7 @@ bool CheckWhole(const tessera::Tensor& t) {
   return true;
 }
 
-std::string Join(const std::vector<int64_t>& v) {
+std::string Join(absl::Span<const int64_t> v) {
   return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
 }
 

@@ -77,6 +77,11 @@ T Check(absl::StatusOr<T> value) {
 DType DTypeFromName(const std::string& name) { return Check(ParseDType(name)); }
 
 // The numpy dtype of `dtype`; bfloat16 has none.
+// Python lists of a shard's offsets or sizes.
+std::vector<int64_t> ToVector(absl::Span<const int64_t> dims) {
+  return {dims.begin(), dims.end()};
+}
+
 py::dtype NumpyDType(DType dtype) {
   if (dtype == DType::kBFloat16) {
     Raise(absl::InvalidArgumentError(
@@ -376,7 +381,7 @@ class PyView {
     const auto& all = view_.metadata().shards_metadata;
     for (size_t i = 0; i < all.size(); ++i) {
       shards.emplace_back(
-          all[i].shard_offsets(), all[i].shard_sizes(),
+          ToVector(all[i].shard_offsets()), ToVector(all[i].shard_sizes()),
           all[i].placement().has_value() ? all[i].placement()->ToString() : "",
           view_.owner_rank(i));
     }
@@ -477,7 +482,8 @@ class PyView {
         },
         /*idempotent=*/true));
     Shard fetched = *std::move(shard);
-    return {fetched.metadata.shard_offsets(), fetched.metadata.shard_sizes(),
+    return {ToVector(fetched.metadata.shard_offsets()),
+            ToVector(fetched.metadata.shard_sizes()),
             ToNumpy(std::move(fetched.tensor), /*bits=*/true)};
   }
 

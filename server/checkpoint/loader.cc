@@ -181,7 +181,8 @@ absl::Status CopySavedBox(CheckpointReader& reader, const SavedTensor& saved,
   const ShardMetadata& shard = saved.metadata.shards_metadata[i];
   std::vector<int64_t> src_offsets =
       OffsetsWithin(box.shard_offsets(), shard.shard_offsets());
-  std::vector<int64_t> slab = shard.shard_sizes();
+  std::vector<int64_t> slab(shard.shard_sizes().begin(),
+                            shard.shard_sizes().end());
   int64_t first = 0;
   int64_t count = 1;
   if (!slab.empty()) {

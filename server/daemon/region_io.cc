@@ -89,9 +89,7 @@ absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
                      " exceeds this daemon's limit of ", env.max_region_bytes,
                      " bytes per call; split it"));
   }
-  ASSIGN_OR_RETURN(ShardMetadata region,
-                   ShardMetadata::Create({offsets.begin(), offsets.end()},
-                                         {sizes.begin(), sizes.end()}));
+  ASSIGN_OR_RETURN(ShardMetadata region, ShardMetadata::Create(offsets, sizes));
   return ResolvedRegion{name, std::move(info), *std::move(metadata),
                         std::move(region), nbytes};
 }

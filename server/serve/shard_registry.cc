@@ -36,7 +36,8 @@ absl::Status ValidateLocalShards(absl::string_view tensor_id,
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " has no tensor"));
     }
-    const std::vector<int64_t>& expected = shards[local.index].shard_sizes();
+    const absl::Span<const int64_t> expected =
+        shards[local.index].shard_sizes();
     if (local.tensor.sizes() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", tensor_id, ": shard ", local.index, " has sizes [",

@@ -945,8 +945,8 @@ class ShardedTensorGather {
     const std::optional<size_t> only = lone_shard_[g];
     if (!only.has_value()) return std::nullopt;
     const ShardMetadata& shard = state_.metadata->shards_metadata[*only];
-    const std::vector<int64_t>& offsets = shard.shard_offsets();
-    const std::vector<int64_t>& sizes = shard.shard_sizes();
+    const absl::Span<const int64_t> offsets = shard.shard_offsets();
+    const absl::Span<const int64_t> sizes = shard.shard_sizes();
     const std::vector<int64_t>& whole = out.sizes();
     size_t first_cut = 0;
     while (first_cut < sizes.size() && sizes[first_cut] == 1) ++first_cut;

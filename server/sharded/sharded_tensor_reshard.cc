@@ -129,8 +129,9 @@ void PlanPieces(const ShardedTensorMetadata& old_metadata, ReshardPlan& plan,
       piece.target = j;
       piece.from = from;
       piece.to = to;
-      piece.offsets = box->shard_offsets();
-      piece.sizes = box->shard_sizes();
+      piece.offsets.assign(box->shard_offsets().begin(),
+                           box->shard_offsets().end());
+      piece.sizes.assign(box->shard_sizes().begin(), box->shard_sizes().end());
       const int64_t n = Numel(piece.sizes);
       if (from == plan.me) {
         piece.send_offset = plan.send_elems[to];

@@ -33,6 +33,13 @@ std::vector<ShardMetadata> Grid() {
 }
 
 struct Seen {
+  Seen(size_t shard, absl::Span<const int64_t> box_offsets,
+       absl::Span<const int64_t> box_sizes,
+       std::vector<int64_t> offsets_in_shard)
+      : shard(shard),
+        box_offsets(box_offsets.begin(), box_offsets.end()),
+        box_sizes(box_sizes.begin(), box_sizes.end()),
+        offsets_in_shard(std::move(offsets_in_shard)) {}
   size_t shard;
   std::vector<int64_t> box_offsets;
   std::vector<int64_t> box_sizes;

@@ -158,8 +158,10 @@ TEST(ShardLayoutTest, SweepAgreesWithPairwiseCheck) {
 
     std::uniform_int_distribution<size_t> pick(0, shards.size() - 1);
     const size_t victim = pick(rng);
-    Dims offsets = shards[victim].shard_offsets();
-    Dims sizes = shards[victim].shard_sizes();
+    Dims offsets(shards[victim].shard_offsets().begin(),
+                 shards[victim].shard_offsets().end());
+    Dims sizes(shards[victim].shard_sizes().begin(),
+               shards[victim].shard_sizes().end());
     const size_t d = std::uniform_int_distribution<size_t>(0, rank - 1)(rng);
     switch (trial % 3) {
       case 0:  // Move.

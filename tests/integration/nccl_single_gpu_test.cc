@@ -288,7 +288,7 @@ TEST_F(TestShardedTensorChunkedNccl, CreateShardedTensorWithRand) {
       [](const ShardingSpec& spec, Generator* g) {
         return ShardedTensor::Rand(spec, {10, 20}, {}, g);
       },
-      [](const Sizes& sizes, Generator* g) {
+      [](absl::Span<const int64_t> sizes, Generator* g) {
         return Tensor::Rand(sizes, TensorOptions(), g);
       });
 }
@@ -301,7 +301,7 @@ TEST_F(TestShardedTensorChunkedNccl, CreateShardedTensorWithRandn) {
         return ShardedTensor::Randn(
             spec, {3, 7}, ShardedTensorOptions().WithDType(DType::kFloat64), g);
       },
-      [](const Sizes& sizes, Generator* g) {
+      [](absl::Span<const int64_t> sizes, Generator* g) {
         return Tensor::Randn(sizes, TensorOptions().WithDType(DType::kFloat64),
                              g);
       });

@@ -626,7 +626,7 @@ TEST_P(TestShardedTensorChunked, GatherPlacesEveryValueForEveryLayout) {
     // Element (i, j) holds 6 * i + j.
     for (const Shard& shard : st.local_shards()) {
       ASSERT_OK_AND_ASSIGN(Tensor host, shard.tensor.To(Device::Cpu()));
-      const std::vector<int64_t>& at = shard.metadata.shard_offsets();
+      const absl::Span<const int64_t> at = shard.metadata.shard_offsets();
       const int64_t columns = host.sizes()[1];
       for (int64_t e = 0; e < host.numel(); ++e) {
         host.data<float>()[e] =
