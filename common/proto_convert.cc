@@ -1,10 +1,15 @@
 #include "common/proto_convert.h"
 
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/status_macros.h"
 
 namespace tessera {
@@ -318,18 +323,131 @@ absl::StatusOr<ShardingSpec> FromProto(const v1::ShardingSpec& spec) {
 }
 
 std::string SerializeMetadata(const ShardedTensorMetadata& metadata) {
-  return ToProto(metadata).SerializeAsString();
+  v1::PackedShardedTensorMetadata packed;
+  packed.mutable_size()->Add(metadata.size.begin(), metadata.size.end());
+  *packed.mutable_tensor_properties() = ToProto(metadata.tensor_properties);
+  const int count = static_cast<int>(metadata.shards_metadata.size());
+  packed.mutable_shard_dims()->Reserve(count);
+  packed.mutable_placement_index()->Reserve(count);
+  // Placements repeat (usually one per rank): each is listed once.
+  std::vector<const RemoteDevice*> distinct;
+  absl::flat_hash_map<std::string, uint32_t> index_of;
+  uint32_t last = 0;
+  for (const ShardMetadata& shard : metadata.shards_metadata) {
+    packed.add_shard_dims(static_cast<uint32_t>(shard.dim()));
+    packed.mutable_shard_offsets()->Add(shard.shard_offsets().begin(),
+                                        shard.shard_offsets().end());
+    packed.mutable_shard_sizes()->Add(shard.shard_sizes().begin(),
+                                      shard.shard_sizes().end());
+    if (!shard.placement().has_value()) {
+      packed.add_placement_index(0);
+      continue;
+    }
+    const RemoteDevice& placement = *shard.placement();
+    if (last == 0 || !(*distinct[last - 1] == placement)) {
+      auto [it, added] = index_of.try_emplace(
+          placement.ToString(), static_cast<uint32_t>(distinct.size() + 1));
+      if (added) {
+        distinct.push_back(&placement);
+        *packed.add_placements() = ToProto(placement);
+      }
+      last = it->second;
+    }
+    packed.add_placement_index(last);
+  }
+  return packed.SerializeAsString();
+}
+
+absl::StatusOr<PackedMetadata> PackedMetadata::Parse(absl::string_view bytes) {
+  PackedMetadata parsed;
+  v1::PackedShardedTensorMetadata& proto = parsed.proto_;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Malformed ShardedTensorMetadata (", bytes.size(),
+        " bytes): not a valid tessera.v1.PackedShardedTensorMetadata"));
+  }
+  ShardedTensorMetadata& header = parsed.header_;
+  header.size.assign(proto.size().begin(), proto.size().end());
+  for (int64_t size : header.size) {
+    if (size < 0) {
+      return Invalid("size", absl::StrCat("must be >= 0, got ", size));
+    }
+  }
+  if (!proto.has_tensor_properties()) {
+    return Invalid("tensor_properties", "missing");
+  }
+  absl::StatusOr<TensorProperties> properties =
+      FromProto(proto.tensor_properties());
+  if (!properties.ok())
+    return InField("tensor_properties", properties.status());
+  header.tensor_properties = *properties;
+  if (proto.placement_index_size() != proto.shard_dims_size()) {
+    return Invalid("placement_index",
+                   absl::StrCat(proto.placement_index_size(), " entries for ",
+                                proto.shard_dims_size(), " shards"));
+  }
+  uint64_t entries = 0;
+  for (uint32_t dims : proto.shard_dims()) entries += dims;
+  if (entries != static_cast<uint64_t>(proto.shard_offsets_size()) ||
+      entries != static_cast<uint64_t>(proto.shard_sizes_size())) {
+    return Invalid("shard_offsets",
+                   absl::StrCat("the shards have ", entries,
+                                " dimensions in all, but there are ",
+                                proto.shard_offsets_size(), " offsets and ",
+                                proto.shard_sizes_size(), " sizes"));
+  }
+  for (int i = 0; i < proto.placement_index_size(); ++i) {
+    if (proto.placement_index(i) >
+        static_cast<uint32_t>(proto.placements_size())) {
+      return Invalid(absl::StrCat("placement_index[", i, "]"),
+                     absl::StrCat(proto.placement_index(i), " is past the ",
+                                  proto.placements_size(), " placements"));
+    }
+  }
+  return parsed;
+}
+
+absl::Status PackedMetadata::AppendShardsTo(
+    std::vector<ShardMetadata>* shards) const {
+  std::vector<RemoteDevice> placements;
+  placements.reserve(proto_.placements_size());
+  for (int k = 0; k < proto_.placements_size(); ++k) {
+    absl::StatusOr<RemoteDevice> device = FromProto(proto_.placements(k));
+    if (!device.ok()) {
+      return InField(absl::StrCat("placements[", k, "]"), device.status());
+    }
+    placements.push_back(*std::move(device));
+  }
+  const absl::Span<const int64_t> offsets(proto_.shard_offsets().data(),
+                                          proto_.shard_offsets_size());
+  const absl::Span<const int64_t> sizes(proto_.shard_sizes().data(),
+                                        proto_.shard_sizes_size());
+  size_t next = 0;  // Parse checked that the dimensions add up.
+  for (int i = 0; i < proto_.shard_dims_size(); ++i) {
+    const size_t dims = proto_.shard_dims(i);
+    const uint32_t k = proto_.placement_index(i);
+    absl::StatusOr<ShardMetadata> shard = ShardMetadata::Create(
+        offsets.subspan(next, dims), sizes.subspan(next, dims),
+        k == 0 ? std::nullopt : std::optional<RemoteDevice>(placements[k - 1]));
+    if (!shard.ok()) {
+      return InField(absl::StrCat("shards_metadata[", i, "]"), shard.status());
+    }
+    shards->push_back(*std::move(shard));
+    next += dims;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ShardedTensorMetadata> DeserializeMetadata(
     absl::string_view bytes) {
-  v1::ShardedTensorMetadata proto;
-  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Malformed ShardedTensorMetadata (", bytes.size(),
-                     " bytes): not a valid tessera.v1.ShardedTensorMetadata"));
-  }
-  return FromProto(proto);
+  absl::StatusOr<PackedMetadata> packed = PackedMetadata::Parse(bytes);
+  if (!packed.ok()) return packed.status();
+  ShardedTensorMetadata metadata = packed->header();
+  metadata.shards_metadata.reserve(packed->shard_count());
+  absl::Status status = packed->AppendShardsTo(&metadata.shards_metadata);
+  if (!status.ok()) return status;
+  return metadata;
 }
 
 }  // namespace tessera

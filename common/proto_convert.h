@@ -7,9 +7,13 @@
 #ifndef TESSERA_COMMON_PROTO_CONVERT_H_
 #define TESSERA_COMMON_PROTO_CONVERT_H_
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/device.h"
 #include "common/dtype.h"
 #include "common/shard_metadata.h"
@@ -43,11 +47,34 @@ absl::StatusOr<ShardedTensorMetadata> FromProto(
 v1::ShardingSpec ToProto(const ShardingSpec& spec);
 absl::StatusOr<ShardingSpec> FromProto(const v1::ShardingSpec& spec);
 
-// Serialized bytes of ShardedTensorMetadata and back: what gets stored and
-// exchanged between ranks. Parsing errors are INVALID_ARGUMENT.
+// Serialized bytes of ShardedTensorMetadata and back: what ranks exchange
+// (a v1::PackedShardedTensorMetadata). Anything malformed, including bytes
+// from a peer that describe shards badly, is INVALID_ARGUMENT naming the
+// field.
 std::string SerializeMetadata(const ShardedTensorMetadata& metadata);
 absl::StatusOr<ShardedTensorMetadata> DeserializeMetadata(
     absl::string_view bytes);
+
+// DeserializeMetadata in two steps, for a caller that merges several ranks'
+// shards into one list without building each rank's list first: Parse
+// checks the bytes and the tensor's size and properties; AppendShardsTo
+// decodes the shards onto the end of `shards` (on an error, the shards
+// appended so far stay). Thread-compatible value type.
+class PackedMetadata {
+ public:
+  static absl::StatusOr<PackedMetadata> Parse(absl::string_view bytes);
+
+  // The tensor's size and properties; shards_metadata is empty.
+  const ShardedTensorMetadata& header() const { return header_; }
+  size_t shard_count() const {
+    return static_cast<size_t>(proto_.shard_dims_size());
+  }
+  absl::Status AppendShardsTo(std::vector<ShardMetadata>* shards) const;
+
+ private:
+  v1::PackedShardedTensorMetadata proto_;
+  ShardedTensorMetadata header_;
+};
 
 }  // namespace tessera
 

@@ -261,7 +261,7 @@ absl::StatusOr<ShardedTensorMetadata> LocalMetadata(
 // One rank's contribution to init_from_local_shards, as gathered.
 struct RankShards {
   int rank = 0;
-  ShardedTensorMetadata metadata;  // size: that rank's global_sizes.
+  PackedMetadata metadata;  // header().size: that rank's global_sizes.
 };
 
 // The first mismatch of a property between two ranks, in PyTorch's words.
@@ -275,13 +275,14 @@ absl::Status CompareRanks(const RankShards& a, const RankShards& b) {
                      name, "=", x, " on rank:", a.rank, ", and ", name, "=", y,
                      " on rank:", b.rank));
   };
-  const TensorProperties& p = a.metadata.tensor_properties;
-  const TensorProperties& q = b.metadata.tensor_properties;
-  if (a.metadata.size != b.metadata.size) {
-    return mismatch(
-        "global_size",
-        absl::StrCat("[", absl::StrJoin(a.metadata.size, ", "), "]"),
-        absl::StrCat("[", absl::StrJoin(b.metadata.size, ", "), "]"));
+  const TensorProperties& p = a.metadata.header().tensor_properties;
+  const TensorProperties& q = b.metadata.header().tensor_properties;
+  const std::vector<int64_t>& a_size = a.metadata.header().size;
+  const std::vector<int64_t>& b_size = b.metadata.header().size;
+  if (a_size != b_size) {
+    return mismatch("global_size",
+                    absl::StrCat("[", absl::StrJoin(a_size, ", "), "]"),
+                    absl::StrCat("[", absl::StrJoin(b_size, ", "), "]"));
   }
   if (p.dtype != q.dtype) {
     return mismatch("dtype", std::string(DTypeName(p.dtype)),
@@ -395,30 +396,28 @@ class ShardedTensorBuilder {
         AllGatherOutcomes(group, mine.ok() ? absl::StatusOr<std::string>(
                                                  SerializeMetadata(*mine))
                                            : mine.status()));
+    // Each rank's shards are decoded straight into the global list, in
+    // rank order (a million shards are never held twice).
     std::vector<RankShards> ranks;
+    size_t total = 0;
     for (size_t r = 0; r < gathered.size(); ++r) {
-      ASSIGN_OR_RETURN(ShardedTensorMetadata theirs,
-                       DeserializeMetadata(gathered[r]));
-      if (theirs.shards_metadata.empty()) continue;
+      ASSIGN_OR_RETURN(PackedMetadata theirs,
+                       PackedMetadata::Parse(gathered[r]));
+      if (theirs.shard_count() == 0) continue;
+      total += theirs.shard_count();
       ranks.push_back(RankShards{group.global_ranks()[r], std::move(theirs)});
     }
     if (ranks.empty()) {
       return absl::InvalidArgumentError(
           "ShardedTensor have no local shards on all ranks!");
     }
-    ShardedTensorMetadata global;
-    global.size = ranks.front().metadata.size;
-    global.tensor_properties = ranks.front().metadata.tensor_properties;
-    size_t total = 0;
+    ShardedTensorMetadata global = ranks.front().metadata.header();
     for (const RankShards& r : ranks) {
       RETURN_IF_ERROR(CompareRanks(ranks.front(), r));
-      total += r.metadata.shards_metadata.size();
     }
     global.shards_metadata.reserve(total);
-    for (RankShards& r : ranks) {
-      for (ShardMetadata& m : r.metadata.shards_metadata) {
-        global.shards_metadata.push_back(std::move(m));
-      }
+    for (const RankShards& r : ranks) {
+      RETURN_IF_ERROR(r.metadata.AppendShardsTo(&global.shards_metadata));
     }
     RETURN_IF_ERROR(ValidateTiling(global.shards_metadata, global.size));
     // Its spec is built from the metadata when first asked for.

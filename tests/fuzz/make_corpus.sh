@@ -38,6 +38,8 @@ spec='chunk { dim_index: 0 placements { rank: 0 device { type: DEVICE_TYPE_CPU }
 echo "$spec" | enc ShardingSpec | with_byte 0 >"$d/spec"
 echo 'shards_metadata { shard_offsets: [0, 0] shard_sizes: [8, 4] placement { rank: 0 device { type: DEVICE_TYPE_CPU } } } shards_metadata { shard_offsets: [8, 0] shard_sizes: [8, 4] placement { worker_name: "worker1" device { type: DEVICE_TYPE_CPU } } } size: [16, 4] tensor_properties { dtype: DTYPE_FLOAT32 }' \
   | enc ShardedTensorMetadata | with_byte 1 >"$d/metadata"
+echo 'size: [16, 4] tensor_properties { dtype: DTYPE_FLOAT32 layout: LAYOUT_STRIDED memory_format: MEMORY_FORMAT_CONTIGUOUS } shard_dims: [2, 2, 2] shard_offsets: [0, 0, 8, 0, 12, 0] shard_sizes: [8, 4, 4, 4, 4, 4] placements { rank: 0 device { type: DEVICE_TYPE_CPU } } placements { worker_name: "worker1" device { type: DEVICE_TYPE_CUDA index: 0 } } placement_index: [1, 2, 0]' \
+  | enc PackedShardedTensorMetadata | with_byte 1 >"$d/packed_metadata"
 echo 'shard_offsets: [0, 4] shard_sizes: [2, 2] placement { rank: 3 device { type: DEVICE_TYPE_CUDA index: 1 } }' \
   | enc ShardMetadata | with_byte 2 >"$d/shard"
 echo 'worker_name: "trainer3" device { type: DEVICE_TYPE_CPU }' | enc RemoteDevice | with_byte 3 >"$d/device"

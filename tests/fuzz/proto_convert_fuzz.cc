@@ -60,8 +60,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (metadata.ok()) {
         (void)ValidateShardLayout(metadata->shards_metadata, metadata->size);
       }
-      (void)DeserializeMetadata(
+      // The same bytes as the packed form ranks exchange: what decodes
+      // must encode and decode to itself.
+      absl::StatusOr<ShardedTensorMetadata> packed = DeserializeMetadata(
           std::string(reinterpret_cast<const char*>(data), size));
+      if (packed.ok()) {
+        absl::StatusOr<ShardedTensorMetadata> again =
+            DeserializeMetadata(SerializeMetadata(*packed));
+        if (!again.ok() || !(*again == *packed)) std::abort();
+      }
       break;
     }
     case 2: {
