@@ -8,13 +8,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/region_transfer.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
@@ -189,24 +193,55 @@ bool IsDense(const CheckedLayout& layout) {
   return true;
 }
 
+// Copies of at least this many bytes per thread are split between
+// several threads (up to kMaxCopyThreads, and the machine's cores), each
+// its own range: one thread copying between a memory file and fresh pages
+// is bound by the kernel's work per page rather than by memory bandwidth
+// (2 threads: 0.62 -> 0.75x memcpy at 64 MiB on a 2-core box).
+constexpr int64_t kParallelCopyBytes = 8 << 20;
+constexpr int64_t kMaxCopyThreads = 4;
+
+// copy(begin, length) over [0, size), in pieces copied at once when the
+// range is large. The error of the first failed piece, or OK.
+absl::Status CopyInPieces(
+    int64_t size, const std::function<absl::Status(int64_t, int64_t)>& copy) {
+  const int64_t cores =
+      std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = std::clamp<int64_t>(size / kParallelCopyBytes, 1,
+                                              std::min(kMaxCopyThreads, cores));
+  const int64_t piece = (size + threads - 1) / threads;
+  return RunInParallel(static_cast<size_t>(threads), static_cast<int>(threads),
+                       [&](size_t k) -> absl::Status {
+                         const int64_t begin = static_cast<int64_t>(k) * piece;
+                         const int64_t length = std::min(piece, size - begin);
+                         if (length <= 0) return absl::OkStatus();
+                         return copy(begin, length);
+                       });
+}
+
 // Reads the view's bytes from memory file `fd` into `destination`, one
 // contiguous block of host memory of exactly that many bytes: one copy, by
 // the kernel, without the page-table work of a mapping. DATA_LOSS when the
 // file ends early.
 absl::Status ReadDenseView(int fd, const CheckedLayout& layout,
                            const Tensor& destination) {
-  const int64_t size = layout.end_byte - layout.first_byte;
-  absl::StatusOr<size_t> got =
-      PreadAll(fd, destination.data_ptr(), static_cast<size_t>(size),
-               layout.first_byte, "the lent memory file");
-  // Any failure of the read is one of the path: the stream may still work.
-  if (!got.ok()) return absl::UnavailableError(got.status().message());
-  if (static_cast<int64_t>(*got) < size) {
-    return absl::DataLossError(
-        absl::StrCat("memory file ends at byte ", layout.first_byte + *got,
-                     ", before the view's ", layout.end_byte));
-  }
-  return absl::OkStatus();
+  char* const base = static_cast<char*>(destination.data_ptr());
+  return CopyInPieces(
+      layout.end_byte - layout.first_byte,
+      [&](int64_t begin, int64_t length) -> absl::Status {
+        absl::StatusOr<size_t> got =
+            PreadAll(fd, base + begin, static_cast<size_t>(length),
+                     layout.first_byte + begin, "the lent memory file");
+        // A failed read is one of the path: the stream may still work.
+        if (!got.ok()) return absl::UnavailableError(got.status().message());
+        if (static_cast<int64_t>(*got) < length) {
+          return absl::DataLossError(absl::StrCat(
+              "memory file ends at byte ",
+              layout.first_byte + begin + static_cast<int64_t>(*got),
+              ", before the view's ", layout.end_byte));
+        }
+        return absl::OkStatus();
+      });
 }
 
 // The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
@@ -511,9 +546,13 @@ LocalAttempt LocalPathClient::Write(
           absl::StrCat(what, ": the owner lent no dense memory file run"));
     } else {
       began = true;
-      written = PwriteAll(answer.attached.get(), bytes.data_ptr(),
-                          static_cast<size_t>(total), layout->first_byte,
-                          "the lent memory file");
+      const int fd = answer.attached.get();
+      const char* const data = static_cast<const char*>(bytes.data_ptr());
+      const int64_t first_byte = layout->first_byte;
+      written = CopyInPieces(total, [&](int64_t begin, int64_t length) {
+        return PwriteAll(fd, data + begin, static_cast<size_t>(length),
+                         first_byte + begin, "the lent memory file");
+      });
       if (!written.ok()) {
         written = Annotate(
             written, absl::StrCat(what, " (the box may be partly written)"));
