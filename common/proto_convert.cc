@@ -230,23 +230,37 @@ v1::ShardedTensorMetadata ToProto(const ShardedTensorMetadata& metadata) {
   return proto;
 }
 
-absl::StatusOr<ShardedTensorMetadata> FromProto(
-    const v1::ShardedTensorMetadata& metadata) {
-  ShardedTensorMetadata result;
-  result.size.assign(metadata.size().begin(), metadata.size().end());
-  for (int64_t size : result.size) {
+namespace {
+
+// The size and properties of a ShardedTensorMetadata or its packed form,
+// checked, into `out`.
+template <typename Message>
+absl::Status SizeAndProperties(const Message& proto,
+                               ShardedTensorMetadata* out) {
+  out->size.assign(proto.size().begin(), proto.size().end());
+  for (int64_t size : out->size) {
     if (size < 0) {
       return Invalid("size", absl::StrCat("must be >= 0, got ", size));
     }
   }
-  if (!metadata.has_tensor_properties()) {
+  if (!proto.has_tensor_properties()) {
     return Invalid("tensor_properties", "missing");
   }
   absl::StatusOr<TensorProperties> properties =
-      FromProto(metadata.tensor_properties());
-  if (!properties.ok())
+      FromProto(proto.tensor_properties());
+  if (!properties.ok()) {
     return InField("tensor_properties", properties.status());
-  result.tensor_properties = *properties;
+  }
+  out->tensor_properties = *properties;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardedTensorMetadata> FromProto(
+    const v1::ShardedTensorMetadata& metadata) {
+  ShardedTensorMetadata result;
+  RETURN_IF_ERROR(SizeAndProperties(metadata, &result));
   result.shards_metadata.reserve(metadata.shards_metadata_size());
   for (int i = 0; i < metadata.shards_metadata_size(); ++i) {
     absl::StatusOr<ShardMetadata> shard =
@@ -367,21 +381,7 @@ absl::StatusOr<PackedMetadata> PackedMetadata::Parse(absl::string_view bytes) {
         "Malformed ShardedTensorMetadata (", bytes.size(),
         " bytes): not a valid tessera.v1.PackedShardedTensorMetadata"));
   }
-  ShardedTensorMetadata& header = parsed.header_;
-  header.size.assign(proto.size().begin(), proto.size().end());
-  for (int64_t size : header.size) {
-    if (size < 0) {
-      return Invalid("size", absl::StrCat("must be >= 0, got ", size));
-    }
-  }
-  if (!proto.has_tensor_properties()) {
-    return Invalid("tensor_properties", "missing");
-  }
-  absl::StatusOr<TensorProperties> properties =
-      FromProto(proto.tensor_properties());
-  if (!properties.ok())
-    return InField("tensor_properties", properties.status());
-  header.tensor_properties = *properties;
+  RETURN_IF_ERROR(SizeAndProperties(proto, &parsed.header_));
   if (proto.placement_index_size() != proto.shard_dims_size()) {
     return Invalid("placement_index",
                    absl::StrCat(proto.placement_index_size(), " entries for ",
