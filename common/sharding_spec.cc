@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
 
@@ -13,7 +14,7 @@ namespace tessera {
 // sizes a client sends (ceil(d / c) without d + c - 1; offsets compared by
 // division rather than multiplied past d).
 int64_t ChunkSplitSize(int64_t dim_size, int64_t chunks) {
-  return dim_size / chunks + (dim_size % chunks != 0 ? 1 : 0);
+  return CeilDiv(dim_size, chunks);
 }
 
 int64_t ChunkedDimSize(int64_t dim_size, int64_t split_size, int64_t index) {

@@ -96,7 +96,8 @@ struct SaveOptions {
   // default group. A dict with sharded tensors is saved by their group
   // (they must all share one); naming another is INVALID_ARGUMENT.
   std::shared_ptr<ProcessGroup> process_group;
-  // Checksum block size, rounded up to a multiple of 16 bytes. Smaller
+  // Checksum block size, clamped to [1 B, 1 TiB] and rounded up to a
+  // multiple of 16 bytes. Smaller
   // blocks make partial reads tighter and the manifest larger (8 bytes per
   // block); tests set it tiny so that small shards span many blocks.
   int64_t block_bytes = int64_t{1} << 20;

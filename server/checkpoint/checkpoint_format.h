@@ -34,6 +34,9 @@ inline constexpr char kManifestName[] = "manifest.pb";
 // Blocks start on element boundaries when their size is a multiple of the
 // largest element (complex128).
 inline constexpr int64_t kBlockAlignment = 16;
+// Larger block sizes asked for are clamped (block offsets stay far from
+// int64's limit).
+inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 40;
 
 // A checkpoint file open for reading.
 class File {

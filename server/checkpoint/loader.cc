@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/int_math.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/shard_layout.h"
@@ -57,7 +58,7 @@ absl::Status ValidateExtent(const v1::DataExtent& extent, int64_t length,
   } else if (extent.offset() < 0 || extent.length() != length) {
     problem = "a bad offset or length";
   } else if (block <= 0 || block % kBlockAlignment != 0 ||
-             extent.block_xxh3_size() != (length + block - 1) / block) {
+             extent.block_xxh3_size() != CeilDiv(length, block)) {
     problem = "bad checksum blocks";
   }
   if (problem == nullptr) return absl::OkStatus();
@@ -82,7 +83,7 @@ class CheckpointReader {
     const int64_t element = static_cast<int64_t>(ElementSize(dtype));
     const int64_t block = extent.block_bytes();
     const int64_t first_block = first * element / block;
-    const int64_t end_block = ((first + count) * element + block - 1) / block;
+    const int64_t end_block = CeilDiv((first + count) * element, block);
     const int64_t begin = first_block * block;
     const int64_t end = std::min(end_block * block, extent.length());
     // The file must hold the run before anything is allocated for it: a

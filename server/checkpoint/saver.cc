@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/int_math.h"
 #include "common/nonce.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
@@ -22,6 +23,7 @@ namespace tessera {
 
 using checkpoint_internal::kBlockAlignment;
 using checkpoint_internal::kManifestName;
+using checkpoint_internal::kMaxBlockBytes;
 using checkpoint_internal::NamedFiles;
 using checkpoint_internal::RemoveLeftovers;
 using checkpoint_internal::ResolveOwners;
@@ -208,8 +210,9 @@ class Saver {
         overwrite_(options.overwrite),
         start_ns_(absl::GetCurrentTimeNanos()),
         block_bytes_(
-            (std::max<int64_t>(options.block_bytes, 1) + kBlockAlignment - 1) /
-            kBlockAlignment * kBlockAlignment) {}
+            CeilDiv(std::clamp<int64_t>(options.block_bytes, 1, kMaxBlockBytes),
+                    kBlockAlignment) *
+            kBlockAlignment) {}
 
   // Files are removed only when the save is known to have failed on every
   // member; after a transport error the writer may have committed them, and

@@ -8,13 +8,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/int_math.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
 
 namespace tessera {
 
 int64_t ChunkSource::num_chunks() const {
-  return (total_bytes_ + chunk_bytes_ - 1) / chunk_bytes_;
+  return CeilDiv(total_bytes_, chunk_bytes_);
 }
 
 namespace {

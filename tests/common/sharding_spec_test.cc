@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/int_math.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -81,6 +82,10 @@ TEST(TestChunkShardingSpec, ChunkingNeverOverflowsAtInt64Limits) {
       EXPECT_EQ(dim_size, next);
     }
   }
+  EXPECT_EQ(1, CeilDiv(kMax, kMax));
+  EXPECT_EQ(2, CeilDiv(kMax, kMax - 15));
+  EXPECT_EQ(kMax, CeilDiv(kMax, 1));
+  EXPECT_EQ(0, CeilDiv(0, kMax));
   EXPECT_EQ(kMax / 2 + 1, ChunkSplitSize(kMax, 2));
   EXPECT_EQ(kMax / 2, ChunkedDimSize(kMax, kMax / 2 + 1, 1));
   EXPECT_EQ(0, ChunkedDimSize(kMax, kMax / 2 + 1, 2));

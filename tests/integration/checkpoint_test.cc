@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -529,6 +530,18 @@ TEST_P(TestShardedTensorChunked, ManifestSizesAreNotTrustedWithMemory) {
       data.set_block_bytes(int64_t{1} << 40);
       data.clear_block_xxh3();
       for (int i = 0; i < 4; ++i) data.add_block_xxh3(i);
+    }
+    ASSERT_OK(WriteCheckpointManifest(dir, manifest));
+    EXPECT_THAT(LoadStateDict(Dir()),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+    // A block size near int64's limit (one block, then) is arithmetic on
+    // the manifest's numbers, never an overflow.
+    for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
+      if (!entry.has_dense()) continue;
+      v1::DataExtent& data = *entry.mutable_dense()->mutable_data();
+      data.set_block_bytes(std::numeric_limits<int64_t>::max() - 15);
+      data.clear_block_xxh3();
+      data.add_block_xxh3(0);
     }
     ASSERT_OK(WriteCheckpointManifest(dir, manifest));
     EXPECT_THAT(LoadStateDict(Dir()),
