@@ -211,7 +211,11 @@ absl::Status EtcdStore::Call(const Attempt& attempt, absl::Time deadline) {
       if (current_ == index) current_ = (index + 1) % count;
     }
     if (tried % count != 0) continue;
-    if (now - first_failure >= kReconnectWait || now >= deadline) {
+    // Two rounds at least: one attempt that waits out kAttemptTimeout (a
+    // member whose cluster is electing a leader) must not use up the
+    // reconnect window alone.
+    if ((now - first_failure >= kReconnectWait && tried >= 2 * count) ||
+        now >= deadline) {
       return absl::UnavailableError(
           absl::StrCat(description(), " is unreachable (", failures, ")"));
     }

@@ -21,8 +21,10 @@
 // Endpoints and failure: calls go to one endpoint; one that is unreachable,
 // or does not answer within kAttemptTimeout (a partitioned member, a
 // cluster without quorum), is left for the next, so the death of a minority
-// of members costs a reconnection, not an error. When no endpoint answers
-// for kReconnectWait the call fails with UNAVAILABLE naming the endpoints.
+// of members costs a reconnection, not an error (nor does a leader
+// election: the endpoints are tried for two rounds at least). When no
+// endpoint answers for kReconnectWait and two rounds, the call fails with
+// UNAVAILABLE naming the endpoints.
 // A write retried on another endpoint after a lost answer may have been
 // applied already: Set is idempotent, Add may then count twice (Tessera's
 // counters tolerate a gap), CompareSet returns the value it left.
