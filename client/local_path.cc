@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/region_transfer.h"
+#include "common/int_math.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
@@ -209,7 +210,7 @@ absl::Status CopyInPieces(
       std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t threads = std::clamp<int64_t>(size / kParallelCopyBytes, 1,
                                               std::min(kMaxCopyThreads, cores));
-  const int64_t piece = (size + threads - 1) / threads;
+  const int64_t piece = CeilDiv(size, threads);
   return RunInParallel(static_cast<size_t>(threads), static_cast<int>(threads),
                        [&](size_t k) -> absl::Status {
                          const int64_t begin = static_cast<int64_t>(k) * piece;

@@ -211,10 +211,10 @@ absl::StatusOr<ShardMetadata> FromProto(const v1::ShardMetadata& metadata) {
     placement = *std::move(device);
   }
   return ShardMetadata::Create(
-      std::vector<int64_t>(metadata.shard_offsets().begin(),
-                           metadata.shard_offsets().end()),
-      std::vector<int64_t>(metadata.shard_sizes().begin(),
-                           metadata.shard_sizes().end()),
+      absl::MakeConstSpan(metadata.shard_offsets().data(),
+                          metadata.shard_offsets_size()),
+      absl::MakeConstSpan(metadata.shard_sizes().data(),
+                          metadata.shard_sizes_size()),
       std::move(placement));
 }
 
@@ -343,9 +343,10 @@ std::string SerializeMetadata(const ShardedTensorMetadata& metadata) {
   const int count = static_cast<int>(metadata.shards_metadata.size());
   packed.mutable_shard_dims()->Reserve(count);
   packed.mutable_placement_index()->Reserve(count);
-  // Placements repeat (usually one per rank): each is listed once.
-  std::vector<const RemoteDevice*> distinct;
+  // Placements repeat (usually one per rank, in runs): each is listed
+  // once, and a shard placed like the one before needs no lookup.
   absl::flat_hash_map<std::string, uint32_t> index_of;
+  const RemoteDevice* last_placement = nullptr;
   uint32_t last = 0;
   for (const ShardMetadata& shard : metadata.shards_metadata) {
     packed.add_shard_dims(static_cast<uint32_t>(shard.dim()));
@@ -358,14 +359,13 @@ std::string SerializeMetadata(const ShardedTensorMetadata& metadata) {
       continue;
     }
     const RemoteDevice& placement = *shard.placement();
-    if (last == 0 || !(*distinct[last - 1] == placement)) {
+    if (last_placement == nullptr || !(*last_placement == placement)) {
       auto [it, added] = index_of.try_emplace(
-          placement.ToString(), static_cast<uint32_t>(distinct.size() + 1));
-      if (added) {
-        distinct.push_back(&placement);
-        *packed.add_placements() = ToProto(placement);
-      }
+          placement.ToString(),
+          static_cast<uint32_t>(packed.placements_size() + 1));
+      if (added) *packed.add_placements() = ToProto(placement);
       last = it->second;
+      last_placement = &placement;
     }
     packed.add_placement_index(last);
   }
@@ -419,10 +419,10 @@ absl::Status PackedMetadata::AppendShardsTo(
     }
     placements.push_back(*std::move(device));
   }
-  const absl::Span<const int64_t> offsets(proto_.shard_offsets().data(),
-                                          proto_.shard_offsets_size());
-  const absl::Span<const int64_t> sizes(proto_.shard_sizes().data(),
-                                        proto_.shard_sizes_size());
+  const absl::Span<const int64_t> offsets = absl::MakeConstSpan(
+      proto_.shard_offsets().data(), proto_.shard_offsets_size());
+  const absl::Span<const int64_t> sizes = absl::MakeConstSpan(
+      proto_.shard_sizes().data(), proto_.shard_sizes_size());
   size_t next = 0;  // Parse checked that the dimensions add up.
   for (int i = 0; i < proto_.shard_dims_size(); ++i) {
     const size_t dims = proto_.shard_dims(i);

@@ -76,12 +76,12 @@ T Check(absl::StatusOr<T> value) {
 
 DType DTypeFromName(const std::string& name) { return Check(ParseDType(name)); }
 
-// The numpy dtype of `dtype`; bfloat16 has none.
 // Python lists of a shard's offsets or sizes.
 std::vector<int64_t> ToVector(absl::Span<const int64_t> dims) {
   return {dims.begin(), dims.end()};
 }
 
+// The numpy dtype of `dtype`; bfloat16 has none.
 py::dtype NumpyDType(DType dtype) {
   if (dtype == DType::kBFloat16) {
     Raise(absl::InvalidArgumentError(

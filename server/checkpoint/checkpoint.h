@@ -97,9 +97,9 @@ struct SaveOptions {
   // (they must all share one); naming another is INVALID_ARGUMENT.
   std::shared_ptr<ProcessGroup> process_group;
   // Checksum block size, clamped to [1 B, 1 TiB] and rounded up to a
-  // multiple of 16 bytes. Smaller
-  // blocks make partial reads tighter and the manifest larger (8 bytes per
-  // block); tests set it tiny so that small shards span many blocks.
+  // multiple of 16 bytes. Smaller blocks make partial reads tighter and the
+  // manifest larger (8 bytes per block); tests set it tiny so that small
+  // shards span many blocks.
   int64_t block_bytes = int64_t{1} << 20;
   // Whether a save may replace a checkpoint already in the directory (as
   // torch.save replaces a file); false: ALREADY_EXISTS naming it. The

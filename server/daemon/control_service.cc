@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/daemon/control_core.h"
 #include "server/daemon/region_io.h"
@@ -272,7 +273,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
         ASSIGN_OR_RETURN(ShardMetadata whole,
                          ShardMetadata::Create(
                              std::vector<int64_t>(sizes.size(), 0),
-                             std::vector<int64_t>(sizes.begin(), sizes.end()),
+                             absl::MakeConstSpan(sizes.data(), sizes.size()),
                              RemoteDevice::ForRank(rank, Device::Cpu())));
         ASSIGN_OR_RETURN(PreparedFetch prepared,
                          PrepareTensorFetch(result.gathered, whole));

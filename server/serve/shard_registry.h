@@ -37,7 +37,8 @@ namespace tessera {
 
 // One shard this rank serves: where it sits in the metadata, and its bytes.
 // Its box is metadata->shards_metadata[index] (kept once per tensor, not
-// once per shard: at a million shards each copy costs ~180 MB per rank).
+// once per shard: at a million shards each copy costs over 100 MB per
+// rank).
 struct LocalShard {
   // Index of the shard in metadata->shards_metadata.
   int64_t index = 0;
