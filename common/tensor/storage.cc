@@ -68,24 +68,45 @@ absl::Status HostAllocError(size_t nbytes, int error) {
       "Cannot allocate ", nbytes, " bytes of host memory: ", ErrnoText(error)));
 }
 
-// Large heap buffers freed recently, kept for the next allocation of the
-// same rounded size: a fresh one pays a page fault and the kernel's zeroing
-// for every page (tests/bench/alloc_bench: fresh private memory fills at
-// 6-13 GB/s, a reused buffer at 10-27), and fetches, gathers and staging
-// allocate the same sizes over and over. Bounded per process: at most
-// `capacity` bytes in all (TESSERA_HOST_CACHE_BYTES, default 256 MiB, or 0
-// under AddressSanitizer; 0 turns it off), no buffer above a quarter of
-// it; the least recently freed go first. A reused buffer holds whatever its
-// last tensor left there (Empty promises nothing; Zeros and the fills write
-// every byte). Thread-safe; never destroyed (storages may outlive static
-// destructors).
+// Host buffers freed recently, kept for the next allocation of the same
+// rounded size. Two kinds are kept, each in a cache of its own:
+// - large heap buffers (HostBufferCache::Heap()): a fresh one pays a page
+//   fault and the kernel's zeroing for every page (tests/bench/alloc_bench:
+//   fresh private memory fills at 6-13 GB/s, a reused buffer at 10-27), and
+//   fetches, gathers and staging allocate the same sizes over and over;
+//   TESSERA_HOST_CACHE_BYTES, default 256 MiB;
+// - pinned buffers from cudaHostAlloc (HostBufferCache::Pinned()), the
+//   staging buffers of every transfer to or from a GPU: pinning costs the
+//   driver far more than the copy through the buffer (a cudaHostAlloc of a
+//   few MiB takes milliseconds) and cudaFreeHost synchronizes the device;
+//   TESSERA_PINNED_CACHE_BYTES, default 256 MiB. Whoever frees a pinned
+//   buffer has waited for the copies that use it (ChunkSource and
+//   ShardAssembler do), as cudaFreeHost would have made it.
+// Bounded per process: at most `capacity` bytes in all (0 under
+// AddressSanitizer by default; 0 turns a cache off), no buffer above a
+// quarter of it; the least recently freed go first. A reused buffer holds
+// whatever its last tensor left there (Empty promises nothing; Zeros and
+// the fills write every byte). Thread-safe; never destroyed (storages may
+// outlive static destructors).
 class HostBufferCache {
  public:
-  static HostBufferCache& Get() {
+  using Free = void (*)(void* data);
+
+  static HostBufferCache& Heap() {
     static HostBufferCache* const cache =
-        new HostBufferCache(CapacityFromEnv());
+        new HostBufferCache(CapacityFromEnv("TESSERA_HOST_CACHE_BYTES"),
+                            [](void* data) { free(data); });
     return *cache;
   }
+#if TESSERA_TENSOR_CUDA
+  static HostBufferCache& Pinned() {
+    static HostBufferCache* const cache = new HostBufferCache(
+        CapacityFromEnv("TESSERA_PINNED_CACHE_BYTES"), [](void* data) {
+          if (cudaFreeHost(data) != cudaSuccess) cudaGetLastError();
+        });
+    return *cache;
+  }
+#endif
 
   // A kept buffer of exactly `rounded` bytes (the most recently freed), or
   // null.
@@ -101,11 +122,11 @@ class HostBufferCache {
     return nullptr;
   }
 
-  // Keeps `data` (from posix_memalign, `rounded` bytes) or frees it; frees
-  // the oldest kept buffers beyond the capacity.
+  // Keeps `data` (`rounded` bytes, from this cache's allocator) or frees
+  // it; frees the oldest kept buffers beyond the capacity.
   void Release(void* data, size_t rounded) {
     if (rounded > capacity_ / 4) {
-      free(data);
+      free_(data);
       return;
     }
     std::vector<void*> evicted;
@@ -119,20 +140,21 @@ class HostBufferCache {
         kept_.pop_front();
       }
     }
-    for (void* old : evicted) free(old);
+    for (void* old : evicted) free_(old);
   }
 
  private:
-  explicit HostBufferCache(size_t capacity) : capacity_(capacity) {}
+  HostBufferCache(size_t capacity, Free free)
+      : capacity_(capacity), free_(free) {}
 
-  static size_t CapacityFromEnv() {
+  static size_t CapacityFromEnv(const char* variable) {
 #if TESSERA_STORAGE_ASAN
     // Reuse would hide a use after free from AddressSanitizer.
     constexpr size_t kDefault = 0;
 #else
     constexpr size_t kDefault = size_t{256} << 20;
 #endif
-    const char* text = std::getenv("TESSERA_HOST_CACHE_BYTES");
+    const char* text = std::getenv(variable);
     if (text == nullptr || *text == '\0') return kDefault;
     char* end = nullptr;
     const unsigned long long value = std::strtoull(text, &end, 10);
@@ -141,6 +163,7 @@ class HostBufferCache {
   }
 
   const size_t capacity_;
+  const Free free_;
   absl::Mutex mu_;
   // Oldest first.
   std::deque<std::pair<size_t, void*>> kept_ ABSL_GUARDED_BY(mu_);
@@ -292,7 +315,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(
     // of a fresh 64 MiB shard then costs 32 page faults instead of 16384
     // (a fetched shard is written once, right after allocation).
     const bool huge = rounded >= kHugePageBytes;
-    void* data = huge ? HostBufferCache::Get().Take(rounded) : nullptr;
+    void* data = huge ? HostBufferCache::Heap().Take(rounded) : nullptr;
     if (data == nullptr) {
       const int error = posix_memalign(
           &data, huge ? kHugePageBytes : kHostAlignment, rounded);
@@ -304,9 +327,15 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(
   }
 #if TESSERA_TENSOR_CUDA
   if (CudaAvailable()) {
-    void* data = nullptr;
+    // Whole pages, so that buffers of nearly the same size are reused.
+    size_t rounded;
+    if (!RoundUp(nbytes, PageSize(), &rounded)) {
+      return HostAllocError(nbytes, ENOMEM);
+    }
+    void* data = HostBufferCache::Pinned().Take(rounded);
     const cudaError_t error =
-        cudaHostAlloc(&data, nbytes, cudaHostAllocPortable);
+        data != nullptr ? cudaSuccess
+                        : cudaHostAlloc(&data, rounded, cudaHostAllocPortable);
     if (error != cudaSuccess) {
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -354,7 +383,7 @@ Storage::~Storage() {
       size_t rounded = nbytes_;
       RoundUp(nbytes_, kHostAlignment, &rounded);
       if (rounded >= kHugePageBytes) {
-        HostBufferCache::Get().Release(data_, rounded);
+        HostBufferCache::Heap().Release(data_, rounded);
       } else {
         free(data_);
       }
@@ -381,9 +410,14 @@ Storage::~Storage() {
       break;
     case Allocator::kCudaHost:
 #if TESSERA_TENSOR_CUDA
-      if (cudaFreeHost(data_) != cudaSuccess) cudaGetLastError();
+    {
+      // Allocate's rounding.
+      size_t rounded = nbytes_;
+      RoundUp(nbytes_, PageSize(), &rounded);
+      HostBufferCache::Pinned().Release(data_, rounded);
+    }
 #endif
-      break;
+    break;
     case Allocator::kCudaDevice:
 #if TESSERA_TENSOR_CUDA
     {

@@ -272,6 +272,46 @@ TEST(StorageTest, PinnedOffTheCpuIsInvalid) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("meta")));
 }
 
+// Pinned buffers (cudaHostAlloc) are kept when freed too, by a cache of
+// their own, and handed to the next pinned allocation of the same page
+// count: staging a transfer to or from a GPU then pins nothing.
+TEST(StorageTest, FreedPinnedBuffersAreReusedForTheSameSize) {
+  if (!CudaAvailable()) GTEST_SKIP() << "pinned memory is mlock'ed here";
+  if (std::getenv("TESSERA_PINNED_CACHE_BYTES") != nullptr) {
+    GTEST_SKIP() << "TESSERA_PINNED_CACHE_BYTES is set";
+  }
+  const size_t bytes = (size_t{4} << 20) - 100;
+  void* first = nullptr;
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> storage,
+                         Storage::Allocate(bytes, Device::Cpu(), true));
+    first = storage->data();
+    std::memset(first, 0x5a, bytes);
+  }
+  // Within the same pages: the same buffer, still pinned.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> again,
+                       Storage::Allocate(bytes + 50, Device::Cpu(), true));
+  EXPECT_EQ(again->data(), first);
+  EXPECT_TRUE(again->pinned());
+  // Never one that is live; never an unpinned allocation.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> other,
+                       Storage::Allocate(bytes, Device::Cpu(), true));
+  EXPECT_NE(other->data(), again->data());
+  void* held = again->data();
+  again.reset();
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> heap,
+      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+  EXPECT_NE(heap->data(), held);
+  // A device copy through the reused buffer moves the right bytes.
+  ASSERT_OK_AND_ASSIGN(
+      Tensor pinned,
+      Tensor::Full({1000}, 2.5, TensorOptions().WithPinMemory(true)));
+  ASSERT_OK_AND_ASSIGN(Tensor on_device, pinned.To(Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(Tensor back, on_device.To(Device::Cpu()));
+  EXPECT_EQ(back.data<float>()[999], 2.5f);
+}
+
 TEST(StorageTest, CudaWithoutDeviceIsFailedPrecondition) {
   if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is visible";
   EXPECT_THAT(Storage::Allocate(16, Device::Cuda(), false),
