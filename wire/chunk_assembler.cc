@@ -18,52 +18,100 @@
 namespace tessera {
 namespace internal_chunk_assembler {
 
-// Copies verified byte ranges of a pinned host staging tensor into a
-// contiguous CUDA destination of the same size, asynchronously, on a
-// stream of the destination's device. Holds both tensors, and its
-// destructor waits for the copies in flight before letting them go.
+// Lands verified chunks in a contiguous CUDA destination through a ring of
+// pinned host slots: a chunk is received and hashed in a slot, then copied
+// to its offset in the destination asynchronously (cudaMemcpyAsync on a
+// stream of the destination's device), and the slot is reused once that
+// copy is done (an event per slot). So the pinned memory a stream holds is
+// kSlots chunks, not the shard (a 1 GiB shard used to pin 1 GiB per fetch,
+// which cost more than the transfer), and slots come from the pinned-buffer
+// cache of storage.cc. The destructor waits for the copies in flight
+// before the slots and the destination are let go.
 class DeviceLanding {
  public:
+  // Chunks in flight to the device while the next ones are received.
+  static constexpr int kSlots = 4;
+
   static absl::StatusOr<std::unique_ptr<DeviceLanding>> Create(
-      const Tensor& staging, const Tensor& destination) {
-    ASSIGN_OR_RETURN(
-        CudaStream stream,
-        CudaStream::Create(destination.device().index().value_or(0)));
+      const Tensor& destination) {
+    const int device = destination.device().index().value_or(0);
+    ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create(device));
     // The destination may still be being written on the legacy default
     // stream (a cudaMemset that zeroed it, say), which this stream does not
     // wait for by itself.
     RETURN_IF_ERROR(stream.WaitForLegacyStream());
+    std::vector<Slot> slots(kSlots);
+    for (Slot& slot : slots) {
+      ASSIGN_OR_RETURN(slot.copied, CudaEvent::Create(device));
+    }
     return std::unique_ptr<DeviceLanding>(
-        new DeviceLanding(staging, destination, std::move(stream)));
+        new DeviceLanding(destination, std::move(slots), std::move(stream)));
   }
 
-  // Enqueues the copy of bytes [offset, offset + size); `what` names the
-  // chunk in errors.
+  // Where the next chunk, of `size` bytes, is to be written: the next slot,
+  // once its previous copy is done (its error otherwise), grown to `size`
+  // when smaller. `what` names the chunk in errors.
+  absl::StatusOr<char*> Next(int64_t size, absl::string_view what) {
+    Slot& slot = slots_[next_];
+    if (slot.in_flight) {
+      RETURN_IF_ERROR(Annotated(slot.copied.Synchronize(), what));
+      slot.in_flight = false;
+    }
+    if (slot.buffer == nullptr ||
+        slot.buffer->nbytes() < static_cast<size_t>(size)) {
+      slot.buffer.reset();
+      ASSIGN_OR_RETURN(slot.buffer,
+                       Storage::Allocate(static_cast<size_t>(size),
+                                         Device::Cpu(), /*pinned=*/true));
+    }
+    return static_cast<char*>(slot.buffer->data());
+  }
+
+  // Enqueues the copy of the slot Next() returned last, holding `size`
+  // verified bytes, to [offset, offset + size) of the destination.
   absl::Status Land(int64_t offset, int64_t size, absl::string_view what) {
-    return Annotate(
+    Slot& slot = slots_[next_];
+    RETURN_IF_ERROR(Annotated(
         CudaMemcpyAsync(static_cast<char*>(destination_.data_ptr()) + offset,
-                        static_cast<const char*>(staging_.data_ptr()) + offset,
-                        static_cast<size_t>(size), stream_),
-        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+                        slot.buffer->data(), static_cast<size_t>(size),
+                        stream_),
+        what));
+    slot.in_flight = true;
+    // Should recording fail, the stream is abandoned with that error and
+    // the slot is not written again before the destructor waited.
+    RETURN_IF_ERROR(Annotated(slot.copied.Record(stream_), what));
+    next_ = (next_ + 1) % kSlots;
+    return absl::OkStatus();
   }
 
   // Waits for every copy enqueued; the first error among them.
   absl::Status Synchronize(absl::string_view what) {
-    return Annotate(
-        stream_.Synchronize(),
-        absl::StrCat(what, ": copying to ", destination_.device().ToString()));
+    return Annotated(stream_.Synchronize(), what);
   }
 
  private:
-  DeviceLanding(Tensor staging, Tensor destination, CudaStream stream)
-      : staging_(std::move(staging)),
-        destination_(std::move(destination)),
+  struct Slot {
+    std::shared_ptr<Storage> buffer;
+    CudaEvent copied;
+    bool in_flight = false;
+  };
+
+  DeviceLanding(Tensor destination, std::vector<Slot> slots, CudaStream stream)
+      : destination_(std::move(destination)),
+        slots_(std::move(slots)),
         stream_(std::move(stream)) {}
 
-  const Tensor staging_;
+  absl::Status Annotated(const absl::Status& status,
+                         absl::string_view what) const {
+    return Annotate(status, absl::StrCat(what, ": copying to ",
+                                         destination_.device().ToString()));
+  }
+
   const Tensor destination_;
+  std::vector<Slot> slots_;
+  int next_ = 0;
   // Last, so that it is destroyed first: its destructor waits for the
-  // copies that use the tensors.
+  // copies that use the slots and the destination.
   CudaStream stream_;
 };
 
@@ -186,7 +234,11 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
   RETURN_IF_ERROR(CheckCancel());
   RETURN_IF_ERROR(sequence_.CheckNext(chunk.offset, chunk.data_size,
                                       ChunkName(chunk.offset)));
-  if (!WriteAndVerify(chunk)) {
+  char* target = write_base_;
+  if (chunk.data_size > 0) {
+    ASSIGN_OR_RETURN(target, ChunkTarget(chunk.offset, chunk.data_size));
+  }
+  if (!WriteAndVerify(chunk, target)) {
     return absl::DataLossError(
         absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
   }
@@ -301,23 +353,29 @@ absl::Status ShardAssembler::PrepareDestination(
     write_base_ = static_cast<char*>(destination_.data_ptr());
     return absl::OkStatus();
   }
+  if (destination_.device().is_cuda() && destination_.is_contiguous() &&
+      destination_.nbytes() > 0) {
+    absl::StatusOr<std::unique_ptr<internal_chunk_assembler::DeviceLanding>>
+        landing = internal_chunk_assembler::DeviceLanding::Create(destination_);
+    RETURN_IF_ERROR(Annotate(landing.status(),
+                             absl::StrCat(ShardName(), ": preparing copies to ",
+                                          destination_.device().ToString())));
+    landing_ = *std::move(landing);
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(
       staging_,
       Tensor::Empty(sizes,
                     TensorOptions().WithDType(dtype).Private().WithPinMemory(
                         destination_.device().is_cuda())));
   write_base_ = static_cast<char*>(staging_.data_ptr());
-  if (destination_.device().is_cuda() && destination_.is_contiguous() &&
-      destination_.nbytes() > 0) {
-    absl::StatusOr<std::unique_ptr<internal_chunk_assembler::DeviceLanding>>
-        landing = internal_chunk_assembler::DeviceLanding::Create(staging_,
-                                                                  destination_);
-    RETURN_IF_ERROR(Annotate(landing.status(),
-                             absl::StrCat(ShardName(), ": preparing copies to ",
-                                          destination_.device().ToString())));
-    landing_ = *std::move(landing);
-  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<char*> ShardAssembler::ChunkTarget(int64_t offset,
+                                                  int64_t length) {
+  if (landing_ == nullptr) return write_base_ + offset;
+  return landing_->Next(length, ChunkName(offset));
 }
 
 absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
@@ -331,7 +389,8 @@ absl::StatusOr<char*> ShardAssembler::Place(int64_t offset, int64_t length) {
         absl::StrCat(ChunkName(offset), ": empty chunk"));
   }
   RETURN_IF_ERROR(sequence_.CheckNext(offset, length, ChunkName(offset)));
-  return write_base_ + offset;
+  ASSIGN_OR_RETURN(placed_, ChunkTarget(offset, length));
+  return placed_;
 }
 
 absl::Status ShardAssembler::CheckCancel() const {
@@ -344,7 +403,7 @@ absl::Status ShardAssembler::CheckCancel() const {
 absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
                                     uint64_t checksum) {
   RETURN_IF_ERROR(ChunkSequence::CheckChecksum(
-      XXH3_64bits(write_base_ + offset, static_cast<size_t>(length)), checksum,
+      XXH3_64bits(placed_, static_cast<size_t>(length)), checksum,
       ChunkName(offset)));
   if (landing_ != nullptr) {
     RETURN_IF_ERROR(landing_->Land(offset, length, ChunkName(offset)));
@@ -354,10 +413,9 @@ absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
   return absl::OkStatus();
 }
 
-bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk) {
+bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk, char* out) {
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
-  char* out = write_base_ + chunk.offset;
   for (absl::string_view view : chunk.data) {
     while (!view.empty()) {
       const size_t piece = std::min(view.size(), kHashCopyPieceBytes);

@@ -83,15 +83,17 @@ class ChunkSequence {
 // Messages are parsed from their wire bytes without copying the payload,
 // which is then written at its offset in one pass (hashing as it goes):
 // straight into the destination when it is contiguous host memory,
-// otherwise into a contiguous host staging buffer (pinned for a CUDA
-// destination). For a contiguous CUDA destination, each chunk's bytes are
-// copied host -> device as soon as the chunk is verified (cudaMemcpyAsync
-// on a stream of the destination's device, after the work already queued
-// on its legacy default stream), so that the copy overlaps receiving the
-// next chunk; Finish() waits for those copies and reports their CUDA
-// errors. Other (strided) destinations get the staging buffer's bytes in
-// one copy in Finish(). Destroying an assembler waits for its copies in
-// flight, so an abandoned stream never leaves a copy reading freed memory.
+// otherwise into a contiguous host staging buffer. A contiguous CUDA
+// destination needs no staging buffer of the shard's size: each chunk is
+// received into one of a few pinned, chunk-sized slots and copied host ->
+// device as soon as it is verified (cudaMemcpyAsync on a stream of the
+// destination's device, after the work already queued on its legacy
+// default stream), so that the copy overlaps receiving the next chunks; a
+// slot is reused once its copy is done. Finish() waits for those copies
+// and reports their CUDA errors. Other (strided) destinations, CUDA ones
+// through a pinned buffer, get the staging buffer's bytes in one copy in
+// Finish(). Destroying an assembler waits for its copies in flight, so an
+// abandoned stream never leaves a copy reading freed memory.
 class ShardAssembler {
  public:
   // Writes into `destination`, a view of any strides on the CPU or CUDA.
@@ -185,8 +187,11 @@ class ShardAssembler {
   absl::Status StartFromHeader(const ParsedChunk& chunk);
   absl::Status PrepareDestination(DType dtype,
                                   const std::vector<int64_t>& sizes);
-  // Writes the payload at its offset; false on a checksum mismatch.
-  bool WriteAndVerify(const ParsedChunk& chunk);
+  // Where a chunk's bytes are written: at its offset in the destination or
+  // the staging buffer, or in the next slot of landing_.
+  absl::StatusOr<char*> ChunkTarget(int64_t offset, int64_t length);
+  // Writes the payload at `out`; false on a checksum mismatch.
+  bool WriteAndVerify(const ParsedChunk& chunk, char* out);
   // "chunk at offset 4096 of shard 3 of tensor t"
   std::string ChunkName(int64_t offset) const;
   // "shard 3 of tensor t"
@@ -205,10 +210,13 @@ class ShardAssembler {
   std::optional<TensorOptions> allocate_;
   // Defined when chunks cannot be written into the destination directly.
   Tensor staging_;
-  // Set for a contiguous CUDA destination: lands each verified chunk of
-  // staging_ in it.
+  // Set for a contiguous CUDA destination (then staging_ is not): receives
+  // each chunk in a pinned slot and lands it once verified.
   std::unique_ptr<internal_chunk_assembler::DeviceLanding> landing_;
+  // Where chunk bytes go by offset, without landing_.
   char* write_base_ = nullptr;
+  // Where Place put the last chunk, for Verify.
+  char* placed_ = nullptr;
   std::optional<ShardMetadata> metadata_;
   ChunkSequence sequence_{absl::StatusCode::kDataLoss, "shard"};
 };
