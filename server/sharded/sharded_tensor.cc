@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/region_transfer.h"
+#include "client/shard_client.h"
 #include "common/proto_convert.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
@@ -870,6 +872,65 @@ class ShardedTensorGather {
     return absl::OkStatus();
   }
 
+  // Whether root `root` pulls the other members' shards from their shard
+  // servers instead of receiving them through the group's Gather. Decided
+  // from what every member knows alike (the agreed metadata, the group's
+  // device, whether RPC is up), so all members choose the same way. Pulling
+  // runs one transfer per remote shard in parallel, over the fastest path
+  // each owner offers: on one host the local path (a copy from the owner's
+  // memory, no socket), else one data-plane stream per owner; Gloo's
+  // Gather receives every peer's bytes through one thread. Worth it for
+  // large shards only: it costs two small collectives (a barrier, so that
+  // every shard is registered, and the outcome), and one fetch per shard.
+  bool Pulls(int root) const {
+    if (!state_.registered || !state_.rank->rpc_initialized() ||
+        state_.rank->rpc_rank() != state_.rank->rank() || !device_.is_cpu()) {
+      return false;
+    }
+    const auto element_bytes = static_cast<int64_t>(
+        ElementSize(state_.metadata->tensor_properties.dtype));
+    const auto& shards = state_.metadata->shards_metadata;
+    int64_t remote_bytes = 0;
+    int64_t remote_shards = 0;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (layout_.group_rank[i] == root || shards[i].numel() == 0) continue;
+      remote_bytes += shards[i].numel() * element_bytes;
+      ++remote_shards;
+    }
+    return remote_shards > 0 && remote_bytes >= kPullMinBytes &&
+           remote_bytes / remote_shards >= kPullMinShardBytes;
+  }
+
+  // On the root, when Pulls(): every shard into its box of `out`, the
+  // local ones copied, the others fetched from their owners, in parallel.
+  absl::Status Pull(const Tensor& out) const {
+    const Rank& rank = *state_.rank;
+    const auto& shards = state_.metadata->shards_metadata;
+    // The local index of each of this rank's shards.
+    std::vector<size_t> local_index(shards.size(), 0);
+    for (size_t i = 0, next = 0; i < shards.size(); ++i) {
+      if (state_.owners[i] == rank.rank()) local_index[i] = next++;
+    }
+    FetchOptions options;
+    options.timeout = rank.options().timeout;
+    const std::vector<int64_t> origin(out.dim(), 0);
+    return ForEachRegionPiece(
+        shards, origin, out, kPullParallelism,
+        [&](const RegionPiece& piece) -> absl::Status {
+          const int owner = state_.owners[piece.shard];
+          if (owner == rank.rank()) {
+            return CopyInto(
+                state_.local_shards[local_index[piece.shard]].tensor,
+                piece.view);
+          }
+          ASSIGN_OR_RETURN(std::shared_ptr<ShardClient> client,
+                           rank.ClientFor(owner));
+          return client->FetchShardInto(state_.tensor_id,
+                                        static_cast<int64_t>(piece.shard),
+                                        piece.view, options);
+        });
+  }
+
   // This rank's shards packed into one buffer: the shard itself when it is
   // the only one and dense on the group's device (no copy), else a copy.
   absl::StatusOr<Tensor> PackLocal() const {
@@ -972,6 +1033,12 @@ class ShardedTensorGather {
             .Private());
   }
 
+  // Pulls() thresholds: bytes held outside the root in all, and per shard.
+  static constexpr int64_t kPullMinBytes = int64_t{8} << 20;
+  static constexpr int64_t kPullMinShardBytes = int64_t{1} << 20;
+  // Remote shards fetched at once.
+  static constexpr int kPullParallelism = 8;
+
   const ShardedTensor::State& state_;
   PackedLayout layout_;
   Device device_ = Device::Cpu();
@@ -992,6 +1059,14 @@ absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "gather: dst rank ", dst, " is not in the process group ([",
         absl::StrJoin(state_->group->global_ranks(), ", "), "])"));
+  }
+  if (gather.Pulls(*root)) {
+    // Every member registered its shards before calling (they are
+    // registered when the tensor is made); the barrier says so. The others
+    // then hold their shards until the root's outcome, which all return.
+    RETURN_IF_ERROR(state_->group->Barrier());
+    return AllGatherStatus(
+        *state_->group, my_rank == dst ? gather.Pull(out) : absl::OkStatus());
   }
   ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
   // Every member sizes its buffers from the tensor's metadata, agreed

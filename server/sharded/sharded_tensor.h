@@ -219,8 +219,15 @@ class ShardedTensor {
   // st.gather(dst, out) (collective over the group): the global rank `dst`
   // receives the whole tensor into `out` (a view of size() and this
   // tensor's dtype, on any device); the other members pass an undefined
-  // Tensor. One Gather of each rank's packed shard bytes — no per-shard
-  // messages, no dtype conversion, empty shards welcome. INVALID_ARGUMENT
+  // Tensor. Small tensors: one Gather of each rank's packed shard bytes —
+  // no per-shard messages, no dtype conversion, empty shards welcome. With
+  // RPC up, a CPU group and shards of 1 MiB and more (8 MiB outside `dst`
+  // in all), `dst` instead pulls every remote shard from its owner's shard
+  // server straight into its box of `out`, several at once (the local path
+  // on one host, the data plane across hosts), between a barrier and an
+  // exchange of the outcome; a failed fetch fails every member with dst's
+  // error ("on rank 0: ..."), and `out` may then hold part of the
+  // tensor. INVALID_ARGUMENT
   // with PyTorch's wording: "Argument ``dst_tensor`` must be specified on
   // destination rank 1", "Argument ``dst_tensor`` have size (4, 4),but
   // should be (10, 20)", "Argument ``dst_tensor`` must NOT be specified on

@@ -662,6 +662,88 @@ TEST_P(TestShardedTensorChunked, GatherPlacesEveryValueForEveryLayout) {
   }
 }
 
+// Large CPU gathers (shards of 1 MiB and more, 8 MiB outside dst) are
+// pulled by dst from the owners' shard servers, several at once, straight
+// into `out`: every value lands in its place for row and column chunks,
+// several shards per rank and a strided `out`.
+TEST_P(TestShardedTensorChunked, LargeGathersPlaceEveryValue) {
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  constexpr int64_t kRows = 4096, kColumns = 1024;  // 16 MiB of float32.
+  struct Layout {
+    int64_t dim;
+    std::vector<int> ranks;
+  };
+  for (const Layout& layout : {Layout{0, {0, 1, 2, 3}}, Layout{1, {3, 2, 1, 0}},
+                               Layout{0, {0, 1, 2, 3, 0, 1, 2, 3}}}) {
+    SCOPED_TRACE(absl::StrCat("chunks along dim ", layout.dim, " over ",
+                              layout.ranks.size(), " shards"));
+    ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(layout.dim, layout.ranks));
+    ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                         ShardedTensor::Zeros(spec, {kRows, kColumns}));
+    // Element (i, j) holds kColumns * i + j (exact in float32: < 2^24).
+    for (const Shard& shard : st.local_shards()) {
+      ASSERT_OK_AND_ASSIGN(Tensor host, shard.tensor.To(Device::Cpu()));
+      const absl::Span<const int64_t> at = shard.metadata.shard_offsets();
+      const int64_t columns = host.sizes()[1];
+      float* data = host.data<float>();
+      for (int64_t e = 0; e < host.numel(); ++e) {
+        data[e] = static_cast<float>(kColumns * (at[0] + e / columns) + at[1] +
+                                     e % columns);
+      }
+      ASSERT_OK(CopyInto(host, shard.tensor));
+    }
+    Tensor dense, wide, strided;
+    if (rank() == 2) {
+      const TensorOptions on = TensorOptions().WithDevice(DeviceOf(2));
+      ASSERT_OK_AND_ASSIGN(dense, Tensor::Zeros({kRows, kColumns}, on));
+      ASSERT_OK_AND_ASSIGN(wide, Tensor::Zeros({kRows, kColumns + 2}, on));
+      ASSERT_OK_AND_ASSIGN(strided, wide.Narrow(1, 1, kColumns));
+    }
+    ASSERT_OK(st.Gather(2, dense));
+    ASSERT_OK(st.Gather(2, strided));
+    if (rank() != 2) continue;
+    for (const Tensor* out : {&dense, &strided}) {
+      ASSERT_OK_AND_ASSIGN(Tensor host, out->To(Device::Cpu()));
+      ASSERT_OK_AND_ASSIGN(host, host.Contiguous());
+      const float* data = host.data<float>();
+      for (int64_t e = 0; e < kRows * kColumns; ++e) {
+        ASSERT_EQ(data[e], static_cast<float>(e)) << e;
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(Tensor host, wide.To(Device::Cpu()));
+    for (int64_t r = 0; r < kRows; ++r) {
+      ASSERT_EQ(host.data<float>()[r * (kColumns + 2)], 0.0f);
+      ASSERT_EQ(host.data<float>()[r * (kColumns + 2) + kColumns + 1], 0.0f);
+    }
+  }
+}
+
+// When dst cannot pull a shard (here its owner withdrew it from its shard
+// server before the gather), every member fails with dst's error instead
+// of returning as if the gather had worked.
+TEST_P(TestShardedTensorChunked, LargeGatherFailsEveryMemberTogether) {
+  if (cuda()) GTEST_SKIP() << "CUDA tensors gather over NCCL";
+  RANKS_TEST_BEGIN();
+  ASSERT_OK(InitComms());
+  ASSERT_OK_AND_ASSIGN(ShardingSpec spec, Chunk(0, {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(ShardedTensor st,
+                       ShardedTensor::Ones(spec, {4096, 1024}));
+  Tensor out;
+  if (rank() == 0) {
+    ASSERT_OK_AND_ASSIGN(out, Tensor::Zeros({4096, 1024}));
+  }
+  if (rank() == 3) {
+    ASSERT_TRUE(rank_runtime()->registry().Unregister(st.tensor_id()));
+  }
+  EXPECT_THAT(
+      st.Gather(0, out),
+      StatusIs(
+          absl::StatusCode::kNotFound,
+          AllOf(HasSubstr("on rank 0"),
+                HasSubstr(absl::StrCat("unknown tensor ", st.tensor_id())))));
+}
+
 TEST_P(TestShardedTensorChunked, GatherArgumentErrors) {
   RANKS_TEST_BEGIN();
   ASSERT_OK(InitComms());

@@ -51,6 +51,13 @@ out["read"] = bool(np.array_equal(w.read(), values))  # 2 MiB
 out["box"] = bool(np.array_equal(w[1000:1030, 5:9], values[1000:1030, 5:9]))
 out["health"] = [ok for _, _, ok in c.health()]
 c.delete(w.name)
+# 8 MiB per daemon: the coordinating daemon pulls its peer's shard from
+# that peer's shard server, which takes the same TLS and tokens.
+big = np.arange(4096 * 1024, dtype=np.float32).reshape(4096, 1024)
+g = c.put("secure_big_" + mode, big,
+          tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"]))
+out["gather"] = bool(np.array_equal(c.gather(g.name), big))
+c.delete(g.name)
 print(json.dumps(out))
 """
 
@@ -101,11 +108,11 @@ def test_tls_and_token_as_arguments(secure):
     # Without TLS or with a wrong token: an exception, at once.
     assert out["plaintext"] == "UnavailableError"
     assert out["wrong token"] == "UnauthenticatedError"
-    assert out["read"] and out["box"]
+    assert out["read"] and out["box"] and out["gather"]
     assert out["health"] == [True, True]
 
 
 def test_tls_and_token_from_the_environment(secure):
     out = run_child("environment", secure, secure)
-    assert out["read"] and out["box"]
+    assert out["read"] and out["box"] and out["gather"]
     assert out["health"] == [True, True]
