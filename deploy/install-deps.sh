@@ -16,6 +16,7 @@ packages=(
   clang-format clang-14 libclang-rt-14-dev
   openssl libssl-dev
   libeigen3-dev libspdlog-dev
+  prometheus-cpp-dev
   golang-etcd-server-dev etcd-server
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   python3-tqdm

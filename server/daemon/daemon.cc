@@ -210,6 +210,13 @@ absl::Status Daemon::Init() {
         status.code(),
         absl::StrCat("starting the control service: ", status.message()));
   }
+  if (o.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(o.metrics_host, o.metrics_port);
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    spdlog::info("metrics on http://{}/metrics", metrics_->address());
+  }
   SetServing(*rank_, true);
   return absl::OkStatus();
 }

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "server/daemon/control_service.h"
 #include "server/daemon/daemon_options.h"
+#include "server/metrics/metrics.h"
 #include "server/rank/rank.h"
 #include "server/store/grpc_store.h"
 
@@ -58,6 +59,10 @@ class Daemon {
   const std::string& address() const { return address_; }
   const std::string& data_address() const { return data_address_; }
   const std::shared_ptr<Rank>& rank() const { return rank_; }
+  // "host:port" of the metrics endpoint; "" when not served.
+  std::string metrics_address() const {
+    return metrics_ != nullptr ? metrics_->address() : std::string();
+  }
 
   // See the file comment. Idempotent; returns once everything stopped
   // (within about `grace` plus the store server's own grace on rank 0).
@@ -77,6 +82,8 @@ class Daemon {
   std::shared_ptr<Rank> rank_;
   std::string address_;
   std::string data_address_;
+  // Serves the process's metrics (--metrics-port); null when not asked for.
+  std::unique_ptr<MetricsEndpoint> metrics_;
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

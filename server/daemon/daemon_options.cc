@@ -414,6 +414,22 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
                      ParseInt(Setting{"--port", *flags.port}, 0, kMaxPort));
   }
 
+  if (flags.metrics_port.has_value()) {
+    ASSIGN_OR_RETURN(
+        options.metrics_port,
+        ParseInt(Setting{"--metrics-port", *flags.metrics_port}, 0, kMaxPort));
+  }
+  options.metrics_host = flags.metrics_host.value_or("127.0.0.1");
+  if (options.metrics_host.empty()) {
+    return absl::InvalidArgumentError("--metrics-host must not be empty");
+  }
+  if (!IsLoopbackHost(options.metrics_host) && !flags.insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-host ", options.metrics_host,
+        " listens beyond this host, and the metrics endpoint authenticates "
+        "nobody: pass --insecure on a network only trusted users reach"));
+  }
+
   ASSIGN_OR_RETURN(
       options.timeout,
       ParsePositiveDuration("--timeout", flags.timeout.value_or("60s")));
@@ -610,13 +626,13 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
       "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
       "reserve]")
       ->type_name("SIZE");
-  // TLS (wire/credentials.h).
+  // TLS (wire/credentials.h) and metrics (server/metrics/metrics.h).
   const struct {
     const char* name;
     std::optional<std::string>* field;
     const char* help;
     const char* type;
-  } tls_flags[] = {
+  } described_flags[] = {
       {"--tls-cert", &flags.tls_cert,
        "PEM certificate chain: serve (and dial peers) over TLS; reloaded "
        "when the file changes",
@@ -630,8 +646,16 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
        "seconds between checks of the TLS files for rotated certificates "
        "[default 60]",
        "SECONDS"},
+      {"--metrics-port", &flags.metrics_port,
+       "serve Prometheus metrics on http://--metrics-host:PORT/metrics; 0 "
+       "picks a free one [default: not served]",
+       "PORT"},
+      {"--metrics-host", &flags.metrics_host,
+       "where --metrics-port listens (beyond loopback only with --insecure: "
+       "the endpoint authenticates nobody) [default 127.0.0.1]",
+       "HOST"},
   };
-  for (const auto& flag : tls_flags) {
+  for (const auto& flag : described_flags) {
     add(flag.name, *flag.field, flag.help)->type_name(flag.type);
   }
   add("--auth-token-file", flags.auth_token_file,

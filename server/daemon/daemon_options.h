@@ -23,6 +23,7 @@
 //   --auth-token-file                                       none: no tokens
 //   --insecure, --reflection                                false, true
 //   --local-users (repeatable)                              none
+//   --metrics-port, --metrics-host                          off, 127.0.0.1
 //
 // Safe defaults: a daemon that does not authenticate its callers (neither
 // mutual TLS, --tls-ca, nor tokens, --auth-token-file) listens on
@@ -149,6 +150,12 @@ struct DaemonOptions {
   bool reflection = true;
   // Users besides the daemon's own and root that may use the local path.
   std::vector<uid_t> local_users;
+  // Prometheus metrics (server/metrics/metrics.h) on
+  // http://metrics_host:metrics_port/metrics; port -1: not served, 0: a
+  // free one. The endpoint authenticates nobody (it shows counts, never
+  // tensor names or data), so a host beyond loopback needs --insecure.
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
 
   // Whether callers must prove who they are: mutual TLS or tokens.
   bool authenticates() const {
@@ -164,7 +171,8 @@ struct DaemonFlags {
       master_addr, master_port, store, store_tls_ca, store_tls_cert,
       store_tls_key, host, port, advertise_host, device, timeout, store_timeout,
       shutdown_grace, lease, address_file, log_level, memory_limit, tls_cert,
-      tls_key, tls_ca, tls_refresh, auth_token_file, reflection;
+      tls_key, tls_ca, tls_refresh, auth_token_file, reflection, metrics_port,
+      metrics_host;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/slice.h"
+#include "server/metrics/metrics.h"
 #include "wire/chunk_codec.h"
 #include "wire/grpc_status.h"
 
@@ -114,6 +115,9 @@ class ChunkStreamReactor final
     message_ = EncodeShardChunk(chunk.offset == 0 ? &header_ : nullptr,
                                 chunk.offset, SliceOf(chunk));
     if (source_->done()) {
+      // Every chunk is handed to gRPC: counted as served.
+      CountTransfer(MetricsTransport::kGrpc, MetricsDirection::kRead,
+                    header_.total_bytes());
       StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       StartWrite(&message_);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "server/metrics/metrics.h"
 #include "server/serve/chunk_source.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
@@ -187,6 +188,8 @@ absl::Status DataPlaneServer::AnswerFetch(
     chunk = HostChunk();  // Written: its staging buffer may take a copy.
     ASSIGN_OR_RETURN(chunk, (*source)->Next());
   }
+  CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
+                prepared->header.total_bytes());
   return absl::OkStatus();
 }
 
@@ -294,6 +297,10 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
                         ") of the box were written, the chunk's own bytes "
                         "hold what arrived, the rest is unchanged")));
   done.set_bytes_written(written);
+  if (failed.ok()) {
+    CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kWrite,
+                  total);
+  }
   return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }
 void DataPlaneServer::Shutdown(absl::Duration grace) {

@@ -15,6 +15,7 @@
 #include "common/tensor/cuda_util.h"
 #include "io/errno.h"
 #include "io/unix_socket.h"
+#include "server/metrics/metrics.h"
 #include "tessera/v1/local.pb.h"
 #include "wire/chunk_codec.h"
 
@@ -141,22 +142,33 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
         if (!allowed) {
           return SendError(fd, refused, absl::Now() + options_.io_timeout).ok();
         }
+        bool write = false;
         absl::StatusOr<std::shared_ptr<const FetchView>> lent =
-            Answer(fd, message, same_user, may_write);
+            Answer(fd, message, same_user, may_write, &write);
         if (!lent.ok()) return false;
         if (*lent == nullptr) return true;
+        const int64_t bytes = (*lent)->header.total_bytes();
         absl::StatusOr<std::string> done =
             ReceiveLocalMessage(fd, absl::Now() + options_.lease_timeout);
         // Anything but "done" (a close, a timeout, another message) ends
         // the connection; the lease ends either way.
         lent->reset();
         active_leases_.fetch_sub(1);
-        return done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
+        const bool completed =
+            done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
+        if (completed) {
+          CountTransfer(
+              MetricsTransport::kLocalPath,
+              write ? MetricsDirection::kWrite : MetricsDirection::kRead,
+              bytes);
+        }
+        return completed;
       });
 }
 
 absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
-    int fd, const std::string& message, bool same_user, bool may_write) {
+    int fd, const std::string& message, bool same_user, bool may_write,
+    bool* lent_writable) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;
   v1::LocalFetchRequest request;
   if (!request.ParseFromString(message)) {
@@ -196,6 +208,7 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
   UniqueFd lent_file;
   absl::Status shareable;
   const bool write = request.write();
+  *lent_writable = write;
   if (write && !may_write) {
     shareable = absl::FailedPreconditionError(
         options_.accept_writes

@@ -351,6 +351,36 @@ TEST_F(DaemonOptionsTest, RankOutsideWorld) {
                        "--world-size must be in [1, 1048576], got 0"));
 }
 
+// The metrics endpoint is off unless asked for, on loopback unless told
+// otherwise, and beyond loopback only with --insecure (it authenticates
+// nobody, whatever protects the gRPC surfaces).
+TEST_F(DaemonOptionsTest, MetricsEndpoint) {
+  DaemonFlags flags = RankOf(0, 1);
+  ASSERT_OK_AND_ASSIGN(DaemonOptions off, Resolve(flags));
+  EXPECT_EQ(off.metrics_port, -1);
+  flags.metrics_port = "0";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions any, Resolve(flags));
+  EXPECT_EQ(any.metrics_port, 0);
+  EXPECT_EQ(any.metrics_host, "127.0.0.1");
+  flags.metrics_port = "65536";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--metrics-port must be in [0, 65535], got 65536"));
+  flags.metrics_port = "9464";
+  for (const auto& [host, error] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"", "--metrics-host must not be empty"},
+           {"0.0.0.0", "--metrics-host 0.0.0.0 listens beyond this host"}}) {
+    flags.metrics_host = host;
+    EXPECT_THAT(Resolve(flags),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(error)));
+  }
+  flags.insecure = true;
+  ASSERT_OK_AND_ASSIGN(DaemonOptions beyond, Resolve(flags));
+  EXPECT_EQ(beyond.metrics_host, "0.0.0.0");
+  EXPECT_EQ(beyond.metrics_port, 9464);
+}
+
 TEST_F(DaemonOptionsTest, BadNumbersNameTheirSource) {
   DaemonFlags flags = RankOf(0, 1);
   flags.rank = "one";

@@ -1,0 +1,203 @@
+// Prometheus metrics of real tessera-server daemons (--metrics-port):
+// after known traffic over each transport, every daemon's counters moved by
+// exactly the bytes it served, scraped from its HTTP endpoint.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "common/sharding_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_cluster_test.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonClusterOptions;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 2;
+// float32 [512, 256] in two row shards: 256 KiB each, above the daemons'
+// memory-file threshold, so the local path can lend them.
+constexpr int64_t kShardBytes = 256 * 256 * 4;
+
+// The body of GET http://<address>/metrics ("" when it cannot be had).
+std::string Scrape(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return "";
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    const std::string request =
+        "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, request.data(), request.size()) ==
+        static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) {
+        response.append(buffer, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The value of `name`'s series with these labels in a scrape; -1 when the
+// series is missing.
+double Series(const std::string& scrape, const std::string& name,
+              const std::string& transport, const std::string& direction) {
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (!absl::ConsumePrefix(&line, name + "{")) continue;
+    const size_t close = line.find('}');
+    if (close == absl::string_view::npos) continue;
+    const absl::string_view labels = line.substr(0, close);
+    if (labels.find(absl::StrCat("transport=\"", transport, "\"")) ==
+            absl::string_view::npos ||
+        labels.find(absl::StrCat("direction=\"", direction, "\"")) ==
+            absl::string_view::npos) {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(close + 1)),
+                         &value)) {
+      return value;
+    }
+  }
+  return -1;
+}
+
+class MetricsTest : public ::tessera::testing::DaemonClusterTest {
+ protected:
+  static void SetUpTestSuite() {
+    DaemonClusterOptions options;
+    options.world_size = kWorld;
+    // Every daemon serves its metrics on a free loopback port.
+    options.extra_args = {"--timeout", "10", "--metrics-port", "0"};
+    options.server_path = TESSERA_SERVER_PATH;
+    StartSuiteCluster(std::move(options));
+  }
+
+  // Where `rank` serves its metrics, from its log line "metrics on
+  // http://<address>/metrics".
+  std::string MetricsAddress(int rank) {
+    const std::string log = cluster_->Log(rank);
+    const std::string start = "metrics on http://";
+    const size_t at = log.find(start);
+    if (at == std::string::npos) return "";
+    const size_t from = at + start.size();
+    return log.substr(from, log.find("/metrics", from) - from);
+  }
+
+  // Per rank: the (transfers, bytes) of one transport and direction.
+  std::vector<std::pair<double, double>> Counts(const std::string& transport,
+                                                const std::string& direction) {
+    std::vector<std::pair<double, double>> counts;
+    for (int r = 0; r < kWorld; ++r) {
+      const std::string scrape = Scrape(MetricsAddress(r));
+      counts.emplace_back(
+          Series(scrape, "tessera_transfers_total", transport, direction),
+          Series(scrape, "tessera_transfer_bytes_total", transport, direction));
+    }
+    return counts;
+  }
+
+  // Runs `traffic` and checks that every daemon's counters of `transport`
+  // and `direction` moved by one transfer of kShardBytes.
+  template <typename Traffic>
+  void ExpectOneShardEach(const std::string& transport,
+                          const std::string& direction, Traffic traffic) {
+    SCOPED_TRACE(absl::StrCat(transport, " ", direction));
+    const auto before = Counts(transport, direction);
+    traffic();
+    const auto after = Counts(transport, direction);
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_GE(before[r].first, 0) << "rank " << r << " has no series";
+      EXPECT_EQ(after[r].first - before[r].first, 1) << "rank " << r;
+      EXPECT_EQ(after[r].second - before[r].second, kShardBytes)
+          << "rank " << r;
+    }
+  }
+
+  static ShardingSpec Rows() {
+    const std::vector<std::string> placements = {"rank:0/cpu", "rank:1/cpu"};
+    return *ChunkShardingSpec::Create(0, placements);
+  }
+};
+
+TEST_F(MetricsTest, EveryDaemonServesItsMetricsOnLoopback) {
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string address = MetricsAddress(r);
+    ASSERT_THAT(address, ::testing::StartsWith("127.0.0.1:"))
+        << cluster_->Log(r);
+    const std::string scrape = Scrape(address);
+    EXPECT_THAT(scrape, HasSubstr("# TYPE tessera_transfer_bytes_total "
+                                  "counter"));
+    // Every series exists from the start.
+    for (const char* transport : {"grpc", "data_plane", "local_path"}) {
+      for (const char* direction : {"read", "write"}) {
+        EXPECT_GE(Series(scrape, "tessera_transfer_bytes_total", transport,
+                         direction),
+                  0)
+            << transport << " " << direction;
+      }
+    }
+  }
+}
+
+TEST_F(MetricsTest, EachTransportCountsTheBytesItServed) {
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView local,
+                       client_->Create("metered", {512, 256}, Rows()));
+  ASSERT_OK_AND_ASSIGN(Tensor data, Tensor::Full({512, 256}, 1.5));
+
+  ClientOptions data_plane;
+  data_plane.use_local_path = false;
+  ASSERT_OK_AND_ASSIGN(auto dp_client,
+                       Client::Connect(cluster_->address(0), data_plane));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView over_dp, dp_client->Open("metered"));
+  ClientOptions grpc_only = data_plane;
+  grpc_only.data_plane = false;
+  ASSERT_OK_AND_ASSIGN(auto grpc_client,
+                       Client::Connect(cluster_->address(0), grpc_only));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView over_grpc,
+                       grpc_client->Open("metered"));
+
+  ExpectOneShardEach("data_plane", "write", [&] {
+    ASSERT_OK(over_dp.Write({0, 0}, data));
+  });
+  ExpectOneShardEach("local_path", "write", [&] {
+    ASSERT_OK(local.Write({0, 0}, data));
+  });
+  ExpectOneShardEach("data_plane", "read",
+                     [&] { ASSERT_OK(over_dp.Read().status()); });
+  ExpectOneShardEach("grpc", "read",
+                     [&] { ASSERT_OK(over_grpc.Read().status()); });
+  ExpectOneShardEach("local_path", "read",
+                     [&] { ASSERT_OK(local.Read().status()); });
+  ASSERT_OK(client_->Delete("metered"));
+}
+
+}  // namespace
+}  // namespace tessera
