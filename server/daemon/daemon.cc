@@ -114,6 +114,14 @@ absl::Status Daemon::Init() {
   std::shared_ptr<MemoryBudget> budget =
       MemoryBudget::Create(memory_limit, budget_source);
   spdlog::info("memory budget: {} MiB ({})", memory_limit >> 20, budget_source);
+  // Before the rendezvous, so that a taken port fails this daemon alone.
+  if (o.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(o.metrics_host, o.metrics_port);
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    spdlog::info("metrics on http://{}/metrics", metrics_->address());
+  }
   // The store's keys and values count against rank 0's budget: a quarter
   // of it at most, set aside now.
   HashStoreLimits store_limits;
@@ -209,13 +217,6 @@ absl::Status Daemon::Init() {
     return absl::Status(
         status.code(),
         absl::StrCat("starting the control service: ", status.message()));
-  }
-  if (o.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-        MetricsEndpoint::Start(o.metrics_host, o.metrics_port);
-    if (!metrics.ok()) return metrics.status();
-    metrics_ = *std::move(metrics);
-    spdlog::info("metrics on http://{}/metrics", metrics_->address());
   }
   SetServing(*rank_, true);
   return absl::OkStatus();

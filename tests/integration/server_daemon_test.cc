@@ -317,18 +317,30 @@ TEST_F(ServerDaemonTest, BusyPortsExitOneQuickly) {
               ElementsAre(HasSubstr("port in use")))
       << second.LogTail();
 
-  // The store's port, for rank 0 of a bigger world.
-  ASSERT_OK_AND_ASSIGN(
-      Subprocess master,
-      Spawn({"--rank", "0", "--world-size", "2", "--master-port", taken,
-             "--host", "127.0.0.1", "--port", "0", "--device", "cpu"}));
-  start = absl::Now();
-  EXPECT_EQ(ExitWithin(master, absl::Seconds(10)), 1);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_THAT(ErrorLines(master.LogTail()),
-              ElementsAre(HasSubstr(
-                  absl::StrCat("cannot serve the store on 127.0.0.1:", taken))))
-      << master.LogTail();
+  // The store's port, for rank 0 of a bigger world; the metrics port,
+  // before joining a world that would wait for the daemon.
+  const struct {
+    std::vector<std::string> args;
+    std::string error;
+  } cases[] = {
+      {{"--rank", "0", "--master-port", taken},
+       absl::StrCat("cannot serve the store on 127.0.0.1:", taken)},
+      {{"--rank", "1", "--metrics-port", taken},
+       absl::StrCat("cannot serve metrics on 127.0.0.1:", taken)},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.args;
+    for (const char* more : {"--world-size", "2", "--host", "127.0.0.1",
+                             "--port", "0", "--device", "cpu"}) {
+      args.push_back(more);
+    }
+    ASSERT_OK_AND_ASSIGN(Subprocess daemon, Spawn(args));
+    start = absl::Now();
+    EXPECT_EQ(ExitWithin(daemon, absl::Seconds(10)), 1);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_THAT(ErrorLines(daemon.LogTail()), ElementsAre(HasSubstr(c.error)))
+        << daemon.LogTail();
+  }
   // The daemon that held the port is unharmed.
   EXPECT_EQ(CheckHealth(cluster->address(0)).value_or(kUnknown), kServing);
 }
