@@ -1,5 +1,7 @@
 #include "io/socket.h"
 
+#include "absl/strings/match.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -23,6 +25,13 @@
 #include "io/errno.h"
 
 namespace tessera {
+
+std::string JoinHostPort(absl::string_view host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
 namespace {
 
 absl::Status Errno(absl::string_view what) {

@@ -35,6 +35,9 @@ void InterruptSocket(int fd);
 absl::Status AwaitReady(int fd, short events, absl::Time deadline,
                         absl::string_view what);
 
+// "host:port", bracketing a bare IPv6 host ("[::1]:80").
+std::string JoinHostPort(absl::string_view host, int port);
+
 // Connects to "host:port" (IPv4 or a resolvable name).
 absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
                                     absl::Time deadline);

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "io/file.h"
+#include "io/socket.h"
 #include "server/store/etcd_store.h"
 #include "server/store/hash_store.h"
 #include "wire/auth.h"
@@ -24,14 +25,6 @@
 
 namespace tessera::daemon {
 namespace {
-
-// "host:port", bracketing a bare IPv6 host.
-std::string JoinHostPort(const std::string& host, int port) {
-  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return absl::StrCat(host, ":", port);
-}
 
 // Where rank 0 serves the store: only on loopback when the master address
 // is loopback (nobody else could dial it), else on every interface.

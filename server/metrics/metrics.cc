@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "io/socket.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -84,9 +85,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
         absl::StrCat("metrics port ", port, " is not in [0, 65535]"));
   }
   // civetweb's listening syntax: an IPv6 host goes in brackets.
-  const bool ipv6 = host.find(':') != absl::string_view::npos;
-  const std::string bind = ipv6 ? absl::StrCat("[", host, "]:", port)
-                                : absl::StrCat(host, ":", port);
+  const std::string bind = JoinHostPort(host, port);
   auto impl = std::make_unique<Impl>();
   try {
     impl->exposer = std::make_unique<prometheus::Exposer>(bind, 2);
@@ -98,10 +97,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   impl->exposer->RegisterCollectable(SharedRegistry());
   const std::vector<int> ports = impl->exposer->GetListeningPorts();
   const int bound = ports.empty() ? port : ports.front();
-  std::string address = ipv6 ? absl::StrCat("[", host, "]:", bound)
-                             : absl::StrCat(host, ":", bound);
   return std::unique_ptr<MetricsEndpoint>(
-      new MetricsEndpoint(std::move(impl), std::move(address)));
+      new MetricsEndpoint(std::move(impl), JoinHostPort(host, bound)));
 }
 
 MetricsEndpoint::MetricsEndpoint(std::unique_ptr<Impl> impl,

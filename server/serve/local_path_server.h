@@ -114,11 +114,11 @@ class LocalPathServer {
   // Answers one request. Returns what the client was lent (to hold until
   // it is done; null when nothing was), or an error meaning the connection
   // must be closed.
-  // `may_write`: the peer may be lent memory writable; *write says
+  // `may_write`: the peer may be lent memory writable; *lent_writable says
   // whether what was lent is lent for a write.
   absl::StatusOr<std::shared_ptr<const FetchView>> Answer(
       int fd, const std::string& message, bool same_user, bool may_write,
-      bool* write);
+      bool* lent_writable);
 
   const std::string address_;
   const std::shared_ptr<ShardRegistry> registry_;
