@@ -36,6 +36,7 @@ struct MethodRole {
 // each service's descriptor.
 constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/GetCluster", Role::kRead},
+    {"tessera.v1.ControlService/GetStats", Role::kRead},
     {"tessera.v1.ControlService/ListTensors", Role::kRead},
     {"tessera.v1.ControlService/DescribeTensor", Role::kRead},
     {"tessera.v1.ControlService/ReadRegion", Role::kRead},

@@ -6,8 +6,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/nonce.h"
 #include "common/status_macros.h"
+#include "server/metrics/metrics.h"
 #include "server/store/prefix_store.h"
 #include "spdlog/spdlog.h"
 
@@ -94,9 +96,13 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ReformableGroup::Current() const {
 }
 
 absl::Status ReformableGroup::Forward(
+    const char* collective,
     absl::FunctionRef<absl::Status(ProcessGroup&)> call) {
   ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> group, Current());
+  const absl::Time started = absl::Now();
   absl::Status status = call(*group);
+  CountCollective(group->backend(), collective, status.ok(),
+                  absl::Now() - started);
   if (!status.ok()) {
     absl::Status usable = group->Usable();
     if (!usable.ok()) {
@@ -108,45 +114,51 @@ absl::Status ReformableGroup::Forward(
 }
 
 absl::Status ReformableGroup::Barrier() {
-  return Forward([](ProcessGroup& group) { return group.Barrier(); });
+  return Forward("barrier",
+                 [](ProcessGroup& group) { return group.Barrier(); });
 }
 absl::Status ReformableGroup::Broadcast(const Tensor& tensor, int root) {
-  return Forward(
-      [&](ProcessGroup& group) { return group.Broadcast(tensor, root); });
+  return Forward("broadcast", [&](ProcessGroup& group) {
+    return group.Broadcast(tensor, root);
+  });
 }
 absl::Status ReformableGroup::AllGather(const Tensor& input,
                                         absl::Span<const Tensor> outputs) {
-  return Forward(
-      [&](ProcessGroup& group) { return group.AllGather(input, outputs); });
+  return Forward("all_gather", [&](ProcessGroup& group) {
+    return group.AllGather(input, outputs);
+  });
 }
 absl::Status ReformableGroup::Gather(const Tensor& input,
                                      absl::Span<const Tensor> outputs,
                                      int root) {
-  return Forward(
-      [&](ProcessGroup& group) { return group.Gather(input, outputs, root); });
+  return Forward("gather", [&](ProcessGroup& group) {
+    return group.Gather(input, outputs, root);
+  });
 }
 absl::Status ReformableGroup::AllGatherAgreed(
     const Tensor& input, absl::Span<const Tensor> outputs) {
-  return Forward([&](ProcessGroup& group) {
+  return Forward("all_gather", [&](ProcessGroup& group) {
     return group.AllGatherAgreed(input, outputs);
   });
 }
 absl::Status ReformableGroup::GatherAgreed(const Tensor& input,
                                            absl::Span<const Tensor> outputs,
                                            int root) {
-  return Forward([&](ProcessGroup& group) {
+  return Forward("gather", [&](ProcessGroup& group) {
     return group.GatherAgreed(input, outputs, root);
   });
 }
 absl::Status ReformableGroup::Scatter(absl::Span<const Tensor> inputs,
                                       const Tensor& output, int root) {
-  return Forward(
-      [&](ProcessGroup& group) { return group.Scatter(inputs, output, root); });
+  return Forward("scatter", [&](ProcessGroup& group) {
+    return group.Scatter(inputs, output, root);
+  });
 }
 absl::Status ReformableGroup::AllToAll(absl::Span<const Tensor> inputs,
                                        absl::Span<const Tensor> outputs) {
-  return Forward(
-      [&](ProcessGroup& group) { return group.AllToAll(inputs, outputs); });
+  return Forward("all_to_all", [&](ProcessGroup& group) {
+    return group.AllToAll(inputs, outputs);
+  });
 }
 
 absl::Status ReformableGroup::Usable() const {

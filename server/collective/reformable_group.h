@@ -138,7 +138,10 @@ class ReformableGroup final : public ProcessGroup {
   // The current transport, or FAILED_PRECONDITION naming why there is none.
   absl::StatusOr<std::shared_ptr<ProcessGroup>> Current() const;
   // Runs `call` on the current transport and notes whether it broke it.
-  absl::Status Forward(absl::FunctionRef<absl::Status(ProcessGroup&)> call);
+  // Runs `call` on the current generation's group, counted in the metrics
+  // as `collective` (server/metrics/metrics.h).
+  absl::Status Forward(const char* collective,
+                       absl::FunctionRef<absl::Status(ProcessGroup&)> call);
   // Waits for every member to arrive at `target` (or for the store to name
   // a newer generation, which becomes the target) and forms it.
   absl::Status FormFrom(int64_t current, const ReformOptions& options);

@@ -34,6 +34,7 @@
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/refill.h"
 #include "server/daemon/region_io.h"
+#include "server/metrics/metrics.h"
 #include "server/rank/rank.h"
 #include "server/serve/fetch.h"
 #include "server/serve/shard_registry.h"
@@ -54,6 +55,9 @@ absl::Status UnknownTensor(absl::string_view name);
 absl::Status DegradedError(const v1::TensorInfo& info);
 // The method name of `op` ("CreateTensor", ...), for messages.
 const char* OpName(const v1::ControlOp& op);
+// The tensor `op` is about (names joined by "," for checkpoints; "" for
+// none), for logs.
+std::string OpTensor(const v1::ControlOp& op);
 // The budget of a daemon whose options name none: DefaultMemoryLimit for
 // a daemon alone on its host.
 inline std::shared_ptr<MemoryBudget> DefaultBudget() {
@@ -102,11 +106,13 @@ using Completion = std::function<void(const absl::Status&, OpResult)>;
 // the reactor (cancellation) or Shutdown.
 class PendingCall {
  public:
-  PendingCall(uint64_t id, std::string method, absl::Time deadline,
-              Completion completion)
+  PendingCall(uint64_t id, std::string method, std::string request_id,
+              absl::Time deadline, Completion completion)
       : id_(id),
         method_(std::move(method)),
+        request_id_(std::move(request_id)),
         deadline_(deadline),
+        created_(absl::Now()),
         completion_(std::move(completion)) {}
 
   // Runs the completion unless it ran already.
@@ -125,12 +131,18 @@ class PendingCall {
 
   uint64_t id() const { return id_; }
   const std::string& method() const { return method_; }
+  // The client's id of the call (wire/request_id.h); "" when none.
+  const std::string& request_id() const { return request_id_; }
   absl::Time deadline() const { return deadline_; }
+  // When the call arrived (its op's wait in the log counts from here).
+  absl::Time created() const { return created_; }
 
  private:
   const uint64_t id_;
   const std::string method_;
+  const std::string request_id_;
   const absl::Time deadline_;
+  const absl::Time created_;
   mutable absl::Mutex mu_;
   Completion completion_ ABSL_GUARDED_BY(mu_);
 };
@@ -186,15 +198,17 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   // A call for an op of `method` that gives up at `deadline` (the
-  // client's, capped by op_timeout); not yet queued. Attach it to its
-  // reactor, then Submit it.
+  // client's, capped by op_timeout), with the client's `request_id`; not
+  // yet queued. Attach it to its reactor, then Submit it.
   std::shared_ptr<PendingCall> NewCall(std::string method,
+                                       std::string request_id,
                                        absl::Time client_deadline,
                                        Completion completion) {
     const absl::Time deadline = CapDeadline(client_deadline);
     absl::MutexLock lock(&mu_);
     return std::make_shared<PendingCall>(next_request_id_++, std::move(method),
-                                         deadline, std::move(completion));
+                                         std::move(request_id), deadline,
+                                         std::move(completion));
   }
   // The deadline of a call: the client's, capped by op_timeout.
   absl::Time CapDeadline(absl::Time client_deadline) const {
@@ -222,6 +236,11 @@ class Core : public std::enable_shared_from_this<Core> {
   int rank() const { return rank_->rank(); }
   const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
   int64_t applied_ops() const { return applied_.load(); }
+  // This daemon's gauges (tessera_tensors, the budget, the generation,
+  // peers: docs/metrics.md), read by every scrape while registered:
+  // registered by Start(), dropped by Shutdown().
+  void RegisterGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shutdown_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class State { kNew, kRunning, kStopping, kStopped };
@@ -345,8 +364,10 @@ class Core : public std::enable_shared_from_this<Core> {
   // The op of a log entry ("op:" and the serialized ControlOp); nullopt
   // when it is malformed.
   static std::optional<v1::ControlOp> ParseEntry(absl::string_view entry);
-  // Completes the call waiting for `op` when this process coordinated it
-  // (its rank and incarnation) and the call is still pending.
+  // The call waiting for `op` when this process coordinated it (its rank
+  // and incarnation) and the call is still pending; else null.
+  std::shared_ptr<PendingCall> OwnCall(const v1::ControlOp& op) const;
+  // Completes OwnCall(op), if any.
   void FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
                      OpResult result = {});
   // UNAVAILABLE while the group re-forms and waits for a daemon, naming
@@ -465,6 +486,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::thread submitter_;
   std::thread executor_;
   std::thread lease_keeper_;
+  std::vector<std::unique_ptr<GaugeSource>> gauges_
+      ABSL_GUARDED_BY(shutdown_mu_);
   // Refills in the background (RunRefill), joined by Shutdown, and those
   // in progress by tensor id (for writes: Env().refilling).
   std::vector<std::thread> refills_ ABSL_GUARDED_BY(mu_);

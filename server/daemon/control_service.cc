@@ -13,6 +13,7 @@
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/auth.h"
 #include "wire/grpc_status.h"
+#include "wire/request_id.h"
 
 namespace tessera {
 namespace control_internal {
@@ -84,7 +85,8 @@ grpc::ServerUnaryReactor* RunLogged(const std::shared_ptr<Core>& core,
                                     std::function<void(OpResult&)> reply) {
   auto* reactor = new OpReactor();
   std::shared_ptr<PendingCall> call =
-      core->NewCall(std::move(method), absl::FromChrono(context->deadline()),
+      core->NewCall(std::move(method), RequestIdOf(*context),
+                    absl::FromChrono(context->deadline()),
                     [reactor, reply = std::move(reply)](
                         const absl::Status& status, OpResult result) {
                       if (status.ok()) reply(result);
@@ -124,6 +126,17 @@ grpc::ServerUnaryReactor* ControlServiceImpl::GetCluster(
   absl::StatusOr<v1::ClusterInfo> info = core_->Cluster();
   if (info.ok()) *response = *std::move(info);
   return control_internal::Done(context, info.status());
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::GetStats(
+    grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
+    v1::DaemonStats* response) {
+  absl::Status allowed = control_internal::Authorize(*context, "GetStats");
+  if (allowed.ok()) {
+    response->set_rank(core_->rank());
+    response->set_metrics(MetricsText());
+  }
+  return control_internal::Done(context, allowed);
 }
 
 grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
@@ -253,11 +266,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
   if (!accepting.ok()) return NewFailedChunkStream(accepting);
 
   auto slot = std::make_shared<control_internal::ResultSlot>();
-  std::shared_ptr<control_internal::PendingCall> call =
-      core_->NewCall("Gather", absl::FromChrono(context->deadline()),
-                     [slot](const absl::Status& status, OpResult result) {
-                       slot->Set(status, std::move(result));
-                     });
+  std::shared_ptr<control_internal::PendingCall> call = core_->NewCall(
+      "Gather", RequestIdOf(*context), absl::FromChrono(context->deadline()),
+      [slot](const absl::Status& status, OpResult result) {
+        slot->Set(status, std::move(result));
+      });
   const absl::Time deadline = call->deadline();
   const int rank = core_->rank();
   v1::ControlOp op;

@@ -8,8 +8,8 @@
 // every daemon in log order, as one SPMD operation ending in an agreement
 // on every daemon's outcome: docs/control_log.md is the protocol.
 // ListTensors, DescribeTensor and GetCluster are answered from the local
-// table; ReadRegion and WriteRegion move bytes without the log
-// (server/daemon/region_io.h).
+// table, GetStats from the process's metrics; ReadRegion and WriteRegion move
+// bytes without the log (server/daemon/region_io.h).
 //
 // Failure: every call has a deadline (the client's, capped at
 // ControlOptions::op_timeout); a call whose op has not completed by then
@@ -82,21 +82,22 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetCluster<
-    v1::ControlService::WithCallbackMethod_CreateTensor<
-        v1::ControlService::WithCallbackMethod_ListTensors<
-            v1::ControlService::WithCallbackMethod_DescribeTensor<
-                v1::ControlService::WithCallbackMethod_DeleteTensor<
-                    v1::ControlService::WithCallbackMethod_WriteRegion<
-                        v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                            v1::ControlService::WithRawCallbackMethod_Gather<
-                                v1::ControlService::WithCallbackMethod_Reshard<
-                                    v1::ControlService::
-                                        WithCallbackMethod_SaveCheckpoint<
-                                            v1::ControlService::
-                                                WithCallbackMethod_LoadCheckpoint<
-                                                    v1::ControlService::
-                                                        Service>>>>>>>>>>>;
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetStats<
+    v1::ControlService::WithCallbackMethod_GetCluster<
+        v1::ControlService::WithCallbackMethod_CreateTensor<
+            v1::ControlService::WithCallbackMethod_ListTensors<
+                v1::ControlService::WithCallbackMethod_DescribeTensor<
+                    v1::ControlService::WithCallbackMethod_DeleteTensor<
+                        v1::ControlService::WithCallbackMethod_WriteRegion<
+                            v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                v1::ControlService::WithRawCallbackMethod_Gather<
+                                    v1::ControlService::WithCallbackMethod_Reshard<
+                                        v1::ControlService::
+                                            WithCallbackMethod_SaveCheckpoint<
+                                                v1::ControlService::
+                                                    WithCallbackMethod_LoadCheckpoint<
+                                                        v1::ControlService::
+                                                            Service>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -132,6 +133,11 @@ class ControlServiceImpl final : public ControlServiceBase {
   grpc::ServerUnaryReactor* GetCluster(grpc::CallbackServerContext* context,
                                        const v1::GetClusterRequest* request,
                                        v1::ClusterInfo* response) override;
+  // Answered whatever the daemon's state (also while starting or shutting
+  // down): the metrics of server/metrics/metrics.h.
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::DaemonStats* response) override;
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
                                          v1::TensorInfo* response) override;

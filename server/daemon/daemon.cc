@@ -20,6 +20,7 @@
 #include "io/socket.h"
 #include "server/store/etcd_store.h"
 #include "server/store/hash_store.h"
+#include "server/store/metered_store.h"
 #include "wire/auth.h"
 #include "wire/request_guard.h"
 
@@ -166,7 +167,8 @@ absl::Status Daemon::Init() {
   RankOptions rank_options;
   rank_options.rank = o.rank;
   rank_options.world_size = o.world_size;
-  rank_options.store = std::move(store);
+  // This daemon's calls on the store, in its metrics.
+  rank_options.store = std::make_shared<MeteredStore>(std::move(store));
   rank_options.backend = o.backend;
   rank_options.timeout = o.timeout;
   rank_options.hostname = o.advertise_host;

@@ -420,6 +420,11 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
         ParseInt(Setting{"--metrics-port", *flags.metrics_port}, 0, kMaxPort));
   }
   options.metrics_host = flags.metrics_host.value_or("127.0.0.1");
+  options.metrics_address_file = flags.metrics_address_file.value_or("");
+  if (!options.metrics_address_file.empty() && options.metrics_port < 0) {
+    return absl::InvalidArgumentError(
+        "--metrics-address-file needs --metrics-port");
+  }
   if (options.metrics_host.empty()) {
     return absl::InvalidArgumentError("--metrics-host must not be empty");
   }
@@ -451,6 +456,11 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
     return absl::InvalidArgumentError(absl::StrCat(
         "--log-level must be one of ", absl::StrJoin(kLogLevels, ", "),
         "; got '", options.log_level, "'"));
+  }
+  options.log_format = flags.log_format.value_or("text");
+  if (options.log_format != "text" && options.log_format != "json") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-format must be text or json; got '", options.log_format, "'"));
   }
   options.address_file = flags.address_file.value_or("");
   for (const std::string& root : flags.checkpoint_roots) {
@@ -621,6 +631,10 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
   add("--log-level", flags.log_level,
       "trace, debug, info, warn or error [default info]")
       ->type_name("LEVEL");
+  add("--log-format", flags.log_format,
+      "text, or json: one object per line with time, level, rank, "
+      "generation, op, tensor, request, peer and message [default text]")
+      ->type_name("FORMAT");
   add("--memory-limit", flags.memory_limit,
       "host memory this daemon may hold: shards, staging, gathers (e.g. "
       "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
@@ -654,6 +668,8 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
        "where --metrics-port listens (beyond loopback only with --insecure: "
        "the endpoint authenticates nobody) [default 127.0.0.1]",
        "HOST"},
+      {"--metrics-address-file", &flags.metrics_address_file,
+       "write the metrics endpoint's \"host:port\" here once serving", "FILE"},
   };
   for (const auto& flag : described_flags) {
     add(flag.name, *flag.field, flag.help)->type_name(flag.type);

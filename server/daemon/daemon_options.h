@@ -15,7 +15,7 @@
 //   --device                                                auto
 //   --timeout, --store-timeout, --shutdown-grace            60s, 60s, 10s
 //   --lease                                                 5s
-//   --address-file, --log-level                             none, info
+//   --address-file, --log-level, --log-format               none, info, text
 //   --checkpoint-root (repeatable)                          none: no save/load
 //   --memory-limit                                          see memory_budget.h
 //   --tls-cert, --tls-key, --tls-ca                         none: plaintext
@@ -131,6 +131,9 @@ struct DaemonOptions {
   std::string address_file;
   // trace, debug, info, warn or error.
   std::string log_level = "info";
+  // "text" (one readable line each) or "json" (one object per line:
+  // server/daemon/log_format.h).
+  std::string log_format = "text";
   // Directories save and load may use (server/checkpoint/checkpoint_roots.h);
   // none: checkpoints are refused.
   std::vector<std::string> checkpoint_roots;
@@ -156,6 +159,8 @@ struct DaemonOptions {
   // tensor names or data), so a host beyond loopback needs --insecure.
   int metrics_port = -1;
   std::string metrics_host = "127.0.0.1";
+  // Written with the endpoint's "host:port\n" once serving; empty: none.
+  std::string metrics_address_file;
 
   // Whether callers must prove who they are: mutual TLS or tokens.
   bool authenticates() const {
@@ -170,9 +175,9 @@ struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, store, store_tls_ca, store_tls_cert,
       store_tls_key, host, port, advertise_host, device, timeout, store_timeout,
-      shutdown_grace, lease, address_file, log_level, memory_limit, tls_cert,
-      tls_key, tls_ca, tls_refresh, auth_token_file, reflection, metrics_port,
-      metrics_host;
+      shutdown_grace, lease, address_file, log_level, log_format, memory_limit,
+      tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file, reflection,
+      metrics_port, metrics_host, metrics_address_file;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

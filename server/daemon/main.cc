@@ -24,8 +24,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log_context.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/daemon_options.h"
+#include "server/daemon/log_format.h"
 
 namespace tessera::daemon {
 namespace {
@@ -61,9 +63,14 @@ void GrpcLog(gpr_log_func_args* args) {
   }
 }
 
-void SetUpLogging(const std::string& level) {
+void SetUpLogging(const DaemonOptions& options) {
+  const std::string& level = options.log_level;
   auto logger = spdlog::stderr_color_mt("tessera-server");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  if (options.log_format == "json") {
+    logger->set_formatter(NewJsonLogFormatter());
+  } else {
+    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  }
   logger->set_level(spdlog::level::from_str(level));
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
@@ -88,7 +95,8 @@ int Run(int argc, char** argv) {
       argc, argv, ProcessEnvironment(), std::cout, std::cerr);
   if (!parsed.options.has_value()) return parsed.exit_code;
   const DaemonOptions& options = *parsed.options;
-  SetUpLogging(options.log_level);
+  SetLogRank(options.rank);
+  SetUpLogging(options);
 
   // Leaked: the detached signal thread may outlive Run().
   static auto* stop = new absl::Notification();
@@ -103,10 +111,14 @@ int Run(int argc, char** argv) {
     }
   }).detach();
 
-  // The file exists only while this daemon serves.
-  if (!options.address_file.empty()) {
-    std::remove(options.address_file.c_str());
-  }
+  // The files exist only while this daemon serves.
+  const auto remove_files = [&options] {
+    for (const std::string* file :
+         {&options.metrics_address_file, &options.address_file}) {
+      if (!file->empty()) std::remove(file->c_str());
+    }
+  };
+  remove_files();
   spdlog::info("rank {}/{} starting: device {}, backend {}{}", options.rank,
                options.world_size, options.device.ToString(), options.backend,
                options.world_size > 1
@@ -117,12 +129,15 @@ int Run(int argc, char** argv) {
     PrintDaemonError(std::cerr, daemon.status().message());
     return kExitFailure;
   }
-  if (!options.address_file.empty()) {
-    if (absl::Status written =
-            WriteAddressFile(options.address_file, (*daemon)->address());
-        !written.ok()) {
+  // The metrics file first: once the address file is there, both are.
+  for (const auto& [file, address] :
+       {std::pair(options.metrics_address_file, (*daemon)->metrics_address()),
+        std::pair(options.address_file, (*daemon)->address())}) {
+    if (file.empty()) continue;
+    if (absl::Status written = WriteAddressFile(file, address); !written.ok()) {
       PrintDaemonError(std::cerr, written.message());
       (*daemon)->Shutdown(absl::ZeroDuration());
+      remove_files();
       return kExitFailure;
     }
   }
@@ -134,9 +149,7 @@ int Run(int argc, char** argv) {
       options.device.ToString());
 
   stop->WaitForNotification();
-  if (!options.address_file.empty()) {
-    std::remove(options.address_file.c_str());
-  }
+  remove_files();
   (*daemon)->Shutdown(options.shutdown_grace);
   daemon->reset();
   spdlog::info("rank {}/{} stopped", options.rank, options.world_size);

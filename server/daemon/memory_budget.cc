@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "io/file.h"
+#include "server/metrics/metrics.h"
 
 namespace tessera {
 namespace {
@@ -54,6 +55,7 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
   do {
     if (bytes > limit_ - used) {
       const int64_t left = std::max<int64_t>(limit_ - used, 0);
+      CountBudgetRefusal();
       return absl::ResourceExhaustedError(
           absl::StrCat(what, " needs ", bytes, " bytes of host memory",
                        InGiB(bytes), ", but this daemon has ", left,

@@ -11,11 +11,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log_context.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/collective/process_group.h"
@@ -90,14 +92,20 @@ absl::Status Core::Start() {
     next = *seq + 1;
   }
   RETURN_IF_ERROR(JoinInStep(/*starting=*/true, &next));
-  absl::MutexLock lock(&mu_);
-  if (state_ != State::kNew) return absl::FailedPreconditionError("stopped");
-  first_entry_ = next;
-  state_ = State::kRunning;
-  formed_at_ = absl::Now();
-  submitter_ = std::thread([this] { SubmitLoop(); });
-  executor_ = std::thread([this] { ExecutorLoop(); });
-  lease_keeper_ = std::thread([this] { LeaseLoop(); });
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kNew) {
+      return absl::FailedPreconditionError("stopped");
+    }
+    first_entry_ = next;
+    state_ = State::kRunning;
+    formed_at_ = absl::Now();
+    submitter_ = std::thread([this] { SubmitLoop(); });
+    executor_ = std::thread([this] { ExecutorLoop(); });
+    lease_keeper_ = std::thread([this] { LeaseLoop(); });
+  }
+  // Outside mu_: a scrape holds the gauges' lock, then mu_.
+  RegisterGauges();
   return absl::OkStatus();
 }
 
@@ -109,6 +117,7 @@ void Core::Shutdown() {
     state_ = State::kStopping;
     wake_.SignalAll();
   }
+  gauges_.clear();
   if (submitter_.joinable()) submitter_.join();
   if (executor_.joinable()) executor_.join();
   if (lease_keeper_.joinable()) lease_keeper_.join();
@@ -135,6 +144,7 @@ void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   op.set_coordinator(rank_->rank());
   op.set_incarnation(incarnation_);
   op.set_request_id(call->id());
+  op.set_client_request_id(call->request_id());
   if (call->deadline() != absl::InfiniteFuture()) {
     op.set_deadline_unix_nanos(absl::ToUnixNanos(call->deadline()));
   }
@@ -539,6 +549,7 @@ bool Core::Reform(int64_t* next) {
 }
 
 absl::Status Core::JoinInStep(bool starting, int64_t* next) {
+  SetLogGeneration(rank_->world_group()->generation());
   v1::ResumeState mine;
   mine.set_next_entry(*next);
   mine.set_device(options_.device);
@@ -888,18 +899,20 @@ std::optional<v1::ControlOp> Core::ParseEntry(absl::string_view entry) {
   return op;
 }
 
+std::shared_ptr<PendingCall> Core::OwnCall(const v1::ControlOp& op) const {
+  if (op.coordinator() != rank_->rank() || op.incarnation() != incarnation_) {
+    return nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(op.request_id());
+  return it != pending_.end() ? it->second : nullptr;
+}
+
 void Core::FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
                          OpResult result) {
-  if (op.coordinator() != rank_->rank() || op.incarnation() != incarnation_) {
-    return;
+  if (std::shared_ptr<PendingCall> call = OwnCall(op)) {
+    Finish(call, status, std::move(result));
   }
-  std::shared_ptr<PendingCall> call;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(op.request_id());
-    if (it != pending_.end()) call = it->second;
-  }
-  if (call != nullptr) Finish(call, status, std::move(result));
 }
 
 std::optional<std::string> Core::AwaitEntry(int64_t n, bool* reform) {
@@ -1003,6 +1016,13 @@ void Core::Execute(absl::string_view entry, int64_t n) {
     spdlog::error("control: log entry {} holds no request; skipping it", n);
     return;
   }
+  const absl::Time started = absl::Now();
+  if (std::shared_ptr<PendingCall> own = OwnCall(op)) {
+    CountControlOpWait(OpName(op), started - own->created());
+  }
+  // Every line logged while the op runs carries it (--log-format json).
+  const ScopedLogContext context(
+      LogContext{n, OpTensor(op), op.client_request_id()});
   Outcome outcome = RunGuarded(op, n);
   // The call returns once every daemon shows the change (control.proto:
   // after a call returns, every daemon lists and describes the same
@@ -1021,8 +1041,19 @@ void Core::Execute(absl::string_view entry, int64_t n) {
                        confirmed.message()));
     }
   }
-  spdlog::debug("control: op {} {} from rank {}: {}", n, OpName(op),
-                op.coordinator(), outcome.status.ToString());
+  const absl::Duration ran = absl::Now() - started;
+  CountControlOp(OpName(op), outcome.status.code(), ran);
+  // One line per op on every daemon: grep "op 17 " (or the request id)
+  // follows it across the cluster.
+  // Names are escaped: a client's name must not forge log lines.
+  const std::string tensor = OpTensor(op);
+  spdlog::info(
+      "op {} {}{} from rank {} (request {}): {} in {}", n, OpName(op),
+      tensor.empty() ? "" : absl::StrCat(" '", absl::CEscape(tensor), "'"),
+      op.coordinator(),
+      op.client_request_id().empty() ? "-" : op.client_request_id(),
+      outcome.status.ok() ? "OK" : outcome.status.ToString(),
+      absl::FormatDuration(ran));
   FinishOwnCall(op, outcome.status, std::move(outcome.result));
   // Every daemon has read the op once the last agreement went through.
   // Otherwise the key stays: a daemon that has not read it yet must find
@@ -1086,6 +1117,26 @@ const char* OpName(const v1::ControlOp& op) {
       break;
   }
   return "unknown operation";
+}
+
+std::string OpTensor(const v1::ControlOp& op) {
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      return op.create_tensor().name();
+    case v1::ControlOp::kDeleteTensor:
+      return op.delete_tensor().name();
+    case v1::ControlOp::kReshard:
+      return op.reshard().name();
+    case v1::ControlOp::kGather:
+      return op.gather().name();
+    case v1::ControlOp::kSaveCheckpoint:
+      return absl::StrJoin(op.save_checkpoint().names(), ",");
+    case v1::ControlOp::kLoadCheckpoint:
+      return absl::StrJoin(op.load_checkpoint().names(), ",");
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return "";
 }
 
 }  // namespace tessera::control_internal

@@ -19,6 +19,7 @@
 #include "common/tensor/tensor.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "server/metrics/metrics.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
 #include "wire/chunk_assembler.h"
@@ -254,6 +255,7 @@ class WriteRegionReactor final
                      v1::WriteRegionResponse* response, RegionEnv env)
       : response_(response),
         env_(std::move(env)),
+        started_(absl::Now()),
         deadline_(CallDeadline(env_, context)) {
     StartRead(&chunk_);
   }
@@ -299,8 +301,13 @@ class WriteRegionReactor final
     const std::string chunk_name =
         absl::StrCat(What(), ": chunk at offset ", chunk_.offset());
     RETURN_IF_ERROR(sequence_.CheckNext(chunk_.offset(), size, chunk_name));
-    RETURN_IF_ERROR(ChunkSequence::CheckChecksum(
-        XXH3_64bits(data.data(), data.size()), chunk_.checksum(), chunk_name));
+    if (absl::Status verified =
+            ChunkSequence::CheckChecksum(XXH3_64bits(data.data(), data.size()),
+                                         chunk_.checksum(), chunk_name);
+        !verified.ok()) {
+      CountChecksumFailure(MetricsTransport::kGrpc);
+      return verified;
+    }
     if (size > 0) {
       std::memcpy(static_cast<char*>(buffer_.data_ptr()) + chunk_.offset(),
                   data.data(), data.size());
@@ -343,7 +350,11 @@ class WriteRegionReactor final
     }
     thread_.Start([this] {
       const absl::Status applied = Apply();
-      if (applied.ok()) response_->set_bytes_written(sequence_.total_bytes());
+      if (applied.ok()) {
+        response_->set_bytes_written(sequence_.total_bytes());
+        CountTransfer(MetricsTransport::kGrpc, MetricsDirection::kWrite,
+                      sequence_.total_bytes(), absl::Now() - started_);
+      }
       Finish(ToGrpcStatus(applied));
     });
   }
@@ -459,6 +470,7 @@ class WriteRegionReactor final
 
   v1::WriteRegionResponse* const response_;
   const RegionEnv env_;
+  const absl::Time started_;
   const absl::Time deadline_;
   v1::WriteRegionChunk chunk_;
   // Set by the header.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -124,6 +125,54 @@ absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
     if (r < static_cast<int>(devices.size())) address->set_device(devices[r]);
   }
   return info;
+}
+
+void Core::RegisterGauges() {
+  const auto one = [](double value) {
+    return std::vector<GaugeSample>{GaugeSample{{}, value}};
+  };
+  const auto add = [this](const char* name, const char* help,
+                          GaugeSource::Reader read) {
+    gauges_.push_back(GaugeSource::Register(name, help, std::move(read)));
+  };
+  add("tessera_rank", "This daemon's rank",
+      [this, one] { return one(rank_->rank()); });
+  add("tessera_world_size", "Daemons in the cluster",
+      [this, one] { return one(rank_->world_size()); });
+  add("tessera_tensors", "Named tensors in this daemon's table", [this, one] {
+    absl::MutexLock lock(&mu_);
+    return one(static_cast<double>(table_.size()));
+  });
+  add("tessera_shards", "Shards and replica copies this daemon holds",
+      [this, one] {
+        return one(static_cast<double>(rank_->registry().Held().shards));
+      });
+  add("tessera_shard_bytes", "Bytes of the shards this daemon holds", [this] {
+    const ShardRegistry::Holdings held = rank_->registry().Held();
+    return std::vector<GaugeSample>{
+        {{{"device", "cpu"}}, static_cast<double>(held.cpu_bytes)},
+        {{{"device", "cuda"}}, static_cast<double>(held.cuda_bytes)}};
+  });
+  add("tessera_memory_budget_bytes", "This daemon's host-memory budget",
+      [this, one] { return one(static_cast<double>(budget_->limit())); });
+  add("tessera_memory_budget_used_bytes", "Host memory reserved in the budget",
+      [this, one] { return one(static_cast<double>(budget_->used())); });
+  add("tessera_generation",
+      "Generation of the default process group this daemon runs", [this, one] {
+        return one(static_cast<double>(rank_->world_group()->generation()));
+      });
+  add("tessera_peer_up",
+      "1 while a daemon's liveness lease is current, 0 once it expired",
+      [this] {
+        std::vector<GaugeSample> peers;
+        absl::MutexLock lock(&mu_);
+        for (int r = 0; r < rank_->world_size(); ++r) {
+          const bool expired = absl::c_linear_search(expired_, r) ||
+                               absl::c_linear_search(published_expired_, r);
+          peers.push_back({{{"peer", absl::StrCat(r)}}, expired ? 0.0 : 1.0});
+        }
+        return peers;
+      });
 }
 
 RegionEnv Core::Env() {

@@ -1,15 +1,23 @@
 #include "server/metrics/metrics.h"
 
 #include <array>
+#include <atomic>
 #include <exception>
+#include <map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "io/socket.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace tessera {
 namespace {
@@ -18,32 +26,109 @@ constexpr std::array<const char*, 3> kTransports = {"grpc", "data_plane",
                                                     "local_path"};
 constexpr std::array<const char*, 2> kDirections = {"read", "write"};
 
-// The counters of every (transport, direction), resolved once.
-struct TransferCounters {
-  std::array<std::array<prometheus::Counter*, 2>, 3> transfers;
-  std::array<std::array<prometheus::Counter*, 2>, 3> bytes;
+std::atomic<bool> enabled{true};
 
-  explicit TransferCounters(prometheus::Registry& registry) {
-    auto& transfer_family = prometheus::BuildCounter()
-                                .Name("tessera_transfers_total")
-                                .Help(
-                                    "Transfers of shard bytes this process "
-                                    "served, by transport and direction")
-                                .Register(registry);
-    auto& byte_family = prometheus::BuildCounter()
-                            .Name("tessera_transfer_bytes_total")
-                            .Help(
-                                "Payload bytes of the transfers this "
-                                "process served, by transport and direction")
-                            .Register(registry);
-    for (size_t t = 0; t < kTransports.size(); ++t) {
-      for (size_t d = 0; d < kDirections.size(); ++d) {
-        const prometheus::Labels labels = {{"transport", kTransports[t]},
-                                           {"direction", kDirections[d]}};
-        transfers[t][d] = &transfer_family.Add(labels);
-        bytes[t][d] = &byte_family.Add(labels);
+// Seconds, from 50 µs (a small local fetch) to 30 s.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* const buckets =
+      new prometheus::Histogram::BucketBoundaries{
+          50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+          50e-3, 100e-3, 250e-3, 500e-3, 1,    2.5,    5,    10,    30};
+  return *buckets;
+}
+
+template <typename Builder>
+auto& Build(Builder builder, const char* name, const char* help,
+            prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+// Every series, resolved once where its labels are fixed.
+struct Series {
+  using PerTransfer = std::array<std::array<prometheus::Counter*, 2>, 3>;
+  PerTransfer transfers;
+  PerTransfer bytes;
+  std::array<std::array<prometheus::Histogram*, 2>, 3> seconds;
+  std::array<prometheus::Counter*, 3> checksum_failures;
+  std::array<prometheus::Gauge*, 3> connections;
+  prometheus::Counter* budget_refusals;
+  prometheus::Family<prometheus::Counter>& control_ops;
+  prometheus::Family<prometheus::Histogram>& control_seconds;
+  prometheus::Family<prometheus::Histogram>& control_wait;
+  prometheus::Family<prometheus::Histogram>& collective_seconds;
+  prometheus::Family<prometheus::Counter>& collective_failures;
+  prometheus::Family<prometheus::Histogram>& store_seconds;
+  prometheus::Family<prometheus::Counter>& store_failures;
+
+  explicit Series(prometheus::Registry& r)
+      : control_ops(Build(prometheus::BuildCounter(),
+                          "tessera_control_ops_total",
+                          "Control operations run on this daemon, by "
+                          "operation and agreed result code",
+                          r)),
+        control_seconds(Build(prometheus::BuildHistogram(),
+                              "tessera_control_op_seconds",
+                              "Time running each control operation on this "
+                              "daemon",
+                              r)),
+        control_wait(Build(prometheus::BuildHistogram(),
+                           "tessera_control_op_wait_seconds",
+                           "Time control operations this daemon coordinated "
+                           "waited in the log before they ran",
+                           r)),
+        collective_seconds(
+            Build(prometheus::BuildHistogram(), "tessera_collective_seconds",
+                  "Time of each collective call, by backend", r)),
+        collective_failures(Build(
+            prometheus::BuildCounter(), "tessera_collective_failures_total",
+            "Collective calls that failed, by backend", r)),
+        store_seconds(Build(prometheus::BuildHistogram(),
+                            "tessera_store_op_seconds",
+                            "Time of each call on the rendezvous store", r)),
+        store_failures(Build(prometheus::BuildCounter(),
+                             "tessera_store_op_failures_total",
+                             "Calls on the rendezvous store that failed", r)) {
+    // Each (transport, direction) of a family into `series`; `buckets...`
+    // for a histogram.
+    const auto per_transfer = [](auto& family, auto& series,
+                                 const auto&... buckets) {
+      for (size_t t = 0; t < kTransports.size(); ++t) {
+        for (size_t d = 0; d < kDirections.size(); ++d) {
+          series[t][d] = &family.Add(
+              {{"transport", kTransports[t]}, {"direction", kDirections[d]}},
+              buckets...);
+        }
       }
+    };
+    per_transfer(Build(prometheus::BuildCounter(), "tessera_transfers_total",
+                       "Transfers of shard bytes this process served, by "
+                       "transport and direction",
+                       r),
+                 transfers);
+    per_transfer(
+        Build(prometheus::BuildCounter(), "tessera_transfer_bytes_total",
+              "Payload bytes of the transfers this process served", r),
+        bytes);
+    per_transfer(Build(prometheus::BuildHistogram(), "tessera_transfer_seconds",
+                       "Time of each transfer this process served, from its "
+                       "request to its last byte",
+                       r),
+                 seconds, LatencyBuckets());
+    auto& checksum_family =
+        Build(prometheus::BuildCounter(), "tessera_checksum_failures_total",
+              "Chunks that arrived with bytes not matching their checksum", r);
+    auto& connection_family =
+        Build(prometheus::BuildGauge(), "tessera_connections",
+              "Open connections of the data plane and the local path", r);
+    for (size_t t = 0; t < kTransports.size(); ++t) {
+      const prometheus::Labels labels = {{"transport", kTransports[t]}};
+      checksum_failures[t] = &checksum_family.Add(labels);
+      connections[t] = &connection_family.Add(labels);
     }
+    budget_refusals = &Build(prometheus::BuildCounter(),
+                             "tessera_memory_budget_refusals_total",
+                             "Requests the memory budget refused", r)
+                           .Add({});
   }
 };
 
@@ -55,23 +140,159 @@ const std::shared_ptr<prometheus::Registry>& SharedRegistry() {
   return *registry;
 }
 
-TransferCounters& Counters() {
-  static TransferCounters* const counters =
-      new TransferCounters(*SharedRegistry());
-  return *counters;
+Series& Counters() {
+  static Series* const series = new Series(*SharedRegistry());
+  return *series;
+}
+
+double Seconds(absl::Duration d) {
+  return absl::ToDoubleSeconds(std::max(d, absl::ZeroDuration()));
+}
+
+// The registered GaugeSources, read at each collection.
+class Gauges final : public prometheus::Collectable {
+ public:
+  struct Source {
+    std::string name;
+    std::string help;
+    GaugeSource::Reader read;
+  };
+
+  uint64_t Add(Source source) {
+    absl::MutexLock lock(&mu_);
+    sources_.emplace(next_id_, std::move(source));
+    return next_id_++;
+  }
+  void Remove(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    sources_.erase(id);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    std::vector<prometheus::MetricFamily> families;
+    for (const auto& [id, source] : sources_) {
+      prometheus::MetricFamily family;
+      family.name = source.name;
+      family.help = source.help;
+      family.type = prometheus::MetricType::Gauge;
+      for (GaugeSample& sample : source.read()) {
+        prometheus::ClientMetric metric;
+        for (auto& [name, value] : sample.labels) {
+          metric.label.push_back({std::move(name), std::move(value)});
+        }
+        metric.gauge.value = sample.value;
+        family.metric.push_back(std::move(metric));
+      }
+      families.push_back(std::move(family));
+    }
+    return families;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Source> sources_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+const std::shared_ptr<Gauges>& SharedGauges() {
+  static const auto* const gauges =
+      new std::shared_ptr<Gauges>(std::make_shared<Gauges>());
+  return *gauges;
 }
 
 }  // namespace
 
+const char* TransportLabel(MetricsTransport transport) {
+  return kTransports[static_cast<size_t>(transport)];
+}
+
 prometheus::Registry& MetricsRegistry() { return *SharedRegistry(); }
 
+void EnableMetrics(bool on) { enabled.store(on, std::memory_order_relaxed); }
+
 void CountTransfer(MetricsTransport transport, MetricsDirection direction,
-                   int64_t bytes) {
-  TransferCounters& counters = Counters();
+                   int64_t bytes, absl::Duration took) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Series& series = Counters();
   const auto t = static_cast<size_t>(transport);
   const auto d = static_cast<size_t>(direction);
-  counters.transfers[t][d]->Increment();
-  counters.bytes[t][d]->Increment(static_cast<double>(bytes));
+  series.transfers[t][d]->Increment();
+  series.bytes[t][d]->Increment(static_cast<double>(bytes));
+  series.seconds[t][d]->Observe(Seconds(took));
+}
+
+void CountChecksumFailure(MetricsTransport transport) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Counters().checksum_failures[static_cast<size_t>(transport)]->Increment();
+}
+
+void CountConnection(MetricsTransport transport, int delta) {
+  // Counted even while disabled: a gauge must come back to zero.
+  prometheus::Gauge& open =
+      *Counters().connections[static_cast<size_t>(transport)];
+  delta > 0 ? open.Increment(delta) : open.Decrement(-delta);
+}
+
+void CountControlOp(absl::string_view op, absl::StatusCode code,
+                    absl::Duration ran) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Series& series = Counters();
+  series.control_ops
+      .Add({{"op", std::string(op)}, {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+  series.control_seconds.Add({{"op", std::string(op)}}, LatencyBuckets())
+      .Observe(Seconds(ran));
+}
+
+void CountControlOpWait(absl::string_view op, absl::Duration waited) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Counters()
+      .control_wait.Add({{"op", std::string(op)}}, LatencyBuckets())
+      .Observe(Seconds(waited));
+}
+
+void CountCollective(absl::string_view backend, absl::string_view collective,
+                     bool ok, absl::Duration took) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Series& series = Counters();
+  const prometheus::Labels labels = {{"backend", std::string(backend)},
+                                     {"collective", std::string(collective)}};
+  series.collective_seconds.Add(labels, LatencyBuckets())
+      .Observe(Seconds(took));
+  if (!ok) series.collective_failures.Add(labels).Increment();
+}
+
+void CountStoreOp(absl::string_view op, bool ok, absl::Duration took) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Series& series = Counters();
+  const prometheus::Labels labels = {{"op", std::string(op)}};
+  series.store_seconds.Add(labels, LatencyBuckets()).Observe(Seconds(took));
+  if (!ok) series.store_failures.Add(labels).Increment();
+}
+
+void CountBudgetRefusal() {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Counters().budget_refusals->Increment();
+}
+
+std::unique_ptr<GaugeSource> GaugeSource::Register(std::string name,
+                                                   std::string help,
+                                                   Reader read) {
+  const uint64_t id = SharedGauges()->Add(
+      Gauges::Source{std::move(name), std::move(help), std::move(read)});
+  return std::unique_ptr<GaugeSource>(new GaugeSource(id));
+}
+
+GaugeSource::~GaugeSource() { SharedGauges()->Remove(id_); }
+
+std::string MetricsText() {
+  Counters();  // Every fixed series exists from the start, at zero.
+  std::vector<prometheus::MetricFamily> families = SharedRegistry()->Collect();
+  std::vector<prometheus::MetricFamily> gauges = SharedGauges()->Collect();
+  families.insert(families.end(), std::make_move_iterator(gauges.begin()),
+                  std::make_move_iterator(gauges.end()));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 struct MetricsEndpoint::Impl {
@@ -88,13 +309,16 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   const std::string bind = JoinHostPort(host, port);
   auto impl = std::make_unique<Impl>();
   try {
-    impl->exposer = std::make_unique<prometheus::Exposer>(bind, 2);
+    impl->exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", bind, "num_threads", "4",
+                                 "request_timeout_ms", "10000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", bind, ": ", e.what()));
   }
-  Counters();  // Every series exists from the start, at zero.
+  Counters();
   impl->exposer->RegisterCollectable(SharedRegistry());
+  impl->exposer->RegisterCollectable(SharedGauges());
   const std::vector<int> ports = impl->exposer->GetListeningPorts();
   const int bound = ports.empty() ? port : ports.front();
   return std::unique_ptr<MetricsEndpoint>(

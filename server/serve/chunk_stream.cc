@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "grpcpp/support/slice.h"
 #include "server/metrics/metrics.h"
 #include "wire/chunk_codec.h"
@@ -48,6 +49,7 @@ class ChunkStreamReactor final
   ChunkStreamReactor(int64_t chunk_bytes, int staging_depth,
                      std::shared_ptr<std::atomic<int64_t>> active)
       : active_(std::move(active)),
+        started_(absl::Now()),
         chunk_bytes_(chunk_bytes),
         staging_depth_(staging_depth) {
     if (active_ != nullptr) active_->fetch_add(1);
@@ -117,7 +119,7 @@ class ChunkStreamReactor final
     if (source_->done()) {
       // Every chunk is handed to gRPC: counted as served.
       CountTransfer(MetricsTransport::kGrpc, MetricsDirection::kRead,
-                    header_.total_bytes());
+                    header_.total_bytes(), absl::Now() - started_);
       StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       StartWrite(&message_);
@@ -125,6 +127,7 @@ class ChunkStreamReactor final
   }
 
   const std::shared_ptr<std::atomic<int64_t>> active_;
+  const absl::Time started_;
   const int64_t chunk_bytes_;
   const int staging_depth_;
   std::shared_ptr<const RegisteredTensor> tensor_;

@@ -74,6 +74,7 @@ std::string DataPlaneServer::address() const {
 }
 
 void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
+  const OpenConnection open(MetricsTransport::kDataPlane);
   const int fd = connection.fd();
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -151,7 +152,8 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
 
 absl::Status DataPlaneServer::AnswerFetch(
     DataConnection& stream, const v1::FetchShardRequest& request) {
-  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  const absl::Time asked = absl::Now();
+  const absl::Time deadline = asked + options_.io_timeout;
   absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, request);
   if (!prepared.ok()) return SendError(stream, prepared.status(), deadline);
   const int64_t chunk_bytes =
@@ -189,13 +191,14 @@ absl::Status DataPlaneServer::AnswerFetch(
     ASSIGN_OR_RETURN(chunk, (*source)->Next());
   }
   CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
-                prepared->header.total_bytes());
+                prepared->header.total_bytes(), absl::Now() - asked);
   return absl::OkStatus();
 }
 
 absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
                                           const v1::BulkWriteRequest& request) {
-  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  const absl::Time asked = absl::Now();
+  const absl::Time deadline = asked + options_.io_timeout;
   const std::string what = absl::StrCat(
       "data-plane write of ", request.replica() ? "the replica of " : "",
       "shard ", request.shard_index(), " of tensor ", request.tensor_id());
@@ -279,6 +282,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
       RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
       failed = ChunkSequence::CheckChecksum(XXH3_64bits(place, length),
                                             chunk.checksum, chunk_name);
+      if (!failed.ok()) CountChecksumFailure(MetricsTransport::kDataPlane);
       if (failed.ok()) written += chunk.length;
     } else {
       discard.resize(std::min(length, size_t{1} << 20));
@@ -298,8 +302,8 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
                         "hold what arrived, the rest is unchanged")));
   done.set_bytes_written(written);
   if (failed.ok()) {
-    CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kWrite,
-                  total);
+    CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kWrite, total,
+                  absl::Now() - asked);
   }
   return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }

@@ -108,6 +108,7 @@ LocalPathServer::LocalPathServer(std::string address,
 LocalPathServer::~LocalPathServer() { Shutdown(); }
 
 void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
+  const OpenConnection open(MetricsTransport::kLocalPath);
   const int fd = connection.fd();
   absl::StatusOr<std::string> magic =
       ReceiveLocalMessage(fd, absl::Now() + options_.io_timeout);
@@ -143,6 +144,7 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
           return SendError(fd, refused, absl::Now() + options_.io_timeout).ok();
         }
         bool write = false;
+        const absl::Time asked = absl::Now();
         absl::StatusOr<std::shared_ptr<const FetchView>> lent =
             Answer(fd, message, same_user, may_write, &write);
         if (!lent.ok()) return false;
@@ -159,8 +161,8 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
         if (completed) {
           CountTransfer(
               MetricsTransport::kLocalPath,
-              write ? MetricsDirection::kWrite : MetricsDirection::kRead,
-              bytes);
+              write ? MetricsDirection::kWrite : MetricsDirection::kRead, bytes,
+              absl::Now() - asked);
         }
         return completed;
       });

@@ -156,6 +156,23 @@ std::shared_ptr<const RegisteredTensor> ShardRegistry::Find(
   return r == retired_.end() ? nullptr : r->second.tensor;
 }
 
+ShardRegistry::Holdings ShardRegistry::Held() const {
+  Holdings held;
+  const auto add = [&held](const RegisteredTensor& tensor) {
+    ++held.tensors;
+    for (const LocalShard& shard : tensor.local_shards) {
+      ++held.shards;
+      const Device& device = shard.tensor.device();
+      if (device.is_cpu()) held.cpu_bytes += shard.tensor.nbytes();
+      if (device.is_cuda()) held.cuda_bytes += shard.tensor.nbytes();
+    }
+  };
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, tensor] : tensors_) add(*tensor);
+  for (const auto& [id, retired] : retired_) add(*retired.tensor);
+  return held;
+}
+
 size_t ShardRegistry::retired_size() const {
   absl::MutexLock lock(&mu_);
   return retired_.size();

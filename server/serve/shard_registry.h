@@ -83,6 +83,16 @@ class ShardRegistry {
   // Live ids, sorted.
   std::vector<std::string> TensorIds() const;
 
+  // What the registry holds, live and retired (for metrics).
+  struct Holdings {
+    int64_t tensors = 0;
+    int64_t shards = 0;
+    int64_t cpu_bytes = 0;
+    int64_t cuda_bytes = 0;
+  };
+  // O(shards held), under the registry's lock.
+  Holdings Held() const;
+
  private:
   struct Retired {
     uint64_t sequence;

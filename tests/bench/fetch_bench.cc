@@ -35,6 +35,7 @@
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "io/socket.h"
+#include "server/metrics/metrics.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
 #include "server/store/grpc_store.h"
@@ -258,6 +259,112 @@ absl::Status FetchLatency(Rank& rank, const Config& config) {
   return rank.default_group()->Barrier();
 }
 
+// What metrics cost (issue 18): rank 0 reads 16 MiB shards from the other
+// ranks over the data plane and 4 KiB shards from rank 1, with every
+// rank's metrics off
+// (EnableMetrics(false): no count at all, no endpoint) and on (counting,
+// the endpoint serving, and a scrape's serialization every 100 ms: a
+// heavier load than Prometheus' usual 15 s), alternating, `rounds` times;
+// prints the median of each and the difference.
+absl::Status MetricsOverhead(Rank& rank, const Config& config) {
+  ASSIGN_OR_RETURN(ShardingSpec spec, RowChunks(rank.world_size()));
+  const int64_t big_rows = (config.quick ? 1 : 16) * (1 << 20) / (4 * kColumns);
+  ASSIGN_OR_RETURN(
+      ShardedTensor big,
+      ShardedTensor::Full(spec, {big_rows * rank.world_size(), kColumns}, 1.0,
+                          ShardedTensorOptions().WithInitRrefs(true)));
+  ASSIGN_OR_RETURN(
+      ShardedTensor small,
+      ShardedTensor::Full(spec, {rank.world_size(), kColumns}, 2.0,
+                          ShardedTensorOptions().WithInitRrefs(true)));
+  const int rounds = config.quick ? 2 : 9;
+  const int reads = config.quick ? 2 : 32;
+  const int fetches = config.quick ? 100 : 2000;
+  std::vector<double> gbps[2];
+  std::vector<double> p50_us[2];
+  for (int round = 0; round < rounds; ++round) {
+    for (const bool on : {false, true}) {
+      EnableMetrics(on);
+      std::unique_ptr<MetricsEndpoint> endpoint;
+      std::atomic<bool> stop{false};
+      std::thread scraper;
+      if (on) {
+        ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start("127.0.0.1", 0));
+        scraper = std::thread([&stop] {
+          while (!stop.load()) {
+            const std::string text = MetricsText();
+            absl::SleepFor(absl::Milliseconds(100));
+          }
+        });
+      }
+      absl::Cleanup stop_scraper = [&] {
+        stop = true;
+        if (scraper.joinable()) scraper.join();
+      };
+      RETURN_IF_ERROR(rank.default_group()->Barrier());
+      if (rank.rank() == 0) {
+        // Over the data plane (the local path would take these on one
+        // host), into buffers allocated once.
+        ASSIGN_OR_RETURN(RemoteShardMap remote, big.remote_shards());
+        FetchOptions over_data_plane;
+        over_data_plane.local_path = LocalPath::kOff;
+        std::vector<std::pair<const RemoteShard*, Tensor>> targets;
+        for (const auto& [owner, list] : remote) {
+          for (const RemoteShard& shard : list) {
+            ASSIGN_OR_RETURN(Tensor dst,
+                             Tensor::Empty(shard.metadata().shard_sizes()));
+            targets.emplace_back(&shard, dst);
+          }
+        }
+        int64_t bytes = 0;
+        const absl::Time start = absl::Now();
+        for (int i = 0; i < reads; ++i) {
+          for (const auto& [shard, dst] : targets) {
+            ASSIGN_OR_RETURN(auto owner, rank.ClientFor(shard->owner().id));
+            RETURN_IF_ERROR(owner->FetchShardInto(big.tensor_id(),
+                                                  shard->shard_index(), dst,
+                                                  over_data_plane));
+            bytes += static_cast<int64_t>(dst.nbytes());
+          }
+        }
+        gbps[on].push_back(static_cast<double>(bytes) /
+                           Seconds(absl::Now() - start) / 1e9);
+        ASSIGN_OR_RETURN(RemoteShardMap tiny, small.remote_shards());
+        const RemoteShard& shard = tiny.at(1).front();
+        ASSIGN_OR_RETURN(Tensor dst,
+                         Tensor::Empty(shard.metadata().shard_sizes()));
+        ASSIGN_OR_RETURN(auto client, rank.ClientFor(1));
+        std::vector<double> micros;
+        for (int i = 0; i < fetches; ++i) {
+          const absl::Time began = absl::Now();
+          RETURN_IF_ERROR(client->FetchShardInto(small.tensor_id(),
+                                                 shard.shard_index(), dst));
+          micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - began));
+        }
+        p50_us[on].push_back(Percentile(micros, 0.5));
+      }
+      RETURN_IF_ERROR(rank.default_group()->Barrier());
+    }
+  }
+  EnableMetrics(true);
+  if (rank.rank() == 0) {
+    const double off_gbps = Percentile(gbps[0], 0.5);
+    const double on_gbps = Percentile(gbps[1], 0.5);
+    const double off_us = Percentile(p50_us[0], 0.5);
+    const double on_us = Percentile(p50_us[1], 0.5);
+    std::printf(
+        "{\"bench\":\"metrics_overhead\",\"rounds\":%d,\"read_mib\":%lld,"
+        "\"read_gbps_off\":%.3f,\"read_gbps_on\":%.3f,"
+        "\"read_cost_pct\":%.2f,\"fetch_4k_p50_us_off\":%.2f,"
+        "\"fetch_4k_p50_us_on\":%.2f,\"fetch_4k_cost_us\":%.2f}\n",
+        rounds, static_cast<long long>(big_rows * kColumns * 4 >> 20), off_gbps,
+        on_gbps, (off_gbps - on_gbps) / off_gbps * 100, off_us, on_us,
+        on_us - off_us);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 // Collective creation: empty() sends nothing; init_from_local_shards
 // all-gathers every rank's shard metadata once.
 absl::Status CreationTime(Rank& rank, const Config& config) {
@@ -355,6 +462,7 @@ absl::Status RunRank(const Config& config) {
     RETURN_IF_ERROR(FetchThroughput(*rank, config, mib));
   }
   RETURN_IF_ERROR(FetchLatency(*rank, config));
+  RETURN_IF_ERROR(MetricsOverhead(*rank, config));
   RETURN_IF_ERROR(CreationTime(*rank, config));
   for (int64_t shards : config.scale_shards) {
     RETURN_IF_ERROR(LocalShardsScale(*rank, shards));

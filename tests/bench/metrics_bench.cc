@@ -29,7 +29,7 @@ double NsPerCall(int threads, int64_t calls) {
     workers.emplace_back([calls] {
       for (int64_t i = 0; i < calls; ++i) {
         CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
-                      4096);
+                      4096, absl::Microseconds(15));
       }
     });
   }

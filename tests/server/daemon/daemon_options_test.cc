@@ -379,6 +379,26 @@ TEST_F(DaemonOptionsTest, MetricsEndpoint) {
   ASSERT_OK_AND_ASSIGN(DaemonOptions beyond, Resolve(flags));
   EXPECT_EQ(beyond.metrics_host, "0.0.0.0");
   EXPECT_EQ(beyond.metrics_port, 9464);
+  flags.metrics_address_file = "/run/m";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions written, Resolve(flags));
+  EXPECT_EQ(written.metrics_address_file, "/run/m");
+  flags.metrics_port.reset();
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--metrics-address-file needs --metrics-port"));
+}
+
+TEST_F(DaemonOptionsTest, LogFormat) {
+  DaemonFlags flags = RankOf(0, 1);
+  ASSERT_OK_AND_ASSIGN(DaemonOptions text, Resolve(flags));
+  EXPECT_EQ(text.log_format, "text");
+  flags.log_format = "json";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions json, Resolve(flags));
+  EXPECT_EQ(json.log_format, "json");
+  flags.log_format = "JSON";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--log-format must be text or json; got 'JSON'"));
 }
 
 TEST_F(DaemonOptionsTest, BadNumbersNameTheirSource) {
