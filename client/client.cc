@@ -16,6 +16,7 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
+#include "wire/request_id.h"
 
 namespace tessera {
 namespace internal_client {
@@ -121,6 +122,8 @@ class Cluster {
   std::unique_ptr<grpc::ClientContext> ControlContext() const {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    SetRequestId(*context, options_.request_id.empty() ? NewRequestId()
+                                                       : options_.request_id);
     return context;
   }
 
@@ -656,24 +659,43 @@ std::vector<absl::Status> Client::Health() const {
   return health;
 }
 
-std::vector<absl::StatusOr<v1::ClusterInfo>> Client::Clusters() const {
-  const auto workers = cluster_->workers();
-  std::vector<absl::StatusOr<v1::ClusterInfo>> clusters(workers.size());
+namespace {
+
+// `method` called on every daemon at once, in rank order; a failed call's
+// entry is its error, naming the daemon.
+template <typename Request, typename Response>
+std::vector<absl::StatusOr<Response>> AskEveryDaemon(
+    const internal_client::Cluster& cluster,
+    grpc::Status (v1::ControlService::Stub::*method)(grpc::ClientContext*,
+                                                     const Request&,
+                                                     Response*)) {
+  const auto workers = cluster.workers();
+  std::vector<absl::StatusOr<Response>> answers(workers.size());
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];
     const std::unique_ptr<grpc::ClientContext> context =
-        cluster_->ControlContext();
-    v1::ClusterInfo info;
-    const absl::Status called = FromGrpcStatus(worker.control->GetCluster(
-        context.get(), v1::GetClusterRequest(), &info));
+        cluster.ControlContext();
+    Response response;
+    const absl::Status called = FromGrpcStatus(
+        ((*worker.control).*method)(context.get(), Request(), &response));
     if (called.ok()) {
-      clusters[r] = std::move(info);
+      answers[r] = std::move(response);
     } else {
-      clusters[r] = Annotate(called, DaemonName(worker, r));
+      answers[r] = Annotate(called, DaemonName(worker, r));
     }
     return absl::OkStatus();
   }).IgnoreError();
-  return clusters;
+  return answers;
+}
+
+}  // namespace
+
+std::vector<absl::StatusOr<v1::ClusterInfo>> Client::Clusters() const {
+  return AskEveryDaemon(*cluster_, &v1::ControlService::Stub::GetCluster);
+}
+
+std::vector<absl::StatusOr<v1::DaemonStats>> Client::Stats() const {
+  return AskEveryDaemon(*cluster_, &v1::ControlService::Stub::GetStats);
 }
 
 }  // namespace tessera

@@ -70,6 +70,10 @@ struct ClientOptions {
   // Boxes smaller than this take the stream even so (see
   // kLocalPathMinBytes, client/shard_client.h).
   int64_t local_min_bytes = kLocalPathMinBytes;
+  // The request id every control call carries (wire/request_id.h), which
+  // the daemons log with the operation it starts; empty: a new random one
+  // per call.
+  std::string request_id;
 };
 
 // Called as bytes arrive or leave: (bytes done, bytes in all). Calls are
@@ -228,6 +232,9 @@ class Client {
   // once), in rank order: where its control plane stands (generation,
   // state). An unreachable daemon's entry is the error, naming it.
   std::vector<absl::StatusOr<v1::ClusterInfo>> Clusters() const;
+  // Every daemon's metrics (GetStats on each, at once), in rank order; an
+  // unreachable daemon's entry is the error, naming it.
+  std::vector<absl::StatusOr<v1::DaemonStats>> Stats() const;
 
  private:
   explicit Client(std::shared_ptr<internal_client::Cluster> cluster);

@@ -42,6 +42,7 @@
 #include "wire/auth.h"
 #include "wire/credentials.h"
 #include "wire/replicas.h"
+#include "wire/request_id.h"
 
 namespace py = pybind11;
 
@@ -517,9 +518,16 @@ class PyView {
 class PyClient {
  public:
   static std::shared_ptr<PyClient> Connect(const std::string& address,
-                                           double timeout) {
+                                           double timeout,
+                                           const std::string& request_id) {
     ClientOptions options;
     if (timeout > 0) options.timeout = absl::Seconds(timeout);
+    if (!request_id.empty() && !IsValidRequestId(request_id)) {
+      Check(absl::InvalidArgumentError(absl::StrCat(
+          "request_id '", request_id,
+          "' is not 1 to 64 of A-Z a-z 0-9 . _ : -")));
+    }
+    options.request_id = request_id;
     absl::StatusOr<std::shared_ptr<Client>> client;
     {
       py::gil_scoped_release release;
@@ -723,7 +731,7 @@ PYBIND11_MODULE(_tessera, m) {
 
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
       .def_static("connect", &PyClient::Connect, py::arg("address"),
-                  py::arg("timeout") = 0.0)
+                  py::arg("timeout") = 0.0, py::arg("request_id") = "")
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("generation", &PyClient::generation)
       .def("health", &PyClient::Health)

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "wire/auth.h"
 #include "wire/credentials.h"
+#include "wire/request_id.h"
 
 namespace tessera::cli {
 
@@ -39,6 +40,20 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
                                 flags->default_timeout, ")"))
       ->type_name("SECONDS")
       ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--request-id", flags->request_id,
+                   "Id the daemons log with the operations this command "
+                   "starts, to find them in every daemon's log (up to 64 of "
+                   "A-Z a-z 0-9 . _ : -; default: a random one per call)")
+      ->type_name("ID")
+      ->check(
+          [](const std::string& id) -> std::string {
+            if (!IsValidRequestId(id)) {
+              return "a request id is 1 to 64 of A-Z a-z 0-9 . _ : -";
+            }
+            return "";
+          },
+          "ID");
   if (transfers) {
     command->add_flag("--no-progress", flags->no_progress,
                       "Never draw a progress bar (drawn on stderr for "
@@ -70,6 +85,7 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
   RETURN_IF_ERROR(ProcessToken().status());
   ClientOptions options;
   options.timeout = Timeout(flags);
+  options.request_id = flags.request_id;
   absl::StatusOr<std::shared_ptr<Client>> client =
       Client::Connect(address, options);
   if (client.ok()) return client;

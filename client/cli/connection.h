@@ -32,6 +32,8 @@ struct ConnectionFlags {
   double timeout_seconds = 0;   // --timeout; 0: the command's default
   double default_timeout = 60;  // seconds, per command
   bool no_progress = false;     // --no-progress (transfer commands)
+  // --request-id: the id the control calls carry (ClientOptions::request_id).
+  std::string request_id;
   // The root app's --address; owned by the app, valid while it runs the
   // action.
   const CLI::Option* global_address = nullptr;

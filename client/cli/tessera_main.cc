@@ -14,6 +14,7 @@
 #include "client/cli/read_command.h"
 #include "client/cli/rm_command.h"
 #include "client/cli/save_command.h"
+#include "client/cli/top_command.h"
 #include "client/cli/write_command.h"
 
 namespace {
@@ -26,6 +27,7 @@ constexpr tessera::cli::AddCommandFn kCommands[] = {
     &tessera::cli::AddReadCommand,   &tessera::cli::AddWriteCommand,
     &tessera::cli::AddRmCommand,     &tessera::cli::AddSaveCommand,
     &tessera::cli::AddLoadCommand,   &tessera::cli::AddPlanCommand,
+    &tessera::cli::AddTopCommand,
 };
 
 }  // namespace

@@ -153,7 +153,7 @@ class Client:
 
 
 def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,
-            tls_key=None, token=None, token_file=None):
+            tls_key=None, token=None, token_file=None, request_id=None):
     """Connects to the daemon at ``address`` ($TESSERA_ADDRESS, else
     127.0.0.1:29600) and learns the cluster from it.
 
@@ -161,6 +161,9 @@ def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,
     are the CLI's: ``tls_ca``/``tls_cert``/``tls_key`` (else
     $TESSERA_TLS_CA/_CERT/_KEY) and ``token`` or ``token_file`` (else
     $TESSERA_TOKEN / $TESSERA_TOKEN_FILE); they apply to the whole process.
+    ``request_id`` is the id every control call of this client carries,
+    which the daemons log with the operations it starts (docs/metrics.md);
+    None: a new random one per call.
     """
     if address is None:
         address = _os.environ.get("TESSERA_ADDRESS") or DEFAULT_ADDRESS
@@ -174,4 +177,5 @@ def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,
         token = words[0]
     if token is not None:
         _tessera.set_token(token)
-    return Client(_tessera.Client.connect(address, float(timeout)))
+    return Client(_tessera.Client.connect(address, float(timeout),
+                                          request_id or ""))

@@ -6,10 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -65,28 +68,39 @@ std::string Scrape(const std::string& address) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// The value of `name`'s series with these labels in a scrape; -1 when the
-// series is missing.
-double Series(const std::string& scrape, const std::string& name,
-              const std::string& transport, const std::string& direction) {
+// The sum of `name`'s series with (at least) these labels in a scrape; -1
+// when there is none.
+double Value(const std::string& scrape, const std::string& name,
+             const std::map<std::string, std::string>& labels = {}) {
+  double sum = -1;
   for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
-    if (!absl::ConsumePrefix(&line, name + "{")) continue;
-    const size_t close = line.find('}');
-    if (close == absl::string_view::npos) continue;
-    const absl::string_view labels = line.substr(0, close);
-    if (labels.find(absl::StrCat("transport=\"", transport, "\"")) ==
-            absl::string_view::npos ||
-        labels.find(absl::StrCat("direction=\"", direction, "\"")) ==
-            absl::string_view::npos) {
-      continue;
+    if (!absl::ConsumePrefix(&line, name)) continue;
+    absl::string_view found_labels;
+    if (absl::ConsumePrefix(&line, "{")) {
+      const size_t close = line.find('}');
+      if (close == absl::string_view::npos) continue;
+      found_labels = line.substr(0, close);
+      line.remove_prefix(close + 1);
+    } else if (line.empty() || line.front() != ' ') {
+      continue;  // A longer name.
+    }
+    bool all = true;
+    for (const auto& [label, value] : labels) {
+      all = all && absl::StrContains(found_labels,
+                                     absl::StrCat(label, "=\"", value, "\""));
     }
     double value = 0;
-    if (absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(close + 1)),
-                         &value)) {
-      return value;
+    if (all && absl::SimpleAtod(absl::StripAsciiWhitespace(line), &value)) {
+      sum = std::max(sum, 0.0) + value;
     }
   }
-  return -1;
+  return sum;
+}
+
+double Series(const std::string& scrape, const std::string& name,
+              const std::string& transport, const std::string& direction) {
+  return Value(scrape, name,
+               {{"transport", transport}, {"direction", direction}});
 }
 
 class MetricsTest : public ::tessera::testing::DaemonClusterTest {
@@ -111,15 +125,18 @@ class MetricsTest : public ::tessera::testing::DaemonClusterTest {
     return log.substr(from, log.find("/metrics", from) - from);
   }
 
-  // Per rank: the (transfers, bytes) of one transport and direction.
-  std::vector<std::pair<double, double>> Counts(const std::string& transport,
-                                                const std::string& direction) {
-    std::vector<std::pair<double, double>> counts;
+  // Per rank: the transfers, bytes and timed transfers of one transport
+  // and direction.
+  std::vector<std::array<double, 3>> Counts(const std::string& transport,
+                                            const std::string& direction) {
+    std::vector<std::array<double, 3>> counts;
     for (int r = 0; r < kWorld; ++r) {
       const std::string scrape = Scrape(MetricsAddress(r));
-      counts.emplace_back(
-          Series(scrape, "tessera_transfers_total", transport, direction),
-          Series(scrape, "tessera_transfer_bytes_total", transport, direction));
+      counts.push_back(
+          {Series(scrape, "tessera_transfers_total", transport, direction),
+           Series(scrape, "tessera_transfer_bytes_total", transport, direction),
+           Series(scrape, "tessera_transfer_seconds_count", transport,
+                  direction)});
     }
     return counts;
   }
@@ -134,10 +151,10 @@ class MetricsTest : public ::tessera::testing::DaemonClusterTest {
     traffic();
     const auto after = Counts(transport, direction);
     for (int r = 0; r < kWorld; ++r) {
-      ASSERT_GE(before[r].first, 0) << "rank " << r << " has no series";
-      EXPECT_EQ(after[r].first - before[r].first, 1) << "rank " << r;
-      EXPECT_EQ(after[r].second - before[r].second, kShardBytes)
-          << "rank " << r;
+      ASSERT_GE(before[r][0], 0) << "rank " << r << " has no series";
+      EXPECT_EQ(after[r][0] - before[r][0], 1) << "rank " << r;
+      EXPECT_EQ(after[r][1] - before[r][1], kShardBytes) << "rank " << r;
+      EXPECT_EQ(after[r][2] - before[r][2], 1) << "rank " << r;
     }
   }
 
@@ -190,6 +207,9 @@ TEST_F(MetricsTest, EachTransportCountsTheBytesItServed) {
   ExpectOneShardEach("local_path", "write", [&] {
     ASSERT_OK(local.Write({0, 0}, data));
   });
+  ExpectOneShardEach("grpc", "write", [&] {
+    ASSERT_OK(over_grpc.Write({0, 0}, data));
+  });
   ExpectOneShardEach("data_plane", "read",
                      [&] { ASSERT_OK(over_dp.Read().status()); });
   ExpectOneShardEach("grpc", "read",
@@ -197,6 +217,87 @@ TEST_F(MetricsTest, EachTransportCountsTheBytesItServed) {
   ExpectOneShardEach("local_path", "read",
                      [&] { ASSERT_OK(local.Read().status()); });
   ASSERT_OK(client_->Delete("metered"));
+}
+
+// Control operations by op and agreed code on every daemon, their wait on
+// the coordinator only; gauges, store calls, collectives; and GetStats
+// answers the same metrics as the endpoint.
+TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
+  const auto scrape_all = [&] {
+    std::vector<std::string> scrapes;
+    for (int r = 0; r < kWorld; ++r) {
+      scrapes.push_back(Scrape(MetricsAddress(r)));
+    }
+    return scrapes;
+  };
+  const std::map<std::string, std::string> create_ok = {{"op", "CreateTensor"},
+                                                        {"code", "OK"}};
+  const std::map<std::string, std::string> create = {{"op", "CreateTensor"}};
+  const std::vector<std::string> before = scrape_all();
+
+  ASSERT_OK(client_->Create("counted", {64, 64}, Rows()).status());
+  const absl::Status twice =
+      client_->Create("counted", {64, 64}, Rows()).status();
+  ASSERT_FALSE(twice.ok());
+  const std::map<std::string, std::string> create_failed = {
+      {"op", "CreateTensor"}, {"code", absl::StatusCodeToString(twice.code())}};
+  const std::vector<std::string> during = scrape_all();
+  ASSERT_OK(client_->Delete("counted"));
+  const std::vector<std::string> after = scrape_all();
+
+  const auto moved = [](const std::string& then, const std::string& now,
+                        const std::string& name,
+                        const std::map<std::string, std::string>& labels) {
+    return std::max(Value(now, name, labels), 0.0) -
+           std::max(Value(then, name, labels), 0.0);
+  };
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(
+        moved(before[r], during[r], "tessera_control_ops_total", create_ok), 1);
+    EXPECT_EQ(
+        moved(before[r], during[r], "tessera_control_ops_total", create_failed),
+        1);
+    EXPECT_EQ(moved(before[r], after[r], "tessera_control_ops_total",
+                    {{"op", "DeleteTensor"}, {"code", "OK"}}),
+              1);
+    EXPECT_EQ(
+        moved(before[r], during[r], "tessera_control_op_seconds_count", create),
+        2);
+    // The client called rank 0: only there did the ops wait for their turn.
+    EXPECT_EQ(moved(before[r], during[r],
+                    "tessera_control_op_wait_seconds_count", create),
+              r == 0 ? 2 : 0);
+    EXPECT_EQ(Value(during[r], "tessera_tensors"), 1);
+    EXPECT_EQ(Value(after[r], "tessera_tensors"), 0);
+    EXPECT_EQ(Value(during[r], "tessera_rank"), r);
+    EXPECT_EQ(Value(during[r], "tessera_world_size"), kWorld);
+    EXPECT_EQ(Value(during[r], "tessera_generation"), 1);
+    for (int peer = 0; peer < kWorld; ++peer) {
+      EXPECT_EQ(
+          Value(during[r], "tessera_peer_up", {{"peer", absl::StrCat(peer)}}),
+          1);
+    }
+    // Its shard: 32 rows of 64 float32.
+    EXPECT_EQ(Value(during[r], "tessera_shard_bytes", {{"device", "cpu"}}),
+              32 * 64 * 4);
+    EXPECT_GT(Value(during[r], "tessera_memory_budget_bytes"), 0);
+    // Ops agree through collectives and are logged through the store.
+    EXPECT_GT(moved(before[r], during[r], "tessera_collective_seconds_count",
+                    {{"backend", "gloo"}}),
+              0);
+    EXPECT_GT(
+        Value(during[r], "tessera_store_op_seconds_count", {{"op", "get"}}), 0);
+  }
+  const std::vector<absl::StatusOr<v1::DaemonStats>> stats = client_->Stats();
+  ASSERT_EQ(stats.size(), static_cast<size_t>(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK(stats[r].status());
+    EXPECT_EQ(stats[r]->rank(), r);
+    EXPECT_EQ(
+        Value(stats[r]->metrics(), "tessera_control_ops_total", create_ok),
+        Value(after[r], "tessera_control_ops_total", create_ok));
+  }
 }
 
 }  // namespace

@@ -28,6 +28,16 @@ def test_connect_and_health(daemons, client):
         del os.environ["TESSERA_ADDRESS"]
 
 
+def test_request_ids_are_checked_before_any_call(daemons):
+    traced = tessera.connect(daemons.addresses[1], request_id="py.trace-1")
+    t = traced.create("traced", [4, 4],
+                      tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"]))
+    traced.delete(t.name)
+    for bad in ["has space", "x" * 65, "semi;colon"]:
+        with pytest.raises(tessera.InvalidArgumentError, match="request_id"):
+            tessera.connect(daemons.addresses[0], request_id=bad)
+
+
 def test_create_metadata_and_every_init(client, rows4):
     w = client.create("w", (1000, 64), rows4, dtype="float32", init="randn",
                       seed=7)

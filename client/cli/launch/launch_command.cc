@@ -81,6 +81,17 @@ std::optional<std::string> ReadAddressFile(const std::string& path) {
   return std::string(absl::StripAsciiWhitespace(contents));
 }
 
+// ", metrics http://HOST:PORT/metrics" once `daemon` (serving) wrote its
+// metrics address; "" when it serves none.
+template <typename Daemon>
+std::string MetricsNote(const Daemon& daemon) {
+  if (daemon.metrics_address_file.empty()) return "";
+  const std::optional<std::string> address =
+      ReadAddressFile(daemon.metrics_address_file);
+  if (!address.has_value()) return "";
+  return absl::StrCat(", metrics http://", *address, "/metrics");
+}
+
 // The signals the launcher waits for instead of handling them.
 sigset_t LauncherSignals() {
   sigset_t set;
@@ -120,7 +131,8 @@ class Supervisor {
     pid_t pid = -1;
     std::string address_file;
     std::string address;
-    std::optional<int> wait_status;  // once reaped
+    std::string metrics_address_file;  // Empty: no metrics.
+    std::optional<int> wait_status;    // once reaped
     int restarts = 0;
   };
 
@@ -256,12 +268,16 @@ absl::Status Supervisor::Start(int rank) {
   // so at once.
   std::error_code ignored;
   std::filesystem::remove(command.address_file, ignored);
+  if (!command.metrics_address_file.empty()) {
+    std::filesystem::remove(command.metrics_address_file, ignored);
+  }
   ASSIGN_OR_RETURN(const pid_t pid, SpawnProcess(spawn));
   if (rank >= static_cast<int>(daemons_.size())) daemons_.resize(rank + 1);
   Daemon& daemon = daemons_[rank];
   daemon.rank = rank;
   daemon.pid = pid;
   daemon.address_file = command.address_file;
+  daemon.metrics_address_file = command.metrics_address_file;
   daemon.address.clear();
   daemon.wait_status.reset();
   return absl::OkStatus();
@@ -422,7 +438,7 @@ int Supervisor::Supervise() {
   }
   for (const Daemon& daemon : daemons_) {
     context_.out() << "rank " << daemon.rank << ": " << daemon.address
-                   << " (pid " << daemon.pid << ")\n";
+                   << " (pid " << daemon.pid << MetricsNote(daemon) << ")\n";
   }
   context_.out() << "ready: export TESSERA_ADDRESS=" << daemons_[0].address;
   if (secure_.has_value()) {
@@ -456,7 +472,8 @@ int Supervisor::Supervise() {
               ReadAddressFile(daemon.address_file)) {
         daemon.address = *address;
         context_.out() << "rank " << daemon.rank << ": " << daemon.address
-                       << " (pid " << daemon.pid << ", restarted)" << std::endl;
+                       << " (pid " << daemon.pid << MetricsNote(daemon)
+                       << ", restarted)" << std::endl;
       }
     }
   }
@@ -502,6 +519,13 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
           "--master-port ", options.master_port, " is also a daemon's port (",
           options.base_port, "..", last, "); choose another"));
     }
+  }
+  if (options.metrics_base_port < -1 ||
+      options.metrics_base_port + options.nproc - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-base-port must leave room for ", options.nproc,
+        " daemons in [1, 65535] (or be 0: free ports, -1: no metrics), got ",
+        options.metrics_base_port));
   }
   if (options.host.empty()) {
     return absl::InvalidArgumentError("--host must not be empty");
@@ -593,6 +617,16 @@ DaemonCommand BuildDaemonCommand(
                   options.cpu ? "cpu" : "auto",
                   "--address-file",
                   command.address_file};
+  if (options.metrics_base_port >= 0) {
+    command.metrics_address_file =
+        absl::StrCat(address_dir, "/rank", rank, ".metrics");
+    const int metrics_port =
+        options.metrics_base_port > 0 ? options.metrics_base_port + rank : 0;
+    command.args.insert(
+        command.args.end(),
+        {"--metrics-port", absl::StrCat(metrics_port), "--metrics-address-file",
+         command.metrics_address_file});
+  }
   if (!options.log_level.empty()) {
     command.args.push_back("--log-level");
     command.args.push_back(options.log_level);
@@ -682,6 +716,12 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
   launch
       ->add_option("--base-port", options->base_port,
                    "Rank i listens on this port + i (0: any free port)")
+      ->capture_default_str()
+      ->type_name("PORT");
+  launch
+      ->add_option("--metrics-base-port", options->metrics_base_port,
+                   "Rank i serves Prometheus metrics on 127.0.0.1, this port "
+                   "+ i (0: any free port, -1: none)")
       ->capture_default_str()
       ->type_name("PORT");
   launch

@@ -13,9 +13,11 @@
 // this executable, then in the build tree, then on PATH (--server
 // overrides).
 //
-// Once every daemon serves (its --address-file holds "host:port"), prints
+// Every daemon serves Prometheus metrics on loopback (--metrics-base-port:
+// base + i, 0 a free port, -1 none; docs/metrics.md). Once every daemon
+// serves (its --address-file holds "host:port"), prints
 //
-//   rank 0: 127.0.0.1:29600 (pid 4242)
+//   rank 0: 127.0.0.1:29600 (pid 4242, metrics http://127.0.0.1:41807/metrics)
 //   ...
 //   ready: export TESSERA_ADDRESS=127.0.0.1:29600
 //
@@ -63,6 +65,9 @@ struct LaunchOptions {
   bool cpu = false;
   int master_port = 29500;
   int base_port = 29600;  // 0: every daemon picks a free port
+  // Rank i serves its metrics on this port + i (0: a free port each, -1:
+  // none), on loopback.
+  int metrics_base_port = 0;
   std::string host = "127.0.0.1";
   std::string log_level;  // empty: the daemons' default
   std::string log_dir;    // empty: daemons share the launcher's stdout/stderr
@@ -106,6 +111,8 @@ struct DaemonCommand {
   std::vector<std::string> args;
   std::vector<std::pair<std::string, std::string>> env;
   std::string address_file;
+  // Where the daemon writes its metrics endpoint; empty: none.
+  std::string metrics_address_file;
 };
 // `security_flags` (SecureSetup::DaemonFlags) come before the extra flags.
 DaemonCommand BuildDaemonCommand(

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -444,6 +447,106 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
 // the ready line's variables make a client that runs the demo end to end,
 // and a client without them is refused in one clear line. Stopping removes
 // the keys.
+// Issue 18 against 4 launched daemons: launch prints each one's metrics
+// endpoint; `tessera top --once --json` shows every daemon and the bytes
+// a read moved; with --log-format json every log line parses, and one
+// grep of the request id finds the same op on every daemon.
+TEST(CliLaunchTest, TopAndJsonLogsFollowTrafficOnFourDaemons) {
+  char logs[] = "/tmp/tessera-logs-XXXXXX";
+  ASSERT_NE(mkdtemp(logs), nullptr);
+  Launched launched =
+      Launch(4, {"--log-dir", logs, "--", "--log-format", "json"});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  const std::string launch_log = launched.launcher->LogTail();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(launch_log, HasSubstr(absl::StrCat("rank ", r, ": ")));
+  }
+  const std::vector<std::string> parts =
+      absl::StrSplit(launch_log, "metrics http://127.0.0.1:");
+  EXPECT_EQ(parts.size(), 5u) << launch_log;
+
+  const std::string dir = launched.dir;
+  CliResult created =
+      RunCli(address,
+             {"create", "seen", "--size", "64,256", "--spec",
+              "chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu",
+              "--init", "ones", "--request-id", "trace-me.1"},
+             dir + "/create.log");
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+
+  // A read during top's interval: 64 KiB, 16 KiB from each daemon.
+  std::thread reader([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    RunCli(address, {"fetch", "seen", "-o", dir + "/seen.npy"},
+           dir + "/fetch.log");
+  });
+  CliResult top =
+      RunCli(address, {"top", "--once", "--json", "--interval", "4"},
+             dir + "/top.log");
+  reader.join();
+  ASSERT_EQ(top.exit_code, 0) << top.output;
+  const nlohmann::json shown =
+      nlohmann::json::parse(top.output, nullptr,
+                            /*allow_exceptions=*/false);
+  ASSERT_FALSE(shown.is_discarded()) << top.output;
+  ASSERT_EQ(shown["daemons"].size(), 4u) << top.output;
+  double read_bytes = 0;
+  for (int r = 0; r < 4; ++r) {
+    const nlohmann::json& daemon = shown["daemons"][r];
+    EXPECT_EQ(daemon["rank"], r);
+    EXPECT_EQ(daemon["state"], "serving");
+    EXPECT_EQ(daemon["tensors"], 1);
+    EXPECT_EQ(daemon["bytes_held"], 16 * 256 * 4);
+    EXPECT_EQ(daemon["errors"]["total"], 0);
+    for (const auto& [transport, rate] :
+         daemon["read_bytes_per_second"].items()) {
+      read_bytes +=
+          rate.get<double>() * shown["interval_seconds"].get<double>();
+    }
+  }
+  EXPECT_NEAR(read_bytes, 64 * 256 * 4, 1) << top.output;
+
+  // The text view: a header and one line per daemon.
+  CliResult table = RunCli(address, {"top", "--once", "--interval", "0.2"},
+                           dir + "/table.log");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, AllOf(HasSubstr("RANK"), HasSubstr("FETCH p50"),
+                                  HasSubstr("serving")));
+
+  // Every daemon logged the create as one op with the client's id.
+  std::set<int64_t> ops;
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(absl::StrCat(logs, "/rank", r, ".log"));
+    int lines = 0;
+    bool found = false;
+    for (std::string line; std::getline(in, line);) {
+      ++lines;
+      const nlohmann::json entry =
+          nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_FALSE(entry.is_discarded()) << "rank " << r << ": " << line;
+      EXPECT_EQ(entry["rank"], r) << line;
+      for (const char* field : {"time", "level", "generation", "message"}) {
+        EXPECT_TRUE(entry.contains(field)) << line;
+      }
+      if (entry.value("request", "") == "trace-me.1") {
+        found = true;
+        EXPECT_EQ(entry["tensor"], "seen") << line;
+        ops.insert(entry["op"].get<int64_t>());
+      }
+    }
+    EXPECT_GT(lines, 0) << "rank " << r;
+    EXPECT_TRUE(found) << "rank " << r << " never logged the request";
+  }
+  EXPECT_EQ(ops.size(), 1u);
+
+  launched.launcher->Signal(SIGINT);
+  EXPECT_TRUE(launched.launcher->WaitFor(absl::Seconds(30)).has_value());
+  std::filesystem::remove_all(logs);
+}
+
 TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
   Launched launched = Launch(2, {"--secure"});
   ASSERT_NE(launched.launcher, nullptr);

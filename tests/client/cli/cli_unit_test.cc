@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <complex>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "client/cli/read_command.h"
 #include "client/cli/save_command.h"
 #include "client/cli/table.h"
+#include "client/cli/top_command.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -253,6 +256,13 @@ TEST(LaunchOptionsTest, Validation) {
   EXPECT_THAT(ValidateLaunchOptions(store),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("--store"), HasSubstr("etcd://"))));
+  for (const int bad : {-2, 65534}) {
+    LaunchOptions metrics = Options(4);
+    metrics.metrics_base_port = bad;
+    EXPECT_THAT(ValidateLaunchOptions(metrics),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("--metrics-base-port")));
+  }
   LaunchOptions stop = Options(1);
   stop.stop_timeout_seconds = 0;
   EXPECT_THAT(ValidateLaunchOptions(stop),
@@ -265,13 +275,16 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   options.server_flags = {"--timeout", "30s"};
   const DaemonCommand command = BuildDaemonCommand(options, 2, "/tmp/a");
   EXPECT_EQ(command.address_file, "/tmp/a/rank2.address");
-  EXPECT_THAT(command.args,
-              ElementsAre("--rank", "2", "--world-size", "4", "--local-rank",
-                          "2", "--local-world-size", "4", "--master-addr",
-                          "127.0.0.1", "--master-port", "29500", "--host",
-                          "127.0.0.1", "--port", "29602", "--device", "auto",
-                          "--address-file", "/tmp/a/rank2.address",
-                          "--log-level", "debug", "--timeout", "30s"));
+  EXPECT_THAT(
+      command.args,
+      ElementsAre("--rank", "2", "--world-size", "4", "--local-rank", "2",
+                  "--local-world-size", "4", "--master-addr", "127.0.0.1",
+                  "--master-port", "29500", "--host", "127.0.0.1", "--port",
+                  "29602", "--device", "auto", "--address-file",
+                  "/tmp/a/rank2.address", "--metrics-port", "0",
+                  "--metrics-address-file", "/tmp/a/rank2.metrics",
+                  "--log-level", "debug", "--timeout", "30s"));
+  EXPECT_EQ(command.metrics_address_file, "/tmp/a/rank2.metrics");
   EXPECT_THAT(
       command.env,
       ElementsAre(Pair("RANK", "2"), Pair("WORLD_SIZE", "4"),
@@ -299,6 +312,15 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   const DaemonCommand on_etcd = BuildDaemonCommand(cpu, 1, "/d");
   EXPECT_THAT(on_etcd.args, ::testing::IsSupersetOf(
                                 {"--store", "etcd://127.0.0.1:2379/job"}));
+  // Metrics: base + rank, or none.
+  cpu.metrics_base_port = 29700;
+  EXPECT_THAT(BuildDaemonCommand(cpu, 1, "/d").args,
+              ::testing::IsSupersetOf({"--metrics-port", "29701"}));
+  cpu.metrics_base_port = -1;
+  const DaemonCommand quiet = BuildDaemonCommand(cpu, 1, "/d");
+  EXPECT_THAT(quiet.args,
+              ::testing::Not(::testing::Contains("--metrics-port")));
+  EXPECT_EQ(quiet.metrics_address_file, "");
   EXPECT_EQ(MasterAddress("10.1.2.3"), "10.1.2.3");
   EXPECT_EQ(MasterAddress("::"), "127.0.0.1");
 }
@@ -352,6 +374,112 @@ TEST_F(FindServerTest, NotFoundSaysWhatToDo) {
   EXPECT_THAT(FindServerBinary("", self, "/nonexistent"),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("--target tessera-server) or pass --server")));
+}
+
+TEST(PrometheusTextTest, SamplesLabelsAndValues) {
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<MetricSample> samples,
+      ParsePrometheusText("# HELP x_total Things\n"
+                          "# TYPE x_total counter\n"
+                          "x_total{a=\"1\",b=\"q\\\"uo\\\\te\\n\"} 3\n"
+                          "\n"
+                          "x_total{a=\"2\"} 4.5 1700000000000\n"
+                          "up 1\n"
+                          "h_bucket{le=\"+Inf\"} 7\n"));
+  ASSERT_EQ(samples.size(), 4u);
+  EXPECT_EQ(samples[0].name, "x_total");
+  EXPECT_EQ(samples[0].labels.at("b"), "q\"uo\\te\n");
+  EXPECT_EQ(samples[1].value, 4.5);
+  EXPECT_EQ(samples[2].name, "up");
+  EXPECT_TRUE(samples[2].labels.empty());
+  EXPECT_EQ(SumOf(samples, "x_total"), 7.5);
+  EXPECT_EQ(SumOf(samples, "x_total", {{"a", "2"}}), 4.5);
+  EXPECT_EQ(SumOf(samples, "x_total", {{"a", "3"}}), 0);
+  for (const char* bad : {"x_total{a=\"1\" 3", "x_total", "{a=\"1\"} 2",
+                          "x_total one", "x 1 2 3"}) {
+    EXPECT_THAT(ParsePrometheusText(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("metrics line 1")))
+        << bad;
+  }
+}
+
+TEST(PrometheusTextTest, QuantilesInterpolateWithinTheirBucket) {
+  // 10 observations: 4 up to 1 ms, 4 more up to 2 ms, 2 above 4 ms.
+  const std::map<double, double> buckets = {
+      {0.001, 4}, {0.002, 8}, {0.004, 8}, {INFINITY, 10}};
+  EXPECT_DOUBLE_EQ(HistogramQuantile(buckets, 0.2), 0.0005);
+  EXPECT_DOUBLE_EQ(HistogramQuantile(buckets, 0.5), 0.00125);
+  // In the unbounded bucket: its lower bound.
+  EXPECT_DOUBLE_EQ(HistogramQuantile(buckets, 0.99), 0.004);
+  EXPECT_EQ(HistogramQuantile({{0.001, 0}, {INFINITY, 0}}, 0.5), -1);
+  EXPECT_EQ(HistogramQuantile({}, 0.5), -1);
+}
+
+TEST(TopTest, RatesAndLatenciesComeFromTwoLooks) {
+  DaemonLook before;
+  before.rank = 2;
+  before.address = "127.0.0.1:29602";
+  before.state = "serving";
+  before.generation = 3;
+  ASSERT_OK_AND_ASSIGN(
+      before.metrics,
+      ParsePrometheusText(
+          "tessera_transfer_bytes_total{transport=\"data_plane\","
+          "direction=\"read\"} 1000\n"
+          "tessera_control_ops_total{op=\"CreateTensor\",code=\"OK\"} 4\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"0.001\"} 100\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"0.01\"} 100\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"+Inf\"} 100\n"));
+  DaemonLook after = before;
+  ASSERT_OK_AND_ASSIGN(
+      after.metrics,
+      ParsePrometheusText(
+          "tessera_transfer_bytes_total{transport=\"data_plane\","
+          "direction=\"read\"} 5000\n"
+          "tessera_control_ops_total{op=\"CreateTensor\",code=\"OK\"} 6\n"
+          "tessera_control_ops_total{op=\"Reshard\",code=\"NOT_FOUND\"} 1\n"
+          "tessera_checksum_failures_total{transport=\"grpc\"} 2\n"
+          "tessera_tensors 5\n"
+          "tessera_shard_bytes{device=\"cpu\"} 4096\n"
+          "tessera_shard_bytes{device=\"cuda\"} 1024\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"0.001\"} 100\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"0.01\"} 110\n"
+          "tessera_transfer_seconds_bucket{transport=\"grpc\","
+          "direction=\"read\",le=\"+Inf\"} 110\n"));
+  const DaemonView view = ViewOf(before, after, 2.0);
+  EXPECT_EQ(view.rank, 2);
+  EXPECT_EQ(view.generation, 3);
+  EXPECT_EQ(view.read_bytes_per_second[1], 2000);  // data_plane
+  EXPECT_EQ(view.read_bytes_per_second[0], 0);
+  EXPECT_EQ(view.ops_per_second, 1.5);
+  EXPECT_EQ(view.op_errors, 1);
+  EXPECT_EQ(view.errors(), 3);
+  EXPECT_EQ(view.tensors, 5);
+  EXPECT_EQ(view.bytes_held, 5120);
+  // The 10 fetches of the interval, all between 1 and 10 ms.
+  EXPECT_DOUBLE_EQ(view.fetch_p50_seconds, 0.0055);
+  // No fetch in the interval: the daemon's whole life.
+  const DaemonView quiet = ViewOf(after, after, 2.0);
+  EXPECT_LT(quiet.fetch_p50_seconds, 0.001);
+  EXPECT_EQ(quiet.ops_per_second, 0);
+
+  DaemonLook gone;
+  gone.rank = 3;
+  gone.error = absl::UnavailableError("connection refused");
+  const DaemonView unreachable = ViewOf(after, gone, 2.0);
+  EXPECT_EQ(unreachable.state, "unreachable");
+  const std::string table = FormatTopTable({view, unreachable});
+  EXPECT_THAT(table, AllOf(HasSubstr("FETCH p50"), HasSubstr("5.5ms"),
+                           HasSubstr("unreachable (connection refused)")));
+  const std::string json = FormatTopJson({view, unreachable}, 2.0);
+  EXPECT_THAT(json, AllOf(HasSubstr("\"ops_per_second\": 1.5"),
+                          HasSubstr("\"error\": \"connection refused\"")));
 }
 
 }  // namespace
