@@ -122,9 +122,12 @@ class Cluster {
   std::unique_ptr<grpc::ClientContext> ControlContext() const {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-    SetRequestId(*context, options_.request_id.empty() ? NewRequestId()
-                                                       : options_.request_id);
+    SetRequestId(*context, CallId());
     return context;
+  }
+  // The request id of a new control call: the options', else a new one.
+  std::string CallId() const {
+    return options_.request_id.empty() ? NewRequestId() : options_.request_id;
   }
 
  private:
@@ -582,7 +585,7 @@ absl::StatusOr<Tensor> Client::Gather(const std::string& name,
   RETURN_IF_ERROR(ReceiveChunkStream(cluster_->coordinator().channel, *method,
                                      request, absl::Now() + options.timeout,
                                      absl::StrCat("gathering tensor ", name),
-                                     &assembler));
+                                     &assembler, cluster_->CallId()));
   progress.SetTotal(assembler.total_bytes());
   progress.Finish();
   return assembler.destination();

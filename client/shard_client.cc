@@ -22,6 +22,7 @@
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
 #include "wire/replicas.h"
+#include "wire/request_id.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -127,7 +128,8 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
                                 const std::string& method,
                                 const google::protobuf::MessageLite& request,
                                 absl::Time deadline, absl::string_view what,
-                                ShardAssembler* assembler) {
+                                ShardAssembler* assembler,
+                                const std::string& request_id) {
   grpc::ByteBuffer serialized;
   bool own_buffer;
   RETURN_IF_ERROR(FromGrpcStatus(
@@ -136,6 +138,7 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  if (!request_id.empty()) SetRequestId(context, request_id);
   // Cancelling the fetch ends a Read blocked on a stalled owner too.
   const Cancellation::Registration interrupt =
       OnCancel(assembler->cancel(), [&context] { context.TryCancel(); });

@@ -241,12 +241,15 @@ std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address);
 // The call's own errors (UNAVAILABLE, DEADLINE_EXCEEDED, the server's
 // status) are annotated with `what`; the assembler's (DATA_LOSS,
 // INVALID_ARGUMENT) are returned as they are, after cancelling the call.
-// Thread-safe (the channel is shared; the call is the caller's).
+// `request_id`, when not empty, goes in the call's metadata
+// (wire/request_id.h). Thread-safe (the channel is shared; the call is the
+// caller's).
 absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
                                 const std::string& method,
                                 const google::protobuf::MessageLite& request,
                                 absl::Time deadline, absl::string_view what,
-                                ShardAssembler* assembler);
+                                ShardAssembler* assembler,
+                                const std::string& request_id = "");
 
 }  // namespace tessera
 

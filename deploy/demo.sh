@@ -2,7 +2,8 @@
 # The main job: starts 4 CPU daemons on this machine (`tessera launch`),
 # runs the demo client against them (create a 10x20 tensor, print its shard
 # table, fetch a remote shard, read a region spanning three shards, gather,
-# save and load), shows a few CLI commands, and stops the daemons.
+# save and load), shows a few CLI commands (`tessera top` among them), and
+# stops the daemons.
 # Installs missing Debian packages and builds first.
 #
 # Ports: the store on TESSERA_MASTER_PORT (29500), daemons on
@@ -80,4 +81,6 @@ run health
 run ls
 run describe demo
 run read demo --offsets 8,0 --sizes 2,6
+# What every daemon served and holds (docs/metrics.md): from their metrics.
+run top --once --interval 1
 run rm demo

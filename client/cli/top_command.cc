@@ -118,7 +118,8 @@ DaemonView ViewOf(const DaemonLook& before, const DaemonLook& after,
       BucketsOf(now, "tessera_transfer_seconds", reads);
   const std::map<double, double> recent =
       Delta(fetches, BucketsOf(then, "tessera_transfer_seconds", reads));
-  if (!recent.empty() && recent.rbegin()->second > 0) fetches = recent;
+  view.latency_of_interval = !recent.empty() && recent.rbegin()->second > 0;
+  if (view.latency_of_interval) fetches = recent;
   view.fetch_p50_seconds = HistogramQuantile(fetches, 0.5);
   view.fetch_p99_seconds = HistogramQuantile(fetches, 0.99);
   return view;
@@ -188,6 +189,8 @@ std::string FormatTopJson(const std::vector<DaemonView>& views,
     daemon["ops_total"] = count(view.ops_total);
     daemon["fetch_p50_seconds"] = seconds_or_null(view.fetch_p50_seconds);
     daemon["fetch_p99_seconds"] = seconds_or_null(view.fetch_p99_seconds);
+    daemon["fetch_latency_window"] =
+        view.latency_of_interval ? "interval" : "lifetime";
     daemon["errors"] = {{"total", count(view.errors())},
                         {"control_ops", count(view.op_errors)},
                         {"checksum", count(view.checksum_failures)},

@@ -71,6 +71,8 @@ struct DaemonView {
   double ops_per_second = 0;
   double ops_total = 0;
   double fetch_p50_seconds = -1, fetch_p99_seconds = -1;  // -1: no fetch
+  // Whether they are of the interval's fetches (else of the daemon's life).
+  bool latency_of_interval = false;
   double op_errors = 0, checksum_failures = 0, budget_refusals = 0,
          collective_failures = 0, store_failures = 0;
   double errors() const {

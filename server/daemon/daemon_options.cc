@@ -428,11 +428,17 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
   if (options.metrics_host.empty()) {
     return absl::InvalidArgumentError("--metrics-host must not be empty");
   }
-  if (!IsLoopbackHost(options.metrics_host) && !flags.insecure) {
+  // The endpoint authenticates nobody, but shows no tensor names or data:
+  // beyond this host it is allowed to a daemon whose data surfaces are
+  // authenticated (where --insecure would relax those too), or with
+  // --insecure.
+  if (!IsLoopbackHost(options.metrics_host) && !options.authenticates() &&
+      !options.insecure) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics-host ", options.metrics_host,
-        " listens beyond this host, and the metrics endpoint authenticates "
-        "nobody: pass --insecure on a network only trusted users reach"));
+        " listens beyond this host, and this daemon authenticates nobody: "
+        "authenticate it (--tls-ca, --auth-token-file), or pass --insecure "
+        "on a network only trusted users reach"));
   }
 
   ASSIGN_OR_RETURN(
@@ -665,8 +671,9 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
        "picks a free one [default: not served]",
        "PORT"},
       {"--metrics-host", &flags.metrics_host,
-       "where --metrics-port listens (beyond loopback only with --insecure: "
-       "the endpoint authenticates nobody) [default 127.0.0.1]",
+       "where --metrics-port listens; beyond loopback only for a daemon that "
+       "authenticates (--tls-ca, --auth-token-file) or with --insecure: the "
+       "endpoint itself authenticates nobody [default 127.0.0.1]",
        "HOST"},
       {"--metrics-address-file", &flags.metrics_address_file,
        "write the metrics endpoint's \"host:port\" here once serving", "FILE"},

@@ -156,7 +156,8 @@ struct DaemonOptions {
   // Prometheus metrics (server/metrics/metrics.h) on
   // http://metrics_host:metrics_port/metrics; port -1: not served, 0: a
   // free one. The endpoint authenticates nobody (it shows counts, never
-  // tensor names or data), so a host beyond loopback needs --insecure.
+  // tensor names or data), so a host beyond loopback needs a daemon that
+  // authenticates its other surfaces, or --insecure.
   int metrics_port = -1;
   std::string metrics_host = "127.0.0.1";
   // Written with the endpoint's "host:port\n" once serving; empty: none.

@@ -321,9 +321,8 @@ absl::Status MetricsOverhead(Rank& rank, const Config& config) {
         for (int i = 0; i < reads; ++i) {
           for (const auto& [shard, dst] : targets) {
             ASSIGN_OR_RETURN(auto owner, rank.ClientFor(shard->owner().id));
-            RETURN_IF_ERROR(owner->FetchShardInto(big.tensor_id(),
-                                                  shard->shard_index(), dst,
-                                                  over_data_plane));
+            RETURN_IF_ERROR(owner->FetchShardInto(
+                big.tensor_id(), shard->shard_index(), dst, over_data_plane));
             bytes += static_cast<int64_t>(dst.nbytes());
           }
         }

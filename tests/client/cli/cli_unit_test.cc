@@ -464,9 +464,11 @@ TEST(TopTest, RatesAndLatenciesComeFromTwoLooks) {
   EXPECT_EQ(view.bytes_held, 5120);
   // The 10 fetches of the interval, all between 1 and 10 ms.
   EXPECT_DOUBLE_EQ(view.fetch_p50_seconds, 0.0055);
+  EXPECT_TRUE(view.latency_of_interval);
   // No fetch in the interval: the daemon's whole life.
   const DaemonView quiet = ViewOf(after, after, 2.0);
   EXPECT_LT(quiet.fetch_p50_seconds, 0.001);
+  EXPECT_FALSE(quiet.latency_of_interval);
   EXPECT_EQ(quiet.ops_per_second, 0);
 
   DaemonLook gone;

@@ -375,6 +375,13 @@ TEST_F(DaemonOptionsTest, MetricsEndpoint) {
     EXPECT_THAT(Resolve(flags),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(error)));
   }
+  // A daemon that authenticates its data surfaces may open it (it shows
+  // counts only), without --insecure.
+  flags.auth_token_file =
+      ScratchFile("tokens", "0123456789abcdef0123 cluster daemons\n", 0600);
+  ASSERT_OK_AND_ASSIGN(DaemonOptions tokens, Resolve(flags));
+  EXPECT_EQ(tokens.metrics_host, "0.0.0.0");
+  flags.auth_token_file.reset();
   flags.insecure = true;
   ASSERT_OK_AND_ASSIGN(DaemonOptions beyond, Resolve(flags));
   EXPECT_EQ(beyond.metrics_host, "0.0.0.0");
