@@ -523,9 +523,9 @@ class PyClient {
     ClientOptions options;
     if (timeout > 0) options.timeout = absl::Seconds(timeout);
     if (!request_id.empty() && !IsValidRequestId(request_id)) {
-      Check(absl::InvalidArgumentError(absl::StrCat(
-          "request_id '", request_id,
-          "' is not 1 to 64 of A-Z a-z 0-9 . _ : -")));
+      Check(absl::InvalidArgumentError(
+          absl::StrCat("request_id '", request_id,
+                       "' is not 1 to 64 of A-Z a-z 0-9 . _ : -")));
     }
     options.request_id = request_id;
     absl::StatusOr<std::shared_ptr<Client>> client;
@@ -552,6 +552,22 @@ class PyClient {
       out.emplace_back(
           client_->cluster().workers(static_cast<int>(r)).address(),
           static_cast<int>(r), health[r].ok());
+    }
+    return out;
+  }
+
+  // (rank, metrics text, error): one of the last two is empty.
+  std::vector<std::tuple<int, std::string, std::string>> Stats() const {
+    std::vector<absl::StatusOr<v1::DaemonStats>> stats;
+    {
+      py::gil_scoped_release release;
+      stats = client_->Stats();
+    }
+    std::vector<std::tuple<int, std::string, std::string>> out;
+    for (size_t r = 0; r < stats.size(); ++r) {
+      out.emplace_back(static_cast<int>(r),
+                       stats[r].ok() ? stats[r]->metrics() : "",
+                       stats[r].ok() ? "" : stats[r].status().ToString());
     }
     return out;
   }
@@ -735,6 +751,7 @@ PYBIND11_MODULE(_tessera, m) {
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("generation", &PyClient::generation)
       .def("health", &PyClient::Health)
+      .def("stats", &PyClient::Stats)
       .def("create", &PyClient::Create)
       .def("list", &PyClient::List)
       .def("open", &PyClient::Open)

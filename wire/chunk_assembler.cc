@@ -1,6 +1,7 @@
 #include "wire/chunk_assembler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +17,12 @@
 #include "xxhash.h"
 
 namespace tessera {
+namespace {
+
+std::atomic<ChecksumFailureObserver> checksum_failure_observer{nullptr};
+
+}  // namespace
+
 namespace internal_chunk_assembler {
 
 // Lands verified chunks in a contiguous CUDA destination through a ring of
@@ -149,6 +156,10 @@ absl::Status ChunkSequence::CheckNext(int64_t offset, int64_t size,
   return absl::OkStatus();
 }
 
+void SetChecksumFailureObserver(ChecksumFailureObserver observer) {
+  checksum_failure_observer.store(observer, std::memory_order_relaxed);
+}
+
 absl::Status ChunkSequence::CheckChecksum(uint64_t actual, uint64_t expected,
                                           absl::string_view chunk_name) {
   if (actual != expected) {
@@ -238,10 +249,7 @@ absl::Status ShardAssembler::Consume(const grpc::ByteBuffer& message) {
   if (chunk.data_size > 0) {
     ASSIGN_OR_RETURN(target, ChunkTarget(chunk.offset, chunk.data_size));
   }
-  if (!WriteAndVerify(chunk, target)) {
-    return absl::DataLossError(
-        absl::StrCat(ChunkName(chunk.offset), ": checksum mismatch"));
-  }
+  if (!WriteAndVerify(chunk, target)) return ChecksumMismatch(chunk.offset);
   if (landing_ != nullptr && chunk.data_size > 0) {
     RETURN_IF_ERROR(
         landing_->Land(chunk.offset, chunk.data_size, ChunkName(chunk.offset)));
@@ -402,15 +410,24 @@ absl::Status ShardAssembler::CheckCancel() const {
 
 absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
                                     uint64_t checksum) {
-  RETURN_IF_ERROR(ChunkSequence::CheckChecksum(
-      XXH3_64bits(placed_, static_cast<size_t>(length)), checksum,
-      ChunkName(offset)));
+  if (XXH3_64bits(placed_, static_cast<size_t>(length)) != checksum) {
+    return ChecksumMismatch(offset);
+  }
   if (landing_ != nullptr) {
     RETURN_IF_ERROR(landing_->Land(offset, length, ChunkName(offset)));
   }
   sequence_.Advance(length);
   if (on_chunk_) on_chunk_(length);
   return absl::OkStatus();
+}
+
+absl::Status ShardAssembler::ChecksumMismatch(int64_t offset) const {
+  if (ChecksumFailureObserver observer =
+          checksum_failure_observer.load(std::memory_order_relaxed)) {
+    observer();
+  }
+  return absl::DataLossError(
+      absl::StrCat(ChunkName(offset), ": checksum mismatch"));
 }
 
 bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk, char* out) {

@@ -34,6 +34,14 @@ namespace internal_chunk_assembler {
 class DeviceLanding;
 }  // namespace internal_chunk_assembler
 
+// Called, from the receiving thread, each time a ShardAssembler finds a
+// chunk whose bytes do not match their checksum: the daemon counts those
+// it received as a client of other daemons
+// (tessera_received_checksum_failures_total). Process-wide; null (the
+// default) calls nothing. Set it once, before any stream.
+using ChecksumFailureObserver = void (*)();
+void SetChecksumFailureObserver(ChecksumFailureObserver observer);
+
 // The checks every receiver of a chunked byte stream makes: chunks come
 // contiguous and in order, none runs past the announced total, each
 // matches its XXH3-64, and the stream ends with exactly the total. Errors
@@ -192,6 +200,9 @@ class ShardAssembler {
   absl::StatusOr<char*> ChunkTarget(int64_t offset, int64_t length);
   // Writes the payload at `out`; false on a checksum mismatch.
   bool WriteAndVerify(const ParsedChunk& chunk, char* out);
+  // DATA_LOSS "<chunk at offset>: checksum mismatch", told to the process's
+  // ChecksumFailureObserver first.
+  absl::Status ChecksumMismatch(int64_t offset) const;
   // "chunk at offset 4096 of shard 3 of tensor t"
   std::string ChunkName(int64_t offset) const;
   // "shard 3 of tensor t"

@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace tessera {
 namespace {
@@ -34,10 +35,13 @@ const google::protobuf::MethodDescriptor* FindMethod(absl::string_view path) {
       absl::StrReplaceAll(path, {{"/", "."}}));
 }
 
+std::atomic<RequestObserver> request_observer{nullptr};
+
 class RequestGuard final : public grpc::experimental::Interceptor {
  public:
   explicit RequestGuard(grpc::experimental::ServerRpcInfo* info)
-      : method_(info->method() != nullptr ? info->method() : "") {}
+      : method_(info->method() != nullptr ? info->method() : ""),
+        arrived_(absl::Now()) {}
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -50,13 +54,15 @@ class RequestGuard final : public grpc::experimental::Interceptor {
     }
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_SEND_STATUS)) {
-      const grpc::Status status = methods->GetSendStatus();
+      grpc::Status status = methods->GetSendStatus();
       if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
           status.error_message().empty()) {
         if (const auto* method = FindMethod(method_)) {
-          methods->ModifySendStatus(Rewrite(*method));
+          status = Rewrite(*method);
+          methods->ModifySendStatus(status);
         }
       }
+      Report(status.error_code());
     }
     methods->Proceed();
   }
@@ -75,7 +81,18 @@ class RequestGuard final : public grpc::experimental::Interceptor {
                                      "this server (see its log)"));
   }
 
+  void Report(grpc::StatusCode code) const {
+    const RequestObserver observer =
+        request_observer.load(std::memory_order_relaxed);
+    if (observer == nullptr) return;
+    absl::string_view method = method_;
+    const bool known = FindMethod(method) != nullptr;
+    absl::ConsumePrefix(&method, "/");
+    observer(known ? method : "other", code, absl::Now() - arrived_);
+  }
+
   const std::string method_;
+  const absl::Time arrived_;
   bool parsed_ = false;
 };
 
@@ -119,5 +136,9 @@ void AddRequestGuard(grpc::ServerBuilder& builder) {
 }
 
 void SetServerReflection(bool enabled) { reflection_enabled.store(enabled); }
+
+void SetRequestObserver(RequestObserver observer) {
+  request_observer.store(observer, std::memory_order_relaxed);
+}
 
 }  // namespace tessera

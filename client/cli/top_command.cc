@@ -109,7 +109,9 @@ DaemonView ViewOf(const DaemonLook& before, const DaemonLook& after,
   view.ops_total = SumOf(now, "tessera_control_ops_total");
   view.op_errors = view.ops_total -
                    SumOf(now, "tessera_control_ops_total", {{"code", "OK"}});
-  view.checksum_failures = SumOf(now, "tessera_checksum_failures_total");
+  view.checksum_failures =
+      SumOf(now, "tessera_checksum_failures_total") +
+      SumOf(now, "tessera_received_checksum_failures_total");
   view.budget_refusals = SumOf(now, "tessera_memory_budget_refusals_total");
   view.collective_failures = SumOf(now, "tessera_collective_failures_total");
   view.store_failures = SumOf(now, "tessera_store_op_failures_total");

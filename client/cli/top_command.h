@@ -10,9 +10,9 @@
 // latencies are the p50 and p99 of the fetches the daemon served in that
 // interval (of its whole life when it served none meanwhile). ERRORS
 // counts what failed since the daemon started: control operations that
-// did not end OK, checksum failures, memory-budget refusals, failed
-// collectives and store calls. A daemon that does not answer shows
-// "unreachable" and its error.
+// did not end OK, checksum failures (of bytes written to it or fetched by
+// it), memory-budget refusals, failed collectives and store calls. A daemon
+// that does not answer shows "unreachable" and its error.
 //
 //   tessera top [--interval 2] [--iterations N]
 //   tessera top --once [--json]     one frame after one interval, for scripts

@@ -86,6 +86,14 @@ class Client:
         """Each daemon's health: a list of (address, rank, ok)."""
         return self._native.health()
 
+    def stats(self):
+        """Each daemon's metrics (docs/metrics.md), in rank order: a list of
+        {"rank", "metrics": Prometheus text, "error"}, where "error" is None
+        for a daemon that answered and "metrics" None for one that did not."""
+        return [{"rank": rank, "metrics": text if not error else None,
+                 "error": error or None}
+                for rank, text, error in self._native.stats()]
+
     def create(self, name, shape, spec, dtype="float32", init="empty",
                fill_value=0.0, seed=0, replicas=1):
         """Creates a named tensor laid out by ``spec``, filled by ``init``

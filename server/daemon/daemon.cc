@@ -18,10 +18,12 @@
 #include "common/status_macros.h"
 #include "io/file.h"
 #include "io/socket.h"
+#include "server/metrics/metrics.h"
 #include "server/store/etcd_store.h"
 #include "server/store/hash_store.h"
 #include "server/store/metered_store.h"
 #include "wire/auth.h"
+#include "wire/chunk_assembler.h"
 #include "wire/request_guard.h"
 
 namespace tessera::daemon {
@@ -69,6 +71,14 @@ absl::Status Daemon::Init() {
   SetProcessTls(o.tls);
   // Every server of this process: the store's and the rank's.
   SetServerReflection(o.reflection);
+  // Bytes this daemon fetches from others and finds corrupt, in its
+  // metrics.
+  SetChecksumFailureObserver([] { CountReceivedChecksumFailure(); });
+  // Every gRPC call its servers answer, by method and code.
+  SetRequestObserver(
+      [](absl::string_view method, grpc::StatusCode code, absl::Duration took) {
+        CountRpc(method, static_cast<absl::StatusCode>(code), took);
+      });
   if (o.tls.enabled()) {
     spdlog::info("TLS on every gRPC surface ({})",
                  o.tls.ca_file.empty() ? "server certificate only"

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "io/socket.h"
@@ -52,6 +53,7 @@ struct Series {
   std::array<prometheus::Counter*, 3> checksum_failures;
   std::array<prometheus::Gauge*, 3> connections;
   prometheus::Counter* budget_refusals;
+  prometheus::Counter* received_checksum_failures;
   prometheus::Family<prometheus::Counter>& control_ops;
   prometheus::Family<prometheus::Histogram>& control_seconds;
   prometheus::Family<prometheus::Histogram>& control_wait;
@@ -59,6 +61,8 @@ struct Series {
   prometheus::Family<prometheus::Counter>& collective_failures;
   prometheus::Family<prometheus::Histogram>& store_seconds;
   prometheus::Family<prometheus::Counter>& store_failures;
+  prometheus::Family<prometheus::Counter>& rpcs;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds;
 
   explicit Series(prometheus::Registry& r)
       : control_ops(Build(prometheus::BuildCounter(),
@@ -87,7 +91,13 @@ struct Series {
                             "Time of each call on the rendezvous store", r)),
         store_failures(Build(prometheus::BuildCounter(),
                              "tessera_store_op_failures_total",
-                             "Calls on the rendezvous store that failed", r)) {
+                             "Calls on the rendezvous store that failed", r)),
+        rpcs(Build(prometheus::BuildCounter(), "tessera_rpcs_total",
+                   "gRPC calls this process served, by method and code", r)),
+        rpc_seconds(Build(prometheus::BuildHistogram(), "tessera_rpc_seconds",
+                          "Time of each gRPC call this process served, from "
+                          "its arrival to its status",
+                          r)) {
     // Each (transport, direction) of a family into `series`; `buckets...`
     // for a histogram.
     const auto per_transfer = [](auto& family, auto& series,
@@ -125,6 +135,13 @@ struct Series {
       checksum_failures[t] = &checksum_family.Add(labels);
       connections[t] = &connection_family.Add(labels);
     }
+    received_checksum_failures =
+        &Build(prometheus::BuildCounter(),
+               "tessera_received_checksum_failures_total",
+               "Chunks this process fetched from another whose bytes did not "
+               "match their checksum",
+               r)
+             .Add({});
     budget_refusals = &Build(prometheus::BuildCounter(),
                              "tessera_memory_budget_refusals_total",
                              "Requests the memory budget refused", r)
@@ -227,6 +244,11 @@ void CountChecksumFailure(MetricsTransport transport) {
   Counters().checksum_failures[static_cast<size_t>(transport)]->Increment();
 }
 
+void CountReceivedChecksumFailure() {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  Counters().received_checksum_failures->Increment();
+}
+
 void CountConnection(MetricsTransport transport, int delta) {
   // Counted even while disabled: a gauge must come back to zero.
   prometheus::Gauge& open =
@@ -269,6 +291,50 @@ void CountStoreOp(absl::string_view op, bool ok, absl::Duration took) {
   const prometheus::Labels labels = {{"op", std::string(op)}};
   series.store_seconds.Add(labels, LatencyBuckets()).Observe(Seconds(took));
   if (!ok) series.store_failures.Add(labels).Increment();
+}
+
+void CountRpc(absl::string_view method, absl::StatusCode code,
+              absl::Duration took) {
+  if (!enabled.load(std::memory_order_relaxed)) return;
+  // Every gRPC call pays this: the series of each (method, code) are found
+  // once, then read under a shared lock (the set is bounded: see
+  // wire/request_guard.h).
+  struct RpcSeries {
+    prometheus::Histogram* seconds = nullptr;
+    std::array<prometheus::Counter*, 17> calls{};  // By code.
+  };
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const known = new absl::flat_hash_map<std::string, RpcSeries>();
+  const size_t c = static_cast<size_t>(code);
+  if (c >= RpcSeries().calls.size()) return;
+  prometheus::Histogram* seconds = nullptr;
+  prometheus::Counter* calls = nullptr;
+  {
+    absl::ReaderMutexLock lock(&mu);
+    auto found = known->find(method);
+    if (found != known->end()) {
+      seconds = found->second.seconds;
+      calls = found->second.calls[c];
+    }
+  }
+  if (calls == nullptr) {
+    Series& all = Counters();
+    const std::string name(method);
+    absl::MutexLock lock(&mu);
+    RpcSeries& series = (*known)[name];
+    if (series.seconds == nullptr) {
+      series.seconds =
+          &all.rpc_seconds.Add({{"method", name}}, LatencyBuckets());
+    }
+    if (series.calls[c] == nullptr) {
+      series.calls[c] = &all.rpcs.Add(
+          {{"method", name}, {"code", absl::StatusCodeToString(code)}});
+    }
+    seconds = series.seconds;
+    calls = series.calls[c];
+  }
+  calls->Increment();
+  seconds->Observe(Seconds(took));
 }
 
 void CountBudgetRefusal() {

@@ -12,13 +12,15 @@
 // with their labels and meaning):
 //   tessera_transfers_total, tessera_transfer_bytes_total,
 //   tessera_transfer_seconds{transport, direction}
-//   tessera_checksum_failures_total{transport}, tessera_connections{transport}
+//   tessera_checksum_failures_total{transport},
+//   tessera_received_checksum_failures_total, tessera_connections{transport}
 //   tessera_control_ops_total{op, code}, tessera_control_op_seconds{op},
 //   tessera_control_op_wait_seconds{op}
 //   tessera_collective_seconds{backend, collective},
 //   tessera_collective_failures_total{backend, collective}
 //   tessera_store_op_seconds{op}, tessera_store_op_failures_total{op}
 //   tessera_memory_budget_refusals_total
+//   tessera_rpcs_total{method, code}, tessera_rpc_seconds{method}
 // and the gauges their owners register (GaugeSource): tensors, shards and
 // bytes held, the memory budget, generation and peers.
 //
@@ -60,8 +62,12 @@ const char* TransportLabel(MetricsTransport transport);
 // transfer counts nothing.
 void CountTransfer(MetricsTransport transport, MetricsDirection direction,
                    int64_t bytes, absl::Duration took);
-// Bytes that arrived over `transport` and did not match their checksum.
+// Bytes written to this process over `transport` that did not match their
+// checksum.
 void CountChecksumFailure(MetricsTransport transport);
+// Bytes this process fetched from another (as a client: gathers, refills,
+// replica copies, region reads) that did not match their checksum.
+void CountReceivedChecksumFailure();
 // A connection of `transport` opened (delta 1) or closed (delta -1).
 void CountConnection(MetricsTransport transport, int delta);
 // Counts one open connection of `transport` for its lifetime.
@@ -92,6 +98,10 @@ void CountCollective(absl::string_view backend, absl::string_view collective,
 void CountStoreOp(absl::string_view op, bool ok, absl::Duration took);
 // A request the memory budget refused.
 void CountBudgetRefusal();
+// One gRPC call this process served: its method (a bounded set of names,
+// see wire/request_guard.h), final code and time.
+void CountRpc(absl::string_view method, absl::StatusCode code,
+              absl::Duration took);
 
 // On by default. Off, every Count* above returns at once: for measuring
 // what counting costs (tests/bench/metrics_bench), nothing else.

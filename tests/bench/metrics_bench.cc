@@ -2,14 +2,17 @@
 // shard server pays once per fetch or write it serves, whether or not an
 // endpoint serves the metrics: nanoseconds per CountTransfer, on one thread
 // and on several counting the same series at once (the worst contention:
-// every transfer of one transport and direction).
+// every transfer of one transport and direction); and the same for
+// CountRpc, which every gRPC call pays.
 //
 //   build/tests/bench/metrics_bench [--calls N] [--threads T]
 //
 //   {"bench":"metrics","op":"count_transfer","threads":1,"ns_per_call":...}
+//   {"bench":"metrics","op":"count_rpc","threads":1,"ns_per_call":...}
 //
 // One call per transfer: a 4 KiB fetch pays it once (the goal: 1 µs at
 // most), a 64 MiB read too.
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,14 +25,21 @@ namespace tessera {
 namespace {
 
 // Nanoseconds per call with `threads` threads making `calls` calls each.
-double NsPerCall(int threads, int64_t calls) {
+// `count` is "transfer" (what every fetch and write pays) or "rpc" (what
+// every gRPC call pays: its series found by method and code).
+double NsPerCall(const std::string& count, int threads, int64_t calls) {
   const absl::Time start = absl::Now();
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([calls] {
+    workers.emplace_back([calls, rpc = count == "rpc"] {
       for (int64_t i = 0; i < calls; ++i) {
-        CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
-                      4096, absl::Microseconds(15));
+        if (rpc) {
+          CountRpc("tessera.v1.ShardService/FetchShard", absl::StatusCode::kOk,
+                   absl::Microseconds(60));
+        } else {
+          CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
+                        4096, absl::Microseconds(15));
+        }
       }
     });
   }
@@ -50,15 +60,17 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Threads of the contended run")
       ->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
-  tessera::NsPerCall(1, 1000);  // Registers the series.
-  for (int t : {1, threads}) {
-    tessera::bench::JsonLine line;
-    line["bench"] = "metrics";
-    line["op"] = "count_transfer";
-    line["threads"] = t;
-    line["calls_per_thread"] = calls;
-    line["ns_per_call"] = tessera::NsPerCall(t, calls);
-    tessera::bench::PrintJsonLine(line);
+  for (const std::string count : {"transfer", "rpc"}) {
+    tessera::NsPerCall(count, 1, 1000);  // Registers the series.
+    for (int t : {1, threads}) {
+      tessera::bench::JsonLine line;
+      line["bench"] = "metrics";
+      line["op"] = "count_" + count;
+      line["threads"] = t;
+      line["calls_per_thread"] = calls;
+      line["ns_per_call"] = tessera::NsPerCall(count, t, calls);
+      tessera::bench::PrintJsonLine(line);
+    }
   }
   return 0;
 }

@@ -264,7 +264,15 @@ TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
     EXPECT_EQ(
         moved(before[r], during[r], "tessera_control_op_seconds_count", create),
         2);
-    // The client called rank 0: only there did the ops wait for their turn.
+    // The client called rank 0: only there were the calls served, and did
+    // the ops wait for their turn.
+    EXPECT_EQ(moved(before[r], during[r], "tessera_rpcs_total",
+                    {{"method", "tessera.v1.ControlService/CreateTensor"},
+                     {"code", "OK"}}),
+              r == 0 ? 1 : 0);
+    EXPECT_EQ(moved(before[r], during[r], "tessera_rpc_seconds_count",
+                    {{"method", "tessera.v1.ControlService/CreateTensor"}}),
+              r == 0 ? 2 : 0);
     EXPECT_EQ(moved(before[r], during[r],
                     "tessera_control_op_wait_seconds_count", create),
               r == 0 ? 2 : 0);

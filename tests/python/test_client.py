@@ -28,6 +28,17 @@ def test_connect_and_health(daemons, client):
         del os.environ["TESSERA_ADDRESS"]
 
 
+def test_stats_are_every_daemons_metrics(client, rows4):
+    t = client.create("counted", [8, 8], rows4, init="ones")
+    t[:, :]
+    stats = client.stats()
+    assert [s["rank"] for s in stats] == [0, 1, 2, 3]
+    for s in stats:
+        assert s["error"] is None
+        assert f'tessera_rank {s["rank"]}' in s["metrics"]
+        assert "tessera_tensors 1" in s["metrics"]
+
+
 def test_request_ids_are_checked_before_any_call(daemons):
     traced = tessera.connect(daemons.addresses[1], request_id="py.trace-1")
     t = traced.create("traced", [4, 4],

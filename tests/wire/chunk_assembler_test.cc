@@ -285,7 +285,10 @@ TEST_F(ShardAssemblerTest, MoreBadStreams) {
                                    "expected offset 24")));
   }
   {
-    // Corrupt bytes with the original checksum.
+    // Corrupt bytes with the original checksum; the process's observer
+    // hears of it (the daemon counts it in its metrics).
+    static int failures = 0;
+    SetChecksumFailureObserver([] { ++failures; });
     ShardAssembler assembler("t", 2, *Tensor::Empty({3, 4}, f32));
     v1::ShardChunk corrupt = Chunk(0, 48, true);
     (*corrupt.mutable_data())[5] ^= 1;
@@ -293,6 +296,8 @@ TEST_F(ShardAssemblerTest, MoreBadStreams) {
                 StatusIs(absl::StatusCode::kDataLoss,
                          "chunk at offset 0 of shard 2 of tensor t: checksum "
                          "mismatch"));
+    SetChecksumFailureObserver(nullptr);
+    EXPECT_EQ(failures, 1);
   }
 }
 
@@ -382,10 +387,14 @@ TEST_F(ShardAssemblerTest, DataPlanePlacesAndVerifiesInPlace) {
                        HasSubstr("overrun the shard's 48 bytes")));
   ASSERT_OK_AND_ASSIGN(place, assembler.Place(32, 16));
   std::memcpy(place, bytes_.data() + 32, 16);
+  static int failures = 0;
+  SetChecksumFailureObserver([] { ++failures; });
   EXPECT_THAT(assembler.Verify(32, 16, 12345),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("chunk at offset 32 of shard 2 of tensor t: "
                                  "checksum mismatch")));
+  SetChecksumFailureObserver(nullptr);
+  EXPECT_EQ(failures, 1);  // The data plane's path is observed too.
 }
 
 TEST_F(ShardAssemblerTest, DataPlaneWholeStream) {

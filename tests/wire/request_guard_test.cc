@@ -11,6 +11,11 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -102,6 +107,41 @@ TEST_F(RequestGuardTest, UnknownMethodsStayUnimplemented) {
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(RawCall("/no.Such/Service", "").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// Every call is reported with its final code (after the guard's rewrite);
+// a method Tessera does not define is "other", whatever name was sent.
+TEST_F(RequestGuardTest, EveryCallIsReportedWithABoundedMethodName) {
+  static absl::Mutex mu;
+  static std::vector<std::pair<std::string, grpc::StatusCode>> seen;
+  SetRequestObserver(
+      [](absl::string_view method, grpc::StatusCode code, absl::Duration took) {
+        absl::MutexLock lock(&mu);
+        seen.emplace_back(std::string(method), code);
+        EXPECT_GE(took, absl::ZeroDuration());
+      });
+  auto stub = v1::ControlService::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::ClusterInfo info;
+  ASSERT_TRUE(stub->GetCluster(&context, {}, &info).ok());
+  RawCall("/tessera.v1.ControlService/GetCluster", std::string("\x0f\x01", 2))
+      .error_code();
+  RawCall("/made.up/Name12345", "").error_code();
+  SetRequestObserver(nullptr);
+  // The server sends its status before the client sees it: by now each
+  // call was reported.
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(
+      seen, ::testing::IsSupersetOf({std::pair<std::string, grpc::StatusCode>(
+                                         "tessera.v1.ControlService/GetCluster",
+                                         grpc::StatusCode::OK),
+                                     std::pair<std::string, grpc::StatusCode>(
+                                         "tessera.v1.ControlService/GetCluster",
+                                         grpc::StatusCode::INVALID_ARGUMENT)}));
+  for (const auto& [method, code] : seen) {
+    EXPECT_THAT(method, ::testing::AnyOf("other",
+                                         ::testing::StartsWith("tessera.v1.")));
+  }
 }
 
 // SetServerReflection(false) takes reflection off every server built

@@ -527,6 +527,35 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
         " daemons in [1, 65535] (or be 0: free ports, -1: no metrics), got ",
         options.metrics_base_port));
   }
+  if (options.metrics_base_port > 0) {
+    const int first = options.metrics_base_port;
+    const int last = first + options.nproc - 1;
+    const bool master =
+        options.master_port >= first && options.master_port <= last;
+    const bool daemons = options.base_port > 0 && options.base_port <= last &&
+                         first <= options.base_port + options.nproc - 1;
+    if (master || daemons) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics-base-port ", first, " gives the metrics ports ", first,
+          "..", last, ", which overlap ",
+          master ? "--master-port" : "the daemons' ports (--base-port)",
+          "; choose another"));
+    }
+  }
+  // Launch gives every daemon its metrics port and file; the same flags
+  // again after "--" would make every daemon refuse its command line.
+  for (const std::string& flag : options.server_flags) {
+    for (absl::string_view owned :
+         {"--metrics-port", "--metrics-address-file"}) {
+      if (flag == owned || absl::StartsWith(flag, absl::StrCat(owned, "="))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            owned,
+            " is launch's to give: use --metrics-base-port PORT (rank "
+            "i gets PORT + i; 0: free ports, -1: none) instead of passing it "
+            "after \"--\""));
+      }
+    }
+  }
   if (options.host.empty()) {
     return absl::InvalidArgumentError("--host must not be empty");
   }

@@ -14,7 +14,8 @@
 // overrides).
 //
 // Every daemon serves Prometheus metrics on loopback (--metrics-base-port:
-// base + i, 0 a free port, -1 none; docs/metrics.md). Once every daemon
+// base + i, 0 a free port, -1 none; docs/metrics.md); --metrics-port after
+// "--" is refused, as launch gives it. Once every daemon
 // serves (its --address-file holds "host:port"), prints
 //
 //   rank 0: 127.0.0.1:29600 (pid 4242, metrics http://127.0.0.1:41807/metrics)

@@ -256,6 +256,29 @@ TEST(LaunchOptionsTest, Validation) {
   EXPECT_THAT(ValidateLaunchOptions(store),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("--store"), HasSubstr("etcd://"))));
+  for (const char* flag :
+       {"--metrics-port", "--metrics-port=9000", "--metrics-address-file"}) {
+    LaunchOptions twice = Options(2);
+    twice.server_flags = {"--timeout", "5s", flag, "9000"};
+    EXPECT_THAT(ValidateLaunchOptions(twice),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("--metrics-base-port")))
+        << flag;
+  }
+  LaunchOptions host_only = Options(2);
+  host_only.server_flags = {"--metrics-host", "127.0.0.1"};
+  EXPECT_THAT(ValidateLaunchOptions(host_only), IsOk());
+  LaunchOptions overlap = Options(4);
+  overlap.metrics_base_port = 29602;  // the daemons have 29600..29603
+  EXPECT_THAT(ValidateLaunchOptions(overlap),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("overlap the daemons' ports")));
+  overlap.metrics_base_port = 29498;  // the master has 29500
+  EXPECT_THAT(
+      ValidateLaunchOptions(overlap),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--master-port")));
+  overlap.metrics_base_port = 29700;
+  EXPECT_THAT(ValidateLaunchOptions(overlap), IsOk());
   for (const int bad : {-2, 65534}) {
     LaunchOptions metrics = Options(4);
     metrics.metrics_base_port = bad;
