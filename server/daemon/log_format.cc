@@ -16,7 +16,9 @@ class JsonLogFormatter final : public spdlog::formatter {
   void format(const spdlog::details::log_msg& msg,
               spdlog::memory_buf_t& dest) override {
     const absl::Time time = absl::FromChrono(msg.time);
-    nlohmann::json line = {
+    // In this order: time, level, rank, generation, op, tensor, request,
+    // peer, message.
+    nlohmann::ordered_json line = {
         {"time",
          absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", time, absl::UTCTimeZone())},
         {"level", std::string(spdlog::level::to_string_view(msg.level).data(),
@@ -30,8 +32,8 @@ class JsonLogFormatter final : public spdlog::formatter {
     if (!context.request.empty()) line["request"] = context.request;
     if (context.peer >= 0) line["peer"] = context.peer;
     line["message"] = std::string(msg.payload.data(), msg.payload.size());
-    const std::string text =
-        line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    const std::string text = line.dump(
+        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     dest.append(text.data(), text.data() + text.size());
     dest.push_back('\n');
   }

@@ -410,9 +410,12 @@ void Core::LeaseLoop() {
       // A generation that formed meanwhile counts leases afresh.
       if (rank_->world_group()->generation() != generation) continue;
       if (expired != expired_ && !expired.empty()) {
-        spdlog::warn("control: the lease of ranks [{}] expired (silent for {})",
-                     absl::StrJoin(expired, ", "),
-                     absl::FormatDuration(options_.lease));
+        // One line per silent daemon, each naming it (peer, in JSON).
+        for (const int silent : expired) {
+          const ScopedLogContext about(LogContext{0, "", "", silent});
+          spdlog::warn("control: the lease of rank {} expired (silent for {})",
+                       silent, absl::FormatDuration(options_.lease));
+        }
       }
       expired_ = expired;
     }

@@ -8,14 +8,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
+#include "common/log_context.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/daemon/control_core.h"
+#include "spdlog/spdlog.h"
 #include "wire/replicas.h"
 
 namespace tessera::control_internal {
@@ -72,6 +75,8 @@ absl::Status Core::FetchFromHolders(const v1::TensorInfo& info,
                                     const std::vector<LocalShard>& shards,
                                     const std::set<int>& gone,
                                     absl::Time deadline) const {
+  // The op's log context, for the lines the fetching threads log.
+  const LogContext op = CurrentLogContext();
   return RunInParallel(shards.size(), 16, [&](size_t k) -> absl::Status {
     const LocalShard& local = shards[k];
     const int shard = static_cast<int>(local.index);
@@ -89,6 +94,15 @@ absl::Status Core::FetchFromHolders(const v1::TensorInfo& info,
                                                id, shard, local.tensor, options)
                                          : client.status();
       if (fetched.ok()) return absl::OkStatus();
+      {
+        LogContext about = op;
+        about.tensor = info.name();
+        about.peer = holder;
+        const ScopedLogContext context(std::move(about));
+        spdlog::warn("shard {} of tensor '{}' from rank {} ({}): {}", shard,
+                     absl::CEscape(info.name()), holder,
+                     owner ? "its owner" : "a replica", fetched.ToString());
+      }
       tried.push_back(absl::StrCat(owner ? "owner" : "replica", " rank ",
                                    holder, ": ", fetched.ToString()));
     }

@@ -627,6 +627,8 @@ TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
   DaemonClusterOptions options = Options();
   options.extra_args.push_back("--lease");
   options.extra_args.push_back("1s");
+  options.extra_args.push_back("--log-format");
+  options.extra_args.push_back("json");
   ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
   const pid_t stalled = cluster->daemon(2).pid();
   ASSERT_EQ(kill(stalled, SIGSTOP), 0);
@@ -638,6 +640,10 @@ TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
   std::cout << "[ resilience ] a silent daemon noticed after " << detected
             << " (lease " << kLease << ")\n";
   EXPECT_LT(detected, kLease + absl::Seconds(4));
+  // Rank 0, a watcher, logged it as a line about the silent daemon.
+  EXPECT_THAT(cluster->Log(0),
+              HasSubstr("\"peer\":2,\"message\":\"control: the lease of rank 2 "
+                        "expired"));
   ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(1)));
   EXPECT_THAT(client->Create("refused", {6, 4}, Rows()).status(),
               StatusIs(absl::StatusCode::kUnavailable,

@@ -68,6 +68,12 @@ TEST(JsonLogFormatTest, EveryLineIsOneObjectWithItsContext) {
   EXPECT_THAT(lines[1]["message"].get<std::string>(),
               ::testing::StartsWith("quote \" newline \n{\"op\":1} bad "));
   EXPECT_EQ(lines[2]["peer"], 2);
+  // Fields in a fixed order, time first and message last.
+  EXPECT_THAT(out.str(),
+              ::testing::HasSubstr("\"op\":17,\"tensor\":\"w\\\"eights\","
+                                   "\"request\":\"r-1\",\"peer\":2,"
+                                   "\"message\":\"peer\"}"));
+  EXPECT_EQ(out.str().rfind("{\"time\":", 0), 0u);
   EXPECT_FALSE(lines[3].contains("peer"));
   EXPECT_EQ(lines[3]["op"], 17);
   EXPECT_FALSE(lines[4].contains("op"));
