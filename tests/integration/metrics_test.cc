@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
 #include "gmock/gmock.h"
@@ -125,13 +126,35 @@ class MetricsTest : public ::tessera::testing::DaemonClusterTest {
     return log.substr(from, log.find("/metrics", from) - from);
   }
 
+  // Every daemon's scrape, once `ready(rank, scrape)` holds for each or
+  // after 10 s. Some counts land just after the client's call returned: a
+  // local-path transfer is counted when its "done" reaches the owner, an op
+  // on the other daemons once they passed its last barrier.
+  template <typename Ready>
+  std::vector<std::string> ScrapeAllWhen(Ready ready) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    std::vector<std::string> scrapes(kWorld);
+    while (true) {
+      bool all = true;
+      for (int r = 0; r < kWorld; ++r) {
+        scrapes[r] = Scrape(MetricsAddress(r));
+        all = all && ready(r, scrapes[r]);
+      }
+      if (all || absl::Now() > deadline) return scrapes;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  std::vector<std::string> ScrapeAll() {
+    return ScrapeAllWhen([](int, const std::string&) { return true; });
+  }
+
   // Per rank: the transfers, bytes and timed transfers of one transport
-  // and direction.
-  std::vector<std::array<double, 3>> Counts(const std::string& transport,
-                                            const std::string& direction) {
+  // and direction in `scrapes`.
+  static std::vector<std::array<double, 3>> Counts(
+      const std::vector<std::string>& scrapes, const std::string& transport,
+      const std::string& direction) {
     std::vector<std::array<double, 3>> counts;
-    for (int r = 0; r < kWorld; ++r) {
-      const std::string scrape = Scrape(MetricsAddress(r));
+    for (const std::string& scrape : scrapes) {
       counts.push_back(
           {Series(scrape, "tessera_transfers_total", transport, direction),
            Series(scrape, "tessera_transfer_bytes_total", transport, direction),
@@ -147,9 +170,14 @@ class MetricsTest : public ::tessera::testing::DaemonClusterTest {
   void ExpectOneShardEach(const std::string& transport,
                           const std::string& direction, Traffic traffic) {
     SCOPED_TRACE(absl::StrCat(transport, " ", direction));
-    const auto before = Counts(transport, direction);
+    const auto before = Counts(ScrapeAll(), transport, direction);
     traffic();
-    const auto after = Counts(transport, direction);
+    const auto after =
+        Counts(ScrapeAllWhen([&](int r, const std::string& scrape) {
+                 return Series(scrape, "tessera_transfer_seconds_count",
+                               transport, direction) > before[r][2];
+               }),
+               transport, direction);
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_GE(before[r][0], 0) << "rank " << r << " has no series";
       EXPECT_EQ(after[r][0] - before[r][0], 1) << "rank " << r;
@@ -223,17 +251,10 @@ TEST_F(MetricsTest, EachTransportCountsTheBytesItServed) {
 // the coordinator only; gauges, store calls, collectives; and GetStats
 // answers the same metrics as the endpoint.
 TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
-  const auto scrape_all = [&] {
-    std::vector<std::string> scrapes;
-    for (int r = 0; r < kWorld; ++r) {
-      scrapes.push_back(Scrape(MetricsAddress(r)));
-    }
-    return scrapes;
-  };
   const std::map<std::string, std::string> create_ok = {{"op", "CreateTensor"},
                                                         {"code", "OK"}};
   const std::map<std::string, std::string> create = {{"op", "CreateTensor"}};
-  const std::vector<std::string> before = scrape_all();
+  const std::vector<std::string> before = ScrapeAll();
 
   ASSERT_OK(client_->Create("counted", {64, 64}, Rows()).status());
   const absl::Status twice =
@@ -241,16 +262,26 @@ TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
   ASSERT_FALSE(twice.ok());
   const std::map<std::string, std::string> create_failed = {
       {"op", "CreateTensor"}, {"code", absl::StatusCodeToString(twice.code())}};
-  const std::vector<std::string> during = scrape_all();
-  ASSERT_OK(client_->Delete("counted"));
-  const std::vector<std::string> after = scrape_all();
-
   const auto moved = [](const std::string& then, const std::string& now,
                         const std::string& name,
                         const std::map<std::string, std::string>& labels) {
     return std::max(Value(now, name, labels), 0.0) -
            std::max(Value(then, name, labels), 0.0);
   };
+  // Once every daemon counted both creates, and then the delete.
+  const std::vector<std::string> during =
+      ScrapeAllWhen([&](int r, const std::string& scrape) {
+        return moved(before[r], scrape, "tessera_control_op_seconds_count",
+                     create) >= 2;
+      });
+  ASSERT_OK(client_->Delete("counted"));
+  const std::map<std::string, std::string> delete_ok = {{"op", "DeleteTensor"},
+                                                        {"code", "OK"}};
+  const std::vector<std::string> after =
+      ScrapeAllWhen([&](int r, const std::string& scrape) {
+        return moved(before[r], scrape, "tessera_control_ops_total",
+                     delete_ok) >= 1;
+      });
   for (int r = 0; r < kWorld; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     EXPECT_EQ(
@@ -258,9 +289,8 @@ TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
     EXPECT_EQ(
         moved(before[r], during[r], "tessera_control_ops_total", create_failed),
         1);
-    EXPECT_EQ(moved(before[r], after[r], "tessera_control_ops_total",
-                    {{"op", "DeleteTensor"}, {"code", "OK"}}),
-              1);
+    EXPECT_EQ(
+        moved(before[r], after[r], "tessera_control_ops_total", delete_ok), 1);
     EXPECT_EQ(
         moved(before[r], during[r], "tessera_control_op_seconds_count", create),
         2);
