@@ -502,6 +502,13 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
                                                  std::vector<int64_t> sizes,
                                                  const ShardingSpec& spec,
                                                  const CreateOptions& options) {
+  // 0 would read as the default (one copy) on the daemons.
+  if (options.copies < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "creating tensor ", name, ": copies must be between 1 and the ",
+        cluster_->info().world_size(), " daemons of the cluster, not ",
+        options.copies));
+  }
   v1::CreateTensorRequest request;
   request.set_name(name);
   request.mutable_sizes()->Add(sizes.begin(), sizes.end());
@@ -510,7 +517,7 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
   request.set_init(InitKindOf(options.init));
   request.set_fill_value(options.fill_value);
   request.set_seed(options.seed);
-  request.set_replicas(options.replicas);
+  request.set_copies(options.copies);
   ASSIGN_OR_RETURN(Described created,
                    Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
                             request, absl::StrCat("creating tensor ", name)));

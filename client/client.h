@@ -105,11 +105,12 @@ struct CreateOptions {
   TensorInit init = TensorInit::kEmpty;
   double fill_value = 0;  // kFull
   uint64_t seed = 0;      // kRand, kRandn: same seed, same values
-  // Copies of every shard (CreateTensorRequest.replicas): 1, the owner's
-  // only; R > 1, R - 1 other daemons hold a copy (other hosts first).
-  // Writes go to every copy; reads fall back to a replica when the owner
-  // is dead, stalled or restarting.
-  int replicas = 1;
+  // Copies of every shard, the owner's included
+  // (CreateTensorRequest.copies): 1, the owner's only; C > 1, C - 1 other
+  // daemons hold a replica (other hosts first). Writes go to every copy;
+  // reads fall back to a replica when the owner is dead, stalled or
+  // restarting. 1 to the number of daemons (INVALID_ARGUMENT otherwise).
+  int copies = 1;
 };
 
 // A named sharded tensor of the cluster: its metadata and where each shard
@@ -215,13 +216,13 @@ class Client {
 
   // Saves tensors (empty: all) into `path`, a directory every daemon can
   // write, relative to the daemons' checkpoint root or inside one
-  // (control.proto). A checkpoint already there is ALREADY_EXISTS unless
-  // `overwrite`. Returns the names saved.
+  // (proto/tessera/v1/control.proto). A checkpoint already there is
+  // ALREADY_EXISTS unless `overwrite`. Returns the names saved.
   absl::StatusOr<std::vector<std::string>> Save(
       const std::string& path, const std::vector<std::string>& names = {},
       bool overwrite = false);
   // Loads a checkpoint (request.path; names, as_names, replace, spec as in
-  // control.proto).
+  // proto/tessera/v1/control.proto).
   absl::StatusOr<std::vector<ShardedTensorView>> Load(
       const v1::LoadCheckpointRequest& request);
 

@@ -581,7 +581,7 @@ class PyClient {
     options.init = InitFromName(init);
     options.fill_value = fill_value;
     options.seed = seed;
-    options.replicas = replicas;
+    options.copies = replicas;
     absl::StatusOr<ShardedTensorView> view;
     {
       py::gil_scoped_release release;

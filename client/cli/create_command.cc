@@ -53,7 +53,7 @@ int RunCreate(const CreateCommandOptions& options,
   CreateOptions create;
   create.dtype = *dtype;
   create.seed = options.seed;
-  create.replicas = options.replicas;
+  create.copies = options.copies;
   create.fill_value = options.fill;
   if (options.init.empty()) {
     create.init = options.fill_given ? TensorInit::kFull : TensorInit::kEmpty;
@@ -128,15 +128,16 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       ->capture_default_str()
       ->type_name("N");
   create
-      ->add_option("--replicas", options->replicas,
-                   "Copies of every shard: 1 (default), the owner's only; R "
-                   "> 1, R - 1 other daemons (other hosts first) hold a copy, "
-                   "every write reaches them, reads fall back to them when "
-                   "the owner is dead or stalled, and a restarted owner "
-                   "refills from them")
+      ->add_option("--copies,--replicas", options->copies,
+                   "Copies of every shard, the owner's included: 1 "
+                   "(default), the owner's only; C > 1, C - 1 other daemons "
+                   "(other hosts first) hold a replica, every write reaches "
+                   "them, reads fall back to them when the owner is dead or "
+                   "stalled, and a restarted owner refills from them "
+                   "(--replicas: the same, an older name)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
-      ->type_name("R");
+      ->type_name("C");
   AddConnectionFlags(app, create, &options->connection, /*transfers=*/false);
   create->add_flag("--json", options->json,
                    "Print the shard table as JSON (as 'tessera describe "
@@ -148,7 +149,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       "  tessera create e --size 8,8 --dtype float64 --init randn --seed 7 \\\n"
       "      --spec 'enum:0,0:4,8@rank:0/cpu;4,0:4,8@rank:1/cpu'\n"
       "  tessera create c --size 4 --fill 2.5 --spec 'chunk:dim=0:rank:0/cpu'\n"
-      "  tessera create r --size 8,8 --init randn --replicas 2 \\\n"
+      "  tessera create r --size 8,8 --init randn --copies 2 \\\n"
       "      --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu'"
       "\n\n"
       "Placements name the cluster's ranks and their devices (rank:0/cpu,\n"

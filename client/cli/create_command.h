@@ -4,7 +4,7 @@
 //   tessera create w --size 10,20
 //       --spec 'chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu'
 //       [--dtype float32] [--init empty|zeros|ones|full|rand|randn]
-//       [--fill V] [--seed N] [--replicas R] [--json]
+//       [--fill V] [--seed N] [--copies C] [--json]
 //
 // The size, spec (text form of common/sharding_spec_text.h, as `tessera
 // plan`), dtype and init are checked before any daemon is contacted, with
@@ -37,7 +37,7 @@ struct CreateCommandOptions {
   double fill = 0;
   bool fill_given = false;
   uint64_t seed = 0;
-  int replicas = 1;
+  int copies = 1;
   bool json = false;
 };
 

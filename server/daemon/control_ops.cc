@@ -1,4 +1,4 @@
-#include "server/daemon/control_core.h"
+#include "server/daemon/control_ops.h"
 
 #include <unistd.h>
 
@@ -18,6 +18,7 @@
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint.h"
+#include "server/daemon/agreement.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/replicas.h"
@@ -115,11 +116,95 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 }  // namespace
 
-absl::Status UnknownTensor(absl::string_view name) {
-  return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
+const char* OpName(const v1::ControlOp& op) {
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      return "CreateTensor";
+    case v1::ControlOp::kDeleteTensor:
+      return "DeleteTensor";
+    case v1::ControlOp::kReshard:
+      return "Reshard";
+    case v1::ControlOp::kGather:
+      return "Gather";
+    case v1::ControlOp::kSaveCheckpoint:
+      return "SaveCheckpoint";
+    case v1::ControlOp::kLoadCheckpoint:
+      return "LoadCheckpoint";
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return "unknown operation";
 }
 
-absl::StatusOr<int64_t> Core::LocalHostBytes(
+std::string OpTensor(const v1::ControlOp& op) {
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      return op.create_tensor().name();
+    case v1::ControlOp::kDeleteTensor:
+      return op.delete_tensor().name();
+    case v1::ControlOp::kReshard:
+      return op.reshard().name();
+    case v1::ControlOp::kGather:
+      return op.gather().name();
+    case v1::ControlOp::kSaveCheckpoint:
+      return absl::StrJoin(op.save_checkpoint().names(), ",");
+    case v1::ControlOp::kLoadCheckpoint:
+      return absl::StrJoin(op.load_checkpoint().names(), ",");
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return "";
+}
+
+ControlOps::ControlOps(std::shared_ptr<Rank> rank,
+                       std::shared_ptr<ProcessGroup> group,
+                       const ControlOptions& options,
+                       std::shared_ptr<MemoryBudget> budget, TensorTable* table,
+                       Replication* replication, const Membership* membership)
+    : rank_(std::move(rank)),
+      group_(std::move(group)),
+      options_(options),
+      budget_(std::move(budget)),
+      table_(table),
+      replication_(replication),
+      membership_(membership) {}
+
+absl::Status ControlOps::Agree(const absl::Status& local, bool* agreed) {
+  return control_internal::Agree(*group_, local, agreed);
+}
+
+void ControlOps::ResyncTensorIds() {
+  control_internal::ResyncTensorIds(*rank_, *group_);
+}
+
+OpOutcome ControlOps::Run(const v1::ControlOp& op) {
+  OpOutcome outcome;
+  switch (op.request_case()) {
+    case v1::ControlOp::kCreateTensor:
+      outcome = RunCreate(op);
+      break;
+    case v1::ControlOp::kDeleteTensor:
+      outcome = RunDelete(op);
+      break;
+    case v1::ControlOp::kReshard:
+      outcome = RunReshard(op);
+      break;
+    case v1::ControlOp::kGather:
+      outcome = RunGather(op);
+      break;
+    case v1::ControlOp::kSaveCheckpoint:
+      outcome = RunSave(op);
+      break;
+    case v1::ControlOp::kLoadCheckpoint:
+      outcome = RunLoad(op);
+      break;
+    case v1::ControlOp::REQUEST_NOT_SET:
+      break;
+  }
+  return outcome;
+}
+
+absl::StatusOr<int64_t> ControlOps::LocalHostBytes(
     const ShardedTensorMetadata& metadata) const {
   int64_t host_bytes = 0;
   for (const ShardMetadata& shard : metadata.shards_metadata) {
@@ -134,9 +219,9 @@ absl::StatusOr<int64_t> Core::LocalHostBytes(
   return host_bytes;
 }
 
-absl::StatusOr<ShardingSpec> Core::SpecOf(bool has_spec,
-                                          const v1::ShardingSpec& proto,
-                                          absl::string_view what) const {
+absl::StatusOr<ShardingSpec> ControlOps::SpecOf(bool has_spec,
+                                                const v1::ShardingSpec& proto,
+                                                absl::string_view what) const {
   if (!has_spec) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": spec is required"));
   }
@@ -150,11 +235,7 @@ absl::StatusOr<ShardingSpec> Core::SpecOf(bool has_spec,
       placements.push_back(shard.placement());
     }
   }
-  std::vector<std::string> devices;
-  {
-    absl::MutexLock lock(&mu_);
-    devices = devices_;
-  }
+  const std::vector<std::string> devices = membership_->devices();
   for (size_t i = 0; i < placements.size(); ++i) {
     RETURN_IF_ERROR(Annotate(CheckPlacement(placements[i], devices),
                              absl::StrCat(what, ": placement ", i)));
@@ -162,8 +243,9 @@ absl::StatusOr<ShardingSpec> Core::SpecOf(bool has_spec,
   return spec;
 }
 
-absl::Status Core::CheckPlacement(const std::optional<RemoteDevice>& placement,
-                                  absl::Span<const std::string> devices) const {
+absl::Status ControlOps::CheckPlacement(
+    const std::optional<RemoteDevice>& placement,
+    absl::Span<const std::string> devices) const {
   if (!placement.has_value()) {
     return absl::InvalidArgumentError("the shard has no placement");
   }
@@ -196,7 +278,7 @@ absl::Status Core::CheckPlacement(const std::optional<RemoteDevice>& placement,
   return absl::OkStatus();
 }
 
-Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
   const v1::CreateTensorRequest& request = op.create_tensor();
   const std::vector<int64_t> sizes(request.sizes().begin(),
                                    request.sizes().end());
@@ -208,7 +290,7 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
   };
   auto plan = [&]() -> absl::StatusOr<Plan> {
     RETURN_IF_ERROR(ValidateName(request.name()));
-    if (Holds(request.name())) return NameTaken(request.name());
+    if (table_->Holds(request.name())) return NameTaken(request.name());
     ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
     RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
     ASSIGN_OR_RETURN(ShardingSpec spec, SpecOf(request.has_spec(),
@@ -217,11 +299,12 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("CreateTensor: unknown init kind ", request.init()));
     }
-    if (request.replicas() < 0 || request.replicas() > rank_->world_size()) {
+    // 0 is the field's default: one copy.
+    if (request.copies() < 0 || request.copies() > rank_->world_size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("CreateTensor: replicas must be between 1 and the ",
+          absl::StrCat("CreateTensor: copies must be between 1 and the ",
                        rank_->world_size(), " daemons of the cluster, not ",
-                       request.replicas()));
+                       request.copies()));
     }
     TensorProperties properties;
     properties.dtype = dtype;
@@ -230,7 +313,7 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
     ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
     return Plan{dtype, std::move(spec), host_bytes};
   }();
-  std::optional<Entry> made;
+  std::optional<TableEntry> made;
   absl::Status local = plan.status();
   if (plan.ok()) {
     local = [&]() -> absl::Status {
@@ -243,7 +326,8 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
                            "\" (its shards on rank ", rank(), ")")));
       ASSIGN_OR_RETURN(ShardedTensor tensor,
                        NewTensor(request, plan->dtype, plan->spec, sizes));
-      ASSIGN_OR_RETURN(v1::TensorInfo info, InfoOf(request.name(), tensor));
+      ASSIGN_OR_RETURN(v1::TensorInfo info,
+                       TensorInfoOf(*rank_, request.name(), tensor));
       made.emplace();
       made->tensor = std::move(tensor);
       made->info = std::move(info);
@@ -251,22 +335,20 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
       return absl::OkStatus();
     }();
   }
-  Outcome outcome;
+  OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
   if (outcome.status.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      table_.emplace(request.name(), *std::move(made));
+    table_->Put(request.name(), *std::move(made));
+    if (request.copies() > 1) {
+      outcome.status = replication_->Replicate(request.name(), request.copies(),
+                                               &request, &outcome.agreed);
     }
-    if (request.replicas() > 1) {
-      outcome.status = Replicate(request.name(), request.replicas(), &request,
-                                 &outcome.agreed);
-    }
-    absl::MutexLock lock(&mu_);
     if (outcome.status.ok()) {
-      outcome.result.info = table_.at(request.name()).info;
+      absl::StatusOr<v1::TensorInfo> info = table_->Info(request.name());
+      outcome.status = info.status();
+      if (info.ok()) outcome.result.info = *std::move(info);
     } else {
-      table_.erase(request.name());
+      table_->Remove(request.name());
     }
   } else if (plan.ok()) {
     ResyncTensorIds();
@@ -274,7 +356,7 @@ Core::Outcome Core::RunCreate(const v1::ControlOp& op) {
   return outcome;
 }
 
-absl::StatusOr<ShardedTensor> Core::NewTensor(
+absl::StatusOr<ShardedTensor> ControlOps::NewTensor(
     const v1::CreateTensorRequest& request, DType dtype,
     const ShardingSpec& spec, absl::Span<const int64_t> sizes) {
   ShardedTensorOptions options =
@@ -299,25 +381,20 @@ absl::StatusOr<ShardedTensor> Core::NewTensor(
   }
 }
 
-Core::Outcome Core::RunDelete(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
   const std::string& name = op.delete_tensor().name();
-  absl::Status local = Holds(name) ? CheckDeadline(op) : UnknownTensor(name);
-  Outcome outcome;
+  absl::Status local =
+      table_->Holds(name) ? CheckDeadline(op) : UnknownTensor(name);
+  OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
-  if (outcome.status.ok()) {
-    std::optional<Entry> gone;  // Freed outside the lock.
-    absl::MutexLock lock(&mu_);
-    auto it = table_.find(name);
-    gone.emplace(std::move(it->second));
-    table_.erase(it);
-  }
+  if (outcome.status.ok()) table_->Remove(name);
   return outcome;
 }
 
-Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   const v1::ReshardRequest& request = op.reshard();
-  Outcome outcome;
-  absl::StatusOr<ShardedTensor> tensor = Lookup(request.name());
+  OpOutcome outcome;
+  absl::StatusOr<ShardedTensor> tensor = table_->Lookup(request.name());
   absl::StatusOr<ShardingSpec> spec =
       SpecOf(request.has_spec(), request.spec(), "Reshard");
   MemoryBudget::Reservation held;
@@ -345,31 +422,34 @@ Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   absl::Status resharded = tensor->Reshard(*spec).status();
   // The tensor may have changed locally even when another daemon failed,
   // so its info is refreshed either way.
-  absl::StatusOr<v1::TensorInfo> info = InfoOf(request.name(), *tensor);
+  absl::StatusOr<v1::TensorInfo> info =
+      TensorInfoOf(*rank_, request.name(), *tensor);
   outcome.status =
       Agree(resharded.ok() ? info.status() : resharded, &outcome.agreed);
   MemoryBudget::Reservation replaced;  // Released outside the lock.
   std::shared_ptr<ReplicaCopies> old_copies;
   int copies = 1;
   if (info.ok()) {
-    absl::MutexLock lock(&mu_);
-    Entry& entry = table_.at(request.name());
-    copies = CopiesOf(entry.info);
-    entry.info = *info;
-    if (resharded.ok()) {
-      replaced = std::move(entry.held);
-      entry.held = std::move(held);
-      old_copies = std::move(entry.replicas);
-    }
+    table_
+        ->Update(request.name(),
+                 [&](TableEntry& entry) {
+                   copies = CopiesOf(entry.info);
+                   entry.info = *info;
+                   if (resharded.ok()) {
+                     replaced = std::move(entry.held);
+                     entry.held = std::move(held);
+                     old_copies = std::move(entry.replicas);
+                   }
+                 })
+        .IgnoreError();  // Looked up above; only the executor removes.
   }
   old_copies.reset();
   // The new layout gets as many copies as the old one had, from its new
   // owners.
   if (outcome.status.ok() && copies > 1) {
-    outcome.status =
-        Replicate(request.name(), copies, nullptr, &outcome.agreed);
-    absl::MutexLock lock(&mu_);
-    info = table_.at(request.name()).info;
+    outcome.status = replication_->Replicate(request.name(), copies, nullptr,
+                                             &outcome.agreed);
+    info = table_->Info(request.name());
   }
   if (outcome.status.ok()) {
     outcome.result.info = *std::move(info);
@@ -379,11 +459,11 @@ Core::Outcome Core::RunReshard(const v1::ControlOp& op) {
   return outcome;
 }
 
-Core::Outcome Core::RunGather(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunGather(const v1::ControlOp& op) {
   const v1::GatherRequest& request = op.gather();
   const bool destination = op.coordinator() == rank_->rank();
-  Outcome outcome;
-  absl::StatusOr<ShardedTensor> tensor = Lookup(request.name());
+  OpOutcome outcome;
+  absl::StatusOr<ShardedTensor> tensor = table_->Lookup(request.name());
   Tensor out;
   MemoryBudget::Reservation gathering;
   absl::Status ready = [&]() -> absl::Status {
@@ -413,8 +493,8 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
   outcome.status =
       Agree(tensor->Gather(op.coordinator(), out), &outcome.agreed);
   if (outcome.status.ok() && destination) {
-    absl::MutexLock lock(&mu_);
-    outcome.result.info = table_.at(request.name()).info;
+    absl::StatusOr<v1::TensorInfo> info = table_->Info(request.name());
+    if (info.ok()) outcome.result.info = *std::move(info);
     outcome.result.gathered = std::move(out);
     outcome.result.gathered_reservation =
         std::make_shared<MemoryBudget::Reservation>(std::move(gathering));
@@ -422,9 +502,9 @@ Core::Outcome Core::RunGather(const v1::ControlOp& op) {
   return outcome;
 }
 
-Core::Outcome Core::RunSave(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunSave(const v1::ControlOp& op) {
   const v1::SaveCheckpointRequest& request = op.save_checkpoint();
-  Outcome outcome;
+  OpOutcome outcome;
   StateDict dict;
   std::optional<Directory> dir;
   absl::Status ready = [&]() -> absl::Status {
@@ -433,17 +513,20 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
     }
     ASSIGN_OR_RETURN(dir, options_.checkpoint_roots.Resolve(request.path(),
                                                             /*create=*/true));
-    absl::MutexLock lock(&mu_);
     if (request.names().empty()) {
       std::vector<std::string> degraded;
-      for (const auto& [name, entry] : table_) {
-        if (entry.info.lost_shards_size() > 0) {
-          degraded.push_back(name);
-          continue;
-        }
-        if (!entry.tensor.has_value()) return RefillingError(name, entry);
-        dict.emplace_back(name, *entry.tensor);
-      }
+      RETURN_IF_ERROR(table_->ForEach(
+          [&](const std::string& name, const TableEntry& entry) {
+            if (entry.info.lost_shards_size() > 0) {
+              degraded.push_back(name);
+              return absl::OkStatus();
+            }
+            if (!entry.tensor.has_value()) {
+              return RefillingError(rank(), name, entry);
+            }
+            dict.emplace_back(name, *entry.tensor);
+            return absl::OkStatus();
+          }));
       if (!degraded.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "SaveCheckpoint: tensors [", absl::StrJoin(degraded, ", "),
@@ -453,19 +536,14 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
     }
     std::set<std::string> seen;
     for (const std::string& name : request.names()) {
-      auto it = table_.find(name);
-      if (it == table_.end()) return UnknownTensor(name);
+      if (!table_->Holds(name)) return UnknownTensor(name);
       if (!seen.insert(name).second) {
         return absl::InvalidArgumentError(
             absl::StrCat("SaveCheckpoint: \"", name, "\" is named twice"));
       }
-      if (it->second.info.lost_shards_size() > 0) {
-        return DegradedError(it->second.info);
-      }
-      if (!it->second.tensor.has_value()) {
-        return RefillingError(name, it->second);
-      }
-      dict.emplace_back(name, *it->second.tensor);
+      // Degraded or refilling: refused as Lookup says.
+      ASSIGN_OR_RETURN(ShardedTensor tensor, table_->Lookup(name));
+      dict.emplace_back(name, std::move(tensor));
     }
     return absl::OkStatus();
   }();
@@ -487,7 +565,7 @@ Core::Outcome Core::RunSave(const v1::ControlOp& op) {
   return outcome;
 }
 
-Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
+OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
   const v1::LoadCheckpointRequest& request = op.load_checkpoint();
   // Deterministic checks first.
   std::optional<ShardingSpec> spec;
@@ -552,7 +630,7 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
           return absl::InvalidArgumentError(absl::StrCat(
               "LoadCheckpoint: two entries would be named \"", name, "\""));
         }
-        if (!request.replace() && Holds(name)) {
+        if (!request.replace() && table_->Holds(name)) {
           return NameTaken(name);
         }
       }
@@ -602,26 +680,21 @@ Core::Outcome Core::RunLoad(const v1::ControlOp& op) {
                            entry_name, "\" did not load as a sharded tensor"));
         }
         loaded.emplace_back(name, *it->second);
-        ASSIGN_OR_RETURN(infos.emplace_back(), InfoOf(name, *it->second));
+        ASSIGN_OR_RETURN(infos.emplace_back(),
+                         TensorInfoOf(*rank_, name, *it->second));
       }
       return absl::OkStatus();
     }();
   }
-  Outcome outcome;
+  OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
   if (outcome.status.ok()) {
-    std::vector<Entry> replaced;  // Freed outside the lock.
-    absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < loaded.size(); ++i) {
-      auto it = table_.find(loaded[i].first);
-      if (it != table_.end()) {
-        replaced.push_back(std::move(it->second));
-        table_.erase(it);
-      }
-      Entry& entry = table_[loaded[i].first];
+      TableEntry entry;
       entry.tensor = loaded[i].second;
       entry.info = infos[i];
       entry.held = std::move(held[i]);
+      table_->Put(loaded[i].first, std::move(entry));
     }
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {

@@ -12,10 +12,10 @@
 // bytes without the log (server/daemon/region_io.h).
 //
 // Failure: every call has a deadline (the client's, capped at
-// ControlOptions::op_timeout); a call whose op has not completed by then
-// ends with DEADLINE_EXCEEDED (the op may still complete). Errors agreed
-// by every daemon keep their code; one daemon's own error comes back as
-// "on rank N: ...". A dead peer fails the running op (UNAVAILABLE or
+// ControlOptions::op_timeout, control_options.h); a call whose op has not
+// completed by then ends with DEADLINE_EXCEEDED (the op may still complete).
+// Errors agreed by every daemon keep their code; one daemon's own error comes
+// back as "on rank N: ...". A dead peer fails the running op (UNAVAILABLE or
 // DEADLINE_EXCEEDED) on the survivors, which keep answering reads.
 //
 // Thread-safety: every method may be called from any thread; gRPC callback
@@ -34,54 +34,19 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "server/checkpoint/checkpoint_roots.h"
-#include "server/daemon/memory_budget.h"
+#include "server/daemon/control_options.h"
 #include "server/rank/rank.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tessera/v1/control.pb.h"
 
 namespace tessera {
 
-struct ControlOptions {
-  // The deadline of an operation whose call has none.
-  absl::Duration op_timeout = absl::Seconds(300);
-  // This daemon's device ("cpu", "cuda:N"), reported in ClusterInfo.
-  std::string device = "cpu";
-  // How long a claimed log number may stay empty before rank 0 marks it
-  // skipped (its coordinator died between claiming and writing it).
-  absl::Duration claim_timeout = absl::Seconds(5);
-  // The slice of the executor's waits on the store: how soon Shutdown()
-  // is noticed while the log is idle.
-  absl::Duration poll_interval = absl::Milliseconds(200);
-  // Liveness: every daemon renews a counter in the store every lease / 10
-  // and rank 0 watches them; a daemon silent for most of a lease (dead,
-  // stalled, unreachable) makes rank 0 form a new generation of the
-  // default group while the log is idle, the others follow, and operations
-  // are refused naming it until it takes part again: reported within
-  // about a lease, instead of at the next collective's timeout.
-  absl::Duration lease = absl::Seconds(5);
-  // The daemon's host-memory budget (server/daemon/memory_budget.h): the
-  // CPU shards of every tensor, loads, reshards, gathers and region
-  // staging are reserved in it before they are allocated; more is
-  // RESOURCE_EXHAUSTED on every daemon, rather than an allocation that
-  // succeeds lazily and gets the daemon killed once touched. Null: the
-  // default limit for a daemon alone on its host.
-  std::shared_ptr<MemoryBudget> memory_budget;
-  // Chunk size of ReadRegion and Gather streams that ask for 0, and the
-  // largest a stream gets (as ShardServiceOptions).
-  int64_t default_chunk_bytes = int64_t{512} << 10;
-  int64_t max_chunk_bytes = int64_t{16} << 20;
-  // Where SaveCheckpoint and LoadCheckpoint may go; none: refused with
-  // FAILED_PRECONDITION.
-  CheckpointRoots checkpoint_roots;
-};
-
 namespace control_internal {
 class Core;
 }  // namespace control_internal
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
-// messages (serialized by the chunk streams of shard_service.h).
+// messages (serialized by the chunk streams of server/serve/shard_service.h).
 using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetStats<
     v1::ControlService::WithCallbackMethod_GetCluster<
         v1::ControlService::WithCallbackMethod_CreateTensor<

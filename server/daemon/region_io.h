@@ -26,7 +26,7 @@
 //
 // A write is applied only once all of it arrived and verified; a write
 // that fails while applying may have written some shards (as
-// client.h says). There is no isolation between concurrent writes and
+// client/client.h says). There is no isolation between concurrent writes and
 // reads of overlapping boxes.
 //
 // Thread-safety: every function may be called concurrently.

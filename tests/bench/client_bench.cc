@@ -54,7 +54,7 @@ struct Config {
   std::vector<int64_t> mib = {64, 256};
   int reps = 5;
   int latency_iterations = 2000;
-  // Copies of each shard for the write measurement (CreateOptions.replicas)
+  // Copies of each shard for the write measurement (CreateOptions.copies)
   // besides the plain one; e.g. {2}: also a tensor with two copies.
   std::vector<int> replicas;
 };
@@ -102,7 +102,7 @@ absl::StatusOr<Tensor> CreateAndWrite(Client& client, const std::string& name,
                    ChunkShardingSpec::Create(0, placements));
   const int64_t rows = mib * (int64_t{1} << 20) / (kColumns * 4);
   CreateOptions create;
-  create.replicas = replicas;
+  create.copies = replicas;
   ASSIGN_OR_RETURN(ShardedTensorView view,
                    client.Create(name, {rows, kColumns}, spec, create));
   ASSIGN_OR_RETURN(Tensor data, Tensor::Empty({rows, kColumns}));

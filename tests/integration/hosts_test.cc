@@ -219,7 +219,7 @@ TEST_F(HostsTest, ReplicasLiveOnTheOtherHostAndServeAPartitionedOnesShards) {
   CreateOptions two;
   two.init = TensorInit::kRandn;
   two.seed = 3;
-  two.replicas = 2;
+  two.copies = 2;
   ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
                        client->Create("r", {8, 4}, Rows(), two));
   ASSERT_EQ(view.info().replicas_size(), kWorld);

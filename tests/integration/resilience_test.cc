@@ -404,7 +404,7 @@ TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
   ExpectAllSevens(*client, "spread");
 }
 
-// Replicas (create --replicas 2): every shard has a copy on another daemon.
+// Replicas (create --copies 2): every shard has a copy on another daemon.
 // A stalled owner's shard is read from its replica; a dead owner's shard is
 // read and written through its replica; the restarted owner refills its
 // shard and its own replicas from the others and serves them again.
@@ -427,19 +427,19 @@ TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
   ASSERT_OK_AND_ASSIGN(auto client,
                        Client::Connect(cluster->address(0), client_options));
   CreateOptions two = Sevens();
-  two.replicas = 2;
+  two.copies = 2;
   for (const int bad : {-1, kWorld + 1}) {
     CreateOptions wrong = two;
-    wrong.replicas = bad;
+    wrong.copies = bad;
     EXPECT_THAT(client->Create("wrong", {6, 4}, Rows(), wrong).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("replicas must be between 1 and the 3")));
+                         HasSubstr("copies must be between 1 and the 3")));
   }
   // Random values come from the owners, so copies are equal to them.
   CreateOptions randn;
   randn.init = TensorInit::kRandn;
   randn.seed = 7;
-  randn.replicas = 2;
+  randn.copies = 2;
   ASSERT_OK_AND_ASSIGN(ShardedTensorView noise,
                        client->Create("noise", {6, 4}, Rows(), randn));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
@@ -534,7 +534,7 @@ TEST(ResilienceTest,
   constexpr int64_t kRows = 3 * 512;  // 2 MiB per shard
   constexpr int64_t kColumns = 1024;
   CreateOptions two;
-  two.replicas = 2;
+  two.copies = 2;
   ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
                        client->Create("big", {kRows, kColumns}, Rows(), two));
   auto pattern = [&](float base) {

@@ -1,0 +1,288 @@
+#include "server/daemon/control_core.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/nonce.h"
+#include "common/status_macros.h"
+#include "server/store/prefix_store.h"
+
+#ifndef TESSERA_VERSION
+#define TESSERA_VERSION "0.1.0"
+#endif
+
+namespace tessera::control_internal {
+namespace {
+
+// The budget of a daemon whose options name none: DefaultMemoryLimit for
+// a daemon alone on its host.
+std::shared_ptr<MemoryBudget> DefaultBudget() {
+  std::string source;
+  const int64_t limit = DefaultMemoryLimit(1, &source);
+  return MemoryBudget::Create(limit, source);
+}
+
+}  // namespace
+
+Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
+    : rank_(std::move(rank)),
+      options_(std::move(options)),
+      budget_(options_.memory_budget != nullptr ? options_.memory_budget
+                                                : DefaultBudget()),
+      store_(std::make_shared<PrefixStore>("control", rank_->store())),
+      incarnation_(RandomNonce()),
+      table_(rank_->rank()) {}
+
+Core::~Core() { Shutdown(); }
+
+absl::Status Core::Start() {
+  absl::MutexLock serial(&shutdown_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kNew) {
+      return absl::FailedPreconditionError(
+          state_ == State::kRunning ? "the control service is already started"
+                                    : "the control service is shut down");
+    }
+  }
+  if (!rank_->rpc_initialized()) {
+    return absl::FailedPreconditionError(
+        "the control service starts after Rank::InitRpc");
+  }
+  if (log_ == nullptr) {
+    const std::shared_ptr<ProcessGroup> group = rank_->default_group();
+    replication_ = std::make_unique<Replication>(rank_, group, budget_,
+                                                 options_.op_timeout, &table_);
+    membership_ = std::make_unique<Membership>(rank_, group, store_, options_,
+                                               &table_, replication_.get());
+    ops_ =
+        std::make_unique<ControlOps>(rank_, group, options_, budget_, &table_,
+                                     replication_.get(), membership_.get());
+    log_ = std::make_unique<OpLog>(rank_, group, store_, options_, incarnation_,
+                                   membership_.get(), ops_.get());
+  }
+  // Rank 0 reads where the log stands before it joins the exchange, and the
+  // others accept calls only after it: every op claimed from now on lies
+  // after the agreed start, and every daemon runs all of them. A daemon
+  // that restarted into a running cluster learns the position and the
+  // table from the others instead (JoinInStep).
+  int64_t next = 0;
+  if (rank_->rank() == 0) {
+    ASSIGN_OR_RETURN(next, log_->Position());
+  }
+  ASSIGN_OR_RETURN(const Membership::Resumed resumed,
+                   membership_->JoinInStep(/*starting=*/true, next));
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kNew) {
+      return absl::FailedPreconditionError("stopped");
+    }
+    membership_->Start(log_.get());
+    log_->Start(resumed.next);
+    running_log_ = log_.get();
+    running_membership_ = membership_.get();
+    running_replication_ = replication_.get();
+    state_ = State::kRunning;
+  }
+  // Outside mu_: a scrape holds the gauges' lock, then mu_.
+  RegisterGauges();
+  return absl::OkStatus();
+}
+
+void Core::Shutdown() {
+  absl::MutexLock serial(&shutdown_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kStopped) return;
+    state_ = State::kStopping;
+  }
+  gauges_.clear();
+  if (log_ != nullptr) log_->Stop();
+  if (membership_ != nullptr) membership_->Stop();
+  if (log_ != nullptr) log_->Join();
+  if (membership_ != nullptr) membership_->Join();
+  if (replication_ != nullptr) replication_->Shutdown();
+  if (log_ != nullptr) log_->FailWaiting();
+  absl::MutexLock lock(&mu_);
+  state_ = State::kStopped;
+}
+
+absl::Status Core::Accepting() const {
+  absl::MutexLock lock(&mu_);
+  return AcceptingLocked();
+}
+
+absl::Status Core::AcceptingLocked() const {
+  switch (state_) {
+    case State::kNew:
+      return absl::UnavailableError(kStarting);
+    case State::kRunning:
+      return absl::OkStatus();
+    case State::kStopping:
+    case State::kStopped:
+      break;
+  }
+  return absl::UnavailableError(kShuttingDown);
+}
+
+OpLog* Core::Log() const {
+  absl::MutexLock lock(&mu_);
+  return running_log_;
+}
+
+std::shared_ptr<PendingCall> Core::NewCall(std::string method,
+                                           std::string request_id,
+                                           absl::Time client_deadline,
+                                           Completion completion) {
+  const absl::Time deadline =
+      std::min(client_deadline, absl::Now() + options_.op_timeout);
+  return std::make_shared<PendingCall>(next_call_id_.fetch_add(1),
+                                       std::move(method), std::move(request_id),
+                                       deadline, std::move(completion));
+}
+
+void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
+  OpLog* log;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status accepting = AcceptingLocked(); !accepting.ok()) {
+      log = nullptr;
+    } else {
+      log = running_log_;
+    }
+  }
+  // The log refuses calls itself once stopped (Shutdown stops it first).
+  if (log == nullptr) {
+    call->Complete(Accepting());
+    return;
+  }
+  log->Submit(std::move(op), call);
+}
+
+void Core::Finish(const std::shared_ptr<PendingCall>& call,
+                  const absl::Status& status, OpResult result) {
+  if (OpLog* log = Log()) {
+    log->Finish(call, status, std::move(result));
+  } else {
+    call->Complete(status, std::move(result));
+  }
+}
+
+absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {
+  RETURN_IF_ERROR(Accepting());
+  return table_.Describe(name);
+}
+
+ShardServiceOptions Core::Chunks() const {
+  ShardServiceOptions chunks;
+  chunks.default_chunk_bytes = options_.default_chunk_bytes;
+  chunks.max_chunk_bytes = options_.max_chunk_bytes;
+  return chunks;
+}
+
+int64_t Core::applied_ops() const {
+  OpLog* log = Log();
+  return log == nullptr ? 0 : log->applied();
+}
+
+absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
+  const Membership* membership;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(AcceptingLocked());
+    membership = running_membership_;
+  }
+  const std::vector<std::string> devices = membership->devices();
+  const std::string state = membership->State();
+  v1::ClusterInfo info;
+  info.set_generation(rank_->world_group()->generation());
+  info.set_state(state);
+  info.set_world_size(rank_->world_size());
+  info.set_rank(rank_->rank());
+  info.set_version(TESSERA_VERSION);
+  for (int r = 0; r < rank_->world_size(); ++r) {
+    ASSIGN_OR_RETURN(WorkerInfo worker, rank_->Worker(r));
+    v1::WorkerAddress* address = info.add_workers();
+    address->set_rank(r);
+    address->set_name(worker.name);
+    address->set_address(worker.address);
+    address->set_data_address(worker.data_plane_address);
+    address->set_local_address(worker.local_address);
+    if (r < static_cast<int>(devices.size())) address->set_device(devices[r]);
+  }
+  return info;
+}
+
+void Core::RegisterGauges() {
+  const auto one = [](double value) {
+    return std::vector<GaugeSample>{GaugeSample{{}, value}};
+  };
+  const auto add = [this](const char* name, const char* help,
+                          GaugeSource::Reader read) {
+    gauges_.push_back(GaugeSource::Register(name, help, std::move(read)));
+  };
+  add("tessera_rank", "This daemon's rank",
+      [this, one] { return one(rank_->rank()); });
+  add("tessera_world_size", "Daemons in the cluster",
+      [this, one] { return one(rank_->world_size()); });
+  add("tessera_tensors", "Named tensors in this daemon's table",
+      [this, one] { return one(static_cast<double>(table_.size())); });
+  add("tessera_shards", "Shards and replica copies this daemon holds",
+      [this, one] {
+        return one(static_cast<double>(rank_->registry().Held().shards));
+      });
+  add("tessera_shard_bytes", "Bytes of the shards this daemon holds", [this] {
+    const ShardRegistry::Holdings held = rank_->registry().Held();
+    return std::vector<GaugeSample>{
+        {{{"device", "cpu"}}, static_cast<double>(held.cpu_bytes)},
+        {{{"device", "cuda"}}, static_cast<double>(held.cuda_bytes)}};
+  });
+  add("tessera_memory_budget_bytes", "This daemon's host-memory budget",
+      [this, one] { return one(static_cast<double>(budget_->limit())); });
+  add("tessera_memory_budget_used_bytes", "Host memory reserved in the budget",
+      [this, one] { return one(static_cast<double>(budget_->used())); });
+  add("tessera_generation",
+      "Generation of the default process group this daemon runs", [this, one] {
+        return one(static_cast<double>(rank_->world_group()->generation()));
+      });
+  add("tessera_peer_up",
+      "1 while a daemon's liveness lease is current, 0 once it expired",
+      [this, membership = membership_.get()] {
+        std::vector<GaugeSample> peers;
+        for (int r = 0; r < rank_->world_size(); ++r) {
+          peers.push_back(
+              {{{"peer", absl::StrCat(r)}}, membership->PeerUp(r) ? 1.0 : 0.0});
+        }
+        return peers;
+      });
+}
+
+RegionEnv Core::Env() {
+  RegionEnv env;
+  env.rank = rank_;
+  env.max_call_time = options_.op_timeout;
+  env.budget = budget_;
+  env.resolve = [weak = weak_from_this()](
+                    const std::string& name) -> absl::StatusOr<v1::TensorInfo> {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return absl::UnavailableError(kShuttingDown);
+    return core->Describe(name);
+  };
+  env.refilling = [weak = weak_from_this()](
+                      const std::string& tensor_id) -> std::shared_ptr<Refill> {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return nullptr;
+    Replication* replication;
+    {
+      absl::MutexLock lock(&core->mu_);
+      replication = core->running_replication_;
+    }
+    return replication == nullptr ? nullptr : replication->Refilling(tensor_id);
+  };
+  return env;
+}
+
+}  // namespace tessera::control_internal

@@ -1,0 +1,117 @@
+// ControlOps: the bodies of the logged control operations (CreateTensor,
+// DeleteTensor, Reshard, Gather, SaveCheckpoint, LoadCheckpoint), run by
+// every daemon's executor at the same log entry (op_log.h).
+//
+// Every op has the same shape: deterministic checks first (name, sizes,
+// spec, placements, deadline: they pass or fail alike on every daemon),
+// then what depends on this daemon (the memory budget, allocation, files),
+// then an agreement on every daemon's outcome (agreement.h), and only then
+// a change to the table. An op that may have created tensors on some
+// daemons only re-aligns the tensor ids. The agreed status is the
+// caller's answer; Outcome::agreed tells the log whether every daemon
+// has read the op.
+//
+// Errors (as the client sees them): INVALID_ARGUMENT for a bad name, size,
+// spec, placement, init kind or copies count; ALREADY_EXISTS for a taken
+// name; NOT_FOUND for an unknown tensor or checkpoint entry;
+// FAILED_PRECONDITION for a degraded tensor or a checkpoint path outside
+// the roots; RESOURCE_EXHAUSTED beyond the memory budget;
+// DEADLINE_EXCEEDED when the call's deadline passed before the op ran;
+// another daemon's own error as "on rank N: ...".
+//
+// Thread-safety: Run is called by the executor thread only. Ownership: the
+// control core owns it; the table, replication and membership it points
+// at outlive it.
+#ifndef TESSERA_SERVER_DAEMON_CONTROL_OPS_H_
+#define TESSERA_SERVER_DAEMON_CONTROL_OPS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/control_options.h"
+#include "server/daemon/membership.h"
+#include "server/daemon/memory_budget.h"
+#include "server/daemon/pending_call.h"
+#include "server/daemon/replication.h"
+#include "server/daemon/tensor_table.h"
+#include "server/rank/rank.h"
+#include "server/sharded/sharded_tensor.h"
+#include "tessera/v1/control.pb.h"
+#include "tessera/v1/control_internal.pb.h"
+
+namespace tessera::control_internal {
+
+// What an op did on this daemon: the agreed status, the reply, and
+// whether the last agreement went through (every daemon has read the op,
+// so its log entry may go).
+struct OpOutcome {
+  absl::Status status;
+  OpResult result;
+  bool agreed = false;
+};
+
+// The method name of `op` ("CreateTensor", ...), for messages.
+const char* OpName(const v1::ControlOp& op);
+// The tensor `op` is about (names joined by "," for checkpoints; "" for
+// none), for logs.
+std::string OpTensor(const v1::ControlOp& op);
+
+class ControlOps {
+ public:
+  ControlOps(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
+             const ControlOptions& options,
+             std::shared_ptr<MemoryBudget> budget, TensorTable* table,
+             Replication* replication, const Membership* membership);
+  ControlOps(const ControlOps&) = delete;
+  ControlOps& operator=(const ControlOps&) = delete;
+
+  // Runs `op` (collective). An op with no request does nothing.
+  OpOutcome Run(const v1::ControlOp& op);
+
+ private:
+  int rank() const { return rank_->rank(); }
+  OpOutcome RunCreate(const v1::ControlOp& op);
+  OpOutcome RunDelete(const v1::ControlOp& op);
+  OpOutcome RunReshard(const v1::ControlOp& op);
+  OpOutcome RunGather(const v1::ControlOp& op);
+  OpOutcome RunSave(const v1::ControlOp& op);
+  OpOutcome RunLoad(const v1::ControlOp& op);
+  // CreateTensor's tensor (this daemon's shards), filled by its init kind.
+  absl::StatusOr<ShardedTensor> NewTensor(
+      const v1::CreateTensorRequest& request, DType dtype,
+      const ShardingSpec& spec, absl::Span<const int64_t> sizes);
+  // A request's spec, its placements checked against the cluster: each
+  // names a daemon (by rank or worker name) and a device that daemon can
+  // hold (CPU anywhere; CUDA on a CUDA daemon; never meta, which would
+  // drop the data). INVALID_ARGUMENT naming `what` and the placement.
+  // Deterministic: every daemon decides alike.
+  absl::StatusOr<ShardingSpec> SpecOf(bool has_spec,
+                                      const v1::ShardingSpec& proto,
+                                      absl::string_view what) const;
+  absl::Status CheckPlacement(const std::optional<RemoteDevice>& placement,
+                              absl::Span<const std::string> devices) const;
+  // The bytes of `metadata`'s shards this daemon holds in host memory.
+  absl::StatusOr<int64_t> LocalHostBytes(
+      const ShardedTensorMetadata& metadata) const;
+  absl::Status Agree(const absl::Status& local, bool* agreed);
+  void ResyncTensorIds();
+
+  const std::shared_ptr<Rank> rank_;
+  const std::shared_ptr<ProcessGroup> group_;
+  const ControlOptions options_;
+  const std::shared_ptr<MemoryBudget> budget_;
+  TensorTable* const table_;
+  Replication* const replication_;
+  const Membership* const membership_;
+};
+
+}  // namespace tessera::control_internal
+
+#endif  // TESSERA_SERVER_DAEMON_CONTROL_OPS_H_

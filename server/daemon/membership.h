@@ -1,0 +1,178 @@
+// Membership: who takes part in the cluster, and who decides that a
+// daemon is dead. Leases, generations of the default group, re-forming
+// after a failure, and the rejoin of a restarted daemon.
+// docs/control_log.md ("Failure") is the protocol.
+//
+// Leases: every daemon renews its lease in the store every lease / 10 (an
+// etcd lease where the store has them, else a counter). Rank 0 watches
+// every other daemon and rank 1 watches rank 0; a daemon silent for most
+// of a lease is published as expired in the store, every daemon reads that
+// within a period, refuses new operations naming it (UNAVAILABLE) and ends
+// the calls already waiting (they may wait inside a collective for the
+// silent daemon until --timeout). The watcher's executor then forms the
+// next generation of the default group; the others follow.
+//
+// Generations: Reform blocks the executor until every daemon takes part
+// in the next generation (calls are refused meanwhile, naming the missing
+// ranks), then JoinInStep brings the daemons back in step: the log
+// position (the furthest any daemon reached) and the table (what every
+// veteran holds alike stays; a tensor whose shards were on a restarted
+// daemon is degraded, or refilled from its replicas: replication.h).
+// A daemon whose generation moved on without it is fenced: it refuses
+// every call until restarted.
+//
+// Thread-safety: every method may be called from any thread, except
+// JoinInStep and Reform (the executor's, or Start's before it runs).
+// Locks: membership's lock may be held while the log's is taken (Admit,
+// and the snapshot of waiting calls), never the other way round.
+// Ownership: the control core owns it; the table, the replication and the
+// waiting calls it points at outlive it. Stop() ends the lease thread and
+// cancels a Reform in progress; Join() waits for the thread.
+#ifndef TESSERA_SERVER_DAEMON_MEMBERSHIP_H_
+#define TESSERA_SERVER_DAEMON_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/collective/process_group.h"
+#include "server/daemon/control_options.h"
+#include "server/daemon/pending_call.h"
+#include "server/daemon/replication.h"
+#include "server/daemon/tensor_table.h"
+#include "server/rank/rank.h"
+#include "server/store/store.h"
+
+namespace tessera::control_internal {
+
+// What membership asks of the operation log (op_log.h): the calls waiting
+// for their ops, to end them when a daemon goes silent.
+class WaitingCalls {
+ public:
+  struct Snapshot {
+    std::vector<std::shared_ptr<PendingCall>> in_flight;
+    // The ids of those not yet appended to the log.
+    absl::flat_hash_set<uint64_t> queued;
+  };
+  virtual ~WaitingCalls() = default;
+  // Called with membership's lock held.
+  virtual Snapshot Waiting() const = 0;
+  // Completes `call` with `status` and forgets it.
+  virtual void End(const std::shared_ptr<PendingCall>& call,
+                   const absl::Status& status) = 0;
+};
+
+class Membership {
+ public:
+  // Where the daemons stand after JoinInStep: the next log entry to run
+  // (the furthest any daemon reached), and the earliest any veteran had
+  // yet to run (entries from there on may be deleted once all passed).
+  struct Resumed {
+    int64_t next = 0;
+    int64_t earliest = 0;
+  };
+
+  // `store` is the control prefix of the rendezvous store.
+  Membership(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
+             std::shared_ptr<Store> store, const ControlOptions& options,
+             TensorTable* table, Replication* replication);
+  // Calls Stop() and Join().
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Collective, when the default group formed (at Start with `starting`,
+  // and inside Reform): every daemon sends its state (log position
+  // `next`, device, table) and all continue in step (see above).
+  // Tensors the veterans do not all hold alike are dropped everywhere.
+  // Daemons that are starting while others are not restarted: every tensor
+  // with shards on them is marked degraded (lost_shards) unless replicas
+  // hold them, and they build their table from the lowest-ranked
+  // veteran's. The exchange's errors; DATA_LOSS for an unreadable state.
+  absl::StatusOr<Resumed> JoinInStep(bool starting, int64_t next);
+
+  // Starts the lease thread; leases count from now.
+  void Start(WaitingCalls* calls);
+  void Stop();
+  void Join();
+
+  // Whether the executor must form the next generation before the next
+  // entry: the group's transport broke, another daemon asked for one, or a
+  // lease expired.
+  bool NeedsReform() const;
+  // Forms the next generation (blocking until every daemon takes part),
+  // then JoinInStep from log position `next`. Nullopt when stopped or
+  // fenced.
+  std::optional<Resumed> Reform(int64_t next);
+
+  // Runs `enqueue` under membership's lock when new operations are
+  // admitted, and returns its status; else UNAVAILABLE naming why: fenced,
+  // re-forming while daemons are missing, or a daemon silent. Holding the
+  // lock makes the admission and the enqueue one step for ReadExpiry.
+  absl::Status Admit(const std::function<absl::Status()>& enqueue) const;
+
+  // Every daemon's device, by rank (as of the last JoinInStep).
+  std::vector<std::string> devices() const;
+  // "serving", or why not: fenced, re-forming, waiting for silent ranks.
+  std::string State() const;
+  // Whether daemon `r`'s lease is current, as far as this daemon knows.
+  bool PeerUp(int r) const;
+
+ private:
+  bool running() const;
+  // Sleeps up to `d`; false once stopping.
+  bool Sleep(absl::Duration d) const;
+  void LeaseLoop();
+  // The lease thread's look at what the watchers published; when it turns
+  // non-empty, every waiting call ends with UNAVAILABLE naming the silent
+  // ranks.
+  void ReadPublishedExpiry(int64_t generation);
+  // "the lease of ranks [2] expired: silent for 5s".
+  std::string LeaseText(const std::vector<int>& expired) const;
+  // UNAVAILABLE while fenced, or while the group re-forms and waits for a
+  // daemon, naming it (also while every daemon is already taking part with
+  // `even_if_all_here`, for reports); OK otherwise.
+  absl::Status ReformingLocked(bool even_if_all_here) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<Rank> rank_;
+  const std::shared_ptr<ProcessGroup> group_;
+  const std::shared_ptr<Store> store_;
+  const ControlOptions options_;
+  TensorTable* const table_;
+  Replication* const replication_;
+  std::thread lease_keeper_;
+
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar stopping_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  WaitingCalls* calls_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);
+  // Why the default group is being formed again ("" while it serves), and
+  // why this daemon was fenced off ("" unless it was).
+  std::string reforming_ ABSL_GUARDED_BY(mu_);
+  std::string fenced_ ABSL_GUARDED_BY(mu_);
+  // Ranks whose lease this daemon (a watcher) found expired, and when the
+  // last generation formed (leases count from then on).
+  std::vector<int> expired_ ABSL_GUARDED_BY(mu_);
+  absl::Time formed_at_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // The ranks a watcher (rank 0 or 1) published as expired in the current
+  // generation, as this daemon's lease thread last read them: operations
+  // are refused naming them.
+  std::vector<int> published_expired_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::control_internal
+
+#endif  // TESSERA_SERVER_DAEMON_MEMBERSHIP_H_

@@ -1,0 +1,337 @@
+#include "server/daemon/replication.h"
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/region_transfer.h"
+#include "client/shard_client.h"
+#include "common/log_context.h"
+#include "common/proto_convert.h"
+#include "common/status_macros.h"
+#include "server/daemon/agreement.h"
+#include "spdlog/spdlog.h"
+#include "wire/replicas.h"
+
+namespace tessera::control_internal {
+namespace {
+
+// A rebuilt tensor's ShardedTensor, with `shards` (this daemon's, possibly
+// none) under the cluster's tensor id.
+absl::StatusOr<ShardedTensor> RebuiltTensor(const std::shared_ptr<Rank>& rank,
+                                            const v1::TensorInfo& info,
+                                            ShardedTensorMetadata metadata,
+                                            const v1::ShardingSpec& spec_proto,
+                                            std::vector<Shard> shards) {
+  const ShardedTensorOptions options =
+      ShardedTensorOptions()
+          .WithDType(metadata.tensor_properties.dtype)
+          .WithRank(rank)
+          .WithTensorId(info.tensor_id());
+  if (spec_proto.spec_case() == v1::ShardingSpec::SPEC_NOT_SET) {
+    return ShardedTensor::InitFromLocalShardsAndGlobalMetadata(
+        std::move(shards), std::move(metadata), options);
+  }
+  ASSIGN_OR_RETURN(ShardingSpec spec, FromProto(spec_proto));
+  return ShardedTensor::InitFromLocalShardsWithSpec(
+      std::move(shards), std::move(metadata), std::move(spec), options);
+}
+
+}  // namespace
+
+Replication::Replication(std::shared_ptr<Rank> rank,
+                         std::shared_ptr<ProcessGroup> group,
+                         std::shared_ptr<MemoryBudget> budget,
+                         absl::Duration op_timeout, TensorTable* table)
+    : rank_(std::move(rank)),
+      group_(std::move(group)),
+      budget_(std::move(budget)),
+      op_timeout_(op_timeout),
+      table_(table) {}
+
+Replication::~Replication() { Shutdown(); }
+
+void Replication::Shutdown() {
+  std::vector<std::thread> refills;
+  {
+    absl::MutexLock lock(&mu_);
+    refills.swap(refills_);
+  }
+  for (std::thread& refill : refills) refill.join();
+}
+
+std::shared_ptr<Refill> Replication::Refilling(
+    const std::string& tensor_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = refilling_.find(tensor_id);
+  return it == refilling_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> Replication::WorkerHosts() const {
+  // The host part of each daemon's advertised address: what operators call
+  // a host (a node's address). The local path's host id would not do: it
+  // names the kernel, which network namespaces and containers on one
+  // machine share although their addresses differ.
+  std::vector<std::string> hosts;
+  for (int r = 0; r < rank_->world_size(); ++r) {
+    absl::StatusOr<WorkerInfo> worker = rank_->Worker(r);
+    hosts.push_back(worker.ok()
+                        ? worker->address.substr(0, worker->address.rfind(':'))
+                        : absl::StrCat("rank ", r));  // unknown: a host alone
+  }
+  return hosts;
+}
+
+absl::StatusOr<std::shared_ptr<RegisteredTensor>> Replication::AllocateCopies(
+    const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
+    int64_t* host_bytes) const {
+  auto copies = std::make_shared<RegisteredTensor>();
+  copies->metadata = std::make_shared<const ShardedTensorMetadata>(metadata);
+  *host_bytes = 0;
+  const DType dtype = metadata.tensor_properties.dtype;
+  for (int shard = 0; shard < info.replicas_size(); ++shard) {
+    const auto& ranks = info.replicas(shard).ranks();
+    if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end()) continue;
+    const ShardMetadata& where = metadata.shards_metadata[shard];
+    ASSIGN_OR_RETURN(
+        Tensor copy,
+        Tensor::Empty(where.shard_sizes(), TensorOptions().WithDType(dtype)));
+    *host_bytes += static_cast<int64_t>(copy.nbytes());
+    copies->local_shards.push_back(LocalShard{shard, std::move(copy)});
+  }
+  return copies;
+}
+
+absl::Status Replication::FetchFromHolders(
+    const v1::TensorInfo& info, const std::vector<LocalShard>& shards,
+    const std::set<int>& gone, absl::Time deadline) const {
+  // The op's log context, for the lines the fetching threads log.
+  const LogContext op = CurrentLogContext();
+  return RunInParallel(shards.size(), 16, [&](size_t k) -> absl::Status {
+    const LocalShard& local = shards[k];
+    const int shard = static_cast<int>(local.index);
+    std::vector<std::string> tried;
+    for (const int holder : HoldersOf(info, shard)) {
+      if (holder == rank() || gone.count(holder) > 0) continue;
+      const bool owner = holder == info.shard_ranks(shard);
+      const std::string id =
+          owner ? info.tensor_id() : ReplicaTensorId(info.tensor_id());
+      FetchOptions options;
+      options.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+      absl::StatusOr<std::shared_ptr<ShardClient>> client =
+          rank_->ClientFor(holder);
+      absl::Status fetched = client.ok() ? (*client)->FetchShardInto(
+                                               id, shard, local.tensor, options)
+                                         : client.status();
+      if (fetched.ok()) return absl::OkStatus();
+      {
+        LogContext about = op;
+        about.tensor = info.name();
+        about.peer = holder;
+        const ScopedLogContext context(std::move(about));
+        spdlog::warn("shard {} of tensor '{}' from rank {} ({}): {}", shard,
+                     absl::CEscape(info.name()), holder,
+                     owner ? "its owner" : "a replica", fetched.ToString());
+      }
+      tried.push_back(absl::StrCat(owner ? "owner" : "replica", " rank ",
+                                   holder, ": ", fetched.ToString()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "no holder of shard ", shard, " of tensor ", info.name(),
+        " could give it (",
+        tried.empty() ? "none is left" : absl::StrJoin(tried, "; "), ")"));
+  });
+}
+
+absl::Status Replication::Replicate(const std::string& name, int copies,
+                                    const v1::CreateTensorRequest* init,
+                                    bool* agreed) {
+  absl::StatusOr<v1::TensorInfo> held_info = table_->Info(name);
+  if (!held_info.ok()) return held_info.status();
+  v1::TensorInfo info = *std::move(held_info);
+  std::shared_ptr<ReplicaCopies> registered;
+  absl::Status local = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     FromProto(info.metadata()));
+    const std::vector<int> owners(info.shard_ranks().begin(),
+                                  info.shard_ranks().end());
+    ASSIGN_OR_RETURN(std::vector<std::vector<int>> placed,
+                     PlaceReplicas(owners, copies, WorkerHosts()));
+    info.clear_replicas();
+    for (const std::vector<int>& ranks : placed) {
+      info.add_replicas()->mutable_ranks()->Add(ranks.begin(), ranks.end());
+    }
+    int64_t host_bytes = 0;
+    ASSIGN_OR_RETURN(std::shared_ptr<RegisteredTensor> mine,
+                     AllocateCopies(info, metadata, &host_bytes));
+    ASSIGN_OR_RETURN(
+        MemoryBudget::Reservation held,
+        budget_->Reserve(host_bytes, absl::StrCat("replicas of \"", name,
+                                                  "\" on rank ", rank())));
+    const v1::InitKind kind =
+        init != nullptr ? init->init() : v1::INIT_KIND_UNSPECIFIED;
+    if (kind == v1::INIT_KIND_ZEROS || kind == v1::INIT_KIND_ONES ||
+        kind == v1::INIT_KIND_FULL) {
+      const double value = kind == v1::INIT_KIND_ZEROS  ? 0.0
+                           : kind == v1::INIT_KIND_ONES ? 1.0
+                                                        : init->fill_value();
+      for (LocalShard& copy : mine->local_shards) {
+        ASSIGN_OR_RETURN(
+            Tensor filled,
+            Tensor::Full(copy.tensor.sizes(), value,
+                         TensorOptions().WithDType(copy.tensor.dtype())));
+        copy.tensor = std::move(filled);
+      }
+    } else if (init == nullptr || kind == v1::INIT_KIND_RAND ||
+               kind == v1::INIT_KIND_RANDN) {
+      // From the owners, registered by now on every daemon (the op agreed
+      // on the tensor before).
+      RETURN_IF_ERROR(FetchFromHolders(info, mine->local_shards, {},
+                                       absl::Now() + op_timeout_));
+    }
+    ASSIGN_OR_RETURN(registered,
+                     ReplicaCopies::Register(rank_, info.tensor_id(),
+                                             std::move(mine), std::move(held)));
+    return absl::OkStatus();
+  }();
+  const absl::Status status = Agree(*group_, local, agreed);
+  if (status.ok()) {
+    table_
+        ->Update(name,
+                 [&](TableEntry& entry) {
+                   entry.info = std::move(info);
+                   entry.replicas = std::move(registered);
+                 })
+        .IgnoreError();  // Only the executor removes entries.
+  }
+  return status;
+}
+
+absl::Status Replication::Rebuild(v1::TensorInfo info,
+                                  const v1::ShardingSpec& spec_proto,
+                                  const std::set<int>& starting) {
+  TableEntry entry;
+  const bool mine_lost = std::any_of(
+      info.lost_shards().begin(), info.lost_shards().end(), [&](int shard) {
+        return shard < info.shard_ranks_size() &&
+               info.shard_ranks(shard) == rank_->rank();
+      });
+  if (!mine_lost) {
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                     FromProto(info.metadata()));
+    // The shards it owns (they survive on replicas: else they would be
+    // lost) and its replicas of others', to refill.
+    std::vector<LocalShard> own;
+    int64_t host_bytes = 0;
+    for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
+      if (info.shard_ranks(shard) != rank_->rank()) continue;
+      const ShardMetadata& where = metadata.shards_metadata[shard];
+      TensorOptions tensor_options =
+          TensorOptions().WithDType(metadata.tensor_properties.dtype);
+      if (where.placement().has_value()) {
+        tensor_options = tensor_options.WithDevice(where.placement()->device());
+      }
+      ASSIGN_OR_RETURN(Tensor tensor,
+                       Tensor::Empty(where.shard_sizes(), tensor_options));
+      if (tensor.device().is_cpu()) {
+        host_bytes += static_cast<int64_t>(tensor.nbytes());
+      }
+      own.push_back(LocalShard{shard, std::move(tensor)});
+    }
+    std::shared_ptr<RegisteredTensor> copies;
+    if (info.replicas_size() > 0) {
+      int64_t copy_bytes = 0;
+      ASSIGN_OR_RETURN(copies, AllocateCopies(info, metadata, &copy_bytes));
+      host_bytes += copy_bytes;
+      if (copies->local_shards.empty()) copies.reset();
+    }
+    if (own.empty() && copies == nullptr) {
+      // Nothing of it here: it takes part in the tensor's collectives with
+      // nothing of its own.
+      ASSIGN_OR_RETURN(
+          entry.tensor,
+          RebuiltTensor(rank_, info, std::move(metadata), spec_proto, {}));
+    } else {
+      ASSIGN_OR_RETURN(
+          entry.held,
+          budget_->Reserve(host_bytes, absl::StrCat("refilling \"", info.name(),
+                                                    "\" on rank ", rank())));
+      entry.refill =
+          std::make_shared<Refill>(std::move(own), std::move(copies));
+    }
+  }
+  const std::shared_ptr<Refill> refill = entry.refill;
+  entry.info = info;
+  // In the table before the refill starts, so that its completion finds
+  // the entry.
+  table_->Put(info.name(), std::move(entry));
+  if (refill != nullptr) {
+    absl::MutexLock lock(&mu_);
+    refilling_[info.tensor_id()] = refill;
+    refills_.emplace_back(&Replication::RunRefill, this, info, spec_proto,
+                          starting, refill);
+  }
+  return absl::OkStatus();
+}
+
+void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
+                            std::set<int> starting,
+                            std::shared_ptr<Refill> refill) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + op_timeout_;
+  absl::Status status =
+      FetchFromHolders(info, refill->own(), starting, deadline);
+  if (status.ok() && refill->copies() != nullptr) {
+    status = FetchFromHolders(info, refill->copies()->local_shards, starting,
+                              deadline);
+  }
+  if (status.ok()) {
+    status = refill->Complete([&]() -> absl::Status {
+      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                       FromProto(info.metadata()));
+      std::vector<Shard> shards;
+      for (const LocalShard& local : refill->own()) {
+        shards.push_back(
+            Shard{local.tensor, metadata.shards_metadata[local.index]});
+      }
+      ASSIGN_OR_RETURN(ShardedTensor tensor,
+                       RebuiltTensor(rank_, info, std::move(metadata), spec,
+                                     std::move(shards)));
+      std::shared_ptr<ReplicaCopies> copies;
+      if (refill->copies() != nullptr) {
+        ASSIGN_OR_RETURN(copies, ReplicaCopies::Register(
+                                     rank_, info.tensor_id(), refill->copies(),
+                                     MemoryBudget::Reservation()));
+      }
+      table_->CompleteRefill(info.name(), refill, std::move(tensor),
+                             std::move(copies));
+      return absl::OkStatus();
+    });
+  }
+  {
+    // Done either way: later writes find the registered shards, or (after
+    // a failure) are refused as for a shard this daemon does not hold.
+    absl::MutexLock lock(&mu_);
+    auto it = refilling_.find(info.tensor_id());
+    if (it != refilling_.end() && it->second == refill) refilling_.erase(it);
+  }
+  if (status.ok()) {
+    spdlog::info(
+        "control: refilled tensor {} ({} shards, {} replicas) in {}",
+        info.name(), refill->own().size(),
+        refill->copies() == nullptr ? 0 : refill->copies()->local_shards.size(),
+        absl::FormatDuration(absl::Now() - start));
+    return;
+  }
+  spdlog::error("control: refilling tensor {} failed: {}", info.name(),
+                status.ToString());
+  table_->FailRefill(info.name(), refill, status.ToString());
+}
+
+}  // namespace tessera::control_internal
