@@ -50,7 +50,7 @@ std::vector<int64_t> SizesFor(int64_t mib_per_rank) {
   return {kWorld * mib_per_rank * 256, 1024};
 }
 
-class MemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
+class DaemonMemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
  protected:
   static void SetUpTestSuite() {
     DaemonClusterOptions options;
@@ -72,7 +72,7 @@ class MemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
   }
 };
 
-TEST_F(MemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
+TEST_F(DaemonMemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
   // 8 MiB per daemon: rank 0 fits six (48 MiB), the seventh is refused on
   // every daemon, naming rank 0's budget.
   for (int i = 0; i < 6; ++i) {
@@ -99,7 +99,7 @@ TEST_F(MemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
 }
 
-TEST_F(MemoryBudgetTest, AbsurdCreatesAreRefusedNotOomKilled) {
+TEST_F(DaemonMemoryBudgetTest, AbsurdCreatesAreRefusedNotOomKilled) {
   // Once OOM-killed all four daemons (issue 14).
   CreateOptions zeros;
   zeros.dtype = DType::kBool;
@@ -119,7 +119,7 @@ TEST_F(MemoryBudgetTest, AbsurdCreatesAreRefusedNotOomKilled) {
   }
 }
 
-TEST_F(MemoryBudgetTest, ReshardsGathersAndRegionsStageWithinTheBudget) {
+TEST_F(DaemonMemoryBudgetTest, ReshardsGathersAndRegionsStageWithinTheBudget) {
   ASSERT_OK_AND_ASSIGN(ShardedTensorView big,
                        client_->Create("big", SizesFor(16), Rows()));
   // Gathering 64 MiB on rank 0 (48 - 16 MiB left) does not fit.

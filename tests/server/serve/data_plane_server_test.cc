@@ -1,13 +1,12 @@
 // DataPlaneServer, the raw-TCP data plane, and ShardClient fetching over it: a
-// real DataPlaneServer on 127.0.0.1; clients are ShardClient, raw sockets that
-// speak the protocol badly on purpose, and hand-written peers that answer
-// a ShardClient badly on purpose.
+// real DataPlaneServer on 127.0.0.1; clients are ShardClient and raw sockets
+// that speak the protocol badly on purpose. ShardClient against peers that
+// never answer or answer badly on purpose is tests/client/shard_client_test.cc.
 #include "server/serve/data_plane_server.h"
 
 #include <sys/socket.h>
 
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -574,36 +573,7 @@ TEST_F(DataPlaneServerTest, ShutdownGraceIsBoundedByStalledReaders) {
               StatusIs(absl::StatusCode::kUnavailable, _));
 }
 
-// ---- deadlines, unreachable servers, the pool -------------------------------
-TEST(DataPlaneClientTest, PeerThatNeverAnswersIsDeadlineExceeded) {
-  // Connections complete into the backlog; nothing ever accepts them.
-  ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
-  const auto client = ShardClient::Create(
-      kNoGrpc, absl::StrCat("127.0.0.1:", listening.second));
-  ASSERT_OK_AND_ASSIGN(Tensor destination, Tensor::Zeros({4}));
-  const absl::Time start = absl::Now();
-  EXPECT_THAT(client->FetchShardInto("t", 0, destination,
-                                     Chunked(0, absl::Milliseconds(200))),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("shard 0 of tensor t")));
-  const absl::Duration elapsed = absl::Now() - start;
-  EXPECT_GE(elapsed, absl::Milliseconds(200));
-  EXPECT_LT(elapsed, absl::Seconds(2));
-}
-
-TEST(DataPlaneClientTest, NothingListeningIsUnavailable) {
-  int port = 0;
-  {
-    ASSERT_OK_AND_ASSIGN(auto listening, ListenTcp("127.0.0.1"));
-    port = listening.second;
-  }  // Closed: the port is free again.
-  const auto client =
-      ShardClient::Create(kNoGrpc, absl::StrCat("127.0.0.1:", port));
-  EXPECT_THAT(client->FetchShard("t", 0, Chunked(0, absl::Seconds(2))),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("connecting to 127.0.0.1")));
-}
-
+// ---- the pool --------------------------------------------------------------
 TEST_F(DataPlaneServerTest, PooledConnectionClosedByTheServerIsRetried) {
   DataPlaneServerOptions options;
   options.idle_timeout = absl::Milliseconds(100);
@@ -1041,136 +1011,6 @@ TEST_F(DataPlaneWriteTest, CancellingAWriteToAStalledServerEndsIt) {
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   canceller.join();
-}
-
-// ---- a peer that answers badly ----------------------------------------------
-// A hand-written data-plane server for one fetch: accepts one connection,
-// reads the magic and the request, then runs `script` on the connection.
-class ScriptedPeer {
- public:
-  explicit ScriptedPeer(std::function<void(int fd)> script) {
-    absl::StatusOr<std::pair<UniqueFd, int>> listening = ListenTcp("127.0.0.1");
-    EXPECT_OK(listening.status());
-    listener_ = std::move(listening->first);
-    address_ = absl::StrCat("127.0.0.1:", listening->second);
-    thread_ = std::thread([this, script = std::move(script)] { Run(script); });
-  }
-  ~ScriptedPeer() {
-    InterruptSocket(listener_.get());  // In case nobody connected.
-    thread_.join();
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  void Run(const std::function<void(int fd)>& script) {
-    UniqueFd connection(
-        accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!connection.valid()) return;
-    char magic[kDataPlaneMagic.size()];
-    const absl::Time deadline = absl::Now() + kWait;
-    if (ReadFull(connection.get(), magic, sizeof(magic), deadline).ok() &&
-        ReadFrame(connection.get(), deadline).ok()) {
-      script(connection.get());
-    }
-  }
-
-  UniqueFd listener_;
-  std::string address_;
-  std::thread thread_;
-};
-
-// The peer sends an OK reply for a 2-element int64 shard, then chunks
-// written by the test.
-class MisbehavingPeerTest : public ::testing::Test {
- protected:
-  absl::Status Fetch(std::function<void(int fd)> chunks,
-                     absl::Duration timeout = absl::Seconds(5)) {
-    ScriptedPeer peer([&](int fd) {
-      EXPECT_OK(
-          WriteFrame(fd, Reply().SerializeAsString(), absl::Now() + kWait));
-      chunks(fd);
-    });
-    const auto client = ShardClient::Create(kNoGrpc, peer.address());
-    return client->FetchShardInto("t", 0, destination_, Chunked(0, timeout));
-  }
-
-  v1::BulkFetchReply Reply() const {
-    v1::BulkFetchReply reply;
-    v1::ShardHeader* header = reply.mutable_header();
-    *header->mutable_metadata() = ToProto(
-        testing::AsLocalShard(source_, 0, 1)->metadata->shards_metadata[0]);
-    header->set_dtype(ToProto(DType::kInt64));
-    header->add_sizes(2);
-    header->set_total_bytes(16);
-    reply.set_chunk_bytes(8);
-    return reply;
-  }
-
-  // Sends bytes [offset, offset + length) of the source with `checksum`
-  // (its own when unset), claiming `claimed_length` bytes when set.
-  void SendChunk(int fd, int64_t offset, int64_t length,
-                 std::optional<uint64_t> checksum = std::nullopt,
-                 std::optional<int64_t> claimed_length = std::nullopt) {
-    const char* data = static_cast<const char*>(source_.data_ptr()) + offset;
-    char prefix[kDataPlaneChunkPrefixBytes];
-    const size_t size = static_cast<size_t>(length);
-    EncodeChunkPrefix(ChunkPrefix{offset, claimed_length.value_or(length),
-                                  checksum.value_or(XXH3_64bits(data, size))},
-                      prefix);
-    const absl::Time deadline = absl::Now() + kWait;
-    EXPECT_OK(WriteFull(fd, prefix, sizeof(prefix), deadline));
-    EXPECT_OK(WriteFull(fd, data, size, deadline));
-  }
-
-  const Tensor source_ = Filled({2}, DType::kInt64);
-  Tensor destination_ =
-      *Tensor::Zeros({2}, TensorOptions().WithDType(DType::kInt64));
-};
-
-TEST_F(MisbehavingPeerTest, WellBehavedPeerIsOk) {
-  EXPECT_OK(Fetch([&](int fd) {
-    SendChunk(fd, 0, 8);
-    SendChunk(fd, 8, 8);
-  }));
-  EXPECT_EQ(RowMajorBytes(destination_), RowMajorBytes(source_));
-}
-
-TEST_F(MisbehavingPeerTest, BadChecksumIsDataLoss) {
-  EXPECT_THAT(
-      Fetch([&](int fd) { SendChunk(fd, 0, 8, 12345); }),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
-}
-
-TEST_F(MisbehavingPeerTest, ChunkPastTheShardIsDataLoss) {
-  EXPECT_THAT(
-      Fetch([&](int fd) { SendChunk(fd, 0, 8, std::nullopt, 1ll << 40); }),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overrun")));
-}
-
-TEST_F(MisbehavingPeerTest, ChunkOutOfOrderIsDataLoss) {
-  EXPECT_THAT(
-      Fetch([&](int fd) { SendChunk(fd, 8, 8); }),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expected offset 0")));
-}
-
-TEST_F(MisbehavingPeerTest, StreamCutShortIsUnavailable) {
-  EXPECT_THAT(Fetch([&](int fd) { SendChunk(fd, 0, 8); }),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("shard 0 of tensor t")));
-}
-
-TEST_F(MisbehavingPeerTest, StalledStreamIsDeadlineExceeded) {
-  const absl::Time start = absl::Now();
-  EXPECT_THAT(Fetch(
-                  [&](int fd) {
-                    SendChunk(fd, 0, 8);
-                    // Holds the connection open until the client leaves.
-                    (void)ReadAfterClose(fd);
-                  },
-                  absl::Milliseconds(200)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("shard 0 of tensor t")));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 }  // namespace

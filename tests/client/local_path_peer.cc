@@ -1,5 +1,5 @@
-// A shard owner in a process of its own, for local_path_server_test: it
-// registers a few single-shard tensors (see kPeerTensors in the test), serves
+// A shard owner in a process of its own, for local_path_test: it
+// registers a few single-shard tensors (see local_path_peer.h), serves
 // them over a LocalPathServer and a DataPlaneServer on 127.0.0.1, writes
 //   <local address>\n<data plane address>\n
 // to --address-file (atomically, once both listen), then serves until
@@ -26,7 +26,7 @@
 #include "server/serve/data_plane_server.h"
 #include "server/serve/local_path_server.h"
 #include "server/serve/shard_registry.h"
-#include "tests/server/serve/local_path_peer.h"
+#include "tests/client/local_path_peer.h"
 
 namespace tessera::testing {
 namespace {

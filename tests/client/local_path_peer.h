@@ -1,7 +1,7 @@
 // What local_path_peer (a shard owner in another process) serves, shared
-// by the peer and local_path_server_test.
-#ifndef TESSERA_TESTS_SERVER_SERVE_LOCAL_PATH_PEER_H_
-#define TESSERA_TESTS_SERVER_SERVE_LOCAL_PATH_PEER_H_
+// by the peer and local_path_test.
+#ifndef TESSERA_TESTS_CLIENT_LOCAL_PATH_PEER_H_
+#define TESSERA_TESTS_CLIENT_LOCAL_PATH_PEER_H_
 
 #include <cstdint>
 #include <vector>
@@ -37,4 +37,4 @@ inline int64_t PeerValue(int key, int64_t i) {
 
 }  // namespace tessera::testing
 
-#endif  // TESSERA_TESTS_SERVER_SERVE_LOCAL_PATH_PEER_H_
+#endif  // TESSERA_TESTS_CLIENT_LOCAL_PATH_PEER_H_

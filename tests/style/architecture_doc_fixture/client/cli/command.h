@@ -1,0 +1,1 @@
+// The tool: named only as tests/client/cli/, which does not count.

@@ -1,0 +1,1 @@
+// The model: named in the document.

@@ -1,0 +1,1 @@
+// Tensors: named in the document.

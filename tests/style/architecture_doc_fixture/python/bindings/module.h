@@ -1,0 +1,1 @@
+// The bindings: named in the document.

@@ -1,0 +1,1 @@
+// Metrics: the document says "metrics" but never names the folder.

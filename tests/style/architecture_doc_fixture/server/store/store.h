@@ -1,0 +1,1 @@
+// The store: named in the document.

@@ -1,0 +1,8 @@
+// server/ never includes the user-facing Client.
+#ifndef TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_SHARDED_SHARDED_TENSOR_H_
+#define TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_SHARDED_SHARDED_TENSOR_H_
+
+#include "client/client.h"
+#include "client/region_transfer.h"
+
+#endif  // TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_SHARDED_SHARDED_TENSOR_H_

@@ -1,0 +1,7 @@
+// A folder the layer table does not name: the check must refuse the folder.
+#ifndef TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_UNLISTED_UNLISTED_H_
+#define TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_UNLISTED_UNLISTED_H_
+
+#include "common/model.h"
+
+#endif  // TESSERA_TESTS_STYLE_LAYERING_FIXTURE_SERVER_UNLISTED_UNLISTED_H_
