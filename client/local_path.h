@@ -1,5 +1,5 @@
 // LocalPathClient: the client half of the local path
-// (docs/data_plane.md, "The local path"; server/local_path_server.h;
+// (docs/data_plane.md, "The local path"; server/serve/local_path_server.h;
 // proto/tessera/v1/local.proto).
 //
 // When a shard's owner runs on this host, its bytes need not cross the TCP

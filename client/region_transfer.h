@@ -1,5 +1,5 @@
 // Region transfers: the pieces that both the client library (client.h) and
-// the daemons (server/region_io.h) use to move a box of a named tensor.
+// the daemons (server/daemon/region_io.h) use to move a box of a named tensor.
 //
 //  - RunInParallel: runs independent transfers (one per shard overlap), a
 //    bounded number at once.

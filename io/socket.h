@@ -1,8 +1,8 @@
-// Blocking TCP I/O with deadlines, for the raw data plane (data_plane_server.h,
-// ShardClient). Every call is bounded by an absolute deadline and returns
-// DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer is gone or
-// the connection fails; nothing blocks forever and SIGPIPE is never
-// raised (MSG_NOSIGNAL).
+// Blocking TCP I/O with deadlines, for the raw data plane
+// (server/serve/data_plane_server.h, ShardClient). Every call is bounded by an
+// absolute deadline and returns DEADLINE_EXCEEDED when it passes, UNAVAILABLE
+// when the peer is gone or the connection fails; nothing blocks forever and
+// SIGPIPE is never raised (MSG_NOSIGNAL).
 //
 // Thread-compatible: one thread per file descriptor at a time.
 #ifndef TESSERA_IO_SOCKET_H_

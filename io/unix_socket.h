@@ -1,8 +1,7 @@
-// Unix-domain sockets for the local path (proto/tessera/v1/
-// local.proto, docs/data_plane.md): abstract-namespace SOCK_SEQPACKET
-// sockets carrying one message per packet, optionally with a file
-// descriptor attached (SCM_RIGHTS), and the host id that tells whether two
-// processes share a kernel.
+// Unix-domain sockets for the local path (proto/tessera/v1/local.proto,
+// docs/data_plane.md): abstract-namespace SOCK_SEQPACKET sockets carrying one
+// message per packet, optionally with a file descriptor attached (SCM_RIGHTS),
+// and the host id that tells whether two processes share a kernel.
 //
 // Every call is bounded by an absolute deadline: DEADLINE_EXCEEDED when it
 // passes, UNAVAILABLE when the peer is gone or the socket fails. Sockets

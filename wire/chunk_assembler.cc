@@ -32,8 +32,8 @@ namespace internal_chunk_assembler {
 // copy is done (an event per slot). So the pinned memory a stream holds is
 // kSlots chunks, not the shard (a 1 GiB shard used to pin 1 GiB per fetch,
 // which cost more than the transfer), and slots come from the pinned-buffer
-// cache of storage.cc. The destructor waits for the copies in flight
-// before the slots and the destination are let go.
+// cache of common/tensor/storage.cc. The destructor waits for the copies in
+// flight before the slots and the destination are let go.
 class DeviceLanding {
  public:
   // Chunks in flight to the device while the next ones are received.

@@ -3,9 +3,8 @@
 // numerically identical in both libraries, so the code and the message
 // cross unchanged in both directions; payloads are not carried.
 //
-// Lives in client/ because both the client library and the server (which
-// may depend on client/, not the reverse) need it. Pure functions;
-// thread-safe.
+// Lives in wire/ because both the client library and the server need it.
+// Pure functions; thread-safe.
 #ifndef TESSERA_WIRE_GRPC_STATUS_H_
 #define TESSERA_WIRE_GRPC_STATUS_H_
 

@@ -1,6 +1,6 @@
 // Dense tensor operators: the reference kernels that sharded operators
-// (server/sharded_ops.h) are checked against and built from. Tessera is no
-// tensor library; these are the few ops a sharded module needs, with
+// (server/sharded/sharded_ops.h) are checked against and built from. Tessera is
+// no tensor library; these are the few ops a sharded module needs, with
 // PyTorch's semantics and error wording.
 //
 // Arithmetic runs on the host for float32 and float64; other dtypes are

@@ -1,10 +1,10 @@
 // Checkpoints of state dicts: named dense and sharded tensors saved to a
 // directory that every rank can read (a local disk on one host, a shared
-// filesystem across hosts), and loaded back with the same layout or
-// resharded. Tessera's answer to torch.save/torch.load of a state dict
-// holding ShardedTensors (PyTorch's ShardedTensor.__getstate__ /
-// __setstate__), without pickles: the layout is proto/tessera/v1/
-// checkpoint.proto — one manifest plus one raw data file per rank.
+// filesystem across hosts), and loaded back with the same layout or resharded.
+// Tessera's answer to torch.save/torch.load of a state dict holding
+// ShardedTensors (PyTorch's ShardedTensor.__getstate__ / __setstate__), without
+// pickles: the layout is proto/tessera/v1/checkpoint.proto — one manifest plus
+// one raw data file per rank.
 //
 // Saving is collective over the sharded tensors' process group: every
 // member calls SaveStateDict with the same names, dtypes, sizes and
@@ -60,9 +60,9 @@
 // operation began. Nothing else in the directory is touched.
 //
 // Thread-safety: the functions are reentrant; a save's collectives follow
-// the group's ordering rules (process_group.h). A directory must not be
-// saved to by two saves at once, nor loaded while a save replaces it (a
-// load may then find the files of the previous checkpoint removed).
+// the group's ordering rules (server/collective/process_group.h). A directory
+// must not be saved to by two saves at once, nor loaded while a save replaces
+// it (a load may then find the files of the previous checkpoint removed).
 #ifndef TESSERA_SERVER_CHECKPOINT_CHECKPOINT_H_
 #define TESSERA_SERVER_CHECKPOINT_CHECKPOINT_H_
 

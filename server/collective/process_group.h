@@ -1,10 +1,10 @@
 // ProcessGroup: the collectives Tessera uses, over a fixed set of ranks.
 //
 // One narrow interface with one backend per device type: GlooBackend
-// (gloo_backend.h) moves CPU tensors over TCP, NcclBackend (nccl_backend.h)
-// moves CUDA tensors. Backends register by name ("gloo", "nccl") and are
-// created collectively: every member calls CreateProcessGroup with the
-// same name and ranks, and they rendezvous through a Store.
+// (gloo/gloo_backend.h) moves CPU tensors over TCP, NcclBackend
+// (nccl/nccl_backend.h) moves CUDA tensors. Backends register by name ("gloo",
+// "nccl") and are created collectively: every member calls CreateProcessGroup
+// with the same name and ranks, and they rendezvous through a Store.
 //
 // Ranks: a group has `size()` members numbered 0..size-1 (group ranks);
 // `global_ranks()[g]` is the global rank of group rank g. `rank()` is this

@@ -97,7 +97,7 @@ struct RpcOptions {
   // Let the data plane and the local path take writes into this rank's
   // shards (ShardServerOptions::accept_writes): the daemons do.
   bool accept_writes = false;
-  // Serve the local path (server/local_path_server.h): clients on
+  // Serve the local path (server/serve/local_path_server.h): clients on
   // this host map shard memory instead of receiving it over a socket. Turns
   // on host memory sharing for the whole process (SetHostMemorySharing with
   // its default threshold), so that CPU shards allocated from then on can
@@ -149,8 +149,9 @@ class Rank : public WorkerResolver {
   const RankOptions& options() const { return options_; }
   const std::shared_ptr<Store>& store() const { return options_.store; }
   std::shared_ptr<ProcessGroup> default_group() const { return world_; }
-  // The same group, with its generations (reformable_group.h): the daemon
-  // forms it again after a member failed.
+  // The same group, with its generations
+  // (server/collective/reformable_group.h): the daemon forms it again after a
+  // member failed.
   const std::shared_ptr<ReformableGroup>& world_group() const { return world_; }
 
   // dist.new_group(ranks): a group of the given global ranks. Members get a

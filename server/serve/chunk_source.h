@@ -26,9 +26,9 @@
 // is the one NewChunkSource uses for CUDA bytes.
 //
 // Errors: a failed enqueue, wait or buffer allocation ends the source:
-// Next() returns that error from then on (CUDA errors as in cuda_util.h:
-// INTERNAL, UNAVAILABLE or RESOURCE_EXHAUSTED with CUDA's description).
-// Next() once every chunk was handed out is OUT_OF_RANGE.
+// Next() returns that error from then on (CUDA errors as in
+// common/tensor/cuda_util.h: INTERNAL, UNAVAILABLE or RESOURCE_EXHAUSTED with
+// CUDA's description). Next() once every chunk was handed out is OUT_OF_RANGE.
 //
 // Thread-safety: a ChunkSource belongs to one stream and is used by one
 // thread at a time. Chunk owners may be copied and dropped on any thread,

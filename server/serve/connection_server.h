@@ -9,7 +9,7 @@
 // at once) from busy ones (given a grace to finish). At most `max_connections`
 // are open at once; more are closed as soon as they are accepted. Accepted
 // sockets are non-blocking and close-on-exec: handlers do bounded I/O with
-// deadlines (socket_io.h, local_socket.h).
+// deadlines (io/socket.h, io/unix_socket.h).
 //
 // Thread-safety: Start/Shutdown from one owner thread; Connection's
 // methods from its handler's thread. The handler may run until Shutdown

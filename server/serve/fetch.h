@@ -74,7 +74,7 @@ struct PreparedFetch {
 // A fetch's elements where they lie: the shard, or the view of its region,
 // in the shard's own storage (not staged, any device), with the
 // registration that keeps that storage alive and the header a stream would
-// send. For the local path (server/local_path_server.h), which
+// send. For the local path (server/serve/local_path_server.h), which
 // lends the storage itself. Errors as PrepareFetch, except that a meta
 // shard is returned (its storage has no bytes to lend).
 struct FetchView {

@@ -1,9 +1,9 @@
-// torch.nn.Linear and torch.nn.EmbeddingBag as Modules (server/module.h)
-// whose forward calls the op through CallOp (server/sharded_ops.h): with a
-// dense weight they run the dense kernel; once ShardParameter has replaced
-// the weight by a ShardedTensor they run the sharded op (collective over
-// its group), and ops registered for "linear" / "embedding_bag" take over,
-// as in PyTorch.
+// torch.nn.Linear and torch.nn.EmbeddingBag as Modules
+// (server/sharded/module.h) whose forward calls the op through CallOp
+// (server/sharded/sharded_ops.h): with a dense weight they run the dense
+// kernel; once ShardParameter has replaced the weight by a ShardedTensor they
+// run the sharded op (collective over its group), and ops registered for
+// "linear" / "embedding_bag" take over, as in PyTorch.
 //
 //   ASSIGN_OR_RETURN(auto fc, MakeLinear(32, 16, &generator));
 //   RETURN_IF_ERROR(ShardParameter(*fc, "weight", spec));

@@ -15,7 +15,7 @@
 //      kwargs: {...} not supported for ShardedTensor!".
 // Registered ops receive (types, args, kwargs, process_group): types is
 // {"ShardedTensor"}, the group that tensor's. Finding no ShardedTensor,
-// CallOp runs the dense kernel of common/tensor_ops.h ("asin", "linear",
+// CallOp runs the dense kernel of common/tensor/tensor_ops.h ("asin", "linear",
 // "embedding_bag", "cat" with the tensors as positional arguments and an
 // optional "dim"); UNIMPLEMENTED for other names.
 //

@@ -11,9 +11,9 @@
 //   {"bench":"init_from_local_shards_scale", "shards":N, "seconds":...,
 //    "metadata_bytes_per_shard":B}   (heap kept by the tensor on rank 0)
 //
-// Run without arguments it launches the ranks itself (tests/testing/
-// rank_launcher.h) with a fresh StoreServer; --quick shrinks everything for
-// the ctest smoke run.
+// Run without arguments it launches the ranks itself
+// (tests/testing/rank_launcher.h) with a fresh StoreServer; --quick shrinks
+// everything for the ctest smoke run.
 #include <malloc.h>
 #include <sys/socket.h>
 #include <unistd.h>

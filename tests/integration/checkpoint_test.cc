@@ -1,9 +1,9 @@
-// Checkpoints of state dicts (server/checkpoint.h): ports of the reference's
-// state-dict tests (test_sharded_tensor.py: test_state_dict,
+// Checkpoints of state dicts (server/checkpoint/checkpoint.h): ports of the
+// reference's state-dict tests (test_sharded_tensor.py: test_state_dict,
 // test_state_dict_new_group, test_state_dict_no_sharded_tensors,
 // test_load_state_dict_errors), with MyShardedModel1's state dict built
-// directly, and beyond them: resharding loads, corruption, missing files,
-// newer formats, atomic saves and every dtype. Each test runs in 4 real rank
+// directly, and beyond them: resharding loads, corruption, missing files, newer
+// formats, atomic saves and every dtype. Each test runs in 4 real rank
 // processes sharing one temporary checkpoint directory.
 #include <fcntl.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// The daemons' ControlService (server/control_service.h) in 4 real rank
+// The daemons' ControlService (server/daemon/control_service.h) in 4 real rank
 // processes on loopback: every rank serves the service on its Rank's gRPC
 // server, and rank 0 plays the clients, calling all four daemons over real
 // gRPC with the generated stub. The operation log runs through the test's

@@ -293,7 +293,8 @@ TEST_P(TestShardTensor, ShardTensorKeepsDType) {
   }
 }
 
-// torch.nn.Linear(12, 12) on `device` (nn.h's, from a seeded generator).
+// torch.nn.Linear(12, 12) on `device` (server/sharded/nn.h's, from a seeded
+// generator).
 absl::StatusOr<std::shared_ptr<Module>> MakeLinear(Device device,
                                                    uint64_t seed) {
   Generator generator(seed);

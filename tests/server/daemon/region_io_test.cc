@@ -1,4 +1,4 @@
-// Region reads and writes of named tensors (server/region_io.h) with two
+// Region reads and writes of named tensors (server/daemon/region_io.h) with two
 // ranks as threads of this process, each serving a ControlService that
 // holds only ReadRegion and WriteRegion, on its real shard server (gRPC and
 // the data plane) on 127.0.0.1. A 2 x 2 grid of shards, two on each rank,
@@ -484,8 +484,8 @@ class ClientRegionTest : public RegionIoTest,
   }
 };
 
-// Progress reports as client.h promises them: serialized, growing, ending
-// at the total.
+// Progress reports as client/client.h promises them: serialized, growing,
+// ending at the total.
 struct ProgressLog {
   absl::Mutex mu;
   bool concurrent = false;

@@ -33,7 +33,7 @@ std::vector<float> Values(const Tensor& t) {
   return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
 }
 
-// torch.nn.Linear(in, out) (nn.h's).
+// torch.nn.Linear(in, out) (server/sharded/nn.h's).
 std::shared_ptr<Module> Linear(int64_t in, int64_t out, Generator& generator) {
   absl::StatusOr<std::shared_ptr<Module>> fc = MakeLinear(in, out, &generator);
   EXPECT_TRUE(fc.ok()) << fc.status();
