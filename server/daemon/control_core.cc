@@ -116,16 +116,9 @@ absl::Status Core::Accepting() const {
 }
 
 absl::Status Core::AcceptingLocked() const {
-  switch (state_) {
-    case State::kNew:
-      return absl::UnavailableError(kStarting);
-    case State::kRunning:
-      return absl::OkStatus();
-    case State::kStopping:
-    case State::kStopped:
-      break;
-  }
-  return absl::UnavailableError(kShuttingDown);
+  if (state_ == State::kRunning) return absl::OkStatus();
+  return absl::UnavailableError(state_ == State::kNew ? kStarting
+                                                      : kShuttingDown);
 }
 
 OpLog* Core::Log() const {

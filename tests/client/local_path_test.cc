@@ -33,11 +33,13 @@
 #include "io/subprocess.h"
 #include "io/unix_socket.h"
 #include "tests/client/local_path_peer.h"
+#include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::testing::IotaInt64;
 using ::tessera::testing::kCudaId;
 using ::tessera::testing::kHeapId;
 using ::tessera::testing::kHeapKey;
@@ -61,21 +63,10 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 // lazy), and a fallback to it fails fast: nothing listens there.
 constexpr char kNoGrpc[] = "127.0.0.1:1";
 
-// An int64 tensor with element i = base + i.
-Tensor Iota(const std::vector<int64_t>& sizes, int64_t base = 0) {
-  absl::StatusOr<Tensor> tensor =
-      Tensor::Empty(sizes, TensorOptions().WithDType(DType::kInt64));
-  EXPECT_OK(tensor.status());
-  for (int64_t i = 0; i < tensor->numel(); ++i) {
-    tensor->data<int64_t>()[i] = base + i;
-  }
-  return *tensor;
-}
-
 // `tensor` of the peer as the test expects it.
 Tensor PeerExpected(const std::string& id) {
   if (id == kStridedId) {
-    Tensor backing = Iota({kStridedSizes[1], kStridedSizes[0]});
+    Tensor backing = IotaInt64({kStridedSizes[1], kStridedSizes[0]});
     for (int64_t i = 0; i < backing.numel(); ++i) {
       backing.data<int64_t>()[i] = PeerValue(kStridedKey, i);
     }
@@ -94,7 +85,7 @@ Tensor PeerExpected(const std::string& id) {
     key = kTinyKey;
     sizes = kTinySizes;
   }
-  Tensor tensor = Iota(sizes);
+  Tensor tensor = IotaInt64(sizes);
   for (int64_t i = 0; i < tensor.numel(); ++i) {
     tensor.data<int64_t>()[i] = PeerValue(key, i);
   }

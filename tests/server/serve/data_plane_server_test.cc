@@ -29,6 +29,7 @@
 #include "io/socket.h"
 #include "server/serve/shard_registry.h"
 #include "server/serve/shard_service.h"
+#include "tests/testing/filled.h"
 #include "tests/testing/local_shard.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/chunk_codec.h"
@@ -37,8 +38,10 @@
 namespace tessera {
 namespace {
 
+using ::tessera::testing::Filled;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::IsOkAndHolds;
+using ::tessera::testing::RowMajorBytes;
 using ::tessera::testing::StatusIs;
 using ::testing::_;
 using ::testing::AnyOf;
@@ -52,30 +55,6 @@ constexpr char kNoGrpc[] = "127.0.0.1:1";
 constexpr absl::Duration kWait = absl::Seconds(5);
 
 // ---- helpers ----------------------------------------------------------------
-
-// Bytes that differ from element to element and from seed to seed (an
-// xorshift stream); bool elements hold 0/1 only.
-Tensor Filled(std::vector<int64_t> sizes, DType dtype, uint64_t seed = 7) {
-  absl::StatusOr<Tensor> tensor =
-      Tensor::Empty(sizes, TensorOptions().WithDType(dtype));
-  EXPECT_OK(tensor.status());
-  auto* out = static_cast<uint8_t*>(tensor->data_ptr());
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < tensor->nbytes(); ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    out[i] = dtype == DType::kBool ? (x & 1) : static_cast<uint8_t>(x >> 32);
-  }
-  return *tensor;
-}
-
-std::string RowMajorBytes(const Tensor& tensor) {
-  absl::StatusOr<Tensor> contiguous = tensor.Contiguous();
-  EXPECT_OK(contiguous.status());
-  return std::string(static_cast<const char*>(contiguous->data_ptr()),
-                     contiguous->nbytes());
-}
 
 FetchOptions Chunked(int64_t chunk_bytes,
                      absl::Duration timeout = absl::Seconds(10)) {

@@ -40,12 +40,14 @@
 #include "server/serve/shard_registry.h"
 #include "server/store/hash_store.h"
 #include "tessera/v1/local.pb.h"
+#include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/chunk_codec.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::testing::IotaInt64;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
@@ -65,18 +67,6 @@ class ScopedSharing {
   explicit ScopedSharing(int64_t min_bytes) { SetHostMemorySharing(min_bytes); }
   ~ScopedSharing() { DisableHostMemorySharing(); }
 };
-
-// An int64 tensor with element i = base + i; shared when sharing is on and
-// it is large enough.
-Tensor Iota(const std::vector<int64_t>& sizes, int64_t base = 0) {
-  absl::StatusOr<Tensor> tensor =
-      Tensor::Empty(sizes, TensorOptions().WithDType(DType::kInt64));
-  EXPECT_OK(tensor.status());
-  for (int64_t i = 0; i < tensor->numel(); ++i) {
-    tensor->data<int64_t>()[i] = base + i;
-  }
-  return *tensor;
-}
 
 // `tensor` as shard 0 of a one-shard tensor on rank 0.
 std::shared_ptr<RegisteredTensor> OneShard(const Tensor& tensor) {
@@ -169,11 +159,11 @@ TEST(HostMemorySharingTest, SmallPinnedEmptyAndDeviceAllocationsAreNot) {
 
 TEST(HostMemorySharingTest, DisablingKeepsExistingStoragesValid) {
   std::optional<ScopedSharing> sharing(std::in_place, 4096);
-  Tensor before = Iota({4096});
+  Tensor before = IotaInt64({4096});
   ASSERT_GE(before.storage()->shared_memory_fd(), 0);
   sharing.reset();
   EXPECT_EQ(HostMemorySharingMinBytes(), std::nullopt);
-  Tensor after = Iota({4096});
+  Tensor after = IotaInt64({4096});
   EXPECT_EQ(after.storage()->shared_memory_fd(), -1);
   EXPECT_EQ(before.data<int64_t>()[4095], 4095);
 }
@@ -190,7 +180,7 @@ TEST(HostMemorySharingTest, ConcurrentAllocationsWhileToggling) {
   for (int t = 0; t < 4; ++t) {
     allocators.emplace_back([t] {
       for (int i = 0; i < 200; ++i) {
-        Tensor tensor = Iota({512}, t * 1000 + i);
+        Tensor tensor = IotaInt64({512}, t * 1000 + i);
         ASSERT_EQ(tensor.data<int64_t>()[511], t * 1000 + i + 511);
       }
     });
@@ -249,7 +239,7 @@ class LocalPathServerTest : public ::testing::Test {
   void SetUp() override {
     StartServer(LocalPathServerOptions());
     SetHostMemorySharing(4096);
-    shard_ = Iota({128, 64}, 1000);
+    shard_ = IotaInt64({128, 64}, 1000);
     ASSERT_GE(shard_.storage()->shared_memory_fd(), 0);
     DisableHostMemorySharing();
     ASSERT_OK(registry_->Register(kId, OneShard(shard_)));
@@ -476,7 +466,7 @@ TEST_F(LocalPathServerTest, AnswersLikeAStreamAndRefusesUnshareableMemory) {
   ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request(kId, {1}, {1}), &fd));
   EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   // Heap memory cannot be lent.
-  ASSERT_OK(registry_->Register("heap", OneShard(Iota({16, 16}))));
+  ASSERT_OK(registry_->Register("heap", OneShard(IotaInt64({16, 16}))));
   ASSERT_OK_AND_ASSIGN(reply, Ask(socket.get(), Request("heap"), &fd));
   EXPECT_EQ(reply.code(),
             static_cast<int>(absl::StatusCode::kFailedPrecondition));
@@ -698,12 +688,12 @@ TEST_F(LocalPathServerTest, ShardClientWritesOverTheLocalPath) {
   options.accept_writes = true;
   StartServer(options);
   SetHostMemorySharing(4096);
-  Tensor big = Iota({1024, 64}, 0);  // 512 KiB: above kLocalPathMinBytes.
+  Tensor big = IotaInt64({1024, 64}, 0);  // 512 KiB: above kLocalPathMinBytes.
   DisableHostMemorySharing();
   ASSERT_OK(registry_->Register("big", OneShard(big)));
   // No data plane: only the local path can take it.
   const auto client = ShardClient::Create(kNoGrpc, "", server_->address());
-  const Tensor rows = Iota({512, 64}, -100000);
+  const Tensor rows = IotaInt64({512, 64}, -100000);
   RegionWriteOptions write;
   write.deadline = absl::Now() + kWait;
   int64_t reported = 0;
@@ -718,10 +708,12 @@ TEST_F(LocalPathServerTest, ShardClientWritesOverTheLocalPath) {
     ASSERT_EQ(big.data<int64_t>()[i], expected) << i;
   }
   // What the local path cannot take, with no data plane: not written.
-  EXPECT_THAT(client->WriteRegion("big", 0, {0, 0}, Iota({2, 64}, 0), write),
-              IsOkAndHolds(false));  // Too small for the local path.
-  EXPECT_THAT(client->WriteRegion("big", 0, {0, 0}, Iota({1024, 32}, 0), write),
-              IsOkAndHolds(false));  // Columns.
+  EXPECT_THAT(
+      client->WriteRegion("big", 0, {0, 0}, IotaInt64({2, 64}, 0), write),
+      IsOkAndHolds(false));  // Too small for the local path.
+  EXPECT_THAT(
+      client->WriteRegion("big", 0, {0, 0}, IotaInt64({1024, 32}, 0), write),
+      IsOkAndHolds(false));  // Columns.
   // An id the owner has not registered (a restarted daemon refilling it)
   // is left to a stream, which routes the write into the refill.
   EXPECT_THAT(client->WriteRegion("missing", 0, {256, 0}, rows, write),
@@ -762,7 +754,7 @@ TEST(RankLocalPathTest, RanksPublishAndUseTheirLocalAddress) {
   ASSERT_NE(ranks[1], nullptr);
   EXPECT_TRUE(HostMemorySharingMinBytes().has_value());
   // Allocated after InitRpc turned sharing on: lendable.
-  const Tensor values = Iota({256, 64}, 5);
+  const Tensor values = IotaInt64({256, 64}, 5);
   ASSERT_GE(values.storage()->shared_memory_fd(), 0);
   ASSERT_OK(ranks[1]->registry().Register("r1", OneShard(values)));
   ASSERT_OK_AND_ASSIGN(WorkerInfo worker, ranks[0]->Worker(1));
