@@ -7,11 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "client/region_transfer.h"
-#include "client/shard_client.h"
 #include "common/proto_convert.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
+#include "server/sharded/sharded_gather.h"
 #include "tessera/v1/sharding.pb.h"
 
 namespace tessera {
@@ -761,298 +760,12 @@ absl::StatusOr<RemoteShardMap> ShardedTensor::remote_shards() const {
   return state_->remote_shards;
 }
 
-namespace {
-
-// Where each shard's elements sit when every rank packs its shards, in
-// shard order, into one flat buffer per rank (the unit of Gather and
-// AllGather).
-struct PackedLayout {
-  std::vector<int> group_rank;      // Per shard: its owner's group rank.
-  std::vector<int64_t> offset;      // Per shard: offset in its owner's buffer.
-  std::vector<int64_t> rank_elems;  // Per group rank: buffer length.
-};
-
-absl::StatusOr<PackedLayout> Pack(const ProcessGroup& group,
-                                  const ShardedTensorMetadata& metadata,
-                                  const std::vector<int>& owners) {
-  if (owners.size() != metadata.shards_metadata.size()) {
-    return absl::FailedPreconditionError(
-        "this ShardedTensor does not know its shards' owners");
-  }
-  PackedLayout layout;
-  layout.rank_elems.assign(group.size(), 0);
-  for (size_t i = 0; i < owners.size(); ++i) {
-    std::optional<int> g = group.GroupRank(owners[i]);
-    if (!g.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shard ", i, " is placed on rank ", owners[i],
-                       ", which is not in the tensor's process group"));
-    }
-    layout.group_rank.push_back(*g);
-    layout.offset.push_back(layout.rank_elems[*g]);
-    layout.rank_elems[*g] += metadata.shards_metadata[i].numel();
-  }
-  return layout;
-}
-
-// The flat 1-d view of shard `i` inside `buffer`, shaped as the shard.
-absl::StatusOr<Tensor> ShardView(const Tensor& buffer,
-                                 const PackedLayout& layout,
-                                 const ShardMetadata& shard, size_t i) {
-  ASSIGN_OR_RETURN(Tensor flat,
-                   buffer.Narrow(0, layout.offset[i], shard.numel()));
-  return flat.View(shard.shard_sizes());
-}
-
-absl::Status ValidateGatherOutput(int my_rank, int dst,
-                                  const std::vector<int64_t>& size, DType dtype,
-                                  const Tensor& out) {
-  auto tuple = [](const std::vector<int64_t>& v) {
-    return absl::StrCat("(", absl::StrJoin(v, ", "),
-                        v.size() == 1 ? ",)" : ")");
-  };
-  if (my_rank != dst) {
-    if (out.defined()) {
-      return absl::InvalidArgumentError(
-          "Argument ``dst_tensor`` must NOT be specified on non-destination "
-          "ranks.");
-    }
-    return absl::OkStatus();
-  }
-  if (!out.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Argument ``dst_tensor`` must be specified on destination rank ", dst));
-  }
-  if (out.sizes() != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Argument ``dst_tensor`` have size ", tuple(out.sizes()),
-                     ",but should be ", tuple(size)));
-  }
-  if (out.dtype() != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Argument ``dst_tensor`` has dtype ", DTypeName(out.dtype()),
-        ", but the sharded tensor is ", DTypeName(dtype)));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-// Gather and GatherAll share the packing and unpacking.
-class ShardedTensorGather {
- public:
-  explicit ShardedTensorGather(const ShardedTensor::State& state)
-      : state_(state) {}
-
-  absl::Status Prepare() {
-    if (state_.rank == nullptr || state_.group == nullptr) {
-      return absl::FailedPreconditionError(
-          "gather needs a process group; this ShardedTensor has none");
-    }
-    if (!state_.group->is_member()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", state_.rank->rank(), " is not a member of process group ",
-          state_.group->name()));
-    }
-    ASSIGN_OR_RETURN(layout_,
-                     Pack(*state_.group, *state_.metadata, state_.owners));
-    // Buffers on the group's device: Gloo moves host memory, NCCL its own
-    // device's (also on a rank without shards, which must still take part).
-    device_ = state_.group->device();
-    // Each group rank's one shard with elements, where it has exactly one.
-    lone_shard_.assign(state_.group->size(), std::nullopt);
-    std::vector<int> with_elements(state_.group->size(), 0);
-    const auto& shards = state_.metadata->shards_metadata;
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (shards[i].numel() == 0) continue;
-      const int g = layout_.group_rank[i];
-      if (++with_elements[g] == 1) lone_shard_[g] = i;
-      if (with_elements[g] == 2) lone_shard_[g] = std::nullopt;
-    }
-    return absl::OkStatus();
-  }
-
-  // Whether root `root` pulls the other members' shards from their shard
-  // servers instead of receiving them through the group's Gather. Decided
-  // from what every member knows alike (the agreed metadata, the group's
-  // device, whether RPC is up), so all members choose the same way. Pulling
-  // runs one transfer per remote shard in parallel, over the fastest path
-  // each owner offers: on one host the local path (a copy from the owner's
-  // memory, no socket), else one data-plane stream per owner; Gloo's
-  // Gather receives every peer's bytes through one thread. Worth it for
-  // large shards only: it costs two small collectives (a barrier, so that
-  // every shard is registered, and the outcome), and one fetch per shard.
-  bool Pulls(int root) const {
-    if (!state_.registered || !state_.rank->rpc_initialized() ||
-        state_.rank->rpc_rank() != state_.rank->rank() || !device_.is_cpu()) {
-      return false;
-    }
-    const auto element_bytes = static_cast<int64_t>(
-        ElementSize(state_.metadata->tensor_properties.dtype));
-    const auto& shards = state_.metadata->shards_metadata;
-    int64_t remote_bytes = 0;
-    int64_t remote_shards = 0;
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (layout_.group_rank[i] == root || shards[i].numel() == 0) continue;
-      remote_bytes += shards[i].numel() * element_bytes;
-      ++remote_shards;
-    }
-    return remote_shards > 0 && remote_bytes >= kPullMinBytes &&
-           remote_bytes / remote_shards >= kPullMinShardBytes;
-  }
-
-  // On the root, when Pulls(): every shard into its box of `out`, the
-  // local ones copied, the others fetched from their owners, in parallel.
-  absl::Status Pull(const Tensor& out) const {
-    const Rank& rank = *state_.rank;
-    const auto& shards = state_.metadata->shards_metadata;
-    // The local index of each of this rank's shards.
-    std::vector<size_t> local_index(shards.size(), 0);
-    for (size_t i = 0, next = 0; i < shards.size(); ++i) {
-      if (state_.owners[i] == rank.rank()) local_index[i] = next++;
-    }
-    FetchOptions options;
-    options.timeout = rank.options().timeout;
-    const std::vector<int64_t> origin(out.dim(), 0);
-    return ForEachRegionPiece(
-        shards, origin, out, kPullParallelism,
-        [&](const RegionPiece& piece) -> absl::Status {
-          const int owner = state_.owners[piece.shard];
-          if (owner == rank.rank()) {
-            return CopyInto(
-                state_.local_shards[local_index[piece.shard]].tensor,
-                piece.view);
-          }
-          ASSIGN_OR_RETURN(std::shared_ptr<ShardClient> client,
-                           rank.ClientFor(owner));
-          return client->FetchShardInto(state_.tensor_id,
-                                        static_cast<int64_t>(piece.shard),
-                                        piece.view, options);
-        });
-  }
-
-  // This rank's shards packed into one buffer: the shard itself when it is
-  // the only one and dense on the group's device (no copy), else a copy.
-  absl::StatusOr<Tensor> PackLocal() const {
-    if (const std::optional<size_t> only = lone_shard_[state_.group->rank()];
-        only.has_value()) {
-      size_t local = 0;
-      for (size_t i = 0; i < *only; ++i) {
-        if (state_.owners[i] == state_.rank->rank()) ++local;
-      }
-      const Tensor& tensor = state_.local_shards[local].tensor;
-      if (tensor.is_contiguous() && tensor.device() == device_) {
-        return tensor.View({tensor.numel()});
-      }
-    }
-    ASSIGN_OR_RETURN(Tensor send, Buffer(state_.group->rank()));
-    size_t next_local = 0;
-    for (size_t i = 0; i < state_.owners.size(); ++i) {
-      if (state_.owners[i] != state_.rank->rank()) continue;
-      const Shard& shard = state_.local_shards[next_local++];
-      if (shard.metadata.numel() == 0) continue;
-      ASSIGN_OR_RETURN(Tensor view,
-                       ShardView(send, layout_, shard.metadata, i));
-      RETURN_IF_ERROR(CopyInto(shard.tensor, view));
-    }
-    return send;
-  }
-
-  // A receive buffer per group rank: where `out` (when defined) can take
-  // that rank's bytes as they are, a view of it (Unpack then skips them),
-  // else a new buffer.
-  absl::StatusOr<std::vector<Tensor>> Buffers(const Tensor& out = Tensor()) {
-    std::vector<Tensor> buffers;
-    direct_.assign(state_.group->size(), false);
-    for (int g = 0; g < state_.group->size(); ++g) {
-      if (std::optional<Tensor> view = DirectView(out, g); view.has_value()) {
-        buffers.push_back(*std::move(view));
-        direct_[g] = true;
-        continue;
-      }
-      ASSIGN_OR_RETURN(Tensor buffer, Buffer(g));
-      buffers.push_back(std::move(buffer));
-    }
-    return buffers;
-  }
-
-  // Copies every shard from the gathered buffers to its box in `out`
-  // (those received into `out` directly are there already).
-  absl::Status Unpack(const std::vector<Tensor>& buffers,
-                      const Tensor& out) const {
-    const auto& shards = state_.metadata->shards_metadata;
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (shards[i].numel() == 0) continue;
-      if (!direct_.empty() && direct_[layout_.group_rank[i]]) continue;
-      ASSIGN_OR_RETURN(Tensor view, ShardView(buffers[layout_.group_rank[i]],
-                                              layout_, shards[i], i));
-      std::vector<int64_t> zeros(shards[i].dim(), 0);
-      RETURN_IF_ERROR(CopyBox(view, zeros, out, shards[i].shard_offsets(),
-                              shards[i].shard_sizes()));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  // The run of `out` that rank `g`'s one shard covers, when its box is
-  // contiguous there (every dimension after the first one it cuts is
-  // whole, every one before it has size 1) and `out` is dense on the
-  // group's device; nullopt otherwise.
-  std::optional<Tensor> DirectView(const Tensor& out, int g) const {
-    if (!out.defined() || !out.is_contiguous() || out.device() != device_) {
-      return std::nullopt;
-    }
-    const std::optional<size_t> only = lone_shard_[g];
-    if (!only.has_value()) return std::nullopt;
-    const ShardMetadata& shard = state_.metadata->shards_metadata[*only];
-    const absl::Span<const int64_t> offsets = shard.shard_offsets();
-    const absl::Span<const int64_t> sizes = shard.shard_sizes();
-    const std::vector<int64_t>& whole = out.sizes();
-    size_t first_cut = 0;
-    while (first_cut < sizes.size() && sizes[first_cut] == 1) ++first_cut;
-    for (size_t d = first_cut + 1; d < sizes.size(); ++d) {
-      if (sizes[d] != whole[d]) return std::nullopt;
-    }
-    int64_t start = 0;
-    for (size_t d = 0; d < offsets.size(); ++d) {
-      start += offsets[d] * out.strides()[d];
-    }
-    absl::StatusOr<Tensor> flat = out.View({out.numel()});
-    if (!flat.ok()) return std::nullopt;
-    absl::StatusOr<Tensor> run = flat->Narrow(0, start, shard.numel());
-    if (!run.ok()) return std::nullopt;
-    return *std::move(run);
-  }
-
-  absl::StatusOr<Tensor> Buffer(int group_rank) const {
-    return Tensor::Empty(
-        {layout_.rank_elems[group_rank]},
-        TensorOptions()
-            .WithDType(state_.metadata->tensor_properties.dtype)
-            .WithDevice(device_)
-            .Private());
-  }
-
-  // Pulls() thresholds: bytes held outside the root in all, and per shard.
-  static constexpr int64_t kPullMinBytes = int64_t{8} << 20;
-  static constexpr int64_t kPullMinShardBytes = int64_t{1} << 20;
-  // Remote shards fetched at once.
-  static constexpr int kPullParallelism = 8;
-
-  const ShardedTensor::State& state_;
-  PackedLayout layout_;
-  Device device_ = Device::Cpu();
-  // Per group rank, after Prepare: the index of its one shard with
-  // elements, when it has exactly one.
-  std::vector<std::optional<size_t>> lone_shard_;
-  // Per group rank, after Buffers: received into `out` directly.
-  std::vector<bool> direct_;
-};
-
 absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
   const int my_rank = state_->rank != nullptr ? state_->rank->rank() : -1;
   RETURN_IF_ERROR(ValidateGatherOutput(my_rank, dst, size(), dtype(), out));
-  ShardedTensorGather gather(*state_);
+  ShardedGather gather(GatherSource{
+      state_->rank, state_->group, state_->tensor_id, state_->metadata,
+      state_->local_shards, state_->owners, state_->registered});
   RETURN_IF_ERROR(gather.Prepare());
   std::optional<int> root = state_->group->GroupRank(dst);
   if (!root.has_value()) {
@@ -1078,7 +791,9 @@ absl::Status ShardedTensor::Gather(int dst, const Tensor& out) const {
 }
 
 absl::StatusOr<Tensor> ShardedTensor::GatherAll() const {
-  ShardedTensorGather gather(*state_);
+  ShardedGather gather(GatherSource{
+      state_->rank, state_->group, state_->tensor_id, state_->metadata,
+      state_->local_shards, state_->owners, state_->registered});
   RETURN_IF_ERROR(gather.Prepare());
   ASSIGN_OR_RETURN(Tensor send, gather.PackLocal());
   ASSIGN_OR_RETURN(

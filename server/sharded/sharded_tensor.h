@@ -321,7 +321,6 @@ class ShardedTensor {
 
  private:
   friend class ShardedTensorBuilder;
-  friend class ShardedTensorGather;
   struct State;
   explicit ShardedTensor(std::shared_ptr<State> state)
       : state_(std::move(state)) {}
