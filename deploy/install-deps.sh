@@ -20,6 +20,7 @@ packages=(
   golang-etcd-server-dev etcd-server
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   python3-tqdm
+  python3-setuptools python3-wheel python3-pip python3-venv python3-build
 )
 
 missing=()

@@ -13,12 +13,19 @@ the GIL released. Every call has a deadline; failures raise
 tessera.errors classes (tessera.Error and its subclasses).
 """
 
+from __future__ import annotations
+
 import os as _os
+import warnings as _warnings
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence
 
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
 from . import errors
 from .errors import *  # noqa: F401,F403  (Error and its subclasses)
+
+if TYPE_CHECKING:
+    from ._tensor import NDArray
 
 __all__ = [
     "connect",
@@ -38,19 +45,19 @@ DEFAULT_ADDRESS = "127.0.0.1:29600"
 ShardingSpec = _tessera.ShardingSpec
 
 
-def chunk(dim, placements):
+def chunk(dim: int, placements: Iterable[object]) -> ShardingSpec:
     """ChunkShardingSpec: the tensor cut along ``dim`` into one chunk per
     placement ("rank:0/cpu", "worker1/cuda:0", ...), as torch's."""
     return _tessera.chunk(int(dim), [str(p) for p in placements])
 
 
-def parse_spec(text):
+def parse_spec(text: str) -> ShardingSpec:
     """A spec in the CLI's text form ("chunk:dim=1:rank:0/cpu,rank:1/cpu",
     "enum:0,0:4,8@rank:0/cpu;4,0:4,8@rank:1/cpu")."""
     return _tessera.parse_spec(text)
 
 
-def _dtype_name(dtype):
+def _dtype_name(dtype: Any) -> str:
     """The canonical tessera dtype name of a numpy/torch dtype or a name."""
     if isinstance(dtype, str):
         return _tessera.canonical_dtype(dtype)
@@ -65,28 +72,48 @@ def _dtype_name(dtype):
     return _tessera.canonical_dtype(name)
 
 
+def _copies(copies: int, replicas: Optional[int]) -> int:
+    """``copies``, or ``replicas`` (its older name) when given; refused
+    below 1 (0 would read as the default on the daemons)."""
+    if replicas is not None:
+        _warnings.warn("'replicas' is now 'copies' (the owner's copy "
+                      "included)", DeprecationWarning, stacklevel=3)
+        copies = replicas
+    copies = int(copies)
+    if copies < 1:
+        raise errors.InvalidArgumentError(
+            3, f"copies must be between 1 and the number of daemons, not "
+            f"{copies}")
+    return copies
+
+
 class Client:
     """A connection to a Tessera cluster (every daemon's address is learnt
     from the one given). Safe to share between threads."""
 
-    def __init__(self, native):
+    def __init__(self, native: _tessera.Client) -> None:
         self._native = native
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         """The number of daemons."""
         return self._native.world_size
 
     @property
-    def generation(self):
+    def generation(self) -> int:
         """The generation of the daemons' process group when connecting."""
         return self._native.generation
 
-    def health(self):
+    @property
+    def devices(self) -> list[str]:
+        """Each daemon's device ("cpu", "cuda:0"), in rank order."""
+        return list(self._native.devices)
+
+    def health(self) -> list[tuple[str, int, bool]]:
         """Each daemon's health: a list of (address, rank, ok)."""
         return self._native.health()
 
-    def stats(self):
+    def stats(self) -> list[dict[str, Any]]:
         """Each daemon's metrics (docs/metrics.md), in rank order: a list of
         {"rank", "metrics": Prometheus text, "error"}, where "error" is None
         for a daemon that answered and "metrics" None for one that did not."""
@@ -94,26 +121,35 @@ class Client:
                  "error": error or None}
                 for rank, text, error in self._native.stats()]
 
-    def create(self, name, shape, spec, dtype="float32", init="empty",
-               fill_value=0.0, seed=0, replicas=1):
+    def create(self, name: str, shape: Sequence[int], spec: ShardingSpec,
+               dtype: Any = "float32", init: str = "empty",
+               fill_value: Optional[float] = 0.0, seed: int = 0,
+               copies: int = 1, *, replicas: Optional[int] = None) -> Tensor:
         """Creates a named tensor laid out by ``spec``, filled by ``init``
         (empty, zeros, ones, full with ``fill_value``, rand, randn from
-        ``seed``); ``replicas`` copies of every shard (docs: Replicas)."""
+        ``seed``), with ``copies`` copies of every shard, the owner's
+        included (1 to the number of daemons; C > 1 keeps C - 1 replicas on
+        other daemons: docs/control_log.md, "Replicas"). ``replicas`` is an
+        older name of ``copies``."""
+        copies = _copies(copies, replicas)
         if fill_value is None:
             fill_value = 0.0
         elif init == "empty" and fill_value != 0.0:
             init = "full"
         return Tensor(self, self._native.create(
             name, [int(s) for s in shape], spec, _dtype_name(dtype), init,
-            float(fill_value), int(seed), int(replicas)))
+            float(fill_value), int(seed), copies))
 
-    def put(self, name, array, spec, replicas=1, timeout=None):
+    def put(self, name: str, array: Any, spec: ShardingSpec,
+            copies: int = 1, timeout: Optional[float] = None, *,
+            replicas: Optional[int] = None) -> Tensor:
         """Creates ``name`` with ``array``'s shape and dtype (a numpy array
-        or a CPU torch tensor) and writes it."""
+        or a CPU torch tensor), ``copies`` copies of every shard (as
+        :meth:`create`), and writes it."""
         data, bits = _source(array)
         tensor = self.create(name, data.shape, spec,
                              dtype="bfloat16" if bits else data.dtype.name,
-                             replicas=replicas)
+                             copies=_copies(copies, replicas))
         try:
             tensor.write((0,) * data.ndim, array, timeout=timeout)
         except BaseException:
@@ -124,44 +160,53 @@ class Client:
             raise
         return tensor
 
-    def list(self):
+    # (Below this method, "list" in an annotation would name it: List.)
+    def list(self) -> list[Tensor]:
         """Every tensor, sorted by name."""
         return [Tensor(self, v) for v in self._native.list()]
 
-    def open(self, name):
+    def open(self, name: str) -> Tensor:
         """The tensor named ``name`` (NotFoundError when there is none)."""
         return Tensor(self, self._native.open(name))
 
-    def delete(self, name):
+    def delete(self, name: str) -> None:
+        """Deletes the tensor (NotFoundError when there is none)."""
         self._native.delete(name)
 
-    def reshard(self, name, spec):
+    def reshard(self, name: str, spec: ShardingSpec) -> Tensor:
         """Lays the tensor out by ``spec``; returns its new view."""
         return Tensor(self, self._native.reshard(name, spec))
 
-    def gather(self, name, timeout=None):
+    def gather(self, name: str, timeout: Optional[float] = None
+               ) -> NDArray:
         """The whole tensor, gathered by the connected daemon."""
         return self._native.gather(name, _seconds(timeout))
 
-    def save(self, path, names=None, overwrite=False):
+    def save(self, path: str, names: Optional[Iterable[str]] = None,
+             overwrite: bool = False) -> List[str]:
         """Saves tensors (None: all) under the daemons' checkpoint root;
         returns the names saved."""
         return self._native.save(path, list(names or []), bool(overwrite))
 
-    def load(self, path, names=None, as_names=None, spec=None,
-             replace=False):
+    def load(self, path: str, names: Optional[Iterable[str]] = None,
+             as_names: Optional[Iterable[str]] = None,
+             spec: Optional[ShardingSpec] = None,
+             replace: bool = False) -> List[Tensor]:
         """Loads a checkpoint (entries ``names``, renamed ``as_names``,
         resharded to ``spec``); returns the loaded tensors."""
         views = self._native.load(path, list(names or []),
                                   list(as_names or []), spec, bool(replace))
         return [Tensor(self, v) for v in views]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"tessera.Client(world_size={self.world_size})"
 
 
-def connect(address=None, timeout=60.0, tls_ca=None, tls_cert=None,
-            tls_key=None, token=None, token_file=None, request_id=None):
+def connect(address: Optional[str] = None, timeout: float = 60.0,
+            tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+            tls_key: Optional[str] = None, token: Optional[str] = None,
+            token_file: Optional[str] = None,
+            request_id: Optional[str] = None) -> Client:
     """Connects to the daemon at ``address`` ($TESSERA_ADDRESS, else
     127.0.0.1:29600) and learns the cluster from it.
 

@@ -1,15 +1,37 @@
 """A named tensor of the cluster, as numpy sees it: slicing reads and
 writes only the bytes of the box."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
 import operator
+from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy
 
-from . import errors
+from . import _tessera, errors
+
+if TYPE_CHECKING:
+    from types import EllipsisType
+
+    import numpy.typing
+
+    from . import Client
+
+    NDArray = numpy.typing.NDArray[Any]
 
 __all__ = ["Tensor", "Shard", "RemoteShard"]
+
+# What a read takes as ``out=`` (see _target) and a write as data: a numpy
+# array, a CPU torch tensor, a writable buffer or a __dlpack__ object.
+ArrayLike = Any
+# numpy's spellings of a dtype ("float32", numpy.float32, numpy.dtype).
+DTypeLike = Any
+# A numpy basic index: an int, a slice of step 1, ``...``, or a tuple.
+Index = Union[int, slice, "EllipsisType",
+              Tuple[Union[int, slice, "EllipsisType"], ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +40,8 @@ class Shard:
     ("rank:1/cpu") and its owner's rank."""
 
     index: int
-    offsets: tuple
-    sizes: tuple
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
     placement: str
     rank: int
 
@@ -27,15 +49,17 @@ class Shard:
 class RemoteShard:
     """One shard, fetched whole from its owner by :meth:`to_here`."""
 
-    def __init__(self, tensor, shard):
+    def __init__(self, tensor: Tensor, shard: Shard) -> None:
         self._tensor = tensor
         self.shard = shard
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self.shard.rank
 
-    def to_here(self, timeout=None, cast=None):
+    def to_here(self, timeout: Optional[float] = None,
+                cast: DTypeLike = None
+                ) -> tuple[tuple[int, ...], tuple[int, ...], NDArray]:
         """(offsets, sizes, array): the shard's bytes, fetched now (as
         ``cast`` when given; a bfloat16 tensor needs one)."""
         offsets, sizes, array = self._tensor._native.to_here(
@@ -43,20 +67,24 @@ class RemoteShard:
         return (tuple(offsets), tuple(sizes),
                 self._tensor._values(array, cast))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"tessera.RemoteShard({self._tensor.name!r}, shard "
                 f"{self.shard.index} on rank {self.shard.rank})")
 
 
-def _seconds(timeout):
+def _seconds(timeout: Optional[float]) -> float:
     return 0.0 if timeout is None else float(timeout)
 
 
-def _source(data):
+def _is_torch(data: Any) -> bool:
+    return hasattr(data, "detach") and hasattr(data, "numpy")
+
+
+def _source(data: ArrayLike) -> tuple[NDArray, bool]:
     """(numpy array, bfloat16 bits?) of ``data``: numpy, anything
     array-like, or a CPU torch tensor, whose memory the array shares (a
     torch.bfloat16 one as its bits, int16)."""
-    if hasattr(data, "detach") and hasattr(data, "numpy"):  # torch
+    if _is_torch(data):
         if data.device.type != "cpu":
             raise _invalid("only CPU torch tensors: call .cpu()")
         data = data.detach()
@@ -68,23 +96,67 @@ def _source(data):
     return numpy.asarray(data), False
 
 
-def _as_numpy(data):
+def _target(out: ArrayLike) -> tuple[NDArray, bool]:
+    """(numpy array sharing ``out``'s memory, bfloat16 bits?) for a read's
+    ``out=``: a numpy array; a CPU torch tensor (torch.bfloat16 as its
+    bits); any writable buffer (memoryview, bytearray, array.array...); a
+    __dlpack__ object in CPU memory. TypeError for anything else;
+    InvalidArgumentError (a ValueError) for memory off the CPU, read-only
+    memory, or elements sharing memory. Nothing is written here."""
+    bits = False
+    if isinstance(out, numpy.ndarray):
+        array = out
+    elif _is_torch(out):
+        if out.device.type != "cpu":
+            raise _invalid(f"out is a torch tensor on {out.device}: read "
+                           f"into a CPU tensor, then copy it there")
+        array, bits = _source(out)
+    else:
+        try:
+            view: Optional[memoryview] = memoryview(out)
+        except TypeError:
+            view = None
+        if view is not None:
+            if view.readonly:
+                raise _invalid("out is not writeable")
+            try:
+                array = numpy.asarray(view)
+            except (TypeError, ValueError) as e:
+                raise _invalid(f"out: numpy cannot view its buffer: {e}"
+                               ) from None
+        elif hasattr(out, "__dlpack__"):
+            array, bits = _tessera.dlpack_array(out)
+        else:
+            raise TypeError(
+                f"out must be a numpy array, a CPU torch tensor, a writable "
+                f"buffer or a __dlpack__ object, not {type(out).__name__}")
+    if not array.flags.writeable:
+        raise _invalid("out is not writeable")
+    if any(stride == 0 and size > 1
+           for stride, size in zip(array.strides, array.shape)):
+        raise _invalid("out has elements that share memory (a stride of 0, "
+                       "as after expand or broadcast_to)")
+    return array, bits
+
+
+def _as_numpy(data: ArrayLike) -> NDArray:
     """A numpy array of ``data`` (see _source); torch.bfloat16 values come
     as float32."""
     array, bits = _source(data)
     return bf16_to_float32(array) if bits else array
 
 
-def bf16_to_float32(bits):
+def bf16_to_float32(bits: NDArray) -> NDArray:
     """bfloat16 bits (a 16-bit integer array) as float32 values (exact)."""
     return (bits.view(numpy.uint16).astype(numpy.uint32) << 16).view(
         numpy.float32)
 
 
-def float_to_bf16(values):
+def float_to_bf16(values: ArrayLike) -> NDArray:
     """Values as bfloat16 bits (uint16), rounded to the nearest even as
     torch does; NaNs stay NaNs."""
-    f = numpy.ascontiguousarray(values, dtype=numpy.float32)
+    f = numpy.ascontiguousarray(values, dtype=numpy.float32).reshape(
+        numpy.shape(values))  # a 0-d array stays 0-d
     u = f.view(numpy.uint32)
     bits = ((u + numpy.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(
         numpy.uint16)
@@ -94,7 +166,7 @@ def float_to_bf16(values):
     return bits
 
 
-def _is_bits(array):
+def _is_bits(array: NDArray) -> bool:
     return array.dtype.itemsize == 2 and array.dtype.kind in "ui"
 
 
@@ -102,8 +174,8 @@ class _Progress:
     """progress=True: a tqdm bar of the bytes moved (when python3-tqdm is
     installed; nothing otherwise), updated while the transfer runs."""
 
-    def __init__(self, wanted, total, description):
-        self.bar = None
+    def __init__(self, wanted: bool, total: int, description: str) -> None:
+        self.bar: Any = None
         if not wanted:
             return
         try:
@@ -114,20 +186,20 @@ class _Progress:
                         unit_divisor=1024, desc=description, leave=False)
 
     @property
-    def callback(self):
+    def callback(self) -> Optional[Callable[[int, int], object]]:
         if self.bar is None:
             return None
         return lambda done, total: self.bar.update(done - self.bar.n)
 
-    def __enter__(self):
+    def __enter__(self) -> _Progress:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _invalid(message):
+def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
 
 
@@ -136,7 +208,7 @@ class Tensor:
     described it. After a reshard or a delete its reads and writes fail
     instead of touching the new layout; ``Client.open`` gets a fresh one."""
 
-    def __init__(self, client, native):
+    def __init__(self, client: Client, native: _tessera.View) -> None:
         self._client = client
         self._native = native
         self._shape = tuple(native.shape)
@@ -144,35 +216,35 @@ class Tensor:
 
     # ---- Metadata.
     @property
-    def name(self):
+    def name(self) -> str:
         return self._native.name
 
     @property
-    def tensor_id(self):
+    def tensor_id(self) -> str:
         return self._native.tensor_id
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return self._shape
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self._shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
         n = 1
         for s in self._shape:
             n *= s
         return n
 
     @property
-    def dtype_name(self):
+    def dtype_name(self) -> str:
         """The tessera dtype name ("float32", "bfloat16", ...)."""
         return self._native.dtype
 
     @property
-    def dtype(self):
+    def dtype(self) -> numpy.dtype[Any]:
         """The numpy dtype (InvalidArgumentError for bfloat16, which numpy
         lacks: see dtype_name; read with cast=, or with tessera.torch)."""
         if self._bf16:
@@ -183,40 +255,48 @@ class Tensor:
         return numpy.dtype(self.dtype_name)
 
     @property
-    def degraded(self):
+    def degraded(self) -> bool:
         """Whether shards were lost (their owners restarted, no copy left)."""
         return self._native.degraded
 
     @property
-    def copies(self):
-        """Copies of each shard (create's ``replicas``)."""
+    def copies(self) -> int:
+        """Copies of each shard, the owner's included (create's ``copies``)."""
         return self._native.copies
 
     @property
-    def shards(self):
+    def shards(self) -> list[Shard]:
         return [Shard(i, tuple(o), tuple(s), p, r)
                 for i, (o, s, p, r) in enumerate(self._native.shards())]
 
-    def remote_shards(self):
+    def remote_shards(self) -> list[RemoteShard]:
         return [RemoteShard(self, shard) for shard in self.shards]
 
     # ---- Bytes.
-    def read_region(self, offsets, sizes, out=None, timeout=None,
-                    progress=False, cast=None):
-        """The box at ``offsets`` of ``sizes`` as a numpy array (into
-        ``out`` when given, in place), converted to the dtype ``cast`` when
-        given. Ctrl-C stops a long read promptly; ``progress=True`` shows a
-        tqdm bar. A bfloat16 tensor (numpy has no such dtype) is read with
-        ``cast``, or as its bits into a 16-bit integer ``out``."""
+    def read_region(self, offsets: Sequence[int], sizes: Sequence[int],
+                    out: ArrayLike = None, timeout: Optional[float] = None,
+                    progress: bool = False, cast: DTypeLike = None) -> Any:
+        """The box at ``offsets`` of ``sizes`` as a numpy array, converted
+        to the dtype ``cast`` when given; or read into ``out`` in place and
+        ``out`` returned. ``out`` may be a numpy array, a CPU torch tensor
+        (torch.bfloat16 included), any writable buffer (memoryview,
+        bytearray, array.array) or a ``__dlpack__`` object in CPU memory,
+        of the box's shape and (without ``cast``) the tensor's dtype, any
+        strides; anything else is refused before a byte moves (TypeError
+        for a kind of object it cannot fill, InvalidArgumentError, a
+        ValueError, for a wrong shape or dtype, read-only memory or
+        elements that share memory). Ctrl-C stops a long read promptly;
+        ``progress=True`` shows a tqdm bar. A bfloat16 tensor (numpy has
+        no such dtype) is read with ``cast``, or as its bits into a 16-bit
+        integer ``out`` or a torch.bfloat16 one."""
         offsets = [operator.index(o) for o in offsets]
         sizes = [operator.index(s) for s in sizes]
-        if out is not None and not isinstance(out, numpy.ndarray):
-            raise _invalid("out must be a numpy array")
+        target, bits = (None, False) if out is None else _target(out)
         # Checked before any byte moves, whatever the layout of out (a
         # strided one is filled by assignment, which would broadcast or
         # convert silently).
-        if out is not None and out.shape != tuple(sizes):
-            raise _invalid(f"out has shape {out.shape} but the box is "
+        if target is not None and target.shape != tuple(sizes):
+            raise _invalid(f"out has shape {target.shape} but the box is "
                            f"{tuple(sizes)}")
         if cast is not None:
             try:
@@ -225,25 +305,33 @@ class Tensor:
                 raise _invalid(f"cast: {e}") from None
             got = self._read(offsets, sizes, None, timeout, progress)
             values = self._values(got, cast)
-            if out is None:
+            if target is None:
                 return values
-            out[...] = values
+            # A torch.bfloat16 out takes the values rounded as torch rounds.
+            target[...] = (float_to_bf16(values).view(target.dtype) if bits
+                           else values)
             return out
-        if self._bf16 and (out is None or not _is_bits(out)):
+        if self._bf16 and (target is None or not _is_bits(target)):
             self.dtype  # raises, saying how to read it
-        if out is not None and not self._bf16 and out.dtype != self.dtype:
-            raise _invalid(f"out has dtype {out.dtype} but tensor {self.name} "
-                           f"is {self.dtype_name}")
-        if out is None or out.flags.c_contiguous:
-            return self._read(offsets, sizes, out, timeout, progress)
+        if (target is not None and not self._bf16 and
+                (bits or target.dtype != self.dtype)):
+            raise _invalid(f"out has dtype "
+                           f"{'bfloat16' if bits else target.dtype} but "
+                           f"tensor {self.name} is {self.dtype_name}")
+        if target is None or target.flags.c_contiguous:
+            got = self._read(offsets, sizes, target, timeout, progress)
+            return got if out is None else out
         # A strided out: read into a dense array of its dtype (the same
         # bytes as out's, bits included), then assign.
-        dense = self._read(offsets, sizes, numpy.empty(out.shape, out.dtype),
-                           timeout, progress)
-        out[...] = dense
+        dense = self._read(offsets, sizes,
+                           numpy.empty(target.shape, target.dtype), timeout,
+                           progress)
+        target[...] = dense
         return out
 
-    def _read(self, offsets, sizes, out, timeout, progress):
+    def _read(self, offsets: list[int], sizes: list[int],
+              out: Optional[NDArray], timeout: Optional[float],
+              progress: bool) -> NDArray:
         if not progress:  # the common case, kept short for small boxes
             return self._native.read_region(offsets, sizes, out,
                                             _seconds(timeout), None)
@@ -252,7 +340,7 @@ class Tensor:
             return self._native.read_region(offsets, sizes, out,
                                             _seconds(timeout), bar.callback)
 
-    def _values(self, got, cast):
+    def _values(self, got: NDArray, cast: DTypeLike) -> NDArray:
         """What the native layer read (bfloat16: its bits) as ``cast``."""
         if cast is None:
             if self._bf16:
@@ -261,14 +349,17 @@ class Tensor:
         values = bf16_to_float32(got) if self._bf16 else got
         return values.astype(numpy.dtype(cast), copy=False)
 
-    def read(self, out=None, timeout=None, progress=False, cast=None):
-        """The whole tensor (into ``out`` when given; as ``cast`` when
-        given)."""
+    def read(self, out: ArrayLike = None, timeout: Optional[float] = None,
+             progress: bool = False, cast: DTypeLike = None) -> Any:
+        """The whole tensor (into ``out`` in place when given, which
+        read_region describes; as ``cast`` when given)."""
         return self.read_region((0,) * self.ndim, self._shape, out=out,
                                 timeout=timeout, progress=progress,
                                 cast=cast)
 
-    def write(self, offsets, data, timeout=None, progress=False):
+    def write(self, offsets: Sequence[int], data: ArrayLike,
+              timeout: Optional[float] = None,
+              progress: bool = False) -> None:
         """Writes ``data`` (numpy array or CPU torch tensor, any layout) as
         the box at ``offsets``; each owner gets its part. A bfloat16 tensor
         takes numbers (rounded to bfloat16 as torch does) or a
@@ -280,7 +371,8 @@ class Tensor:
                            f"{self.dtype_name}")
         if self._bf16 and not bits:
             array = float_to_bf16(array)
-        array = numpy.ascontiguousarray(array)
+        if not array.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
+            array = numpy.ascontiguousarray(array)
         offsets = [operator.index(o) for o in offsets]
         with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
             self._native.write(offsets, array, _seconds(timeout),
@@ -288,29 +380,29 @@ class Tensor:
 
     # ---- numpy basic indexing (ints, slices of step 1, '...'; parsed by
     # the native view, so a small read is one call).
-    def __getitem__(self, key):
+    def __getitem__(self, key: Index) -> NDArray:
         return self._native.getitem(key)
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: Index, value: ArrayLike) -> None:
         offsets, sizes, shape = self._native.box(key)
         value = _as_numpy(value)
-        dtype = numpy.float32 if self._bf16 else self.dtype
+        dtype: DTypeLike = numpy.float32 if self._bf16 else self.dtype
         data = numpy.broadcast_to(numpy.asarray(value, dtype=dtype),
                                   shape).reshape(sizes)
         if 0 in sizes:
             return
         self.write(offsets, data)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if not self._shape:
             raise TypeError("len() of a 0-d tensor")
         return self._shape[0]
 
-    def __array__(self, dtype=None):
-        array = self.read()
+    def __array__(self, dtype: DTypeLike = None) -> NDArray:
+        array: NDArray = self.read()
         return array if dtype is None else array.astype(dtype)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"tessera.Tensor({self.name!r}, shape={self._shape}, "
                 f"dtype={self.dtype_name}, shards={len(self.shards)}, "
                 f"id={self.tensor_id!r})")

@@ -6,6 +6,8 @@ Python users would catch by their builtin kind also derive from it
 ``ValueError``, ``OutOfRangeError`` an ``IndexError``).
 """
 
+from __future__ import annotations
+
 __all__ = [
     "Error",
     "NotFoundError",
@@ -47,13 +49,13 @@ class Error(Exception):
     """A failed Tessera call: ``code`` (the gRPC code's name, e.g.
     ``"NOT_FOUND"``), ``code_value`` (its number) and ``message``."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str) -> None:
         self.code_value = int(code)
         self.code = _CODE_NAMES.get(self.code_value, str(code))
         self.message = message
         super().__init__(f"{self.code}: {message}")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.code}: {self.message}"
 
 
@@ -103,7 +105,7 @@ class UnauthenticatedError(Error):
     """No token, or an unknown one."""
 
 
-_CLASSES = {
+_CLASSES: dict[int, type[Error]] = {
     3: InvalidArgumentError,
     4: DeadlineExceededError,
     5: NotFoundError,
@@ -118,6 +120,6 @@ _CLASSES = {
 }
 
 
-def from_status(code, message):
+def from_status(code: int, message: str) -> Error:
     """The exception for an absl/gRPC status (used by the C++ module)."""
     return _CLASSES.get(int(code), Error)(code, message)

@@ -5,27 +5,42 @@ sync pattern: a trainer puts, each inference rank gets only its slice).
 Imported on demand (``import tessera.torch``); needs torch.
 """
 
+from __future__ import annotations
+
+import itertools
 import json
+from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 import torch
 
 from . import _tessera, errors
 from ._tensor import _source
 
+if TYPE_CHECKING:
+    from . import Client, ShardingSpec, Tensor
+
 __all__ = ["spec_from_torch", "spec_to_torch", "read", "put_state_dict",
-           "get_state_dict"]
+           "get_state_dict", "default_layout", "CHUNK_BYTES"]
+
+# A layout for put_state_dict: (name, tensor) -> the spec to create it with.
+Layout = Callable[[str, Any], "ShardingSpec"]
+
+#: The default layout cuts tensors of at least this many bytes along dim 0
+#: over every daemon; smaller ones stay whole on one daemon.
+CHUNK_BYTES = 1 << 20
 
 
-def _invalid(message):
+def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
 
 
-def _placement_text(placement):
+def _placement_text(placement: Any) -> str:
     # torch's _remote_device prints "rank:0/cpu" or "worker0/cuda:0".
     return str(placement)
 
 
-def spec_from_torch(spec):
+def spec_from_torch(spec: Any) -> ShardingSpec:
     """The tessera spec of a torch ChunkShardingSpec or
     EnumerableShardingSpec (``st.sharding_spec()``)."""
     # By their names: torch.distributed._shard does not import everywhere
@@ -40,8 +55,8 @@ def spec_from_torch(spec):
     if kind == "EnumerableShardingSpec":
         shards = []
         for shard in spec.shards:
-            entry = {"offsets": list(shard.shard_offsets),
-                     "sizes": list(shard.shard_sizes)}
+            entry: dict[str, Any] = {"offsets": list(shard.shard_offsets),
+                                     "sizes": list(shard.shard_sizes)}
             if shard.placement is not None:
                 entry["placement"] = _placement_text(shard.placement)
             shards.append(entry)
@@ -51,7 +66,7 @@ def spec_from_torch(spec):
                    f"ChunkShardingSpec and EnumerableShardingSpec")
 
 
-def spec_to_torch(spec):
+def spec_to_torch(spec: ShardingSpec) -> Any:
     """The torch ChunkShardingSpec or EnumerableShardingSpec of a tessera
     spec."""
     try:
@@ -74,27 +89,70 @@ def spec_to_torch(spec):
         for s in form["shards"]])
 
 
-def read(tensor, out=None, offsets=None, timeout=None):
+def read(tensor: Tensor, out: Optional[torch.Tensor] = None,
+         offsets: Optional[Sequence[int]] = None,
+         timeout: Optional[float] = None) -> torch.Tensor:
     """Reads a tessera tensor (or, with ``offsets``, the box of ``out``'s
     shape there) into the CPU torch tensor ``out`` in place, or a new
-    one; bfloat16 as torch.bfloat16."""
+    one; bfloat16 as torch.bfloat16. (``tensor.read(out=t)`` and
+    ``tensor.read_region(offsets, sizes, out=t)`` take a torch tensor the
+    same way.)"""
     if out is None:
         if offsets is not None:
             raise _invalid("a box read needs out= (its shape is the box's)")
         if tensor.dtype_name != "bfloat16":
             return torch.from_numpy(tensor.read(timeout=timeout))
         out = torch.empty(tensor.shape, dtype=torch.bfloat16)
-    target, _ = _source(out)  # shares the memory (bfloat16: its bits)
     origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
-    tensor.read_region(origin, target.shape, out=target, timeout=timeout)
+    tensor.read_region(origin, tuple(out.shape), out=out, timeout=timeout)
     return out
 
 
-def put_state_dict(client, prefix, state_dict, spec_fn, replace=True,
-                   replicas=1, timeout=None):
+def default_layout(client: Client, chunk_bytes: int = CHUNK_BYTES) -> Layout:
+    """The layout put_state_dict uses when given none, as a
+    ``spec_fn(name, tensor)``: a tensor of at least ``chunk_bytes`` bytes
+    whose dim 0 has a row for every daemon is cut along dim 0 into one chunk
+    per daemon, in rank order (an inference rank then reads its rows from
+    one or two owners); any other tensor (a bias, a norm's weight, a
+    scalar) lives whole on one daemon, the next in turn for each such
+    tensor (round-robin from rank 0, in the order the layout is asked), so
+    that small tensors spread over the cluster instead of piling up on rank
+    0. Every placement names its daemon's own device ("rank:1/cpu",
+    "rank:1/cuda:1"). A fresh layout starts again at rank 0."""
+    placements = [f"rank:{rank}/{device or 'cpu'}"
+                  for rank, device in enumerate(client.devices)]
+    turn = itertools.count()
+
+    def layout(name: str, tensor: Any) -> ShardingSpec:
+        array, _ = _source(tensor)
+        if (array.ndim > 0 and array.shape[0] >= len(placements) and
+                array.nbytes >= chunk_bytes):
+            return _tessera.chunk(0, placements)
+        placement = placements[next(turn) % len(placements)]
+        if array.ndim > 0:
+            return _tessera.chunk(0, [placement])
+        # A 0-d tensor has no dim to chunk: one shard of no dims.
+        return _tessera.parse_spec(f"enum::@{placement}")
+
+    return layout
+
+
+def put_state_dict(client: Client, prefix: str,
+                   state_dict: Mapping[str, Any],
+                   spec_fn: Optional[Layout] = None, replace: bool = True,
+                   copies: int = 1,
+                   timeout: Optional[float] = None) -> dict[str, Tensor]:
     """Creates (or, with ``replace``, re-creates) ``prefix + name`` for
-    every tensor of ``state_dict``, laid out by ``spec_fn(name, tensor)``,
-    and writes it. Returns the tessera tensors by name."""
+    every tensor of ``state_dict`` (CPU torch tensors or numpy arrays),
+    laid out by ``spec_fn(name, tensor)``, and writes it. Returns the
+    tessera tensors by name.
+
+    Without ``spec_fn``, the obvious layout (:func:`default_layout`): each
+    tensor of at least 1 MiB (CHUNK_BYTES) with at least one row per daemon
+    cut along dim 0 into one chunk per daemon, every smaller one whole on
+    one daemon, round-robin over the ranks."""
+    if spec_fn is None:
+        spec_fn = default_layout(client)
     put = {}
     for name, value in state_dict.items():
         full = prefix + name
@@ -104,11 +162,15 @@ def put_state_dict(client, prefix, state_dict, spec_fn, replace=True,
             except errors.NotFoundError:
                 pass
         put[name] = client.put(full, value, spec_fn(name, value),
-                               replicas=replicas, timeout=timeout)
+                               copies=copies, timeout=timeout)
     return put
 
 
-def get_state_dict(client, prefix, like, timeout=None):
+def get_state_dict(
+        client: Client, prefix: str,
+        like: Mapping[str, Union[torch.Tensor,
+                                 Tuple[torch.Tensor, Sequence[int]]]],
+        timeout: Optional[float] = None) -> Mapping[str, Any]:
     """Fills the tensors of ``like`` in place from ``prefix + name``. A
     value may be a tensor (the whole tensor is read into it) or a pair
     (tensor, offsets): only the box of the tensor's shape at ``offsets``

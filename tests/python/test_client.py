@@ -70,6 +70,28 @@ def test_create_metadata_and_every_init(client, rows4):
     assert ((rand >= 0) & (rand < 1)).all()
 
 
+def test_copies_of_every_shard(client, rows4):
+    """copies counts every holder of a shard, the owner's included; the
+    older keyword replicas still works but warns; below 1 is refused
+    before any daemon is asked."""
+    one = client.create("c1", (8, 4), rows4, init="ones")
+    assert one.copies == 1
+    two = client.create("c2", (8, 4), rows4, init="ones", copies=2)
+    assert two.copies == 2
+    np.testing.assert_array_equal(two.read(), np.ones((8, 4), np.float32))
+    with pytest.warns(DeprecationWarning, match="copies"):
+        old = client.create("c3", (8, 4), rows4, replicas=2)
+    assert old.copies == 2
+    for bad in (0, -1):
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="copies must be between 1"):
+            client.create("c4", (8, 4), rows4, copies=bad)
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="copies must be between 1 and the 4 daemons"):
+        client.create("c4", (8, 4), rows4, copies=5)
+    assert "c4" not in [t.name for t in client.list()]
+
+
 def test_slicing_reads_only_the_box(client, rows4):
     values = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
     w = client.put("w", values, rows4)

@@ -138,6 +138,40 @@ def test_state_dict_weight_sync(client, rows4):
     assert torch.equal(mine, state["weight"][8:])
 
 
+def test_state_dict_default_layout(client):
+    """Without a layout: big tensors in dim-0 chunks over every daemon,
+    small ones (and 0-d ones) whole, one daemon after another."""
+    state = {
+        "weight": torch.randn(1024, 256),  # 1 MiB: chunked
+        "bias": torch.randn(1024),
+        "scale": torch.randn(8),
+        "steps": torch.tensor(3),  # 0-d, as BatchNorm's num_batches_tracked
+        "wide": torch.randn(2, 256 * 1024 // 2 + 8),  # > 1 MiB, 2 rows < 4
+    }
+    put = tt.put_state_dict(client, "m.", state)
+    assert [s.rank for s in put["weight"].shards] == [0, 1, 2, 3]
+    assert [s.sizes for s in put["weight"].shards] == [(256, 256)] * 4
+    assert [s.placement for s in put["weight"].shards] == [
+        f"rank:{r}/cpu" for r in range(4)]
+    for name, rank in [("bias", 0), ("scale", 1), ("steps", 2), ("wide", 3)]:
+        assert [s.rank for s in put[name].shards] == [rank], name
+        assert put[name].shape == tuple(state[name].shape)
+    like = {name: torch.zeros_like(t) for name, t in state.items()}
+    tt.get_state_dict(client, "m.", like)
+    for name, t in state.items():
+        assert torch.equal(like[name], t), name
+    # Again: replaced, laid out the same way (a fresh round-robin).
+    again = tt.put_state_dict(client, "m.", state)
+    assert [s.rank for s in again["bias"].shards] == [0]
+    # The threshold is a knob; a layout asked directly goes on in turn.
+    layout = tt.default_layout(client, chunk_bytes=64)
+    assert layout("a", torch.zeros(8, 4)) == tessera.chunk(
+        0, [f"rank:{r}/cpu" for r in range(4)])
+    assert layout("b", torch.zeros(3, 100)) == tessera.chunk(0, ["rank:0/cpu"])
+    assert layout("c", np.zeros(4, np.float32)) == tessera.chunk(
+        0, ["rank:1/cpu"])
+
+
 @pytest.mark.skipif(SHARD_ERROR is None,
                     reason="torch.distributed._shard imports here")
 @pytest.mark.skipif(SHARD_ERROR is None,

@@ -1,0 +1,13 @@
+// The module definition of tessera._tessera (module.h).
+#include <pybind11/pybind11.h>
+
+#include "python/bindings/module.h"
+
+PYBIND11_MODULE(_tessera, m) {
+  m.doc() = "Tessera's C++ client library (use the tessera package)";
+  tessera::python::BindSpecs(m);
+  tessera::python::BindBuffers(m);
+  tessera::python::BindSecurity(m);
+  tessera::python::BindTensor(m);
+  tessera::python::BindClient(m);
+}

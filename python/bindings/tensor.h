@@ -1,0 +1,94 @@
+// tessera._tessera.View: one named tensor's view (client/client.h
+// ShardedTensorView) for the package's tessera.Tensor, which shapes the
+// API around it. Reads land in numpy arrays and writes leave from them in
+// place (support.h Wrap), with the GIL released and Ctrl-C honoured
+// (PyTransfer); `tensor[key]` is one call (GetItem: index.h, then one
+// read).
+//
+// Failures raise tessera.errors: a box outside the tensor is OUT_OF_RANGE
+// before any array is allocated; an `out` of the wrong dtype, shape or
+// layout, or read-only, is INVALID_ARGUMENT with nothing read; the client
+// library's errors (a reshard or delete since the view was taken, a dead
+// owner, a deadline) keep their codes. A failed write may have reached
+// some owners (the message names which).
+//
+// Thread-safety: a view may be used from several Python threads; the
+// cached numpy dtypes are only touched with the GIL held.
+#ifndef TESSERA_PYTHON_BINDINGS_TENSOR_H_
+#define TESSERA_PYTHON_BINDINGS_TENSOR_H_
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+
+namespace tessera::python {
+
+namespace py = pybind11;
+
+// One shard's place: (offsets, sizes, placement text, rank).
+using ShardTuple =
+    std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string, int>;
+
+class PyView {
+ public:
+  explicit PyView(ShardedTensorView view) : view_(std::move(view)) {}
+
+  const std::string& name() const { return view_.name(); }
+  const std::string& tensor_id() const { return view_.tensor_id(); }
+  std::vector<int64_t> shape() const { return view_.sizes(); }
+  std::string dtype() const;
+  bool degraded() const { return view_.degraded(); }
+  int copies() const;
+  std::vector<ShardTuple> shards() const;
+
+  // Reads the box into `out` (a C-contiguous array of the tensor's dtype
+  // and the box's shape), or a new array. A bfloat16 tensor's box is read
+  // as its bits (BitsDType).
+  py::array ReadRegion(const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& sizes,
+                       std::optional<py::array> out, double timeout,
+                       const py::object& progress) const;
+
+  // (offsets, sizes, shape) of a numpy basic index.
+  std::tuple<std::vector<int64_t>, std::vector<int64_t>, py::tuple> IndexBox(
+      const py::handle& key) const;
+
+  // tensor[key]: the box read into a new array of the result's shape.
+  py::array GetItem(const py::handle& key, double timeout) const;
+
+  // Writes `data` as the box at `offsets`; a bfloat16 tensor takes its
+  // bits from a 16-bit integer array.
+  void Write(const std::vector<int64_t>& offsets, const py::array& data,
+             double timeout, const py::object& progress) const;
+
+  // Shard `index` fetched whole from its owner: (offsets, sizes, array; a
+  // bfloat16 shard as its bits).
+  std::tuple<std::vector<int64_t>, std::vector<int64_t>, py::array> ToHere(
+      size_t index, double timeout) const;
+
+  const ShardedTensorView& view() const { return view_; }
+
+ private:
+  // Reads the box at `offsets` into `destination` (memory of a numpy
+  // array), interruptibly (PyTransfer).
+  void ReadInto(const std::vector<int64_t>& offsets, const Tensor& destination,
+                double timeout, const py::object& progress) const;
+
+  ShardedTensorView view_;
+  // Null until the first read (building a numpy dtype costs microseconds,
+  // which a 4 KiB read notices).
+  mutable py::object numpy_dtype_;
+  mutable py::object bits_dtype_;
+};
+
+}  // namespace tessera::python
+
+#endif  // TESSERA_PYTHON_BINDINGS_TENSOR_H_
