@@ -1,6 +1,7 @@
 #include "client/cli/top_command.h"
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -72,6 +73,14 @@ std::map<double, double> Delta(const std::map<double, double>& after,
 
 }  // namespace
 
+bool IsCallerOutcome(absl::string_view code) {
+  static constexpr absl::string_view kCallers[] = {
+      "INVALID_ARGUMENT", "NOT_FOUND",         "ALREADY_EXISTS", "OUT_OF_RANGE",
+      "UNIMPLEMENTED",    "PERMISSION_DENIED", "UNAUTHENTICATED"};
+  return std::find(std::begin(kCallers), std::end(kCallers), code) !=
+         std::end(kCallers);
+}
+
 DaemonView ViewOf(const DaemonLook& before, const DaemonLook& after,
                   double seconds) {
   DaemonView view;
@@ -107,8 +116,15 @@ DaemonView ViewOf(const DaemonLook& before, const DaemonLook& after,
   }
   view.ops_per_second = change("tessera_control_ops_total", {});
   view.ops_total = SumOf(now, "tessera_control_ops_total");
-  view.op_errors = view.ops_total -
-                   SumOf(now, "tessera_control_ops_total", {{"code", "OK"}});
+  for (const MetricSample& sample : now) {
+    if (sample.name != "tessera_control_ops_total") continue;
+    const auto code = sample.labels.find("code");
+    const absl::string_view label =
+        code == sample.labels.end() ? "" : absl::string_view(code->second);
+    if (label == "OK") continue;
+    (IsCallerOutcome(label) ? view.op_refusals : view.op_errors) +=
+        sample.value;
+  }
   view.checksum_failures =
       SumOf(now, "tessera_checksum_failures_total") +
       SumOf(now, "tessera_received_checksum_failures_total");
@@ -199,6 +215,7 @@ std::string FormatTopJson(const std::vector<DaemonView>& views,
                         {"memory_budget_refusals", count(view.budget_refusals)},
                         {"collectives", count(view.collective_failures)},
                         {"store", count(view.store_failures)}};
+    daemon["refused"] = {{"control_ops", count(view.op_refusals)}};
     daemons.push_back(std::move(daemon));
   }
   return nlohmann::json{{"interval_seconds", interval_seconds},
@@ -254,7 +271,7 @@ void AddTopCommand(CLI::App& app, CommandContext& context) {
       std::string(kCommand),
       "Watch every daemon: state, tensors, bytes held, read and write "
       "throughput per transport, operations per second, fetch latency, "
-      "errors (from the daemons' metrics)");
+      "errors in the daemons (from their metrics)");
   auto options = std::make_shared<TopOptions>();
   options->connection.default_timeout = kTopTimeoutSeconds;
   AddConnectionFlags(app, top, &options->connection, /*transfers=*/false);
@@ -275,6 +292,11 @@ void AddTopCommand(CLI::App& app, CommandContext& context) {
       "Examples:\n"
       "  tessera top\n"
       "  tessera top --once --json --interval 1 | jq '.daemons[].state'\n\n"
+      "ERRORS: what went wrong in a daemon since it started: control "
+      "operations\nthat failed in the cluster (not those refused for the "
+      "caller's request, such\nas NOT_FOUND or ALREADY_EXISTS: --json counts "
+      "them as \"refused\"), checksum\nfailures, memory-budget refusals, "
+      "failed collectives and store calls.\n\n"
       "Exit status: 0 when every daemon answered the last look, 1 when one "
       "did not or the cluster cannot be reached, 2 for a usage error.");
   RunWhenParsed(top, context, kCommand, options, RunTop);

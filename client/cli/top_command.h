@@ -9,10 +9,15 @@
 // Rates are over the interval between two looks (--interval); fetch
 // latencies are the p50 and p99 of the fetches the daemon served in that
 // interval (of its whole life when it served none meanwhile). ERRORS
-// counts what failed since the daemon started: control operations that
-// did not end OK, checksum failures (of bytes written to it or fetched by
-// it), memory-budget refusals, failed collectives and store calls. A daemon
-// that does not answer shows "unreachable" and its error.
+// counts what went wrong in the daemon since it started: control
+// operations that failed for a reason of the cluster's (any code but OK
+// and the caller's own mistakes, IsCallerOutcome), checksum failures (of
+// bytes written to it or fetched by it), memory-budget refusals, failed
+// collectives and store calls. An operation refused for the caller's
+// request (deleting a tensor that does not exist, creating one twice, a
+// bad argument) is an answer, not an error: --json counts those apart, as
+// "refused". A daemon that does not answer shows "unreachable" and its
+// error.
 //
 //   tessera top [--interval 2] [--iterations N]
 //   tessera top --once [--json]     one frame after one interval, for scripts
@@ -27,6 +32,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
@@ -73,13 +79,25 @@ struct DaemonView {
   double fetch_p50_seconds = -1, fetch_p99_seconds = -1;  // -1: no fetch
   // Whether they are of the interval's fetches (else of the daemon's life).
   bool latency_of_interval = false;
-  double op_errors = 0, checksum_failures = 0, budget_refusals = 0,
-         collective_failures = 0, store_failures = 0;
+  // Control operations that failed for the cluster's reasons, and those
+  // refused for the caller's (not errors: IsCallerOutcome).
+  double op_errors = 0, op_refusals = 0;
+  double checksum_failures = 0, budget_refusals = 0, collective_failures = 0,
+         store_failures = 0;
   double errors() const {
     return op_errors + checksum_failures + budget_refusals +
            collective_failures + store_failures;
   }
 };
+
+// Whether an operation that ended with `code` (its metric label,
+// "NOT_FOUND") was refused for the caller's request rather than failed in
+// the cluster: INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, OUT_OF_RANGE,
+// UNIMPLEMENTED, PERMISSION_DENIED and UNAUTHENTICATED. Every other code
+// but OK (INTERNAL, UNAVAILABLE, DEADLINE_EXCEEDED, DATA_LOSS, ABORTED,
+// FAILED_PRECONDITION such as a degraded tensor, RESOURCE_EXHAUSTED...) is
+// a daemon error.
+bool IsCallerOutcome(absl::string_view code);
 
 DaemonView ViewOf(const DaemonLook& before, const DaemonLook& after,
                   double seconds);

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <utility>
@@ -28,43 +29,6 @@
 
 namespace tessera::daemon {
 namespace {
-
-constexpr absl::string_view kLogLevels[] = {"trace", "debug", "info", "warn",
-                                            "error"};
-
-// A setting's value and where it came from ("--rank", "RANK"), for errors.
-struct Setting {
-  std::string source;
-  std::string value;
-};
-
-// The flag when given, else the first of `variables` set to a non-empty
-// value, else nullopt.
-std::optional<Setting> Lookup(const std::optional<std::string>& flag,
-                              absl::string_view flag_name,
-                              std::initializer_list<const char*> variables,
-                              const DaemonEnvironment& env) {
-  if (flag.has_value()) return Setting{std::string(flag_name), *flag};
-  for (const char* name : variables) {
-    std::optional<std::string> value =
-        env.getenv ? env.getenv(name) : std::nullopt;
-    if (value.has_value() && !value->empty()) return Setting{name, *value};
-  }
-  return std::nullopt;
-}
-
-absl::StatusOr<int> ParseInt(const Setting& setting, int min, int max) {
-  int value = 0;
-  if (!absl::SimpleAtoi(setting.value, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        setting.source, " must be an integer, got '", setting.value, "'"));
-  }
-  if (value < min || value > max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        setting.source, " must be in [", min, ", ", max, "], got ", value));
-  }
-  return value;
-}
 
 bool IsWildcardHost(absl::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
@@ -277,248 +241,127 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
   return static_cast<int64_t>(value * factor);
 }
 
-absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
-    const DaemonFlags& flags, const DaemonEnvironment& env) {
-  constexpr int kMaxPort = 65535;
-  DaemonOptions options;
-  // Of the etcd store, when --store names one.
-  std::vector<std::string> store_endpoints;
+namespace {
 
-  std::optional<Setting> world_size = Lookup(
-      flags.world_size, "--world-size", {"WORLD_SIZE", "SLURM_NTASKS"}, env);
-  if (!world_size.has_value()) {
+constexpr int kMaxPort = 65535;
+
+constexpr char kDescription[] =
+    "tessera-server: one Tessera shard-server daemon (one per GPU or CPU "
+    "rank).\nServes ShardService, ControlService, grpc.health.v1 and "
+    "reflection on --port;\nrank 0 also serves the rendezvous store on "
+    "--master-port. SIGTERM/SIGINT drain\nand stop it (a second signal "
+    "exits at once). Flags override the environment.";
+
+using ApplyFn = DaemonSettingTable::ApplyFn;
+using CheckFn = DaemonSettingTable::CheckFn;
+
+// A positive duration ("60s", "1m30s", "250ms", "2") into `field`.
+ApplyFn DurationInto(absl::Duration DaemonOptions::*field) {
+  return [field](const SettingValue& value,
+                 DaemonOptions& options) -> absl::Status {
+    ASSIGN_OR_RETURN(options.*field,
+                     ParsePositiveDuration(value.source, value.text));
+    return absl::OkStatus();
+  };
+}
+
+// A file of a TLS configuration (the daemon's own, or the etcd store's).
+ApplyFn TlsFileInto(TlsConfig DaemonOptions::*config,
+                    std::string TlsConfig::*file) {
+  return [config, file](const SettingValue& value, DaemonOptions& options) {
+    (options.*config).*file = value.text;
+    return absl::OkStatus();
+  };
+}
+
+CheckFn NotEmpty(std::string DaemonOptions::*field) {
+  return [field](absl::string_view source, const DaemonOptions& options) {
+    if (!(options.*field).empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        "no world size: pass --world-size or set WORLD_SIZE (or "
-        "SLURM_NTASKS)");
-  }
-  ASSIGN_OR_RETURN(options.world_size, ParseInt(*world_size, 1, 1 << 20));
-  std::optional<Setting> rank =
-      Lookup(flags.rank, "--rank", {"RANK", "SLURM_PROCID"}, env);
-  if (!rank.has_value()) {
+        absl::StrCat(source, " must not be empty"));
+  };
+}
+
+// One of `allowed`, else "<source> must be <what>; got '<value>'".
+CheckFn OneOf(std::string DaemonOptions::*field,
+              std::vector<std::string> allowed, std::string what) {
+  return [field, allowed, what](absl::string_view source,
+                                const DaemonOptions& options) {
+    const std::string& value = options.*field;
+    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) {
+      return absl::OkStatus();
+    }
     return absl::InvalidArgumentError(
-        "no rank: pass --rank or set RANK (or SLURM_PROCID)");
-  }
-  ASSIGN_OR_RETURN(options.rank, ParseInt(*rank, 0, 1 << 20));
-  if (options.rank >= options.world_size) {
+        absl::StrCat(source, " must be ", what, "; got '", value, "'"));
+  };
+}
+
+absl::Status CheckTokenFile(const SettingValue& value, DaemonOptions& options) {
+  if (value.text.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", options.rank, " (", rank->source,
-                     ") is outside [0, ", options.world_size, ")"));
+        absl::StrCat(value.source, " must not be empty"));
   }
-  if (std::optional<Setting> local =
-          Lookup(flags.local_rank, "--local-rank",
-                 {"LOCAL_RANK", "SLURM_LOCALID"}, env)) {
-    ASSIGN_OR_RETURN(options.local_rank,
-                     ParseInt(*local, 0, kMaxPort - kDefaultBasePort));
-  }
-  if (std::optional<Setting> local_world =
-          Lookup(flags.local_world_size, "--local-world-size",
-                 {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}, env)) {
-    ASSIGN_OR_RETURN(
-        options.local_world_size,
-        ParseInt(*local_world, 1, kMaxPort - kDefaultBasePort + 1));
-    if (options.local_rank >= options.local_world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "local rank ", options.local_rank, " is outside [0, ",
-          options.local_world_size, ") (", local_world->source, ")"));
-    }
-  }
-
-  if (std::optional<Setting> master =
-          Lookup(flags.master_addr, "--master-addr", {"MASTER_ADDR"}, env)) {
-    options.master_addr = master->value;
-  }
-  if (options.master_addr.empty()) {
-    return absl::InvalidArgumentError("--master-addr must not be empty");
-  }
-  if (std::optional<Setting> port =
-          Lookup(flags.master_port, "--master-port", {"MASTER_PORT"}, env)) {
-    ASSIGN_OR_RETURN(options.master_port, ParseInt(*port, 1, kMaxPort));
-  }
-
-  if (std::optional<Setting> store =
-          Lookup(flags.store, "--store", {"TESSERA_STORE"}, env)) {
-    absl::StatusOr<EtcdStoreOptions> etcd = ParseEtcdUrl(store->value);
-    if (!etcd.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(store->source, ": ", etcd.status().message()));
-    }
-    options.store_url = store->value;
-    store_endpoints = etcd->endpoints;
-  }
-  if (auto ca = Lookup(flags.store_tls_ca, "--store-tls-ca",
-                       {"TESSERA_STORE_TLS_CA"}, env)) {
-    options.store_tls.ca_file = ca->value;
-  }
-  if (auto cert = Lookup(flags.store_tls_cert, "--store-tls-cert",
-                         {"TESSERA_STORE_TLS_CERT"}, env)) {
-    options.store_tls.cert_file = cert->value;
-  }
-  if (auto key = Lookup(flags.store_tls_key, "--store-tls-key",
-                        {"TESSERA_STORE_TLS_KEY"}, env)) {
-    options.store_tls.key_file = key->value;
-  }
-  if (options.store_tls.enabled()) {
-    if (options.store_url.empty()) {
-      return absl::InvalidArgumentError(
-          "--store-tls-ca, --store-tls-cert and --store-tls-key are for an "
-          "etcd store: pass --store etcd://...");
-    }
-    RETURN_IF_ERROR(ValidateTlsConfig(options.store_tls, /*server=*/false,
-                                      "--store-tls-cert", "--store-tls-key",
-                                      "--store-tls-ca"));
-  }
-
-  options.insecure = flags.insecure;
-  options.auth_token_file = flags.auth_token_file.value_or("");
-  if (flags.auth_token_file.has_value()) {
-    if (options.auth_token_file.empty()) {
-      return absl::InvalidArgumentError("--auth-token-file must not be empty");
-    }
-    absl::StatusOr<std::shared_ptr<TokenTable>> tokens =
-        TokenTable::FromFile(options.auth_token_file);
-    if (!tokens.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--auth-token-file: ", tokens.status().message()));
-    }
-    if ((*tokens)->cluster_token().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth-token-file: ", options.auth_token_file,
-          " has no token with the cluster role: the daemons present it to "
-          "each other and to the store"));
-    }
-  }
-  if (flags.reflection.has_value()) {
-    const std::string value = absl::AsciiStrToLower(*flags.reflection);
-    if (value != "true" && value != "false") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--reflection must be true or false; got '", *flags.reflection, "'"));
-    }
-    options.reflection = value == "true";
-  }
-  for (const std::string& user : flags.local_users) {
-    ASSIGN_OR_RETURN(uid_t uid, ResolveUser(user));
-    options.local_users.push_back(uid);
-  }
-  options.tls.cert_file = flags.tls_cert.value_or("");
-  options.tls.key_file = flags.tls_key.value_or("");
-  options.tls.ca_file = flags.tls_ca.value_or("");
-
-  options.host = flags.host.value_or(
-      options.authenticates() || options.insecure ? "0.0.0.0" : "127.0.0.1");
-  if (options.host.empty()) {
-    return absl::InvalidArgumentError("--host must not be empty");
-  }
-  options.port = kDefaultBasePort + options.local_rank;
-  if (flags.port.has_value()) {
-    ASSIGN_OR_RETURN(options.port,
-                     ParseInt(Setting{"--port", *flags.port}, 0, kMaxPort));
-  }
-
-  if (flags.metrics_port.has_value()) {
-    ASSIGN_OR_RETURN(
-        options.metrics_port,
-        ParseInt(Setting{"--metrics-port", *flags.metrics_port}, 0, kMaxPort));
-  }
-  options.metrics_host = flags.metrics_host.value_or("127.0.0.1");
-  options.metrics_address_file = flags.metrics_address_file.value_or("");
-  if (!options.metrics_address_file.empty() && options.metrics_port < 0) {
+  absl::StatusOr<std::shared_ptr<TokenTable>> tokens =
+      TokenTable::FromFile(value.text);
+  if (!tokens.ok()) {
     return absl::InvalidArgumentError(
-        "--metrics-address-file needs --metrics-port");
+        absl::StrCat(value.source, ": ", tokens.status().message()));
   }
-  if (options.metrics_host.empty()) {
-    return absl::InvalidArgumentError("--metrics-host must not be empty");
-  }
-  // The endpoint authenticates nobody, but shows no tensor names or data:
-  // beyond this host it is allowed to a daemon whose data surfaces are
-  // authenticated (where --insecure would relax those too), or with
-  // --insecure.
-  if (!IsLoopbackHost(options.metrics_host) && !options.authenticates() &&
-      !options.insecure) {
+  if ((*tokens)->cluster_token().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-host ", options.metrics_host,
-        " listens beyond this host, and this daemon authenticates nobody: "
-        "authenticate it (--tls-ca, --auth-token-file), or pass --insecure "
-        "on a network only trusted users reach"));
+        value.source, ": ", value.text,
+        " has no token with the cluster role: the daemons present it to "
+        "each other and to the store"));
   }
+  options.auth_token_file = value.text;
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(
-      options.timeout,
-      ParsePositiveDuration("--timeout", flags.timeout.value_or("60s")));
-  ASSIGN_OR_RETURN(options.store_timeout,
-                   ParsePositiveDuration("--store-timeout",
-                                         flags.store_timeout.value_or("60s")));
-  ASSIGN_OR_RETURN(options.shutdown_grace,
-                   ParsePositiveDuration("--shutdown-grace",
-                                         flags.shutdown_grace.value_or("10s")));
-  ASSIGN_OR_RETURN(options.lease, ParsePositiveDuration(
-                                      "--lease", flags.lease.value_or("5s")));
+// The checks that span settings, once every setting is resolved.
 
-  options.log_level = flags.log_level.value_or("info");
-  bool known_level = false;
-  for (absl::string_view level : kLogLevels) {
-    known_level = known_level || options.log_level == level;
+// TLS to etcd is for an etcd store, and whole.
+absl::Status CheckStoreTls(const DaemonOptions& options) {
+  if (!options.store_tls.enabled()) return absl::OkStatus();
+  if (options.store_url.empty()) {
+    return absl::InvalidArgumentError(
+        "--store-tls-ca, --store-tls-cert and --store-tls-key are for an "
+        "etcd store: pass --store etcd://...");
   }
-  if (!known_level) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log-level must be one of ", absl::StrJoin(kLogLevels, ", "),
-        "; got '", options.log_level, "'"));
-  }
-  options.log_format = flags.log_format.value_or("text");
-  if (options.log_format != "text" && options.log_format != "json") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log-format must be text or json; got '", options.log_format, "'"));
-  }
-  options.address_file = flags.address_file.value_or("");
-  for (const std::string& root : flags.checkpoint_roots) {
-    if (root.empty()) {
-      return absl::InvalidArgumentError("--checkpoint-root must not be empty");
-    }
-  }
-  options.checkpoint_roots = flags.checkpoint_roots;
-  if (flags.tls_refresh.has_value()) {
-    ASSIGN_OR_RETURN(
-        options.tls.refresh_seconds,
-        ParseInt(Setting{"--tls-refresh", *flags.tls_refresh}, 1, 86400));
-  }
-  RETURN_IF_ERROR(ValidateTlsConfig(options.tls, /*server=*/true));
-  if (flags.memory_limit.has_value()) {
-    ASSIGN_OR_RETURN(options.memory_limit,
-                     ParseByteSize("--memory-limit", *flags.memory_limit));
-    if (options.memory_limit <= 0) {
-      return absl::InvalidArgumentError("--memory-limit must be positive");
-    }
-  }
+  return ValidateTlsConfig(options.store_tls, /*server=*/false,
+                           "--store-tls-cert", "--store-tls-key",
+                           "--store-tls-ca");
+}
 
-  RETURN_IF_ERROR(ResolveDevice(flags.device.value_or("auto"), env, options));
-
-  if (!options.authenticates() && !options.insecure) {
-    std::string beyond;
-    if (!IsLoopbackHost(options.host)) {
-      beyond =
-          absl::StrCat("--host ", options.host, " listens beyond this host");
-    } else if (!IsLoopbackHost(options.master_addr)) {
-      beyond = absl::StrCat("the master ", options.master_addr,
-                            " is not on loopback: a cluster beyond this host");
-    }
-
-    if (!beyond.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          beyond,
-          " without authentication: anyone who reaches it could read, "
-          "change and delete every tensor. Authenticate callers (--tls-ca "
-          "for mutual TLS, or --auth-token-file), or pass --insecure on a "
-          "network only trusted users reach"));
-    }
+// A daemon that authenticates nobody stays on this host unless --insecure.
+absl::Status CheckReach(const DaemonOptions& options) {
+  if (options.authenticates() || options.insecure) return absl::OkStatus();
+  std::string beyond;
+  if (!IsLoopbackHost(options.host)) {
+    beyond = absl::StrCat("--host ", options.host, " listens beyond this host");
+  } else if (!IsLoopbackHost(options.master_addr)) {
+    beyond = absl::StrCat("the master ", options.master_addr,
+                          " is not on loopback: a cluster beyond this host");
   }
+  if (beyond.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      beyond,
+      " without authentication: anyone who reaches it could read, change "
+      "and delete every tensor. Authenticate callers (--tls-ca for mutual "
+      "TLS, or --auth-token-file), or pass --insecure on a network only "
+      "trusted users reach"));
+}
 
-  // An etcd beyond this host reached without mutual TLS lets whoever
-  // reaches it forge the operation log, whatever the daemons ask of their
-  // own callers.
-  const bool store_mutual_tls = !options.store_tls.ca_file.empty() &&
-                                !options.store_tls.cert_file.empty();
-  for (const std::string& endpoint : store_endpoints) {
+// An etcd beyond this host reached without mutual TLS lets whoever reaches
+// it forge the operation log, whatever the daemons ask of their own
+// callers.
+absl::Status CheckStoreReach(const DaemonOptions& options) {
+  if (options.store_url.empty() || options.insecure) return absl::OkStatus();
+  const bool mutual_tls = !options.store_tls.ca_file.empty() &&
+                          !options.store_tls.cert_file.empty();
+  ASSIGN_OR_RETURN(EtcdStoreOptions etcd, ParseEtcdUrl(options.store_url));
+  for (const std::string& endpoint : etcd.endpoints) {
     const std::string host = endpoint.substr(0, endpoint.rfind(':'));
-    if (!options.insecure && !store_mutual_tls && !IsLoopbackHost(host)) {
+    if (!mutual_tls && !IsLoopbackHost(host)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--store: the etcd member ", endpoint,
           " is not on loopback and is reached without mutual TLS: anyone "
@@ -528,21 +371,313 @@ absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
           "users reach"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Last: the only step that may look at the network.
-  if (flags.advertise_host.has_value() && !flags.advertise_host->empty()) {
-    options.advertise_host = *flags.advertise_host;
-  } else if (!IsWildcardHost(options.host)) {
-    options.advertise_host = options.host;
-  } else if (IsLoopbackHost(options.master_addr)) {
-    options.advertise_host = "127.0.0.1";
-  } else {
-    if (!env.local_address) {
-      return absl::UnavailableError(
-          "cannot find this host's address; pass --advertise-host");
-    }
+// --advertise-host's default; the only step that may look at the network.
+absl::StatusOr<std::string> DefaultAdvertiseHost(const DaemonOptions& options,
+                                                 const DaemonEnvironment& env) {
+  if (!IsWildcardHost(options.host)) return options.host;
+  if (IsLoopbackHost(options.master_addr)) return std::string("127.0.0.1");
+  if (!env.local_address) {
+    return absl::UnavailableError(
+        "cannot find this host's address; pass --advertise-host");
+  }
+  return env.local_address(options.master_addr);
+}
+
+}  // namespace
+
+DaemonSettingTable DaemonSettings(const DaemonEnvironment& env) {
+  DaemonSettingTable table;
+  // Who this daemon is, as torchrun and Slurm say it.
+  table.Add("--world-size", &DaemonFlags::world_size)
+      .Env({"WORLD_SIZE", "SLURM_NTASKS"})
+      .Required("world size")
+      .Help("N", "number of daemons")
+      .Int(&DaemonOptions::world_size, 1, 1 << 20);
+  table.Add("--rank", &DaemonFlags::rank)
+      .Env({"RANK", "SLURM_PROCID"})
+      .Required("rank")
+      .Help("N", "global rank")
+      .Int(&DaemonOptions::rank, 0, 1 << 20)
+      .Check([](absl::string_view source, const DaemonOptions& options) {
+        if (options.rank < options.world_size) return absl::OkStatus();
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", options.rank, " (", source,
+                         ") is outside [0, ", options.world_size, ")"));
+      });
+  table.Add("--local-rank", &DaemonFlags::local_rank)
+      .Env({"LOCAL_RANK", "SLURM_LOCALID"})
+      .Default("0")
+      .Help("N", "rank on this host")
+      .Int(&DaemonOptions::local_rank, 0, kMaxPort - kDefaultBasePort);
+  table.Add("--local-world-size", &DaemonFlags::local_world_size)
+      .Env({"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
+      .DefaultNote("unknown")
+      .Help("N", "daemons on this host")
+      .Int(&DaemonOptions::local_world_size, 1, kMaxPort - kDefaultBasePort + 1)
+      .Check([](absl::string_view source, const DaemonOptions& options) {
+        if (options.local_rank < options.local_world_size) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("local rank ", options.local_rank, " is outside [0, ",
+                         options.local_world_size, ") (", source, ")"));
+      });
+
+  // The store: rank 0's, or etcd.
+  table.Add("--master-addr", &DaemonFlags::master_addr)
+      .Env({"MASTER_ADDR"})
+      .Default("127.0.0.1")
+      .Help("HOST", "host of rank 0's store")
+      .Text(&DaemonOptions::master_addr)
+      .Check(NotEmpty(&DaemonOptions::master_addr));
+  table.Add("--master-port", &DaemonFlags::master_port)
+      .Env({"MASTER_PORT"})
+      .Default(absl::StrCat(kDefaultMasterPort))
+      .Help("PORT", "port of rank 0's store")
+      .Int(&DaemonOptions::master_port, 1, kMaxPort);
+  table.Add("--store", &DaemonFlags::store)
+      .Env({"TESSERA_STORE"})
+      .DefaultNote("rank 0 serves it on --master-addr:--master-port")
+      .Help("URL",
+            "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: keep the store in etcd, "
+            "so that any daemon, rank 0 included, may restart")
+      .Apply([](const SettingValue& value, DaemonOptions& options) {
+        absl::StatusOr<EtcdStoreOptions> etcd = ParseEtcdUrl(value.text);
+        if (!etcd.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(value.source, ": ", etcd.status().message()));
+        }
+        options.store_url = value.text;
+        return absl::OkStatus();
+      });
+  table.Add("--store-tls-ca", &DaemonFlags::store_tls_ca)
+      .Env({"TESSERA_STORE_TLS_CA"})
+      .Help("PEM",
+            "CA to verify the etcd store's certificate with (TLS to etcd)")
+      .Apply(TlsFileInto(&DaemonOptions::store_tls, &TlsConfig::ca_file));
+  table.Add("--store-tls-cert", &DaemonFlags::store_tls_cert)
+      .Env({"TESSERA_STORE_TLS_CERT"})
+      .Help("PEM", "client certificate presented to etcd")
+      .Apply(TlsFileInto(&DaemonOptions::store_tls, &TlsConfig::cert_file));
+  table.Add("--store-tls-key", &DaemonFlags::store_tls_key)
+      .Env({"TESSERA_STORE_TLS_KEY"})
+      .Help("PEM", "its private key")
+      .Apply(TlsFileInto(&DaemonOptions::store_tls, &TlsConfig::key_file));
+
+  // Who may call it (wire/credentials.h, wire/auth.h).
+  table.Add("--insecure", &DaemonFlags::insecure)
+      .Help("",
+            "listen beyond loopback (or join a cluster beyond this host) "
+            "without authenticating callers")
+      .Bool(&DaemonOptions::insecure);
+  table.Add("--auth-token-file", &DaemonFlags::auth_token_file)
+      .DefaultNote("none: no tokens")
+      .Help("FILE",
+            "tokens and roles, '<token> <read|write|admin|cluster> [name]' "
+            "per line: every call needs a token of a role that may make it; "
+            "reloaded when the file changes")
+      .Apply(CheckTokenFile);
+  table.Add("--reflection", &DaemonFlags::reflection)
+      .Default("true")
+      .Help("BOOL", "serve gRPC server reflection")
+      .Bool(&DaemonOptions::reflection);
+  table.Add("--local-users", &DaemonFlags::local_users)
+      .Help("USER",
+            "a user (name or uid) whose processes may map shards through the "
+            "local path, besides this daemon's user and root (repeatable)")
+      .Apply([](const SettingValue& value,
+                DaemonOptions& options) -> absl::Status {
+        ASSIGN_OR_RETURN(uid_t uid, ResolveUser(value.text));
+        options.local_users.push_back(uid);
+        return absl::OkStatus();
+      });
+  table.Add("--tls-cert", &DaemonFlags::tls_cert)
+      .DefaultNote("none: plaintext")
+      .Help("FILE",
+            "PEM certificate chain: serve (and dial peers) over TLS; reloaded "
+            "when the file changes")
+      .Apply(TlsFileInto(&DaemonOptions::tls, &TlsConfig::cert_file));
+  table.Add("--tls-key", &DaemonFlags::tls_key)
+      .Help("FILE", "PEM private key of --tls-cert")
+      .Apply(TlsFileInto(&DaemonOptions::tls, &TlsConfig::key_file));
+  table.Add("--tls-ca", &DaemonFlags::tls_ca)
+      .Help("FILE",
+            "PEM CA certificates: require and verify client certificates "
+            "(mutual TLS) and verify peers")
+      .Apply(TlsFileInto(&DaemonOptions::tls, &TlsConfig::ca_file));
+  table.Add("--tls-refresh", &DaemonFlags::tls_refresh)
+      .Default("60")
+      .Help("SECONDS",
+            "seconds between checks of the TLS files for rotated "
+            "certificates")
+      .Apply([](const SettingValue& value,
+                DaemonOptions& options) -> absl::Status {
+        ASSIGN_OR_RETURN(options.tls.refresh_seconds, value.ToIntIn(1, 86400));
+        return absl::OkStatus();
+      });
+
+  // Where it listens (after who may call: the host's default depends on it).
+  table.Add("--host", &DaemonFlags::host)
+      .Default(
+          [](const DaemonOptions& options) {
+            return std::string(options.authenticates() || options.insecure
+                                   ? "0.0.0.0"
+                                   : "127.0.0.1");
+          },
+          "0.0.0.0 with --tls-ca, --auth-token-file or --insecure, else "
+          "127.0.0.1")
+      .Help("HOST", "listen host")
+      .Text(&DaemonOptions::host)
+      .Check(NotEmpty(&DaemonOptions::host));
+  table.Add("--port", &DaemonFlags::port)
+      .Default(
+          [](const DaemonOptions& options) {
+            return absl::StrCat(kDefaultBasePort + options.local_rank);
+          },
+          absl::StrCat(kDefaultBasePort, " + local rank"))
+      .Help("PORT", "gRPC port; 0 picks a free one")
+      .Int(&DaemonOptions::port, 0, kMaxPort);
+  table.Add("--advertise-host", &DaemonFlags::advertise_host)
+      .DefaultNote(
+          "--host if specific, 127.0.0.1 for a loopback master, else this "
+          "host's address")
+      .Help("HOST", "host peers and clients dial")
+      .Text(&DaemonOptions::advertise_host);
+  table.Add("--metrics-port", &DaemonFlags::metrics_port)
+      .DefaultNote("not served")
+      .Help("PORT",
+            "serve Prometheus metrics on http://--metrics-host:PORT/metrics; "
+            "0 picks a free one")
+      .Int(&DaemonOptions::metrics_port, 0, kMaxPort);
+  table.Add("--metrics-address-file", &DaemonFlags::metrics_address_file)
+      .Help("FILE",
+            "write the metrics endpoint's \"host:port\" here once serving")
+      .Text(&DaemonOptions::metrics_address_file)
+      .Check([](absl::string_view source, const DaemonOptions& options) {
+        if (options.metrics_address_file.empty() || options.metrics_port >= 0) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " needs --metrics-port"));
+      });
+  // The endpoint authenticates nobody, but shows no tensor names or data:
+  // beyond this host it is allowed to a daemon whose data surfaces are
+  // authenticated (where --insecure would relax those too), or with
+  // --insecure.
+  table.Add("--metrics-host", &DaemonFlags::metrics_host)
+      .Default("127.0.0.1")
+      .Help("HOST",
+            "where --metrics-port listens; beyond loopback only for a daemon "
+            "that authenticates (--tls-ca, --auth-token-file) or with "
+            "--insecure: the endpoint itself authenticates nobody")
+      .Text(&DaemonOptions::metrics_host)
+      .Check(NotEmpty(&DaemonOptions::metrics_host))
+      .Check([](absl::string_view source, const DaemonOptions& options) {
+        if (IsLoopbackHost(options.metrics_host) || options.authenticates() ||
+            options.insecure) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, " ", options.metrics_host,
+            " listens beyond this host, and this daemon authenticates "
+            "nobody: authenticate it (--tls-ca, --auth-token-file), or pass "
+            "--insecure on a network only trusted users reach"));
+      });
+
+  // How long things may take.
+  table.Add("--timeout", &DaemonFlags::timeout)
+      .Default("60s")
+      .Help("DURATION", "rendezvous and collective timeout")
+      .Apply(DurationInto(&DaemonOptions::timeout));
+  table.Add("--store-timeout", &DaemonFlags::store_timeout)
+      .Default("60s")
+      .Help("DURATION", "how long to wait for the master's store")
+      .Apply(DurationInto(&DaemonOptions::store_timeout));
+  table.Add("--shutdown-grace", &DaemonFlags::shutdown_grace)
+      .Default("10s")
+      .Help("DURATION", "how long in-flight fetches may finish after SIGTERM")
+      .Apply(DurationInto(&DaemonOptions::shutdown_grace));
+  table.Add("--lease", &DaemonFlags::lease)
+      .Default("5s")
+      .Help("DURATION",
+            "liveness lease: a daemon silent this long is waited for, and "
+            "operations are refused naming it, until it is back")
+      .Apply(DurationInto(&DaemonOptions::lease));
+
+  // What it writes.
+  table.Add("--log-level", &DaemonFlags::log_level)
+      .Default("info")
+      .Help("LEVEL", "trace, debug, info, warn or error")
+      .Text(&DaemonOptions::log_level)
+      .Check(OneOf(&DaemonOptions::log_level,
+                   {"trace", "debug", "info", "warn", "error"},
+                   "one of trace, debug, info, warn, error"));
+  table.Add("--log-format", &DaemonFlags::log_format)
+      .Default("text")
+      .Help("FORMAT",
+            "text, or json: one object per line with time, level, rank, "
+            "generation, op, tensor, request, peer and message")
+      .Text(&DaemonOptions::log_format)
+      .Check(
+          OneOf(&DaemonOptions::log_format, {"text", "json"}, "text or json"));
+  table.Add("--address-file", &DaemonFlags::address_file)
+      .Help("FILE", "write \"host:port\" here once serving")
+      .Text(&DaemonOptions::address_file);
+
+  // What it holds.
+  table.Add("--checkpoint-root", &DaemonFlags::checkpoint_roots)
+      .DefaultNote("none: save and load are refused")
+      .Help("DIR",
+            "a directory save and load may use (created if missing; "
+            "repeatable); a checkpoint path is relative to the first or an "
+            "absolute path inside one")
+      .Apply([](const SettingValue& value, DaemonOptions& options) {
+        if (value.text.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(value.source, " must not be empty"));
+        }
+        options.checkpoint_roots.push_back(value.text);
+        return absl::OkStatus();
+      });
+  table.Add("--memory-limit", &DaemonFlags::memory_limit)
+      .DefaultNote("the cgroup limit, else RAM / local daemons, less a reserve")
+      .Help("SIZE",
+            "host memory this daemon may hold: shards, staging, gathers (e.g. "
+            "8GiB)")
+      .Apply([](const SettingValue& value,
+                DaemonOptions& options) -> absl::Status {
+        ASSIGN_OR_RETURN(options.memory_limit,
+                         ParseByteSize(value.source, value.text));
+        if (options.memory_limit > 0) return absl::OkStatus();
+        return absl::InvalidArgumentError(
+            absl::StrCat(value.source, " must be positive"));
+      });
+  // Last of the table: it reads the local rank and world size.
+  table.Add("--device", &DaemonFlags::device)
+      .Default("auto")
+      .Help("DEVICE",
+            "auto, cpu, cuda or cuda:N (auto: cuda:<local rank> when every "
+            "local rank has a GPU, else cpu); ranks sharing a GPU use gloo")
+      .Apply([&env](const SettingValue& value, DaemonOptions& options) {
+        return ResolveDevice(value.text, env, options);
+      });
+  return table;
+}
+
+absl::StatusOr<DaemonOptions> ResolveDaemonOptions(
+    const DaemonFlags& flags, const DaemonEnvironment& env) {
+  DaemonOptions options;
+  RETURN_IF_ERROR(DaemonSettings(env).Resolve(flags, env.getenv, options));
+  RETURN_IF_ERROR(CheckStoreTls(options));
+  RETURN_IF_ERROR(ValidateTlsConfig(options.tls, /*server=*/true));
+  RETURN_IF_ERROR(CheckReach(options));
+  RETURN_IF_ERROR(CheckStoreReach(options));
+  if (options.advertise_host.empty()) {
     ASSIGN_OR_RETURN(options.advertise_host,
-                     env.local_address(options.master_addr));
+                     DefaultAdvertiseHost(options, env));
   }
   return options;
 }
@@ -557,153 +692,9 @@ ParsedCommandLine ParseDaemonCommandLine(int argc, const char* const* argv,
                                          const DaemonEnvironment& env,
                                          std::ostream& out, std::ostream& err) {
   DaemonFlags flags;
-  CLI::App app(
-      "tessera-server: one Tessera shard-server daemon (one per GPU or CPU "
-      "rank).\nServes ShardService, ControlService, grpc.health.v1 and "
-      "reflection on --port;\nrank 0 also serves the rendezvous store on "
-      "--master-port. SIGTERM/SIGINT drain\nand stop it (a second signal "
-      "exits at once). Flags override the environment.",
-      "tessera-server");
+  CLI::App app(kDescription, "tessera-server");
   app.get_formatter()->column_width(34);
-  auto add = [&app](const char* name, std::optional<std::string>& field,
-                    const std::string& help) {
-    return app.add_option_function<std::string>(
-        name, [&field](const std::string& value) { field = value; }, help);
-  };
-  add("--rank", flags.rank, "global rank [env RANK, SLURM_PROCID]")
-      ->type_name("N");
-  add("--world-size", flags.world_size,
-      "number of daemons [env WORLD_SIZE, SLURM_NTASKS]")
-      ->type_name("N");
-  add("--local-rank", flags.local_rank,
-      "rank on this host [env LOCAL_RANK, SLURM_LOCALID; default 0]")
-      ->type_name("N");
-  add("--local-world-size", flags.local_world_size,
-      "daemons on this host [env LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE; "
-      "default unknown]")
-      ->type_name("N");
-  add("--master-addr", flags.master_addr,
-      "host of rank 0's store [env MASTER_ADDR; default 127.0.0.1]")
-      ->type_name("HOST");
-  add("--master-port", flags.master_port,
-      "port of rank 0's store [env MASTER_PORT; default 29500]")
-      ->type_name("PORT");
-  add("--store", flags.store,
-      "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]: keep the store in etcd, so "
-      "that any daemon, rank 0 included, may restart [env TESSERA_STORE; "
-      "default: rank 0 serves it on --master-addr:--master-port]")
-      ->type_name("URL");
-  add("--store-tls-ca", flags.store_tls_ca,
-      "CA to verify the etcd store's certificate with (TLS to etcd) "
-      "[env TESSERA_STORE_TLS_CA]")
-      ->type_name("PEM");
-  add("--store-tls-cert", flags.store_tls_cert,
-      "client certificate presented to etcd [env TESSERA_STORE_TLS_CERT]")
-      ->type_name("PEM");
-  add("--store-tls-key", flags.store_tls_key,
-      "its private key [env TESSERA_STORE_TLS_KEY]")
-      ->type_name("PEM");
-  add("--host", flags.host,
-      "listen host [default 0.0.0.0 with --tls-ca, --auth-token-file or "
-      "--insecure, else 127.0.0.1]")
-      ->type_name("HOST");
-  add("--port", flags.port,
-      "gRPC port; 0 picks a free one [default 29600 + local rank]")
-      ->type_name("PORT");
-  add("--advertise-host", flags.advertise_host,
-      "host peers and clients dial [default: --host if specific, 127.0.0.1 "
-      "for a loopback master, else this host's address]")
-      ->type_name("HOST");
-  add("--device", flags.device,
-      "auto, cpu, cuda or cuda:N [default auto: cuda:<local rank> when "
-      "every local rank has a GPU, else cpu]; ranks sharing a GPU use gloo")
-      ->type_name("DEVICE");
-  add("--timeout", flags.timeout,
-      "rendezvous and collective timeout [default 60s]")
-      ->type_name("DURATION");
-  add("--store-timeout", flags.store_timeout,
-      "how long to wait for the master's store [default 60s]")
-      ->type_name("DURATION");
-  add("--shutdown-grace", flags.shutdown_grace,
-      "how long in-flight fetches may finish after SIGTERM [default 10s]")
-      ->type_name("DURATION");
-  add("--lease", flags.lease,
-      "liveness lease: a daemon silent this long is waited for, and "
-      "operations are refused naming it, until it is back [default 5s]")
-      ->type_name("DURATION");
-  add("--address-file", flags.address_file,
-      "write \"host:port\" here once serving")
-      ->type_name("FILE");
-  add("--log-level", flags.log_level,
-      "trace, debug, info, warn or error [default info]")
-      ->type_name("LEVEL");
-  add("--log-format", flags.log_format,
-      "text, or json: one object per line with time, level, rank, "
-      "generation, op, tensor, request, peer and message [default text]")
-      ->type_name("FORMAT");
-  add("--memory-limit", flags.memory_limit,
-      "host memory this daemon may hold: shards, staging, gathers (e.g. "
-      "8GiB) [default: the cgroup limit, else RAM / local daemons, less a "
-      "reserve]")
-      ->type_name("SIZE");
-  // TLS (wire/credentials.h) and metrics (server/metrics/metrics.h).
-  const struct {
-    const char* name;
-    std::optional<std::string>* field;
-    const char* help;
-    const char* type;
-  } described_flags[] = {
-      {"--tls-cert", &flags.tls_cert,
-       "PEM certificate chain: serve (and dial peers) over TLS; reloaded "
-       "when the file changes",
-       "FILE"},
-      {"--tls-key", &flags.tls_key, "PEM private key of --tls-cert", "FILE"},
-      {"--tls-ca", &flags.tls_ca,
-       "PEM CA certificates: require and verify client certificates (mutual "
-       "TLS) and verify peers",
-       "FILE"},
-      {"--tls-refresh", &flags.tls_refresh,
-       "seconds between checks of the TLS files for rotated certificates "
-       "[default 60]",
-       "SECONDS"},
-      {"--metrics-port", &flags.metrics_port,
-       "serve Prometheus metrics on http://--metrics-host:PORT/metrics; 0 "
-       "picks a free one [default: not served]",
-       "PORT"},
-      {"--metrics-host", &flags.metrics_host,
-       "where --metrics-port listens; beyond loopback only for a daemon that "
-       "authenticates (--tls-ca, --auth-token-file) or with --insecure: the "
-       "endpoint itself authenticates nobody [default 127.0.0.1]",
-       "HOST"},
-      {"--metrics-address-file", &flags.metrics_address_file,
-       "write the metrics endpoint's \"host:port\" here once serving", "FILE"},
-  };
-  for (const auto& flag : described_flags) {
-    add(flag.name, *flag.field, flag.help)->type_name(flag.type);
-  }
-  add("--auth-token-file", flags.auth_token_file,
-      "tokens and roles, '<token> <read|write|admin|cluster> [name]' per "
-      "line: every call needs a token of a role that may make it; reloaded "
-      "when the file changes")
-      ->type_name("FILE");
-  app.add_flag("--insecure", flags.insecure,
-               "listen beyond loopback (or join a cluster beyond this host) "
-               "without authenticating callers");
-  add("--reflection", flags.reflection,
-      "serve gRPC server reflection [default true]")
-      ->type_name("BOOL");
-  app.add_option("--local-users", flags.local_users,
-                 "a user (name or uid) whose processes may map shards "
-                 "through the local path, besides this daemon's user and "
-                 "root (repeatable)")
-      ->type_name("USER");
-  app.add_option("--checkpoint-root", flags.checkpoint_roots,
-                 "a directory save and load may use (created if missing; "
-                 "repeatable); a checkpoint path is relative to the first or "
-                 "an absolute path inside one [default none: save and load "
-                 "are refused]")
-      ->type_name("DIR");
-
+  DaemonSettings(env).AddTo(app, flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help

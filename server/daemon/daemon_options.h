@@ -1,29 +1,14 @@
 // The configuration of a `tessera-server` daemon: its command line, the
 // environment variables torchrun and Slurm set, and how the two combine.
 //
-//   flag               environment fallback                 default
-//   --rank             RANK, SLURM_PROCID                   (required)
-//   --world-size       WORLD_SIZE, SLURM_NTASKS             (required)
-//   --local-rank       LOCAL_RANK, SLURM_LOCALID            0
-//   --local-world-size LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE  unknown
-//   --master-addr      MASTER_ADDR                          127.0.0.1
-//   --master-port      MASTER_PORT                          29500
-//   --store            TESSERA_STORE                        rank 0 serves it
-//   --host                                                  see below
-//   --port                                                  29600 + local rank
-//   --advertise-host                                        see below
-//   --device                                                auto
-//   --timeout, --store-timeout, --shutdown-grace            60s, 60s, 10s
-//   --lease                                                 5s
-//   --address-file, --log-level, --log-format               none, info, text
-//   --checkpoint-root (repeatable)                          none: no save/load
-//   --memory-limit                                          see memory_budget.h
-//   --tls-cert, --tls-key, --tls-ca                         none: plaintext
-//   --tls-refresh                                           60 (seconds)
-//   --auth-token-file                                       none: no tokens
-//   --insecure, --reflection                                false, true
-//   --local-users (repeatable)                              none
-//   --metrics-port, --metrics-host                          off, 127.0.0.1
+// Every setting is one row of DaemonSettings() (daemon_options.cc, built on
+// common/setting_table.h): its flag, its variables, its default, its
+// parsing and validation and its help. `tessera-server --help` prints the
+// table. A flag wins over its variables, the first variable set (non-empty)
+// over the next, and either over the default; an error names where the bad
+// value came from ("--rank", or "RANK" when read from there). The rules
+// below that span settings (safe defaults, the etcd store's reach, TLS,
+// the advertised host) run after the table, in ResolveDaemonOptions.
 //
 // Safe defaults: a daemon that does not authenticate its callers (neither
 // mutual TLS, --tls-ca, nor tokens, --auth-token-file) listens on
@@ -42,8 +27,7 @@
 // client certificates. Members beyond loopback need mutual TLS (all three)
 // or --insecure: otherwise whoever reaches etcd could forge the log.
 //
-// A flag wins over its variables, the first variable set (non-empty) over
-// the next. The host peers and clients dial (--advertise-host) defaults to
+// The host peers and clients dial (--advertise-host) defaults to
 // --host when that is a specific address, else 127.0.0.1 when the master is
 // loopback, else this host's address on the route to the master.
 // --device auto is cuda:<local rank> when NCCL is built in and every local
@@ -59,7 +43,9 @@
 //
 // Parsing only reads the environment through DaemonEnvironment, so tests
 // supply their own. Thread-compatible; nothing here opens a socket except
-// ProcessEnvironment().local_address.
+// ProcessEnvironment().local_address. Failures are INVALID_ARGUMENT (a bad
+// setting, exit 2) or UNAVAILABLE (this host's address, exit 1); nothing
+// here exits the process.
 #ifndef TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
 #define TESSERA_SERVER_DAEMON_DAEMON_OPTIONS_H_
 
@@ -75,6 +61,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/device.h"
+#include "common/setting_table.h"
 #include "io/socket.h"  // IsLoopbackHost
 #include "wire/credentials.h"
 
@@ -96,22 +83,25 @@ inline constexpr int kDefaultBasePort = 29600;
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
                                       absl::string_view text);
 
+// What a daemon runs with. ResolveDaemonOptions sets every field; the
+// defaults are DaemonSettings()'s, and a field no setting gives keeps the
+// starting value below, which says "none" or "unknown".
 struct DaemonOptions {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
   // Daemons on this host; 0 when unknown.
   int local_world_size = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = kDefaultMasterPort;
+  std::string master_addr;
+  int master_port = 0;
   // "etcd://..." (--store): the store lives there; empty: rank 0 serves it
   // on master_addr:master_port.
   std::string store_url;
   // TLS to the etcd store (--store-tls-*); disabled: plain text.
   TlsConfig store_tls;
   // The gRPC server (and data plane) listen on host:port; port 0 picks one.
-  std::string host = "0.0.0.0";
-  int port = kDefaultBasePort;
+  std::string host;
+  int port = 0;
   // What peers and clients dial; never empty once resolved.
   std::string advertise_host;
   Device device;
@@ -119,21 +109,21 @@ struct DaemonOptions {
   // for a GPU of the rank's own.
   std::string backend = "gloo";
   // Rendezvous and collectives.
-  absl::Duration timeout = absl::Seconds(60);
+  absl::Duration timeout;
   // How long a rank other than 0 waits for the master's store.
-  absl::Duration store_timeout = absl::Seconds(60);
+  absl::Duration store_timeout;
   // How long in-flight fetches may run on after SIGTERM.
-  absl::Duration shutdown_grace = absl::Seconds(10);
+  absl::Duration shutdown_grace;
   // How long a daemon may go without renewing its liveness lease before
   // the others count it missing (ControlOptions::lease).
-  absl::Duration lease = absl::Seconds(5);
+  absl::Duration lease;
   // Written with "host:port\n" once serving; empty: none.
   std::string address_file;
   // trace, debug, info, warn or error.
-  std::string log_level = "info";
+  std::string log_level;
   // "text" (one readable line each) or "json" (one object per line:
   // server/daemon/log_format.h).
-  std::string log_format = "text";
+  std::string log_format;
   // Directories save and load may use (server/checkpoint/checkpoint_roots.h);
   // none: checkpoints are refused.
   std::vector<std::string> checkpoint_roots;
@@ -150,7 +140,7 @@ struct DaemonOptions {
   // Listening beyond loopback without authentication was asked for.
   bool insecure = false;
   // Serve gRPC server reflection (it shows the API, never data).
-  bool reflection = true;
+  bool reflection = false;
   // Users besides the daemon's own and root that may use the local path.
   std::vector<uid_t> local_users;
   // Prometheus metrics (server/metrics/metrics.h) on
@@ -159,7 +149,7 @@ struct DaemonOptions {
   // tensor names or data), so a host beyond loopback needs a daemon that
   // authenticates its other surfaces, or --insecure.
   int metrics_port = -1;
-  std::string metrics_host = "127.0.0.1";
+  std::string metrics_host;
   // Written with the endpoint's "host:port\n" once serving; empty: none.
   std::string metrics_address_file;
 
@@ -171,7 +161,8 @@ struct DaemonOptions {
   std::string store_address() const;
 };
 
-// The command line as given: a field is set when its flag was.
+// The command line as given: a field is set when its flag was (the table's
+// Flags: each field is named by one row of DaemonSettings()).
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, store, store_tls_ca, store_tls_cert,
@@ -199,6 +190,12 @@ struct DaemonEnvironment {
 // The real process: getenv, CudaDeviceCount(), the registered backends, and
 // LocalAddressFor.
 DaemonEnvironment ProcessEnvironment();
+
+// tessera-server's settings, one row each, in the order they resolve.
+// --device reads `env` (its GPUs and backends), which must outlive the
+// table.
+using DaemonSettingTable = SettingTable<DaemonFlags, DaemonOptions>;
+DaemonSettingTable DaemonSettings(const DaemonEnvironment& env);
 
 // Combines flags, environment and defaults, and validates the result.
 // INVALID_ARGUMENT with a one-line message naming the flag or variable: a

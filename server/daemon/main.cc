@@ -1,5 +1,6 @@
 // tessera-server: one Tessera daemon per GPU (or CPU rank). See
-// daemon_options.h for the flags and daemon.h for what it runs.
+// daemon_options.h for its settings (one table; `tessera-server --help`
+// prints it) and daemon.h for what it runs.
 //
 // Threads: SIGINT and SIGTERM are blocked in every thread (the mask is set
 // before any thread starts) and taken by one signal thread with sigwait(),

@@ -486,26 +486,176 @@ std::string MasterAddress(const std::string& host) {
   return host;
 }
 
-absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
-  if (!options.store.empty() && !absl::StartsWith(options.store, "etcd://")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--store must be etcd://HOST:PORT[,HOST:PORT...][/PREFIX], got '",
-        options.store, "'"));
-  }
-  if (options.nproc < 1 || options.nproc > kMaxProcesses) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nproc must be in [1, ", kMaxProcesses, "], got ", options.nproc));
-  }
-  if (options.master_port < 1 || options.master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--master-port must be in [1, 65535], got ", options.master_port));
-  }
-  if (options.base_port < 0 || options.base_port > 65535) {
+namespace {
+
+using CheckFn = LaunchSettingTable::CheckFn;
+
+// A check of `field` with `ok`, else "<source> must be <what>, got <v>".
+template <typename T>
+CheckFn Must(T LaunchOptions::*field, bool (*ok)(T), const char* what) {
+  return [field, ok, what](absl::string_view source,
+                           const LaunchOptions& options) {
+    if (ok(options.*field)) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("--base-port must be in [1, 65535] (or 0: any free "
-                     "port), got ",
-                     options.base_port));
-  }
+        absl::StrCat(source, " must be ", what, ", got ", options.*field));
+  };
+}
+
+LaunchSettingTable MakeLaunchSettings() {
+  LaunchSettingTable table;
+  table.Add("--nproc", &LaunchFlags::nproc)
+      .Alias("--nproc-per-node")
+      .Required("number of daemons")
+      .Help("N", "Number of daemons (ranks), one per GPU or CPU rank")
+      .Int(&LaunchOptions::nproc, 1, kMaxProcesses);
+  table.Add("--cpu", &LaunchFlags::cpu)
+      .Help("",
+            "Run every daemon on the CPU (--device cpu); default: --device "
+            "auto, cuda:<rank> when that GPU exists")
+      .Bool(&LaunchOptions::cpu);
+  table.Add("--master-port", &LaunchFlags::master_port)
+      .Default("29500")
+      .Help("PORT", "Port of the rendezvous store rank 0 serves")
+      .Int(&LaunchOptions::master_port, 1, 65535);
+  table.Add("--store", &LaunchFlags::store)
+      .DefaultNote("rank 0 serves it on --master-port")
+      .Help("URL",
+            "etcd://HOST:PORT[,...][/PREFIX]: the daemons keep the store in "
+            "etcd, so any of them, rank 0 included, may restart")
+      .Text(&LaunchOptions::store)
+      .Check([](absl::string_view source, const LaunchOptions& options) {
+        if (options.store.empty() ||
+            absl::StartsWith(options.store, "etcd://")) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat(source,
+                         " must be etcd://HOST:PORT[,HOST:PORT...][/PREFIX], "
+                         "got '",
+                         options.store, "'"));
+      });
+  table.Add("--base-port", &LaunchFlags::base_port)
+      .Default("29600")
+      .Help("PORT", "Rank i listens on this port + i (0: any free port)")
+      .Int(&LaunchOptions::base_port)
+      .Check(Must<int>(
+          &LaunchOptions::base_port,
+          [](int port) { return port >= 0 && port <= 65535; },
+          "in [1, 65535] (or 0: any free port)"));
+  table.Add("--metrics-base-port", &LaunchFlags::metrics_base_port)
+      .Default("0")
+      .Help("PORT",
+            "Rank i serves Prometheus metrics on 127.0.0.1, this port + i (0: "
+            "any free port, -1: none)")
+      .Int(&LaunchOptions::metrics_base_port)
+      .Check([](absl::string_view source, const LaunchOptions& options) {
+        const int first = options.metrics_base_port;
+        if (first >= -1 && first + options.nproc - 1 <= 65535) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, " must leave room for ", options.nproc,
+            " daemons in [1, 65535] (or be 0: free ports, -1: no metrics), "
+            "got ",
+            first));
+      });
+  table.Add("--host", &LaunchFlags::host)
+      .Default("127.0.0.1")
+      .Help("HOST",
+            "Address the daemons listen on (0.0.0.0 for every interface) and "
+            "the master address")
+      .Text(&LaunchOptions::host)
+      .Check([](absl::string_view source, const LaunchOptions& options) {
+        if (!options.host.empty()) return absl::OkStatus();
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " must not be empty"));
+      });
+  table.Add("--log-level", &LaunchFlags::log_level)
+      .DefaultNote("the daemons' own, info")
+      .Help("LEVEL", "The daemons' log level: trace, debug, info, warn, error")
+      .Text(&LaunchOptions::log_level)
+      .Check([](absl::string_view source, const LaunchOptions& options) {
+        const std::string& level = options.log_level;
+        if (level.empty() ||
+            std::find(std::begin(kLogLevels), std::end(kLogLevels), level) !=
+                std::end(kLogLevels)) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown ", source, " '", level, "': expected ",
+                         absl::StrJoin(kLogLevels, ", ")));
+      });
+  table.Add("--log-dir", &LaunchFlags::log_dir)
+      .DefaultNote("this terminal")
+      .Help("DIR", "Write rank i's output to DIR/rank<i>.log")
+      .Text(&LaunchOptions::log_dir);
+  table.Add("--checkpoint-root", &LaunchFlags::checkpoint_root)
+      .DefaultNote("this directory")
+      .Help("DIR", "Where the daemons may save and load checkpoints")
+      .Text(&LaunchOptions::checkpoint_root);
+  table.Add("--secure", &LaunchFlags::secure)
+      .Help("",
+            "Mutual TLS and tokens from a throwaway CA made for this launch; "
+            "the ready line exports the client's credentials")
+      .Bool(&LaunchOptions::secure);
+  table.Add("--server", &LaunchFlags::server)
+      .DefaultNote("next to this program, in the build tree, or on PATH")
+      .Help("PATH", "The tessera-server executable")
+      .Text(&LaunchOptions::server);
+  table.Add("--start-timeout", &LaunchFlags::start_timeout)
+      .Default("120")
+      .Help("SECONDS",
+            "Give up when a daemon does not serve within this many seconds")
+      .Number(&LaunchOptions::start_timeout_seconds)
+      .Check(Must<double>(
+          &LaunchOptions::start_timeout_seconds,
+          [](double seconds) { return seconds > 0; }, "positive"));
+  table.Add("--max-restarts", &LaunchFlags::max_restarts)
+      .Default("0")
+      .Help("N",
+            "Start a daemon that exits again, up to this many times per "
+            "daemon; it rejoins the running cluster (its shards are lost). "
+            "Rank 0 only with --store: otherwise it serves the store")
+      .Int(&LaunchOptions::max_restarts)
+      .Check(Must<int>(
+          &LaunchOptions::max_restarts, [](int n) { return n >= 0; }, ">= 0"));
+  table.Add("--stop-timeout", &LaunchFlags::stop_timeout)
+      .Default("15")
+      .Help("SECONDS", "Seconds between SIGTERM and SIGKILL when stopping")
+      .Number(&LaunchOptions::stop_timeout_seconds)
+      .Check(Must<double>(
+          &LaunchOptions::stop_timeout_seconds,
+          [](double seconds) { return seconds > 0; }, "positive"));
+  table.Add("server_flags", &LaunchFlags::server_flags)
+      .Help("FLAGS",
+            "More tessera-server flags, after '--' (e.g. -- --timeout 120s)")
+      .List(&LaunchOptions::server_flags);
+  return table;
+}
+
+}  // namespace
+
+const LaunchSettingTable& LaunchSettings() {
+  static const LaunchSettingTable* const table =
+      new LaunchSettingTable(MakeLaunchSettings());
+  return *table;
+}
+
+LaunchOptions::LaunchOptions() {
+  // Fixed texts the table's tests resolve: they cannot fail.
+  LaunchSettings().SetDefaults(*this).IgnoreError();
+}
+
+absl::StatusOr<LaunchOptions> ResolveLaunchOptions(
+    const LaunchFlags& flags, const SettingGetenv& getenv) {
+  LaunchOptions options;
+  RETURN_IF_ERROR(LaunchSettings().Resolve(flags, getenv, options));
+  RETURN_IF_ERROR(ValidateLaunchOptions(options));
+  return options;
+}
+
+absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
+  RETURN_IF_ERROR(LaunchSettings().Validate(options));
   if (options.base_port > 0) {
     const int last = options.base_port + options.nproc - 1;
     if (last > 65535) {
@@ -519,13 +669,6 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
           "--master-port ", options.master_port, " is also a daemon's port (",
           options.base_port, "..", last, "); choose another"));
     }
-  }
-  if (options.metrics_base_port < -1 ||
-      options.metrics_base_port + options.nproc - 1 > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-base-port must leave room for ", options.nproc,
-        " daemons in [1, 65535] (or be 0: free ports, -1: no metrics), got ",
-        options.metrics_base_port));
   }
   if (options.metrics_base_port > 0) {
     const int first = options.metrics_base_port;
@@ -556,9 +699,6 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
       }
     }
   }
-  if (options.host.empty()) {
-    return absl::InvalidArgumentError("--host must not be empty");
-  }
   if (!IsLoopbackHost(options.host) && !options.secure &&
       std::find(options.server_flags.begin(), options.server_flags.end(),
                 "--insecure") == options.server_flags.end()) {
@@ -566,24 +706,6 @@ absl::Status ValidateLaunchOptions(const LaunchOptions& options) {
         "--host ", options.host,
         " listens beyond this host: add --secure (TLS and tokens), or '-- "
         "--insecure' on a network only trusted users reach"));
-  }
-  if (!options.log_level.empty()) {
-    bool known = false;
-    for (absl::string_view level : kLogLevels)
-      known |= options.log_level == level;
-    if (!known) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown --log-level '", options.log_level,
-                       "': expected ", absl::StrJoin(kLogLevels, ", ")));
-    }
-  }
-  if (options.max_restarts < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-restarts must be >= 0, got ", options.max_restarts));
-  }
-  if (options.start_timeout_seconds <= 0 || options.stop_timeout_seconds <= 0) {
-    return absl::InvalidArgumentError(
-        "--start-timeout and --stop-timeout must be positive");
   }
   return absl::OkStatus();
 }
@@ -722,89 +844,8 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       std::string(kCommand),
       "Start N tessera-server daemons on this host (like torchrun) and stop "
       "them all on Ctrl-C or when one dies");
-  auto options = std::make_shared<LaunchOptions>();
-  launch
-      ->add_option("--nproc,--nproc-per-node", options->nproc,
-                   "Number of daemons (ranks), one per GPU or CPU rank")
-      ->required()
-      ->type_name("N");
-  launch->add_flag("--cpu", options->cpu,
-                   "Run every daemon on the CPU (--device cpu); default: "
-                   "--device auto, cuda:<rank> when that GPU exists");
-  launch
-      ->add_option("--master-port", options->master_port,
-                   "Port of the rendezvous store rank 0 serves")
-      ->capture_default_str()
-      ->type_name("PORT");
-  launch
-      ->add_option("--store", options->store,
-                   "etcd://HOST:PORT[,...][/PREFIX]: the daemons keep the "
-                   "store in etcd, so any of them, rank 0 included, may "
-                   "restart (default: rank 0 serves it on --master-port)")
-      ->type_name("URL");
-  launch
-      ->add_option("--base-port", options->base_port,
-                   "Rank i listens on this port + i (0: any free port)")
-      ->capture_default_str()
-      ->type_name("PORT");
-  launch
-      ->add_option("--metrics-base-port", options->metrics_base_port,
-                   "Rank i serves Prometheus metrics on 127.0.0.1, this port "
-                   "+ i (0: any free port, -1: none)")
-      ->capture_default_str()
-      ->type_name("PORT");
-  launch
-      ->add_option("--host", options->host,
-                   "Address the daemons listen on (0.0.0.0 for every "
-                   "interface) and the master address")
-      ->capture_default_str()
-      ->type_name("HOST");
-  launch
-      ->add_option("--log-level", options->log_level,
-                   "The daemons' log level: trace, debug, info, warn, error")
-      ->type_name("LEVEL");
-  launch
-      ->add_option("--log-dir", options->log_dir,
-                   "Write rank i's output to DIR/rank<i>.log instead of "
-                   "this terminal")
-      ->type_name("DIR");
-  launch
-      ->add_option("--checkpoint-root", options->checkpoint_root,
-                   "Where the daemons may save and load checkpoints "
-                   "(default: this directory)")
-      ->type_name("DIR");
-  launch->add_flag("--secure", options->secure,
-                   "Mutual TLS and tokens from a throwaway CA made for this "
-                   "launch; the ready line exports the client's credentials");
-  launch
-      ->add_option("--server", options->server,
-                   "The tessera-server executable (default: next to this "
-                   "program, in the build tree, or on PATH)")
-      ->type_name("PATH");
-  launch
-      ->add_option("--start-timeout", options->start_timeout_seconds,
-                   "Give up when a daemon does not serve within this many "
-                   "seconds")
-      ->capture_default_str()
-      ->type_name("SECONDS");
-  launch
-      ->add_option("--max-restarts", options->max_restarts,
-                   "Start a daemon that exits again, up to this many times "
-                   "per daemon; it rejoins the running cluster (its shards "
-                   "are lost). Rank 0 only with --store: otherwise it serves "
-                   "the store")
-      ->capture_default_str()
-      ->type_name("N");
-  launch
-      ->add_option("--stop-timeout", options->stop_timeout_seconds,
-                   "Seconds between SIGTERM and SIGKILL when stopping")
-      ->capture_default_str()
-      ->type_name("SECONDS");
-  launch
-      ->add_option("server_flags", options->server_flags,
-                   "More tessera-server flags, after '--' (e.g. -- "
-                   "--timeout 120s)")
-      ->type_name("FLAGS");
+  auto flags = std::make_shared<LaunchFlags>();
+  LaunchSettings().AddTo(*launch, *flags);
   launch->footer(
       "Examples:\n"
       "  tessera launch --nproc 4 --cpu\n"
@@ -819,7 +860,20 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 after Ctrl-C (SIGINT, SIGTERM, SIGHUP), 1 when a daemon "
       "cannot be started, does not serve in time or exits, 2 for a usage "
       "error.");
-  RunWhenParsed(launch, context, kCommand, options, RunLaunch);
+  RunWhenParsed(launch, context, kCommand, flags,
+                [](const LaunchFlags& given, const CommandContext& context) {
+                  absl::StatusOr<LaunchOptions> options =
+                      ResolveLaunchOptions(given, [](const std::string& name) {
+                        const char* value = std::getenv(name.c_str());
+                        return value == nullptr
+                                   ? std::nullopt
+                                   : std::optional<std::string>(value);
+                      });
+                  if (!options.ok()) {
+                    return context.ReportUserError(kCommand, options.status());
+                  }
+                  return RunLaunch(*options, context);
+                });
 }
 
 }  // namespace tessera::cli

@@ -1,9 +1,11 @@
 // `tessera launch --nproc N`: starts N tessera-server daemons on this host,
 // as torchrun starts ranks, and stays in the foreground supervising them.
 //
-//   tessera launch --nproc 4 --cpu [--master-port 29500] [--base-port 29600]
-//       [--host 127.0.0.1] [--log-level info] [--log-dir DIR]
-//       [--server PATH] [-- extra tessera-server flags]
+//   tessera launch --nproc 4 --cpu [flags] [-- extra tessera-server flags]
+//
+// Every flag is one row of LaunchSettings() (launch_command.cc, built on
+// common/setting_table.h) with its default, validation and help;
+// `tessera launch --help` prints the table.
 //
 // Rank i gets RANK=i, WORLD_SIZE=N, LOCAL_RANK=i, MASTER_ADDR, MASTER_PORT
 // in its environment and the same as flags, listens on --host at base port
@@ -42,14 +44,15 @@
 // launcher, which stops them in order) and get SIGTERM if the launcher itself
 // dies.
 //
-// Exit codes (command.h): 0 after a requested stop; 1 when tessera-server
-// cannot be found or started, a daemon does not serve within
+// Exit codes (client/cli/command.h): 0 after a requested stop; 1 when
+// tessera-server cannot be found or started, a daemon does not serve within
 // --start-timeout, or one exits; 2 for a usage error.
 //
 // Not thread-safe: it owns the process's signal mask while it runs.
 #ifndef TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_
 #define TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,18 +61,23 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cli/command.h"
+#include "common/setting_table.h"
 
 namespace tessera::cli {
 
+// What a launch runs with. The defaults are LaunchSettings()'s.
 struct LaunchOptions {
+  // Every setting at its default.
+  LaunchOptions();
+
   int nproc = 0;
   bool cpu = false;
-  int master_port = 29500;
-  int base_port = 29600;  // 0: every daemon picks a free port
+  int master_port = 0;
+  int base_port = 0;  // 0: every daemon picks a free port
   // Rank i serves its metrics on this port + i (0: a free port each, -1:
   // none), on loopback.
   int metrics_base_port = 0;
-  std::string host = "127.0.0.1";
+  std::string host;
   std::string log_level;  // empty: the daemons' default
   std::string log_dir;    // empty: daemons share the launcher's stdout/stderr
   std::string server;     // empty: FindServerBinary
@@ -79,8 +87,8 @@ struct LaunchOptions {
   // Make a throwaway CA, certificates and tokens (secure_setup.h) and
   // start the daemons with mutual TLS and tokens.
   bool secure = false;
-  double start_timeout_seconds = 120;
-  double stop_timeout_seconds = 15;
+  double start_timeout_seconds = 0;
+  double stop_timeout_seconds = 0;
   // How often each daemon is started again after it exits (rank 0 only
   // with a store outside it).
   int max_restarts = 0;
@@ -89,13 +97,36 @@ struct LaunchOptions {
   std::vector<std::string> server_flags;  // after "--"
 };
 
+// The command line as given: a field is set when its flag was (the table's
+// Flags: each field is named by one row of LaunchSettings()).
+struct LaunchFlags {
+  std::optional<std::string> nproc, master_port, store, base_port,
+      metrics_base_port, host, log_level, log_dir, checkpoint_root, server,
+      start_timeout, max_restarts, stop_timeout;
+  bool cpu = false, secure = false;
+  std::vector<std::string> server_flags;
+};
+
+// `tessera launch`'s settings, one row each, in the order they resolve and
+// show in --help. Built once; thread-safe to read.
+using LaunchSettingTable = SettingTable<LaunchFlags, LaunchOptions>;
+const LaunchSettingTable& LaunchSettings();
+
 void AddLaunchCommand(CLI::App& app, CommandContext& context);
 
 int RunLaunch(const LaunchOptions& options, const CommandContext& context);
 
-// INVALID_ARGUMENT naming the flag for options that cannot work: nproc < 1,
-// ports outside [1, 65535] (base port 0 is allowed), daemons' ports past
-// 65535 or on the master port, an empty host, an unknown log level.
+// The flags resolved through LaunchSettings() (from the environment `getenv`
+// reads, for a setting with variables) and validated.
+absl::StatusOr<LaunchOptions> ResolveLaunchOptions(const LaunchFlags& flags,
+                                                   const SettingGetenv& getenv);
+
+// INVALID_ARGUMENT naming the flag for options that cannot work: each
+// setting's own check (LaunchSettings(): nproc outside [1, 4096], ports
+// outside [1, 65535] (base port 0 is allowed), an empty host, an unknown
+// log level...), then those across settings: daemons' ports past 65535 or
+// on the master port, metrics ports overlapping them, a --host beyond
+// loopback without --secure or "-- --insecure".
 absl::Status ValidateLaunchOptions(const LaunchOptions& options);
 
 // tessera-server's path: `server` when given (it must be executable), else

@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/cli/connection.h"
 #include "client/cli/create_command.h"
@@ -348,6 +351,56 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   EXPECT_EQ(MasterAddress("::"), "127.0.0.1");
 }
 
+// The launcher's settings table: defaults, resolution and --help.
+TEST(LaunchOptionsTest, SettingsTable) {
+  const LaunchOptions defaults;
+  EXPECT_EQ(defaults.master_port, 29500);
+  EXPECT_EQ(defaults.base_port, 29600);
+  EXPECT_EQ(defaults.metrics_base_port, 0);
+  EXPECT_EQ(defaults.host, "127.0.0.1");
+  EXPECT_EQ(defaults.start_timeout_seconds, 120);
+  EXPECT_EQ(defaults.stop_timeout_seconds, 15);
+  EXPECT_EQ(defaults.max_restarts, 0);
+
+  LaunchFlags flags;
+  flags.nproc = "3";
+  flags.base_port = "0";
+  flags.cpu = true;
+  flags.server_flags = {"--timeout", "5s"};
+  ASSERT_OK_AND_ASSIGN(LaunchOptions options,
+                       ResolveLaunchOptions(flags, nullptr));
+  EXPECT_EQ(options.nproc, 3);
+  EXPECT_EQ(options.base_port, 0);
+  EXPECT_EQ(options.master_port, 29500);
+  EXPECT_TRUE(options.cpu);
+  EXPECT_FALSE(options.secure);
+  EXPECT_THAT(options.server_flags, ElementsAre("--timeout", "5s"));
+  flags.stop_timeout = "soon";
+  EXPECT_THAT(ResolveLaunchOptions(flags, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--stop-timeout must be a number, got 'soon'"));
+  EXPECT_THAT(
+      ResolveLaunchOptions({}, nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, "--nproc is required"));
+
+  CLI::App app("launch", "launch");
+  LaunchFlags parsed;
+  LaunchSettings().AddTo(app, parsed);
+  const std::string help = app.help();
+  for (const LaunchSettingTable::Setting& setting :
+       LaunchSettings().settings()) {
+    int listed = 0;
+    for (absl::string_view line : absl::StrSplit(help, '\n')) {
+      line = absl::StripLeadingAsciiWhitespace(line);
+      listed += absl::StartsWith(line, setting.flag() + " ") ||
+                absl::StartsWith(line, setting.flag() + ",") ||
+                line == setting.flag();
+    }
+    EXPECT_EQ(listed, 1) << setting.flag() << "\n" << help;
+  }
+  EXPECT_THAT(help, HasSubstr("[default 29500]"));
+}
+
 class FindServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -464,7 +517,9 @@ TEST(TopTest, RatesAndLatenciesComeFromTwoLooks) {
           "tessera_transfer_bytes_total{transport=\"data_plane\","
           "direction=\"read\"} 5000\n"
           "tessera_control_ops_total{op=\"CreateTensor\",code=\"OK\"} 6\n"
-          "tessera_control_ops_total{op=\"Reshard\",code=\"NOT_FOUND\"} 1\n"
+          // A failure of the cluster's: an error (a caller's NOT_FOUND is
+          // not: TopTest.CallersMistakesAreNotErrors).
+          "tessera_control_ops_total{op=\"Reshard\",code=\"UNAVAILABLE\"} 1\n"
           "tessera_checksum_failures_total{transport=\"grpc\"} 2\n"
           "tessera_tensors 5\n"
           "tessera_shard_bytes{device=\"cpu\"} 4096\n"
@@ -505,6 +560,50 @@ TEST(TopTest, RatesAndLatenciesComeFromTwoLooks) {
   const std::string json = FormatTopJson({view, unreachable}, 2.0);
   EXPECT_THAT(json, AllOf(HasSubstr("\"ops_per_second\": 1.5"),
                           HasSubstr("\"error\": \"connection refused\"")));
+}
+
+// The clean demo deletes its tensor before creating it: NOT_FOUND on every
+// daemon, which is the caller's answer, not an error of the daemon's.
+TEST(TopTest, CallersMistakesAreNotErrors) {
+  DaemonLook look;
+  look.rank = 0;
+  look.address = "127.0.0.1:29600";
+  ASSERT_OK_AND_ASSIGN(
+      look.metrics,
+      ParsePrometheusText(
+          "tessera_control_ops_total{op=\"DeleteTensor\",code=\"NOT_FOUND\"} "
+          "1\n"
+          "tessera_control_ops_total{op=\"CreateTensor\",code=\"OK\"} 2\n"
+          "tessera_control_ops_total{op=\"CreateTensor\","
+          "code=\"ALREADY_EXISTS\"} 1\n"
+          "tessera_control_ops_total{op=\"ReadRegion\","
+          "code=\"INVALID_ARGUMENT\"} 1\n"));
+  DaemonView view = ViewOf(look, look, 2.0);
+  EXPECT_EQ(view.ops_total, 5);
+  EXPECT_EQ(view.op_errors, 0);
+  EXPECT_EQ(view.op_refusals, 3);
+  EXPECT_EQ(view.errors(), 0);
+  EXPECT_THAT(FormatTopTable({view}), ::testing::EndsWith("  0\n"));
+  EXPECT_THAT(FormatTopJson({view}, 2.0),
+              HasSubstr("\"refused\": {\n        \"control_ops\": 3"));
+
+  // What fails in the cluster stays an error.
+  for (const char* code : {"INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                           "DEADLINE_EXCEEDED", "FAILED_PRECONDITION"}) {
+    EXPECT_FALSE(IsCallerOutcome(code)) << code;
+    ASSERT_OK_AND_ASSIGN(
+        look.metrics,
+        ParsePrometheusText(absl::StrCat(
+            "tessera_control_ops_total{op=\"CreateTensor\",code=\"", code,
+            "\"} 1\n")));
+    view = ViewOf(look, look, 2.0);
+    EXPECT_EQ(view.errors(), 1) << code;
+    EXPECT_EQ(view.op_refusals, 0) << code;
+  }
+  for (const char* code : {"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS",
+                           "OUT_OF_RANGE", "PERMISSION_DENIED"}) {
+    EXPECT_TRUE(IsCallerOutcome(code)) << code;
+  }
 }
 
 }  // namespace

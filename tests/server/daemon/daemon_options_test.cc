@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -699,6 +701,45 @@ TEST_F(DaemonOptionsTest, CommandLineHelp) {
                            "SLURM_PROCID"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
+}
+
+// --help is the settings table: every setting once, with its variables
+// and default.
+TEST_F(DaemonOptionsTest, CommandLineHelpListsEverySettingOnce) {
+  const DaemonEnvironment env = Env();
+  const DaemonSettingTable settings = DaemonSettings(env);
+  const std::string help = Parse({"--help"}, env).out;
+  for (const DaemonSettingTable::Setting& setting : settings.settings()) {
+    int listed = 0;
+    for (const std::string& line : Lines(help)) {
+      const absl::string_view option = absl::StripLeadingAsciiWhitespace(line);
+      listed += absl::StartsWith(option, setting.flag() + " ") ||
+                option == setting.flag();
+    }
+    EXPECT_EQ(listed, 1) << setting.flag() << "\n" << help;
+  }
+  EXPECT_THAT(help, HasSubstr("global rank [env RANK, SLURM_PROCID]"));
+  EXPECT_THAT(help, HasSubstr("[env LOCAL_RANK, SLURM_LOCALID; default 0]"));
+  EXPECT_THAT(help, HasSubstr("[env MASTER_PORT; default 29500]"));
+  EXPECT_THAT(help, HasSubstr("[default 60s]"));
+}
+
+// Variables read for a setting are named by their errors, as flags are.
+TEST_F(DaemonOptionsTest, SettingsFromVariablesNameThem) {
+  vars_ = {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TESSERA_STORE", "http://x"}};
+  EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    StartsWith("TESSERA_STORE: ")));
+  vars_ = {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "four"}};
+  EXPECT_THAT(Resolve({}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "LOCAL_WORLD_SIZE must be an integer, got 'four'"));
+  vars_ = {{"WORLD_SIZE", "2"},
+           {"RANK", "0"},
+           {"SLURM_NTASKS_PER_NODE", "1"},
+           {"LOCAL_RANK", "1"}};
+  EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "local rank 1 is outside [0, 1) "
+                                    "(SLURM_NTASKS_PER_NODE)"));
 }
 
 TEST_F(DaemonOptionsTest, CommandLineUnfindableAddressExitsOne) {
