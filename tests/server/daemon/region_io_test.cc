@@ -1,21 +1,21 @@
 // Region reads and writes of named tensors (server/daemon/region_io.h) with two
 // ranks as threads of this process, each serving a ControlService that
 // holds only ReadRegion and WriteRegion, on its real shard server (gRPC and
-// the data plane) on 127.0.0.1. A 2 x 2 grid of shards, two on each rank,
-// so that every region mixes local copies and remote transfers.
+// the data plane) on 127.0.0.1 (tests/testing/region_ranks_test.h). A 2 x 2
+// grid of shards, two on each rank, so that every region mixes local copies
+// and remote transfers. The client library's Client against the same ranks
+// is tested in tests/client/client_test.cc.
 #include "server/daemon/region_io.h"
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
@@ -24,12 +24,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/server.h"
 #include "gtest/gtest.h"
-#include "server/rank/rank.h"
-#include "server/store/hash_store.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "tests/testing/region_ranks_test.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/grpc_status.h"
 #include "xxhash.h"
@@ -37,201 +34,11 @@
 namespace tessera {
 namespace {
 
-using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr int kWorldSize = 2;
-constexpr char kName[] = "w";
-constexpr char kTensorId[] = "w/0";
-// 40 x 300 float32 (48000 bytes); shards of 20 x 150.
-const std::vector<int64_t> kSizes = {40, 300};
-// Below the whole tensor, above every box the tests move.
-constexpr int64_t kMaxRegionBytes = 32 << 10;
-
-// Bytes that differ from element to element and from seed to seed.
-Tensor Pattern(const std::vector<int64_t>& sizes, uint32_t seed) {
-  Tensor tensor = *Tensor::Empty(sizes);
-  float* values = tensor.data<float>();
-  for (int64_t i = 0; i < tensor.numel(); ++i) {
-    values[i] = static_cast<float>(seed * 100000 + i);
-  }
-  return tensor;
-}
-
-ShardMetadata Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes,
-                  int rank = -1) {
-  std::optional<RemoteDevice> placement;
-  if (rank >= 0) placement = RemoteDevice::ForRank(rank, Device::Cpu());
-  return *ShardMetadata::Create(std::move(offsets), std::move(sizes),
-                                placement);
-}
-
-// The 2 x 2 grid: shards 0 and 3 on rank 0, shards 1 and 2 on rank 1.
-v1::TensorInfo GridInfo() {
-  ShardedTensorMetadata metadata;
-  metadata.size = kSizes;
-  const int ranks[] = {0, 1, 1, 0};
-  v1::TensorInfo info;
-  info.set_name(kName);
-  info.set_tensor_id(kTensorId);
-  for (int i = 0; i < 4; ++i) {
-    metadata.shards_metadata.push_back(
-        Box({20 * (i / 2), 150 * (i % 2)}, {20, 150}, ranks[i]));
-    info.add_shard_ranks(ranks[i]);
-  }
-  *info.mutable_metadata() = ToProto(metadata);
-  return info;
-}
-
-// A ControlService with the region calls as the daemon wires them, plus
-// GetCluster and DescribeTensor answered from the test's table, enough for
-// the client library's reads and writes.
-class RegionService final
-    : public v1::ControlService::WithRawCallbackMethod_ReadRegion<
-          v1::ControlService::CallbackService> {
- public:
-  explicit RegionService(RegionEnv env) : env_(std::move(env)) {}
-
-  // Set once every rank listens, before any client connects.
-  void set_cluster(v1::ClusterInfo cluster) { cluster_ = std::move(cluster); }
-
-  grpc::ServerUnaryReactor* GetCluster(grpc::CallbackServerContext* context,
-                                       const v1::GetClusterRequest* request,
-                                       v1::ClusterInfo* response) override {
-    *response = cluster_;
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* DescribeTensor(
-      grpc::CallbackServerContext* context,
-      const v1::DescribeNamedTensorRequest* request,
-      v1::TensorInfo* response) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    absl::StatusOr<v1::TensorInfo> info = env_.resolve(request->name());
-    if (info.ok()) *response = *info;
-    reactor->Finish(ToGrpcStatus(info.status()));
-    return reactor;
-  }
-
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegion(
-      grpc::CallbackServerContext* context,
-      const grpc::ByteBuffer* request) override {
-    ShardServiceOptions chunks;
-    chunks.default_chunk_bytes = 4096;
-    return StartReadRegion(context, request, env_, chunks);
-  }
-
-  grpc::ServerReadReactor<v1::WriteRegionChunk>* WriteRegion(
-      grpc::CallbackServerContext* context,
-      v1::WriteRegionResponse* response) override {
-    return StartWriteRegion(context, response, env_);
-  }
-
- private:
-  const RegionEnv env_;
-  v1::ClusterInfo cluster_;
-};
-
-class RegionIoTest : public ::testing::Test {
+class RegionIoTest : public ::tessera::testing::RegionRanksTest {
  protected:
-  void SetUp() override {
-    global_ = Pattern(kSizes, 1);
-    info_ = GridInfo();
-    ranks_.resize(kWorldSize);
-    services_.resize(kWorldSize);
-    auto store = std::make_shared<HashStore>();
-    store->set_timeout(absl::Seconds(30));
-    OnEveryRank([&](int r) {
-      RankOptions options;
-      options.rank = r;
-      options.world_size = kWorldSize;
-      options.store = store;
-      options.timeout = absl::Seconds(30);
-      ASSERT_OK_AND_ASSIGN(ranks_[r], Rank::Init(options));
-      RegionEnv env;
-      env.rank = ranks_[r];
-      env.resolve =
-          [this](const std::string& name) -> absl::StatusOr<v1::TensorInfo> {
-        if (name != kName) {
-          return absl::NotFoundError(absl::StrCat("no tensor named ", name));
-        }
-        return info_;
-      };
-      env.max_region_bytes = kMaxRegionBytes;
-      services_[r] = std::make_unique<RegionService>(std::move(env));
-      RpcOptions rpc;
-      rpc.services = {services_[r].get()};
-      rpc.health_and_reflection = true;
-      ASSERT_OK(ranks_[r]->InitRpc(rpc));
-      ASSERT_OK(ranks_[r]->registry().Register(kTensorId, LocalShards(r)));
-    });
-    for (int r = 0; r < kWorldSize; ++r) ASSERT_NE(ranks_[r], nullptr);
-    v1::ClusterInfo cluster;
-    cluster.set_world_size(kWorldSize);
-    for (int r = 0; r < kWorldSize; ++r) {
-      ASSERT_OK_AND_ASSIGN(WorkerInfo worker, ranks_[r]->Worker(r));
-      v1::WorkerAddress* address = cluster.add_workers();
-      address->set_rank(r);
-      address->set_name(worker.name);
-      address->set_address(worker.address);
-      address->set_data_address(worker.data_plane_address);
-      address->set_device("cpu");
-    }
-    for (int r = 0; r < kWorldSize; ++r) {
-      cluster.set_rank(r);
-      services_[r]->set_cluster(cluster);
-    }
-  }
-
-  void TearDown() override {
-    OnEveryRank([&](int r) {
-      if (ranks_[r] != nullptr) {
-        EXPECT_OK(ranks_[r]->Shutdown());
-      }
-    });
-  }
-
-  void OnEveryRank(const std::function<void(int)>& body) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kWorldSize; ++r) threads.emplace_back(body, r);
-    for (std::thread& thread : threads) thread.join();
-  }
-
-  // Rank r's shards of the grid, cut from global_.
-  std::shared_ptr<RegisteredTensor> LocalShards(int r) {
-    auto registered = std::make_shared<RegisteredTensor>();
-    registered->metadata = std::make_shared<const ShardedTensorMetadata>(
-        *FromProto(info_.metadata()));
-    for (int i = 0; i < info_.shard_ranks_size(); ++i) {
-      if (info_.shard_ranks(i) != r) continue;
-      const ShardMetadata& shard = registered->metadata->shards_metadata[i];
-      Tensor bytes =
-          *RegionView(global_, shard.shard_offsets(), shard.shard_sizes())
-               ->Clone();
-      registered->local_shards.push_back(LocalShard{i, bytes});
-    }
-    return registered;
-  }
-
-  // The tensor as the ranks hold it now, assembled from their registries.
-  Tensor Held() {
-    Tensor held = *Tensor::Zeros(kSizes);
-    for (const auto& rank : ranks_) {
-      const auto registered = rank->registry().Find(kTensorId);
-      for (const LocalShard& local : registered->local_shards) {
-        const ShardMetadata& shard =
-            registered->metadata->shards_metadata[local.index];
-        EXPECT_OK(CopyBox(local.tensor, std::vector<int64_t>(kSizes.size(), 0),
-                          held, shard.shard_offsets(), shard.shard_sizes()));
-      }
-    }
-    return held;
-  }
-
   std::unique_ptr<v1::ControlService::Stub> Stub(int r) {
     return v1::ControlService::NewStub(grpc::CreateChannel(
         ranks_[r]->rpc_address(), grpc::InsecureChannelCredentials()));
@@ -311,11 +118,6 @@ class RegionIoTest : public ::testing::Test {
     } while (at < bytes.size());
     return chunks;
   }
-
-  Tensor global_;
-  v1::TensorInfo info_;
-  std::vector<std::shared_ptr<Rank>> ranks_;
-  std::vector<std::unique_ptr<RegionService>> services_;
 };
 
 TEST_F(RegionIoTest, ReadsRegionsAcrossLocalAndRemoteShards) {
@@ -467,151 +269,6 @@ TEST_F(RegionIoTest, ProgressOfAWriteCountsEveryByte) {
   EXPECT_EQ(written, 12000);
   EXPECT_EQ(sent, 12000);
 }
-
-// ---- The client library against the same ranks ------------------------------
-
-class ClientRegionTest : public RegionIoTest,
-                         public ::testing::WithParamInterface<bool> {
- protected:
-  std::shared_ptr<Client> Connect(int r) {
-    ClientOptions options;
-    options.data_plane = GetParam();
-    options.timeout = absl::Seconds(20);
-    absl::StatusOr<std::shared_ptr<Client>> client =
-        Client::Connect(ranks_[r]->rpc_address(), options);
-    EXPECT_OK(client.status());
-    return client.ok() ? *client : nullptr;
-  }
-};
-
-// Progress reports as client/client.h promises them: serialized, growing,
-// ending at the total.
-struct ProgressLog {
-  absl::Mutex mu;
-  bool concurrent = false;
-  bool inside = false;
-  std::vector<std::pair<int64_t, int64_t>> calls;
-
-  ProgressFn Fn() {
-    return [this](int64_t done, int64_t total) {
-      {
-        absl::MutexLock lock(&mu);
-        concurrent |= inside;
-        inside = true;
-        calls.emplace_back(done, total);
-      }
-      absl::SleepFor(absl::Microseconds(50));
-      absl::MutexLock lock(&mu);
-      inside = false;
-    };
-  }
-
-  void ExpectComplete(int64_t total) {
-    absl::MutexLock lock(&mu);
-    EXPECT_FALSE(concurrent);
-    ASSERT_FALSE(calls.empty());
-    for (size_t i = 1; i < calls.size(); ++i) {
-      EXPECT_GE(calls[i].first, calls[i - 1].first);
-    }
-    EXPECT_EQ(calls.back(), std::make_pair(total, total));
-  }
-};
-
-TEST_P(ClientRegionTest, ReadsRegionsStraightFromTheOwners) {
-  std::shared_ptr<Client> client = Connect(1);
-  ASSERT_NE(client, nullptr);
-  EXPECT_EQ(client->world_size(), kWorldSize);
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view, client->Open(kName));
-  EXPECT_EQ(view.tensor_id(), kTensorId);
-  EXPECT_EQ(view.owner_rank(2), 1);
-  TransferOptions options;
-  options.chunk_bytes = 4096;
-  ProgressLog log;
-  options.progress = log.Fn();
-  ASSERT_OK_AND_ASSIGN(Tensor read,
-                       view.ReadRegion({12, 100}, {20, 120}, options));
-  ASSERT_OK_AND_ASSIGN(Tensor box, RegionView(global_, {12, 100}, {20, 120}));
-  EXPECT_TRUE(Equal(read, *box.Contiguous()));
-  log.ExpectComplete(20 * 120 * 4);
-  // The whole tensor, beyond what one daemon call may carry.
-  ASSERT_OK_AND_ASSIGN(Tensor all, view.Read());
-  EXPECT_TRUE(Equal(all, global_));
-  // Into a strided destination.
-  ASSERT_OK_AND_ASSIGN(Tensor tall, Tensor::Zeros({300, 40}));
-  ASSERT_OK_AND_ASSIGN(Tensor transposed, tall.T());
-  ASSERT_OK(view.ReadRegionInto({0, 0}, transposed));
-  EXPECT_TRUE(Equal(*transposed.Contiguous(), global_));
-  // A whole remote shard.
-  ASSERT_OK_AND_ASSIGN(Shard shard, view.remote_shards()[3].to_here());
-  ASSERT_OK_AND_ASSIGN(Tensor fourth,
-                       RegionView(global_, {20, 150}, {20, 150}));
-  EXPECT_TRUE(Equal(shard.tensor, *fourth.Contiguous()));
-  EXPECT_EQ(view.remote_shards()[3].owner().id, 0);
-
-  EXPECT_THAT(view.ReadRegion({0, 290}, {1, 11}),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
-  EXPECT_THAT(
-      view.ReadRegion({0}, {1}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 dimensions")));
-  ASSERT_OK_AND_ASSIGN(
-      Tensor wrong,
-      Tensor::Zeros({2, 2}, TensorOptions().WithDType(DType::kInt32)));
-  EXPECT_THAT(
-      view.ReadRegionInto({0, 0}, wrong),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype float32")));
-  EXPECT_THAT(client->Open("nope"),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
-}
-
-TEST_P(ClientRegionTest, WritesEachOwnerItsPart) {
-  std::shared_ptr<Client> client = Connect(0);
-  ASSERT_NE(client, nullptr);
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view, client->Open(kName));
-  const Tensor data = Pattern({30, 200}, 11);
-  TransferOptions options;
-  options.chunk_bytes = 4096;
-  options.parallelism = 2;
-  ProgressLog log;
-  options.progress = log.Fn();
-  ASSERT_OK(view.Write({5, 50}, data, options));
-  log.ExpectComplete(30 * 200 * 4);
-  Tensor expected = *global_.Clone();
-  ASSERT_OK(CopyBox(data, {0, 0}, expected, {5, 50}, {30, 200}));
-  EXPECT_TRUE(Equal(Held(), expected));
-  ASSERT_OK_AND_ASSIGN(Tensor all, view.Read());
-  EXPECT_TRUE(Equal(all, expected));
-
-  EXPECT_THAT(view.Write({20, 0}, data),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("leaves")));
-  const Tensor doubles =
-      *Tensor::Zeros({2, 2}, TensorOptions().WithDType(DType::kFloat64));
-  EXPECT_THAT(
-      view.Write({0, 0}, doubles),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype float32")));
-  EXPECT_TRUE(Equal(Held(), expected));
-}
-
-TEST_P(ClientRegionTest, HealthOfEveryDaemon) {
-  std::shared_ptr<Client> client = Connect(0);
-  ASSERT_NE(client, nullptr);
-  // A rank's health service starts NOT_SERVING until its owner is ready.
-  ranks_[0]->rpc_server()->GetHealthCheckService()->SetServingStatus(true);
-  std::vector<absl::Status> health = client->Health();
-  ASSERT_EQ(health.size(), 2u);
-  EXPECT_OK(health[0]);
-  EXPECT_THAT(
-      health[1],
-      StatusIs(absl::StatusCode::kUnavailable,
-               HasSubstr(absl::StrCat("rank 1) at ", ranks_[1]->rpc_address(),
-                                      ": NOT_SERVING"))));
-  ranks_[1]->rpc_server()->GetHealthCheckService()->SetServingStatus(true);
-  EXPECT_THAT(client->Health(), ElementsAre(IsOk(), IsOk()));
-}
-
-INSTANTIATE_TEST_SUITE_P(Planes, ClientRegionTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "DataPlane" : "Grpc";
-                         });
 
 }  // namespace
 }  // namespace tessera
