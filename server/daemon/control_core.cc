@@ -34,7 +34,15 @@ Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
                                                 : DefaultBudget()),
       store_(std::make_shared<PrefixStore>("control", rank_->store())),
       incarnation_(RandomNonce()),
-      table_(rank_->rank()) {}
+      table_(rank_->rank()),
+      replication_(rank_, rank_->default_group(), budget_, options_.op_timeout,
+                   &table_),
+      membership_(rank_, rank_->default_group(), store_, options_, &table_,
+                  &replication_),
+      ops_(rank_, rank_->default_group(), options_, budget_, &table_,
+           &replication_, &membership_),
+      log_(rank_, rank_->default_group(), store_, options_, incarnation_,
+           &membership_, &ops_) {}
 
 Core::~Core() { Shutdown(); }
 
@@ -52,18 +60,6 @@ absl::Status Core::Start() {
     return absl::FailedPreconditionError(
         "the control service starts after Rank::InitRpc");
   }
-  if (log_ == nullptr) {
-    const std::shared_ptr<ProcessGroup> group = rank_->default_group();
-    replication_ = std::make_unique<Replication>(rank_, group, budget_,
-                                                 options_.op_timeout, &table_);
-    membership_ = std::make_unique<Membership>(rank_, group, store_, options_,
-                                               &table_, replication_.get());
-    ops_ =
-        std::make_unique<ControlOps>(rank_, group, options_, budget_, &table_,
-                                     replication_.get(), membership_.get());
-    log_ = std::make_unique<OpLog>(rank_, group, store_, options_, incarnation_,
-                                   membership_.get(), ops_.get());
-  }
   // Rank 0 reads where the log stands before it joins the exchange, and the
   // others accept calls only after it: every op claimed from now on lies
   // after the agreed start, and every daemon runs all of them. A daemon
@@ -71,20 +67,17 @@ absl::Status Core::Start() {
   // table from the others instead (JoinInStep).
   int64_t next = 0;
   if (rank_->rank() == 0) {
-    ASSIGN_OR_RETURN(next, log_->Position());
+    ASSIGN_OR_RETURN(next, log_.Position());
   }
   ASSIGN_OR_RETURN(const Membership::Resumed resumed,
-                   membership_->JoinInStep(/*starting=*/true, next));
+                   membership_.JoinInStep(/*starting=*/true, next));
   {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kNew) {
       return absl::FailedPreconditionError("stopped");
     }
-    membership_->Start(log_.get());
-    log_->Start(resumed.next);
-    running_log_ = log_.get();
-    running_membership_ = membership_.get();
-    running_replication_ = replication_.get();
+    membership_.Start(&log_);
+    log_.Start(resumed.next);
     state_ = State::kRunning;
   }
   // Outside mu_: a scrape holds the gauges' lock, then mu_.
@@ -100,12 +93,12 @@ void Core::Shutdown() {
     state_ = State::kStopping;
   }
   gauges_.clear();
-  if (log_ != nullptr) log_->Stop();
-  if (membership_ != nullptr) membership_->Stop();
-  if (log_ != nullptr) log_->Join();
-  if (membership_ != nullptr) membership_->Join();
-  if (replication_ != nullptr) replication_->Shutdown();
-  if (log_ != nullptr) log_->FailWaiting();
+  log_.Stop();
+  membership_.Stop();
+  log_.Join();
+  membership_.Join();
+  replication_.Shutdown();
+  log_.FailWaiting();
   absl::MutexLock lock(&mu_);
   state_ = State::kStopped;
 }
@@ -121,11 +114,6 @@ absl::Status Core::AcceptingLocked() const {
                                                       : kShuttingDown);
 }
 
-OpLog* Core::Log() const {
-  absl::MutexLock lock(&mu_);
-  return running_log_;
-}
-
 std::shared_ptr<PendingCall> Core::NewCall(std::string method,
                                            std::string request_id,
                                            absl::Time client_deadline,
@@ -138,30 +126,18 @@ std::shared_ptr<PendingCall> Core::NewCall(std::string method,
 }
 
 void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
-  OpLog* log;
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status accepting = AcceptingLocked(); !accepting.ok()) {
-      log = nullptr;
-    } else {
-      log = running_log_;
-    }
-  }
-  // The log refuses calls itself once stopped (Shutdown stops it first).
-  if (log == nullptr) {
-    call->Complete(Accepting());
+  // Refused here while starting or stopping; the log refuses calls itself
+  // once stopped (Shutdown stops it after this state changed).
+  if (absl::Status accepting = Accepting(); !accepting.ok()) {
+    call->Complete(accepting);
     return;
   }
-  log->Submit(std::move(op), call);
+  log_.Submit(std::move(op), call);
 }
 
 void Core::Finish(const std::shared_ptr<PendingCall>& call,
                   const absl::Status& status, OpResult result) {
-  if (OpLog* log = Log()) {
-    log->Finish(call, status, std::move(result));
-  } else {
-    call->Complete(status, std::move(result));
-  }
+  log_.Finish(call, status, std::move(result));
 }
 
 absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {
@@ -176,20 +152,12 @@ ShardServiceOptions Core::Chunks() const {
   return chunks;
 }
 
-int64_t Core::applied_ops() const {
-  OpLog* log = Log();
-  return log == nullptr ? 0 : log->applied();
-}
+int64_t Core::applied_ops() const { return log_.applied(); }
 
 absl::StatusOr<v1::ClusterInfo> Core::Cluster() const {
-  const Membership* membership;
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(AcceptingLocked());
-    membership = running_membership_;
-  }
-  const std::vector<std::string> devices = membership->devices();
-  const std::string state = membership->State();
+  RETURN_IF_ERROR(Accepting());
+  const std::vector<std::string> devices = membership_.devices();
+  const std::string state = membership_.State();
   v1::ClusterInfo info;
   info.set_generation(rank_->world_group()->generation());
   info.set_state(state);
@@ -243,11 +211,11 @@ void Core::RegisterGauges() {
       });
   add("tessera_peer_up",
       "1 while a daemon's liveness lease is current, 0 once it expired",
-      [this, membership = membership_.get()] {
+      [this] {
         std::vector<GaugeSample> peers;
         for (int r = 0; r < rank_->world_size(); ++r) {
           peers.push_back(
-              {{{"peer", absl::StrCat(r)}}, membership->PeerUp(r) ? 1.0 : 0.0});
+              {{{"peer", absl::StrCat(r)}}, membership_.PeerUp(r) ? 1.0 : 0.0});
         }
         return peers;
       });
@@ -268,12 +236,7 @@ RegionEnv Core::Env() {
                       const std::string& tensor_id) -> std::shared_ptr<Refill> {
     std::shared_ptr<Core> core = weak.lock();
     if (core == nullptr) return nullptr;
-    Replication* replication;
-    {
-      absl::MutexLock lock(&core->mu_);
-      replication = core->running_replication_;
-    }
-    return replication == nullptr ? nullptr : replication->Refilling(tensor_id);
+    return core->replication_.Refilling(tensor_id);
   };
   return env;
 }

@@ -92,8 +92,6 @@ class Core : public std::enable_shared_from_this<Core> {
   enum class State { kNew, kRunning, kStopping, kStopped };
 
   absl::Status AcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The log, once started; null before Start.
-  OpLog* Log() const;
   // This daemon's gauges (tessera_tensors, the budget, the generation,
   // peers: docs/metrics.md), read by every scrape while registered:
   // registered by Start(), dropped by Shutdown().
@@ -108,22 +106,19 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> next_call_id_{1};
   TensorTable table_;
 
+  // One per concern, in this order (each points at the ones before),
+  // destroyed in reverse; their threads run from Start() to Shutdown().
+  Replication replication_;
+  Membership membership_;
+  ControlOps ops_;
+  OpLog log_;
+
   absl::Mutex shutdown_mu_;  // Serialises Start() and Shutdown().
-  // Made by Start() (they need the formed default group), in this order
-  // (each points at the ones before), destroyed in reverse.
-  std::unique_ptr<Replication> replication_ ABSL_GUARDED_BY(shutdown_mu_);
-  std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(shutdown_mu_);
-  std::unique_ptr<ControlOps> ops_ ABSL_GUARDED_BY(shutdown_mu_);
-  std::unique_ptr<OpLog> log_ ABSL_GUARDED_BY(shutdown_mu_);
   std::vector<std::unique_ptr<GaugeSource>> gauges_
       ABSL_GUARDED_BY(shutdown_mu_);
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
-  // Copies of the pointers above for calls, set once running.
-  OpLog* running_log_ ABSL_GUARDED_BY(mu_) = nullptr;
-  Membership* running_membership_ ABSL_GUARDED_BY(mu_) = nullptr;
-  Replication* running_replication_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace tessera::control_internal

@@ -109,11 +109,6 @@ void OpLog::FailWaiting() {
   }
 }
 
-absl::Status OpLog::Accepting() const {
-  absl::MutexLock lock(&mu_);
-  return AcceptingLocked();
-}
-
 absl::Status OpLog::AcceptingLocked() const {
   switch (state_) {
     case State::kNew:
@@ -153,20 +148,17 @@ void OpLog::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   if (call->deadline() != absl::InfiniteFuture()) {
     op.set_deadline_unix_nanos(absl::ToUnixNanos(call->deadline()));
   }
-  absl::Status accepting = Accepting();
-  if (accepting.ok()) {
-    // Admitted and queued in one step under membership's lock, so that a
-    // daemon found silent meanwhile ends this call too (Waiting).
-    accepting = membership_->Admit([&]() -> absl::Status {
-      absl::MutexLock lock(&mu_);
-      RETURN_IF_ERROR(AcceptingLocked());
-      pending_.emplace(call->id(), call);
-      deadlines_.emplace(call->deadline(), call->id());
-      queue_.push_back(Queued{std::move(op), call});
-      wake_.SignalAll();
-      return absl::OkStatus();
-    });
-  }
+  // Admitted and queued in one step under membership's lock, so that a
+  // daemon found silent meanwhile ends this call too (Waiting).
+  const absl::Status accepting = membership_->Admit([&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(AcceptingLocked());
+    pending_.emplace(call->id(), call);
+    deadlines_.emplace(call->deadline(), call->id());
+    queue_.push_back(Queued{std::move(op), call});
+    wake_.SignalAll();
+    return absl::OkStatus();
+  });
   if (!accepting.ok()) call->Complete(accepting);
 }
 

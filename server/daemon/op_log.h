@@ -86,8 +86,6 @@ class OpLog final : public WaitingCalls {
   // Completes every call still waiting with UNAVAILABLE (shutting down).
   void FailWaiting();
 
-  // OK while running; UNAVAILABLE before Start() and from Stop() on.
-  absl::Status Accepting() const;
   // Queues `op` for the log on behalf of `call`; completes the call at once
   // with UNAVAILABLE when the log is not running or membership refuses.
   void Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call);
@@ -113,6 +111,7 @@ class OpLog final : public WaitingCalls {
   };
   using DeadlineKey = std::pair<absl::Time, uint64_t>;
 
+  // OK while running; UNAVAILABLE before Start() and from Stop() on.
   absl::Status AcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool running() const;
   // Sleeps up to `d`; false when the log stops meanwhile.
