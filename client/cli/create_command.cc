@@ -135,7 +135,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
                    "them, reads fall back to them when the owner is dead or "
                    "stalled, and a restarted owner refills from them "
                    "(--replicas: the same, an older name)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str()
       ->type_name("C");
   AddConnectionFlags(app, create, &options->connection, /*transfers=*/false);

@@ -74,13 +74,15 @@ def _dtype_name(dtype: Any) -> str:
 
 def _copies(copies: int, replicas: Optional[int]) -> int:
     """``copies``, or ``replicas`` (its older name) when given; refused
-    below 1 (0 would read as the default on the daemons)."""
+    below 1 (0 would read as the default on the daemons) and beyond what a
+    count can hold (the daemons refuse more than their number)."""
     if replicas is not None:
         _warnings.warn("'replicas' is now 'copies' (the owner's copy "
                       "included)", DeprecationWarning, stacklevel=3)
         copies = replicas
     copies = int(copies)
-    if copies < 1:
+    # Above int32 the native call could not even take it.
+    if copies < 1 or copies > 2**31 - 1:
         raise errors.InvalidArgumentError(
             3, f"copies must be between 1 and the number of daemons, not "
             f"{copies}")

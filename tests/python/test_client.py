@@ -82,7 +82,7 @@ def test_copies_of_every_shard(client, rows4):
     with pytest.warns(DeprecationWarning, match="copies"):
         old = client.create("c3", (8, 4), rows4, replicas=2)
     assert old.copies == 2
-    for bad in (0, -1):
+    for bad in (0, -1, 10**12):
         with pytest.raises(tessera.InvalidArgumentError,
                            match="copies must be between 1"):
             client.create("c4", (8, 4), rows4, copies=bad)
