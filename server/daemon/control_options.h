@@ -23,7 +23,9 @@ struct ControlOptions {
   // This daemon's device ("cpu", "cuda:N"), reported in ClusterInfo.
   std::string device = "cpu";
   // How long a claimed log number may stay empty before rank 0 marks it
-  // skipped (its coordinator died between claiming and writing it).
+  // skipped (its coordinator died between claiming and writing it, or
+  // someone added to the counter). One wait covers every number claimed
+  // when it began, so holes cost this once in all; at most `lease` is used.
   absl::Duration claim_timeout = absl::Seconds(5);
   // The slice of the executor's waits on the store: how soon Shutdown()
   // is noticed while the log is idle.

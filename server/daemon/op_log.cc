@@ -1,13 +1,16 @@
 #include "server/daemon/op_log.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/log_context.h"
@@ -32,9 +35,38 @@ std::string WhatWasThrown() {
 // Store keys, under the "control" prefix.
 constexpr char kSeqKey[] = "seq";
 constexpr char kSkip[] = "skip";
+// "skip-to M": this number and every one after it below M are skipped.
+constexpr char kSkipTo[] = "skip-to ";
 constexpr char kOpPrefix[] = "op:";
+// How many numbers after a hole rank 0 looks at for a written entry, to
+// skip only up to it; an op of a live daemon written further on is
+// submitted again by its coordinator (OpLog::Advance).
+constexpr int64_t kSkipScan = 64;
+// How many keys of a range the daemons passed while re-forming rank 0
+// deletes: the range may be a jump over a forged "seq".
+constexpr int64_t kMaxDeletes = 1024;
 
 std::string OpKey(int64_t n) { return absl::StrCat("op/", n); }
+
+// For messages: a value read from the store, escaped and cut short.
+std::string Quoted(absl::string_view value) {
+  constexpr size_t kMax = 64;
+  std::string quoted = absl::CEscape(value.substr(0, kMax));
+  if (value.size() > kMax) absl::StrAppend(&quoted, "...");
+  return absl::StrCat("'", quoted, "'");
+}
+
+// The next log number after a "skip-to M" entry at `n`; nullopt when the
+// entry is not one or M is not after n (then it is a plain skip).
+std::optional<int64_t> SkipTarget(absl::string_view entry, int64_t n) {
+  int64_t to = 0;
+  if (!absl::ConsumePrefix(&entry, kSkipTo) || entry.empty() ||
+      !std::all_of(entry.begin(), entry.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(entry, &to) || to <= n || to > kMaxLogNumber) {
+    return std::nullopt;
+  }
+  return to;
+}
 
 // The op of a log entry ("op:" and the serialized ControlOp); nullopt when
 // it is malformed.
@@ -58,7 +90,8 @@ OpLog::OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
       options_(options),
       incarnation_(incarnation),
       membership_(membership),
-      ops_(ops) {}
+      ops_(ops),
+      claim_timeout_(std::min(options.claim_timeout, options.lease)) {}
 
 OpLog::~OpLog() {
   Stop();
@@ -68,18 +101,27 @@ OpLog::~OpLog() {
 
 absl::StatusOr<int64_t> OpLog::Position() {
   absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
-  if (!seq.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("rank 0 could not read the operation log's position: ",
-                     seq.status().message()));
+  if (seq.ok() && *seq >= 0 && *seq < kMaxLogNumber) return *seq + 1;
+  if (seq.ok() || absl::IsFailedPrecondition(seq.status()) ||
+      absl::IsOutOfRange(seq.status())) {
+    // Repairing needs a position to repair to, which is what is missing.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank 0 cannot tell where the operation log stands: control/seq ",
+        seq.ok() ? absl::StrCat("holds ", *seq)
+                 : std::string(seq.status().message()),
+        ", not a log number from 0 to ", kMaxLogNumber,
+        "; set it to the last log number used, or start on a fresh store "
+        "prefix"));
   }
-  return *seq + 1;
+  return absl::UnavailableError(
+      absl::StrCat("rank 0 could not read the operation log's position: ",
+                   seq.status().message()));
 }
 
 void OpLog::Start(int64_t first) {
   absl::MutexLock lock(&mu_);
   if (state_ != State::kNew) return;
-  first_entry_ = first;
+  position_ = first;
   state_ = State::kRunning;
   submitter_ = std::thread([this] { SubmitLoop(); });
   executor_ = std::thread([this] { ExecutorLoop(); });
@@ -103,6 +145,7 @@ void OpLog::FailWaiting() {
     pending.swap(pending_);
     deadlines_.clear();
     queue_.clear();
+    appended_.clear();
   }
   for (auto& [id, call] : pending) {
     call->Complete(absl::UnavailableError(kShuttingDown));
@@ -203,7 +246,7 @@ void OpLog::SubmitLoop() {
     mu_.Unlock();
     // A call that ended already (deadline, cancellation) needs no op.
     if (!queued.call->done()) {
-      absl::Status appended = Append(queued.op, queued.call->deadline());
+      absl::Status appended = Append(queued);
       if (!appended.ok()) Finish(queued.call, appended);
     }
     mu_.Lock();
@@ -211,29 +254,113 @@ void OpLog::SubmitLoop() {
   mu_.Unlock();
 }
 
-absl::Status OpLog::Append(const v1::ControlOp& op, absl::Time deadline) {
+absl::Status OpLog::Append(const Queued& queued) {
+  const v1::ControlOp& op = queued.op;
   const std::string value = absl::StrCat(kOpPrefix, op.SerializeAsString());
   while (true) {
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          OpName(op), ": the deadline passed before the operation was logged"));
+    ASSIGN_OR_RETURN(const int64_t n, Claim(queued));
+    absl::StatusOr<std::string> held = store_->CompareSet(OpKey(n), "", value);
+    absl::MutexLock lock(&mu_);
+    auto it = appended_.find(n);
+    // Gone: the executor ran the op already.
+    const Appended::State state =
+        it != appended_.end() ? it->second.state : Appended::State::kWritten;
+    if (!held.ok() || *held != value || state != Appended::State::kWriting) {
+      if (it != appended_.end()) appended_.erase(it);
     }
-    absl::StatusOr<int64_t> n = store_->Add(kSeqKey, 1);
-    if (!n.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          OpName(op),
-          ": cannot reach the operation log: ", n.status().message()));
-    }
-    absl::StatusOr<std::string> held = store_->CompareSet(OpKey(*n), "", value);
     if (!held.ok()) {
       return absl::UnavailableError(absl::StrCat(
           OpName(op),
           ": cannot write the operation log: ", held.status().message()));
     }
-    if (*held == value) return absl::OkStatus();
-    // Rank 0 gave up on this number before we wrote it: claim another.
-    spdlog::warn("control: log entry {} was skipped before {} wrote it", *n,
-                 OpName(op));
+    if (*held != value) {
+      // Rank 0 gave up on this number before we wrote it, or an entry
+      // holds it already: claim another.
+      spdlog::warn("control: log entry {} was taken before {} wrote it", n,
+                   OpName(op));
+      continue;
+    }
+    switch (state) {
+      case Appended::State::kWriting:
+        it->second.state = Appended::State::kWritten;
+        return absl::OkStatus();
+      case Appended::State::kWritten:
+        return absl::OkStatus();
+      case Appended::State::kSkipped:
+        spdlog::warn("control: the log jumped over entry {} while {} wrote it",
+                     n, OpName(op));
+        continue;
+      case Appended::State::kAbandoned:
+        break;
+    }
+    return absl::UnavailableError(absl::StrCat(
+        OpName(op),
+        " was not applied: the daemons' process group broke while it was "
+        "logged; retry it"));
+  }
+}
+
+absl::StatusOr<int64_t> OpLog::Claim(const Queued& queued) {
+  const v1::ControlOp& op = queued.op;
+  while (true) {
+    if (absl::Now() >= queued.call->deadline()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          OpName(op), ": the deadline passed before the operation was logged"));
+    }
+    absl::StatusOr<int64_t> n = store_->Add(kSeqKey, 1);
+    if (absl::IsFailedPrecondition(n.status()) ||
+        absl::IsOutOfRange(n.status())) {
+      // Not a decimal integer, or at the end of int64.
+      absl::StatusOr<std::string> held =
+          store_->Get(kSeqKey, options_.poll_interval);
+      if (held.ok()) RepairSeq(*held, SeqFloor(), n.status().message());
+      continue;
+    }
+    if (!n.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          OpName(op),
+          ": cannot reach the operation log: ", n.status().message()));
+    }
+    int64_t floor;
+    {
+      absl::MutexLock lock(&mu_);
+      if (*n >= position_ && *n <= kMaxLogNumber && appended_.count(*n) == 0) {
+        appended_.emplace(*n, Appended{queued, Appended::State::kWriting});
+        return *n;
+      }
+      floor = std::max(position_ - 1,
+                       appended_.empty() ? 0 : appended_.rbegin()->first);
+    }
+    // Passed already (the log jumped over it, or "seq" went back), beyond
+    // the last log number, or holding one of our own ops.
+    if (floor > *n || *n > kMaxLogNumber) {
+      RepairSeq(absl::StrCat(*n), floor,
+                absl::StrCat("it gave ", *n, " to ", OpName(op),
+                             *n > kMaxLogNumber ? ", beyond the last log number"
+                                                : ", a number the log passed"));
+    }
+  }
+}
+
+int64_t OpLog::SeqFloor() const {
+  absl::MutexLock lock(&mu_);
+  return std::max(position_ - 1,
+                  appended_.empty() ? 0 : appended_.rbegin()->first);
+}
+
+void OpLog::RepairSeq(absl::string_view held, int64_t floor,
+                      absl::string_view why) {
+  const std::string repaired = absl::StrCat(floor);
+  absl::StatusOr<std::string> now = store_->CompareSet(kSeqKey, held, repaired);
+  if (!now.ok()) {
+    spdlog::warn("control: repairing control/seq: {}", now.status().ToString());
+    return;
+  }
+  if (*now == repaired && held != repaired) {
+    spdlog::error(
+        "control: the operation log's sequence number control/seq held {} "
+        "({}); set it to {}",
+        Quoted(held), std::string(why), floor);
   }
 }
 
@@ -241,7 +368,7 @@ void OpLog::ExecutorLoop() {
   int64_t n;
   {
     absl::MutexLock lock(&mu_);
-    n = first_entry_;
+    n = position_;
   }
   while (true) {
     bool reform = false;
@@ -251,9 +378,11 @@ void OpLog::ExecutorLoop() {
       continue;
     }
     if (!entry.has_value()) return;
-    Execute(*entry, n);
+    std::optional<uint64_t> ran;
+    const int64_t next = Execute(*entry, n, &ran);
     applied_.fetch_add(1);
-    ++n;
+    Advance(n, next, Passed::kSubmitAgain, ran);
+    n = next;
     // A transport failure in the op: form the next generation before the
     // next op, so that it runs on a working group.
     if (!group_->Usable().ok() && !Reform(&n)) return;
@@ -265,27 +394,64 @@ bool OpLog::Reform(int64_t* next) {
   if (!resumed.has_value()) return false;
   // Entries the others passed while this daemon did not run them failed on
   // the others (they could not agree without it).
-  for (int64_t m = *next; m < resumed->next; ++m) Abandon(m);
-  // Every daemon has read the entries before the furthest position.
+  Advance(*next, std::max(*next, resumed->next), Passed::kAbandon);
+  // Every daemon has read the entries before the furthest position (a
+  // range a jump made long is left to the store).
   if (rank_->rank() == 0) {
-    for (int64_t m = resumed->earliest; m < resumed->next; ++m) {
+    const int64_t end =
+        std::min(resumed->next, resumed->earliest + kMaxDeletes);
+    for (int64_t m = resumed->earliest; m < end; ++m) {
       store_->Delete(OpKey(m)).IgnoreError();
     }
   }
-  *next = resumed->next;
+  *next = std::max(*next, resumed->next);
   return true;
 }
 
-void OpLog::Abandon(int64_t n) {
-  absl::StatusOr<std::string> entry =
-      store_->Get(OpKey(n), options_.poll_interval);
-  if (!entry.ok()) return;
-  std::optional<v1::ControlOp> op = ParseEntry(*entry);
-  if (!op.has_value()) return;
-  FinishOwnCall(*op, absl::UnavailableError(absl::StrCat(
-                         OpName(*op),
-                         " was not applied: the daemons' process group broke "
-                         "while it ran; retry it")));
+void OpLog::Advance(int64_t from, int64_t to, Passed passed,
+                    std::optional<uint64_t> ran) {
+  std::vector<std::pair<std::shared_ptr<PendingCall>, std::string>> abandoned;
+  {
+    absl::MutexLock lock(&mu_);
+    position_ = to;
+    auto it = appended_.lower_bound(from);
+    while (it != appended_.end() && it->first < to) {
+      Appended& appended = it->second;
+      // The op ran (entry `from`), or its call ended otherwise.
+      if ((it->first == from && ran == appended.queued.call->id()) ||
+          appended.queued.call->done()) {
+        it = appended_.erase(it);
+        continue;
+      }
+      if (appended.state == Appended::State::kWriting) {
+        // The submit thread claims again or fails the call when its write
+        // returns.
+        appended.state = passed == Passed::kSubmitAgain
+                             ? Appended::State::kSkipped
+                             : Appended::State::kAbandoned;
+        ++it;
+        continue;
+      }
+      if (passed == Passed::kSubmitAgain) {
+        spdlog::warn(
+            "control: the log passed entry {} ({}) without running it; "
+            "submitting it again",
+            it->first, OpName(appended.queued.op));
+        queue_.push_front(std::move(appended.queued));
+        wake_.SignalAll();
+      } else {
+        abandoned.emplace_back(appended.queued.call,
+                               OpName(appended.queued.op));
+      }
+      it = appended_.erase(it);
+    }
+  }
+  for (const auto& [call, name] : abandoned) {
+    Finish(call, absl::UnavailableError(absl::StrCat(
+                     name,
+                     " was not applied: the daemons' process group broke "
+                     "while it ran; retry it")));
+  }
 }
 
 std::shared_ptr<PendingCall> OpLog::OwnCall(const v1::ControlOp& op) const {
@@ -306,7 +472,6 @@ void OpLog::FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
 
 std::optional<std::string> OpLog::AwaitEntry(int64_t n, bool* reform) {
   const std::string key = OpKey(n);
-  std::optional<absl::Time> claimed_since;
   while (running()) {
     absl::Status waited = store_->Wait({key}, options_.poll_interval);
     if (waited.ok()) {
@@ -329,23 +494,85 @@ std::optional<std::string> OpLog::AwaitEntry(int64_t n, bool* reform) {
     }
     if (rank_->rank() != 0) continue;
     // Rank 0 watches for numbers claimed and never written.
-    absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
-    if (!seq.ok() || *seq < n) continue;
-    const absl::Time now = absl::Now();
-    if (!claimed_since.has_value()) claimed_since = now;
-    if (now - *claimed_since < options_.claim_timeout) continue;
-    absl::StatusOr<std::string> held = store_->CompareSet(key, "", kSkip);
-    if (held.ok()) {
-      if (*held == kSkip) {
-        spdlog::warn(
-            "control: log entry {} was claimed but never written; "
-            "skipping it",
-            n);
-      }
-      return *std::move(held);
-    }
+    if (std::optional<std::string> held = SkipUnwritten(n)) return held;
   }
   return std::nullopt;
+}
+
+std::optional<int64_t> OpLog::ReadSeq(int64_t n) {
+  absl::StatusOr<int64_t> seq = store_->Add(kSeqKey, 0);
+  std::string held;
+  std::string why;
+  if (seq.ok()) {
+    if (*seq >= n - 1 && *seq <= kMaxLogNumber) return *seq;
+    // Someone set it back (below numbers the log passed: the next claims
+    // would be lost) or beyond the last log number.
+    held = absl::StrCat(*seq);
+    why = *seq > kMaxLogNumber
+              ? "beyond the last log number"
+              : absl::StrCat("behind the log, which is at ", n);
+  } else if (absl::IsFailedPrecondition(seq.status()) ||
+             absl::IsOutOfRange(seq.status())) {
+    absl::StatusOr<std::string> raw =
+        store_->Get(kSeqKey, options_.poll_interval);
+    if (!raw.ok()) return std::nullopt;
+    held = *std::move(raw);
+    why = std::string(seq.status().message());
+  } else {
+    return std::nullopt;
+  }
+  const int64_t floor = std::max(
+      {n - 1, SeqFloor(), claim_wait_.has_value() ? claim_wait_->through : 0});
+  RepairSeq(held, floor, why);
+  return std::nullopt;
+}
+
+std::optional<std::string> OpLog::SkipUnwritten(int64_t n) {
+  std::optional<int64_t> seq = ReadSeq(n);
+  if (!seq.has_value() || *seq < n) return std::nullopt;
+  // One wait for every number claimed by now, however many: holes cost
+  // one claim timeout in all, not one each. Numbers claimed later wait
+  // for a wait of their own.
+  const absl::Time now = absl::Now();
+  if (!claim_wait_.has_value() || claim_wait_->through < n) {
+    claim_wait_ = ClaimWait{now, *seq};
+  }
+  if (now - claim_wait_->since < claim_timeout_) return std::nullopt;
+  // Every number from n to `through` had its time: skip up to the first
+  // one written, looked for at both ends of the range (after a forged
+  // jump, live claims lie at its top). The middle of a long range is
+  // skipped unseen; an op a live daemon wrote there is submitted again by
+  // that daemon (Advance).
+  const int64_t through = claim_wait_->through;
+  int64_t to = through + 1;
+  const int64_t low_end = std::min(through, n + kSkipScan);
+  const int64_t high_begin = std::max(low_end + 1, through - kSkipScan + 1);
+  for (int64_t m = n + 1; m <= through; ++m) {
+    if (m > low_end && m < high_begin) m = high_begin;
+    absl::StatusOr<bool> written = store_->Check({OpKey(m)});
+    if (!written.ok()) return std::nullopt;
+    if (*written) {
+      to = m;
+      break;
+    }
+  }
+  const std::string marker =
+      to == n + 1 ? std::string(kSkip) : absl::StrCat(kSkipTo, to);
+  absl::StatusOr<std::string> held = store_->CompareSet(OpKey(n), "", marker);
+  if (!held.ok()) return std::nullopt;
+  if (*held == marker) {
+    if (to == n + 1) {
+      spdlog::warn(
+          "control: log entry {} was claimed but never written; skipping it",
+          n);
+    } else {
+      spdlog::warn(
+          "control: log entries {} to {} were claimed but never written; "
+          "skipping them",
+          n, to - 1);
+    }
+  }
+  return *std::move(held);
 }
 
 // The op boundary: request handling never throws out of here
@@ -365,18 +592,31 @@ OpOutcome OpLog::RunGuarded(const v1::ControlOp& op, int64_t n) {
   }
 }
 
-void OpLog::Execute(absl::string_view entry, int64_t n) {
-  if (entry == kSkip) return;
+int64_t OpLog::Execute(absl::string_view entry, int64_t n,
+                       std::optional<uint64_t>* own_request) {
+  if (entry == kSkip) return n + 1;
+  // Every daemon reads the same bytes, so every daemon jumps alike.
+  if (absl::StartsWith(entry, kSkipTo)) {
+    if (std::optional<int64_t> to = SkipTarget(entry, n)) return *to;
+    spdlog::error(
+        "control: log entry {} is a malformed skip marker ({}); "
+        "skipping it alone",
+        n, Quoted(entry));
+    return n + 1;
+  }
   std::optional<v1::ControlOp> parsed = ParseEntry(entry);
   if (!parsed.has_value()) {
     // Every daemon reads the same bytes, so every daemon skips it.
     spdlog::error("control: log entry {} is malformed; skipping it", n);
-    return;
+    return n + 1;
   }
   const v1::ControlOp& op = *parsed;
   if (op.request_case() == v1::ControlOp::REQUEST_NOT_SET) {
     spdlog::error("control: log entry {} holds no request; skipping it", n);
-    return;
+    return n + 1;
+  }
+  if (op.coordinator() == rank_->rank() && op.incarnation() == incarnation_) {
+    *own_request = op.request_id();
   }
   const absl::Time started = absl::Now();
   if (std::shared_ptr<PendingCall> own = OwnCall(op)) {
@@ -427,6 +667,7 @@ void OpLog::Execute(absl::string_view entry, int64_t n) {
                    deleted.status().ToString());
     }
   }
+  return n + 1;
 }
 
 }  // namespace tessera::control_internal

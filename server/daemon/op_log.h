@@ -9,16 +9,30 @@
 // Executing: every daemon's executor thread reads the entries in order,
 // runs each op (control_ops.h) and, for ops that change the table,
 // confirms the commit with a barrier before the coordinator answers its
-// call. Rank 0 deletes an entry once every daemon has read it, and marks a
-// number claimed but never written (its coordinator died) skipped after
-// ControlOptions::claim_timeout.
+// call. Rank 0 deletes an entry once every daemon has read it.
+//
+// Holes and garbage: numbers claimed but never written (a coordinator died
+// between claiming and writing, or someone added to "seq") cost one claim
+// timeout (ControlOptions::claim_timeout, at most the lease) for every
+// number claimed when rank 0 began to wait, together: rank 0 then writes
+// one marker, "skip" or "skip-to M", at the first of them, and every daemon
+// goes on at M, however far that is. An op of this daemon written inside a
+// range the log jumped over is submitted again under a fresh number (the
+// daemon keeps the numbers of its own ops), so a live coordinator's op is
+// never lost to a jump. A "seq" that is not a log number (not a decimal
+// integer, negative, beyond kMaxLogNumber) or behind this daemon's
+// position is repaired by CompareSet to the number before the position (or
+// this daemon's highest claim, if higher) and logged as an error; a number
+// that collides with a written entry is given up for another, as above.
 //
 // Failure: every call ends by its deadline (DEADLINE_EXCEEDED, "the
 // operation may still complete"); an unreachable store is UNAVAILABLE
 // before the op is logged; an entry the others passed while this daemon
 // re-formed ends its call with UNAVAILABLE ("was not applied"); Shutdown
 // ends every waiting call with UNAVAILABLE "daemon is shutting down".
-// A malformed entry is skipped by every daemon alike.
+// A malformed entry is skipped by every daemon alike. Rank 0 starts no
+// log on a malformed "seq" (FAILED_PRECONDITION from Position(), naming it):
+// it cannot tell where the log stood.
 //
 // Thread-safety: every public method may be called from any thread. Two
 // threads of its own (submit, executor) from Start to Stop/Join.
@@ -31,6 +45,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -58,6 +73,9 @@ namespace tessera::control_internal {
 
 inline constexpr char kShuttingDown[] = "daemon is shutting down";
 inline constexpr char kStarting[] = "daemon is starting";
+// The highest log number the log accepts ("seq" beyond it is repaired, a
+// "skip-to" beyond it is a plain skip): far from overflowing int64.
+inline constexpr int64_t kMaxLogNumber = int64_t{1} << 62;
 
 class OpLog final : public WaitingCalls {
  public:
@@ -74,7 +92,7 @@ class OpLog final : public WaitingCalls {
 
   // Where the log stands: the next entry a new op would get (rank 0 reads
   // it before the daemons join in step). UNAVAILABLE when the store is
-  // unreachable.
+  // unreachable; FAILED_PRECONDITION when "seq" is not a log number.
   absl::StatusOr<int64_t> Position();
   // Starts the submit and executor threads; the executor runs from entry
   // `first`. Calls are accepted from here on.
@@ -110,6 +128,27 @@ class OpLog final : public WaitingCalls {
     std::shared_ptr<PendingCall> call;
   };
   using DeadlineKey = std::pair<absl::Time, uint64_t>;
+  // One of this daemon's ops at the log number it claimed, until the
+  // executor passes the number.
+  struct Appended {
+    enum class State {
+      kWriting,    // The submit thread's CompareSet is in flight.
+      kWritten,    // Written; waits for the executor.
+      kSkipped,    // Passed unexecuted while being written: claim again.
+      kAbandoned,  // Passed by the others while re-forming: fail the call.
+    };
+    Queued queued;
+    State state = State::kWriting;
+  };
+  // What the executor does with this daemon's ops at numbers it passed
+  // without executing them.
+  enum class Passed { kSubmitAgain, kAbandon };
+  // Rank 0's wait for claimed numbers: every number up to `through` (the
+  // value of "seq" when it began) was claimed by `since`.
+  struct ClaimWait {
+    absl::Time since;
+    int64_t through = 0;
+  };
 
   // OK while running; UNAVAILABLE before Start() and from Stop() on.
   absl::Status AcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -119,9 +158,19 @@ class OpLog final : public WaitingCalls {
 
   // ---- Submit thread.
   void SubmitLoop();
-  // Claims a log number and writes `op` there; retries when rank 0 marked
-  // the number skipped first.
-  absl::Status Append(const v1::ControlOp& op, absl::Time deadline);
+  // Claims a log number and writes the op there; claims again when rank 0
+  // marked the number skipped first or the log jumped over it.
+  absl::Status Append(const Queued& queued);
+  // Claims a number at or after the executor's position that holds none of
+  // this daemon's ops, and records it for `queued` (kWriting). Repairs a
+  // malformed or stale "seq" on the way.
+  absl::StatusOr<int64_t> Claim(const Queued& queued);
+  // Sets "seq" from `held` (its current text) to `floor` by CompareSet,
+  // unless someone changed it meanwhile; logs `why` when it did.
+  void RepairSeq(absl::string_view held, int64_t floor, absl::string_view why);
+  // The lowest value "seq" may be repaired to: below the executor's
+  // position and at or above this daemon's own claims.
+  int64_t SeqFloor() const;
 
   // ---- Executor thread.
   void ExecutorLoop();
@@ -133,12 +182,27 @@ class OpLog final : public WaitingCalls {
   // the log stops first. Sets *reform (and returns nullopt) when the
   // default group must be formed again first.
   std::optional<std::string> AwaitEntry(int64_t n, bool* reform);
-  void Execute(absl::string_view entry, int64_t n);
+  // Rank 0, idle at `n`: the entry it wrote or found at `n` once every
+  // number claimed when it began waiting had claim_timeout to be written
+  // (a skip marker over those still empty); nullopt while it waits.
+  std::optional<std::string> SkipUnwritten(int64_t n);
+  // Rank 0: the value of "seq", repaired first when it is malformed or
+  // behind `n` - 1; nullopt when the store fails.
+  std::optional<int64_t> ReadSeq(int64_t n);
+  // Runs entry `n` and returns the next log number: n + 1, or M for a
+  // "skip-to M" marker. Sets *own_request to the op's request id when this
+  // daemon (this process) coordinated it.
+  int64_t Execute(absl::string_view entry, int64_t n,
+                  std::optional<uint64_t>* own_request);
   // ops->Run(op), with what it throws turned into INTERNAL (log number n).
   OpOutcome RunGuarded(const v1::ControlOp& op, int64_t n);
-  // Log entry `n`, which the other daemons passed while this one did not
-  // run it: the call waiting for it here, if any, ends with UNAVAILABLE.
-  void Abandon(int64_t n);
+  // Moves the executor's position from `from` to `to`; this daemon's ops
+  // at numbers in between that did not run are submitted again or, for
+  // entries the others passed while this daemon re-formed, end with
+  // UNAVAILABLE. `ran`: the request id of this daemon's op that ran at
+  // `from`, if any.
+  void Advance(int64_t from, int64_t to, Passed passed,
+               std::optional<uint64_t> ran = std::nullopt);
   // The call waiting for `op` when this process coordinated it (its rank
   // and incarnation) and the call is still pending; else null.
   std::shared_ptr<PendingCall> OwnCall(const v1::ControlOp& op) const;
@@ -153,14 +217,21 @@ class OpLog final : public WaitingCalls {
   const uint64_t incarnation_;
   Membership* const membership_;
   ControlOps* const ops_;
+  // claim_timeout, at most the lease.
+  const absl::Duration claim_timeout_;
   std::atomic<int64_t> applied_{0};
   std::thread submitter_;
   std::thread executor_;
+  // Executor thread only (rank 0).
+  std::optional<ClaimWait> claim_wait_;
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;  // State changes, queued ops, new deadlines.
   State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
-  int64_t first_entry_ ABSL_GUARDED_BY(mu_) = 1;
+  // The next log number the executor reads.
+  int64_t position_ ABSL_GUARDED_BY(mu_) = 1;
+  // This daemon's ops in the log, by number.
+  std::map<int64_t, Appended> appended_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_
       ABSL_GUARDED_BY(mu_);
   std::set<DeadlineKey> deadlines_ ABSL_GUARDED_BY(mu_);
