@@ -6,21 +6,12 @@
 #include <limits>
 #include <string>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
-#include "io/file.h"
+#include "server/daemon/cgroup_memory.h"
 #include "server/metrics/metrics.h"
 
 namespace tessera {
 namespace {
-
-// A small /proc or /sys file; empty when it cannot be read.
-std::string ReadSmallFile(const std::string& path) {
-  return ReadFileToString(path).value_or("");
-}
 
 // " (1.5 GiB)" for a size of a GiB or more, for messages.
 std::string InGiB(int64_t bytes) {
@@ -74,35 +65,14 @@ int64_t PhysicalMemoryBytes() {
   return static_cast<int64_t>(pages) * page_size;
 }
 
-int64_t CgroupMemoryLimit() {
-  // cgroup v2: "0::/path" in /proc/self/cgroup; the limit is memory.max of
-  // that path or, inside a container's namespace, of the mount's root.
-  std::string path;
-  for (absl::string_view line :
-       absl::StrSplit(ReadSmallFile("/proc/self/cgroup"), '\n')) {
-    if (absl::ConsumePrefix(&line, "0::")) path = std::string(line);
-  }
-  for (const std::string& file :
-       {absl::StrCat("/sys/fs/cgroup", path, "/memory.max"),
-        std::string("/sys/fs/cgroup/memory.max"),
-        std::string("/sys/fs/cgroup/memory/memory.limit_in_bytes")}) {
-    const std::string text(absl::StripAsciiWhitespace(ReadSmallFile(file)));
-    int64_t limit = 0;
-    // "max", or v1's "unlimited" (a huge page-rounded number).
-    if (absl::SimpleAtoi(text, &limit) && limit > 0 &&
-        limit < (int64_t{1} << 60)) {
-      return limit;
-    }
-  }
-  return 0;
-}
-
 int64_t DefaultMemoryLimit(int local_world_size, std::string* source) {
   int64_t base = PhysicalMemoryBytes();
-  const int64_t cgroup = CgroupMemoryLimit();
-  if (cgroup > 0 && cgroup < base) {
-    base = cgroup;
-    *source = "the default: its cgroup's memory limit, less a reserve";
+  const CgroupLimit cgroup = ReadCgroupMemoryLimit();
+  if (cgroup.bytes > 0 && cgroup.bytes < base) {
+    base = cgroup.bytes;
+    *source = absl::StrCat("the default: the memory limit of its cgroup (",
+                           cgroup.file, ": ", cgroup.bytes,
+                           " bytes), less a reserve");
   } else {
     base /= std::max(local_world_size, 1);
     *source = absl::StrCat("the default: physical memory / ",

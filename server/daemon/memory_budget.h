@@ -7,10 +7,12 @@
 // a fixed share set aside on the rank that serves it.
 //
 // The limit (tessera-server --memory-limit) defaults to DefaultMemoryLimit:
-// the cgroup's memory limit when the daemon runs under one (a systemd unit,
-// a Kubernetes pod: one daemon each), else the host's physical memory
-// divided among the daemons of the host; less a reserve for the daemon's
-// own code, threads and gRPC buffers (a tenth, at least 256 MiB).
+// the memory limit of the daemon's own cgroup, v1 or v2, the most
+// restrictive of it and its ancestors (cgroup_memory.h), when the daemon
+// runs under one (a systemd unit, a Kubernetes pod, a Slurm task: one
+// daemon each), else the host's physical memory divided among the daemons
+// of the host; less a reserve for the daemon's own code, threads and gRPC
+// buffers (a tenth, at least 256 MiB, at most half).
 //
 // Thread-safety: every method may be called from any thread. A Reservation
 // is movable, owned by one holder, and gives its bytes back when destroyed
@@ -85,9 +87,6 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
 
 // The host's physical memory in bytes.
 int64_t PhysicalMemoryBytes();
-// This process's cgroup memory limit (v2 memory.max, else v1
-// memory.limit_in_bytes); 0 when there is none.
-int64_t CgroupMemoryLimit();
 // The default limit described above, for a daemon among
 // `local_world_size` on its host (0: unknown, taken as 1); `source` is set
 // to where it came from.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -124,6 +125,54 @@ std::string RemoteWhat(absl::string_view op, const ResolvedRegion& resolved,
                       " on rank ", resolved.info.shard_ranks(shard));
 }
 
+// Whether a box of `piece` sizes is one run of the row-major bytes of a
+// box of `whole` sizes: past its first dimension longer than 1, it spans
+// `whole` (as Tensor::is_contiguous judges the view).
+bool IsOneRun(absl::Span<const int64_t> piece,
+              absl::Span<const int64_t> whole) {
+  size_t d = 0;
+  while (d < piece.size() && piece[d] == 1) ++d;
+  for (size_t e = d + 1; e < piece.size(); ++e) {
+    if (piece[e] != whole[e]) return false;
+  }
+  return true;
+}
+
+// The bytes a call stages besides its region: every piece that is strided
+// within the region and that `moves` (to or from another daemon) passes
+// through a contiguous buffer of its own: a read's lands there before it
+// is copied into the region (ShardAssembler), a write's is packed there
+// once for all its holders. At most the region's size again.
+int64_t StagedPieceBytes(const ResolvedRegion& resolved,
+                         const std::function<bool(size_t shard)>& moves) {
+  const int64_t element = static_cast<int64_t>(
+      ElementSize(resolved.metadata.tensor_properties.dtype));
+  int64_t bytes = 0;
+  for (const RegionOverlap& overlap :
+       Overlaps(resolved.metadata.shards_metadata, resolved.region)) {
+    if (IsOneRun(overlap.box.shard_sizes(), resolved.region.shard_sizes()) ||
+        !moves(overlap.shard)) {
+      continue;
+    }
+    // Within the region, whose product was checked.
+    bytes += CheckedProduct(overlap.box.shard_sizes()).value_or(0) * element;
+  }
+  return bytes;
+}
+
+// What a call's reservation is, for the budget's refusals: the call, the
+// tensor and the region, and what besides the region it stages.
+std::string StagingWhat(absl::string_view op, const ResolvedRegion& resolved,
+                        int64_t pieces) {
+  std::string what = absl::StrCat(op, " of tensor ", resolved.name, " ",
+                                  BoxString(resolved.region));
+  if (pieces > 0) {
+    absl::StrAppend(&what, " (", resolved.nbytes, " bytes of region and ",
+                    pieces, " to stage its strided pieces on other daemons)");
+  }
+  return what;
+}
+
 }  // namespace
 
 absl::StatusOr<PreparedFetch> PrepareRegionRead(
@@ -133,12 +182,21 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                    Resolve(env, request.name(), request.tensor_id(),
                            request.offsets(), request.sizes(), "ReadRegion"));
   const ShardMetadata& region = resolved.region;
+  const std::shared_ptr<const RegisteredTensor> registered =
+      env.rank->registry().Find(resolved.info.tensor_id());
+  const std::shared_ptr<const RegisteredTensor> copies =
+      env.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
   std::shared_ptr<MemoryBudget::Reservation> staged;
   if (env.budget != nullptr) {
-    ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation,
-                     env.budget->Reserve(
-                         resolved.nbytes,
-                         absl::StrCat("ReadRegion of tensor ", resolved.name)));
+    // Every piece not served from a registered shard here may come from
+    // another daemon.
+    const int64_t pieces = StagedPieceBytes(resolved, [&](size_t shard) {
+      return Mine(registered, shard) == nullptr;
+    });
+    ASSIGN_OR_RETURN(
+        MemoryBudget::Reservation reservation,
+        env.budget->Reserve(resolved.nbytes + pieces,
+                            StagingWhat("ReadRegion", resolved, pieces)));
     staged =
         std::make_shared<MemoryBudget::Reservation>(std::move(reservation));
   }
@@ -148,10 +206,6 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                     TensorOptions()
                         .WithDType(resolved.metadata.tensor_properties.dtype)
                         .Private()));
-  const std::shared_ptr<const RegisteredTensor> registered =
-      env.rank->registry().Find(resolved.info.tensor_id());
-  const std::shared_ptr<const RegisteredTensor> copies =
-      env.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
   RETURN_IF_ERROR(ForEachRegionPiece(
       resolved.metadata.shards_metadata, region.shard_offsets(), box,
       env.parallelism, [&](const RegionPiece& piece) -> absl::Status {
@@ -325,16 +379,32 @@ class WriteRegionReactor final
     RETURN_IF_ERROR(CheckWriteHeader(header.dtype(), header.total_bytes(),
                                      dtype, resolved_->nbytes, What(),
                                      "region"));
+    replica_ = header.replica();
     if (env_.budget != nullptr) {
-      ASSIGN_OR_RETURN(staged_,
-                       env_.budget->Reserve(resolved_->nbytes, What()));
+      // Pieces with a holder elsewhere are forwarded (not in a write to
+      // this daemon's replicas only).
+      const int64_t pieces =
+          replica_ ? 0 : StagedPieceBytes(*resolved_, [&](size_t shard) {
+            return Forwarded(shard);
+          });
+      ASSIGN_OR_RETURN(
+          staged_,
+          env_.budget->Reserve(resolved_->nbytes + pieces,
+                               StagingWhat("WriteRegion", *resolved_, pieces)));
     }
     ASSIGN_OR_RETURN(buffer_,
                      Tensor::Empty(resolved_->region.shard_sizes(),
                                    TensorOptions().WithDType(dtype).Private()));
     sequence_.Start(resolved_->nbytes);
-    replica_ = header.replica();
     return absl::OkStatus();
+  }
+
+  // Whether some holder of `shard` is another daemon.
+  bool Forwarded(size_t shard) const {
+    for (int holder : HoldersOf(resolved_->info, static_cast<int>(shard))) {
+      if (holder != env_.rank->rank()) return true;
+    }
+    return false;
   }
 
   void End() {
@@ -406,21 +476,28 @@ class WriteRegionReactor final
           // To its owner and to every replica (wire/replicas.h).
           const std::vector<int> holders =
               HoldersOf(resolved.info, static_cast<int>(piece.shard));
+          // A strided piece leaves from one contiguous copy, shared by its
+          // holders (reserved with the region, StagedPieceBytes).
+          Tensor packed = piece.view;
+          if (!packed.is_contiguous() && Forwarded(piece.shard)) {
+            ASSIGN_OR_RETURN(packed, piece.view.Contiguous());
+          }
           return WriteToHolders(
               holders.size(),
               [&](size_t k, std::string* name) {
-                return WritePiece(k == 0 ? registered : copies_, piece,
+                return WritePiece(k == 0 ? registered : copies_, piece, packed,
                                   holders[k], k > 0, name);
               },
               owner);
         });
   }
 
-  // Writes one piece: into this daemon's shard, or forwarded to its owner.
+  // Writes one piece: into this daemon's shard, or forwarded to its owner
+  // from `packed` (its bytes, contiguous once it has a holder elsewhere).
   // Sets *owner to how errors name the owner.
   absl::Status WritePiece(
       const std::shared_ptr<const RegisteredTensor>& registered,
-      const RegionPiece& piece, int owner, bool replica,
+      const RegionPiece& piece, const Tensor& packed, int owner, bool replica,
       std::string* owner_name) {
     const ResolvedRegion& resolved = *resolved_;
     *owner_name = absl::StrCat(replica ? "replica rank " : "rank ", owner);
@@ -440,7 +517,7 @@ class WriteRegionReactor final
     options.deadline = deadline_;
     options.replica = replica;
     return WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
-                       piece.box->shard_offsets(), piece.view, options)
+                       piece.box->shard_offsets(), packed, options)
         .status();
   }
 

@@ -17,12 +17,23 @@
 // stream (no header, a repeated header, offsets that do not continue, more
 // or fewer bytes than total_bytes); OUT_OF_RANGE for a region outside the
 // tensor; RESOURCE_EXHAUSTED for a region larger than max_region_bytes or
-// than what is left of the daemon's memory budget (the region is staged in
-// host memory while it moves);
+// than what is left of the daemon's memory budget, naming the call, the
+// tensor, the region and the bytes asked and left (see Staging);
 // DATA_LOSS for a chunk whose checksum does not match; the owners' errors
 // (UNAVAILABLE, DEADLINE_EXCEEDED...) annotated with the shard and owner.
 // Sizes are checked before anything is allocated; nothing here aborts the
 // daemon on bad input.
+//
+// Staging: a call reserves what it will stage in the daemon's memory
+// budget before it allocates anything (a write: at its header, before any
+// data arrives), and gives it back when it is done (a read once its stream
+// ends, a write once applied): the region itself, plus a contiguous buffer
+// for each piece that is strided within the region and moves to or from
+// another daemon (a read lands it there before copying it into the region;
+// a write packs it there once for all its holders), so at most twice the
+// region. Nothing else a call allocates grows with the region, so
+// concurrent calls never stage more than the budget: one that does not fit
+// is refused whole, and the others go on.
 //
 // A write is applied only once all of it arrived and verified; a write
 // that fails while applying may have written some shards (as
@@ -66,8 +77,8 @@ struct RegionEnv {
   absl::Duration max_call_time = absl::Minutes(10);
   // Owners a call transfers to or from at once.
   int parallelism = 16;
-  // The daemon's memory budget: a read stages its region, a write its
-  // box, within it (RESOURCE_EXHAUSTED beyond); null: no budget.
+  // The daemon's memory budget: every staging buffer of a call is reserved
+  // in it (RESOURCE_EXHAUSTED beyond; see Staging above); null: no budget.
   std::shared_ptr<MemoryBudget> budget;
   // The refill in progress of the tensor with this id on this daemon
   // (refill.h), or null: writes to shards it refills go into it.

@@ -22,6 +22,7 @@
 #include "tests/testing/daemon_cluster_test.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 
 namespace tessera {
 namespace {
@@ -135,8 +136,8 @@ TEST_F(DaemonMemoryBudgetTest, ReshardsGathersAndRegionsStageWithinTheBudget) {
   EXPECT_EQ(again.tensor_id(), big.tensor_id());
 
   // A region read through rank 0's ControlService stages the region there.
-  auto stub = v1::ControlService::NewStub(grpc::CreateChannel(
-      cluster_->address(0), grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::ControlService::NewStub(CreateTesseraChannel(cluster_->address(0)));
   auto read = [&](int64_t rows) {
     v1::ReadRegionRequest request;
     request.set_name("big");

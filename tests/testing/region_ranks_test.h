@@ -158,6 +158,7 @@ class RegionRanksTest : public ::testing::Test {
         return info_;
       };
       env.max_region_bytes = kMaxRegionBytes;
+      env.budget = BudgetOf(r);
       services_[r] = std::make_unique<RegionService>(std::move(env));
       RpcOptions rpc;
       rpc.services = {services_[r].get()};
@@ -190,6 +191,10 @@ class RegionRanksTest : public ::testing::Test {
       }
     });
   }
+
+  // The memory budget of rank r's region calls; none unless a test's
+  // fixture says otherwise.
+  virtual std::shared_ptr<MemoryBudget> BudgetOf(int r) { return nullptr; }
 
   // Rank r's shards of the grid, cut from global_.
   std::shared_ptr<RegisteredTensor> LocalShards(int r) {

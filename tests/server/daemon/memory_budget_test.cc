@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/daemon/cgroup_memory.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -86,8 +87,15 @@ TEST(MemoryBudgetTest, DefaultLimitIsBelowWhatTheHostHas) {
   EXPECT_FALSE(source.empty());
   EXPECT_GT(one, 0);
   EXPECT_LT(one, PhysicalMemoryBytes());
-  const int64_t cgroup = CgroupMemoryLimit();
-  if (cgroup > 0) EXPECT_LT(one, cgroup);
+  const CgroupLimit limit = ReadCgroupMemoryLimit();
+  const int64_t cgroup = limit.bytes;
+  if (cgroup > 0) {
+    EXPECT_LT(one, cgroup);
+  }
+  if (cgroup > 0 && cgroup < PhysicalMemoryBytes()) {
+    // Named by the file that sets it.
+    EXPECT_THAT(source, HasSubstr(limit.file));
+  }
   if (cgroup == 0 || cgroup >= PhysicalMemoryBytes()) {
     // Shared among the daemons of the host.
     EXPECT_LE(DefaultMemoryLimit(8, &source), one / 4);

@@ -3,8 +3,10 @@
 // holds only ReadRegion and WriteRegion, on its real shard server (gRPC and
 // the data plane) on 127.0.0.1 (tests/testing/region_ranks_test.h). A 2 x 2
 // grid of shards, two on each rank, so that every region mixes local copies
-// and remote transfers. The client library's Client against the same ranks
-// is tested in tests/client/client_test.cc.
+// and remote transfers. With a memory budget on rank 0, a call reserves its
+// region and the staging of its strided remote pieces before it starts. The
+// client library's Client against the same ranks is tested in
+// tests/client/client_test.cc.
 #include "server/daemon/region_io.h"
 
 #include <functional>
@@ -28,6 +30,7 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/region_ranks_test.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 #include "wire/grpc_status.h"
 #include "xxhash.h"
 
@@ -35,13 +38,14 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class RegionIoTest : public ::tessera::testing::RegionRanksTest {
  protected:
   std::unique_ptr<v1::ControlService::Stub> Stub(int r) {
-    return v1::ControlService::NewStub(grpc::CreateChannel(
-        ranks_[r]->rpc_address(), grpc::InsecureChannelCredentials()));
+    return v1::ControlService::NewStub(
+        CreateTesseraChannel(ranks_[r]->rpc_address()));
   }
 
   // ReadRegion on rank r, as a client receives it.
@@ -254,6 +258,80 @@ TEST_F(RegionIoTest, BadWritesAreClearErrorsAndWriteNothing) {
   Tensor expected = *global_.Clone();
   ASSERT_OK(CopyBox(data, {0, 0}, expected, {0, 0}, {20, 200}));
   EXPECT_TRUE(Equal(Held(), expected));
+}
+
+// Rank 0's region calls within a budget of kBudget bytes.
+class RegionIoBudgetTest : public RegionIoTest {
+ protected:
+  static constexpr int64_t kBudget = 12000;
+
+  std::shared_ptr<MemoryBudget> BudgetOf(int r) override {
+    return r == 0 ? budget_ : nullptr;
+  }
+
+  // Every call has given its bytes back (a read's once its stream is done,
+  // which the server may notice after the client).
+  void ExpectBudgetWhole() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (budget_->used() != 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(budget_->used(), 0);
+  }
+
+  const std::shared_ptr<MemoryBudget> budget_ =
+      MemoryBudget::Create(kBudget, "the test's budget");
+};
+
+TEST_F(RegionIoBudgetTest, StridedPiecesFromOtherRanksCountWithTheRegion) {
+  // Rows 0-20, columns 100-200: shard 0 here (columns 100-150) and shard 1
+  // on rank 1 (columns 150-200), each strided within the region. 8000 bytes
+  // of region, and 4000 of rank 1's piece staged before it is copied in.
+  const std::vector<int64_t> offsets = {0, 100};
+  const std::vector<int64_t> sizes = {20, 100};
+  ASSERT_OK_AND_ASSIGN(Tensor expected, RegionView(global_, offsets, sizes));
+  ASSERT_OK_AND_ASSIGN(Tensor read, Read(0, offsets, sizes));
+  EXPECT_TRUE(Equal(read, *expected.Contiguous()));
+  ExpectBudgetWhole();
+  {
+    // One byte short: refused whole, naming the request and the bytes.
+    ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation held,
+                         budget_->Reserve(1, "held"));
+    EXPECT_THAT(
+        Read(0, offsets, sizes),
+        StatusIs(
+            absl::StatusCode::kResourceExhausted,
+            AllOf(HasSubstr("ReadRegion of tensor w [0:20, 100:200] "
+                            "(8000 bytes of region and 4000 to stage"),
+                  HasSubstr("needs 12000 bytes"), HasSubstr("11999 bytes left"),
+                  HasSubstr("the test's budget"))));
+    // A write of the same box packs rank 1's piece: refused at its header,
+    // before anything is written.
+    const Tensor data = Pattern(sizes, 4);
+    EXPECT_THAT(Write(0, offsets, data),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("WriteRegion of tensor w [0:20, "
+                                         "100:200] (8000 bytes of region"),
+                               HasSubstr("needs 12000 bytes"))));
+    EXPECT_TRUE(Equal(Held(), global_));
+    // Pieces that are runs of the region's bytes land in it directly: rows
+    // 15-25 of columns 0-150 (shard 0 here, shard 2 on rank 1) stage only
+    // their 6000 bytes.
+    ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation more,
+                         budget_->Reserve(kBudget - 1 - 6000, "more"));
+    ASSERT_OK_AND_ASSIGN(Tensor rows, Read(0, {15, 0}, {10, 150}));
+    ASSERT_OK_AND_ASSIGN(Tensor rows_expected,
+                         RegionView(global_, {15, 0}, {10, 150}));
+    EXPECT_TRUE(Equal(rows, *rows_expected.Contiguous()));
+  }
+  ExpectBudgetWhole();
+  // With the whole budget the write goes through, and gives it back.
+  const Tensor data = Pattern(sizes, 4);
+  ASSERT_OK(Write(0, offsets, data));
+  Tensor written = *global_.Clone();
+  ASSERT_OK(CopyBox(data, {0, 0}, written, offsets, sizes));
+  EXPECT_TRUE(Equal(Held(), written));
+  ExpectBudgetWhole();
 }
 
 TEST_F(RegionIoTest, ProgressOfAWriteCountsEveryByte) {
