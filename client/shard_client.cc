@@ -324,7 +324,8 @@ absl::StatusOr<DataConnection> ShardClient::TakeConnection(
   } else {
     connection = DataConnection::Plain(std::move(socket));
   }
-  ASSIGN_OR_RETURN(const std::string token, ProcessToken());
+  ASSIGN_OR_RETURN(const std::string token,
+                   ProcessTokenFor(data_plane_address_));
   if (token.empty()) {
     RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestMagic.data(),
                                          kDataPlaneRequestMagic.size(),

@@ -18,7 +18,9 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "io/file.h"
+#include "io/socket.h"
 #include "wire/credentials.h"
+#include "wire/user_token.h"
 
 namespace tessera {
 namespace {
@@ -85,6 +87,16 @@ std::shared_ptr<TokenTable>& ProcessTable() {
   static auto* table = new std::shared_ptr<TokenTable>();
   return *table;
 }
+// What a refusal for want of a token adds (SetProcessTokenTable).
+std::string& MissingTokenHint() {
+  static auto* hint = new std::string();
+  return *hint;
+}
+// Whether SetProcessToken chose the token (an empty one included).
+bool& ProcessTokenChosen() {
+  static bool chosen = false;
+  return chosen;
+}
 std::optional<absl::StatusOr<std::string>>& ProcessTokenSlot() {
   static auto* token = new std::optional<absl::StatusOr<std::string>>();
   return *token;
@@ -119,6 +131,8 @@ namespace {
 class TokenInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  explicit TokenInterceptor(std::string header)
+      : own_(std::move(header)), header_(&own_) {}
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
@@ -130,7 +144,27 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
   }
 
  private:
+  const std::string own_;
   const std::string* header_;
+};
+
+// For a channel made while the process had no token: looks again at each
+// call, so that the user's token file made by a daemon after the channel
+// is still sent (and nothing is added while there is none).
+class LateTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit LateTokenInterceptorFactory(std::string target)
+      : target_(std::move(target)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    absl::StatusOr<std::string> token = ProcessTokenFor(target_);
+    if (!token.ok() || token->empty()) return nullptr;
+    return new TokenInterceptor(absl::StrCat("Bearer ", *token));
+  }
+
+ private:
+  const std::string target_;
 };
 
 class TokenInterceptorFactory final
@@ -298,9 +332,11 @@ std::string TokenTable::cluster_token() {
   return cluster_token_;
 }
 
-void SetProcessTokenTable(std::shared_ptr<TokenTable> table) {
+void SetProcessTokenTable(std::shared_ptr<TokenTable> table,
+                          std::string missing_token_hint) {
   absl::MutexLock lock(&process_mu);
   ProcessTable() = std::move(table);
+  MissingTokenHint() = std::move(missing_token_hint);
 }
 
 std::shared_ptr<TokenTable> ProcessTokenTable() {
@@ -321,10 +357,16 @@ absl::Status Authorize(TokenTable& table,
         absl::StrCat(name, ": permission denied: no role may call it"));
   }
   if (!token.has_value()) {
+    std::string hint;
+    {
+      absl::MutexLock lock(&process_mu);
+      hint = MissingTokenHint();
+    }
     return absl::UnauthenticatedError(
         absl::StrCat(name,
                      ": unauthenticated: this cluster requires a token (set "
-                     "TESSERA_TOKEN or TESSERA_TOKEN_FILE)"));
+                     "TESSERA_TOKEN or TESSERA_TOKEN_FILE",
+                     hint.empty() ? "" : "; ", hint, ")"));
   }
   const std::optional<TokenTable::Entry> entry = table.Find(*token);
   if (!entry.has_value()) {
@@ -371,25 +413,58 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
 void SetProcessToken(std::string token) {
   absl::MutexLock lock(&process_mu);
   ProcessTokenSlot() = std::move(token);
+  ProcessTokenChosen() = true;
 }
 
 absl::StatusOr<std::string> ProcessToken() {
   absl::MutexLock lock(&process_mu);
   auto& slot = ProcessTokenSlot();
-  if (!slot.has_value()) slot = TokenFromEnvironment();
+  if (slot.has_value()) return *slot;
+  slot = TokenFromEnvironment();
   return *slot;
+}
+
+bool IsLoopbackTarget(absl::string_view target) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, scheme)) break;
+  }
+  absl::string_view host = target;
+  if (absl::StartsWith(target, "[")) {
+    host = target.substr(0, target.find(']') + 1);
+  } else if (const size_t colon = target.rfind(':');
+             colon != absl::string_view::npos) {
+    host = target.substr(0, colon);
+  }
+  return IsLoopbackHost(host);
+}
+
+absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target) {
+  ASSIGN_OR_RETURN(std::string token, ProcessToken());
+  bool chosen;
+  {
+    absl::MutexLock lock(&process_mu);
+    chosen = ProcessTokenChosen();
+  }
+  if (chosen || !token.empty() || !IsLoopbackTarget(target)) return token;
+  return ReadUserToken();
 }
 
 std::shared_ptr<grpc::Channel> CreateTesseraChannel(
     const std::string& target, const grpc::ChannelArguments& args) {
   absl::StatusOr<std::string> token = ProcessToken();
-  if (!token.ok() || token->empty()) {
-    return grpc::CreateCustomChannel(target, ProcessChannelCredentials(), args);
-  }
   std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
       interceptors;
-  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  if (!token.ok() || token->empty()) {
+    if (!IsLoopbackTarget(target)) {
+      return grpc::CreateCustomChannel(target, ProcessChannelCredentials(),
+                                       args);
+    }
+    interceptors.push_back(
+        std::make_unique<LateTokenInterceptorFactory>(target));
+  } else {
+    interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  }
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, ProcessChannelCredentials(), args, std::move(interceptors));
 }

@@ -22,10 +22,14 @@
 // Health and reflection are not covered (they carry no tensor data; the
 // daemon's --reflection=false turns reflection off).
 //
+// A daemon given neither this file, --tls-ca nor --insecure uses the
+// per-user token file (wire/user_token.h) the same way.
+//
 // Clients send `authorization: Bearer <token>` in each call's metadata
 // (every channel made by CreateTesseraChannel does so with the process
 // token: SetProcessToken, else TESSERA_TOKEN, else the first word of the
-// first line of the file TESSERA_TOKEN_FILE names). A call without a
+// first line of the file TESSERA_TOKEN_FILE names; else, to daemons on
+// loopback only, the user's token file's first token). A call without a
 // token, or with one the daemon does not know, fails UNAUTHENTICATED; one
 // whose role is below the method's fails PERMISSION_DENIED. Both messages
 // read "<Service>/<Method>: unauthenticated: ..." or "...: permission
@@ -118,7 +122,10 @@ class TokenTable {
 
 // The table every Tessera server of this process checks calls against;
 // null (the default): no tokens, every call is allowed.
-void SetProcessTokenTable(std::shared_ptr<TokenTable> table);
+// `missing_token_hint` is added to the refusal of a call with no token
+// (how a client of this cluster gets one).
+void SetProcessTokenTable(std::shared_ptr<TokenTable> table,
+                          std::string missing_token_hint = "");
 std::shared_ptr<TokenTable> ProcessTokenTable();
 
 // OK, or the UNAUTHENTICATED / PERMISSION_DENIED status refusing `method`
@@ -135,6 +142,18 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
 // INVALID_ARGUMENT when TESSERA_TOKEN_FILE cannot be read or is empty.
 void SetProcessToken(std::string token);
 absl::StatusOr<std::string> ProcessToken();
+// What this process presents to the server at `target` (a gRPC target or
+// "host:port"): ProcessToken() when SetProcessToken chose it (even "":
+// then none at all) or the environment gave one, else, when the target is
+// on loopback, the
+// user's token file's (wire/user_token.h; looked for again on each call
+// while there is none, since a daemon may make it later). The per-user
+// token is never sent beyond this host: daemons that use it stay on
+// loopback.
+absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target);
+// Whether `target` names a loopback host ("127.0.0.1:5", "[::1]:5",
+// "dns:///localhost:5").
+bool IsLoopbackTarget(absl::string_view target);
 // What ProcessToken falls back to, read now.
 absl::StatusOr<std::string> TokenFromEnvironment();
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
@@ -104,6 +105,14 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
                           "$TESSERA_TLS_CA (and $TESSERA_TLS_CERT, "
                           "$TESSERA_TLS_KEY for mutual TLS)",
                     ")");
+  }
+  if (absl::IsUnauthenticated(client.status()) &&
+      absl::StrContains(client.status().message(), "not one this cluster") &&
+      ProcessToken().ok() && ProcessToken()->empty()) {
+    absl::StrAppend(&message,
+                    " (with neither $TESSERA_TOKEN nor $TESSERA_TOKEN_FILE "
+                    "set, the client sent this user's token from ~/.tessera/"
+                    "token: set one of them to this cluster's token)");
   }
   return absl::Status(client.status().code(), message);
 }

@@ -25,6 +25,7 @@
 #include "wire/auth.h"
 #include "wire/chunk_assembler.h"
 #include "wire/request_guard.h"
+#include "wire/user_token.h"
 
 namespace tessera::daemon {
 namespace {
@@ -85,7 +86,25 @@ absl::Status Daemon::Init() {
                                        : "mutual, client certificates "
                                          "required");
   }
-  if (!o.auth_token_file.empty()) {
+  if (o.uses_user_token()) {
+    ASSIGN_OR_RETURN(const std::string path, EnsureUserTokenFile());
+    ASSIGN_OR_RETURN(std::shared_ptr<TokenTable> tokens,
+                     TokenTable::FromFile(path));
+    if (tokens->cluster_token().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " has no token of role cluster for the daemons to present"));
+    }
+    SetProcessToken(tokens->cluster_token());
+    const std::string user = CurrentUserName();
+    SetProcessTokenTable(
+        std::move(tokens),
+        absl::StrCat("these daemons run as ", user, " and accept the token in ",
+                     path, ", which clients of ", user, " send by default"));
+    spdlog::info(
+        "callers must present {}'s token from {} (other users are refused; "
+        "--auth-token-file or --tls-ca to choose, --insecure for none)",
+        user, path);
+  } else if (!o.auth_token_file.empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<TokenTable> tokens,
                      TokenTable::FromFile(o.auth_token_file));
     // The daemons present the cluster token to each other and the store.
@@ -100,7 +119,8 @@ absl::Status Daemon::Init() {
   if (o.insecure && !o.authenticates()) {
     spdlog::warn(
         "--insecure: listening on {} without authenticating callers: anyone "
-        "who reaches this port can read, change and delete every tensor",
+        "who reaches this port, every local user included, can read, change "
+        "and delete every tensor",
         o.host);
   }
   // Before joining: a bad root must not leave the other ranks waiting.

@@ -17,6 +17,13 @@
 // unless --insecure says so (and it warns at start). An authenticating
 // daemon listens on 0.0.0.0 by default.
 //
+// Authenticated by default: a daemon given none of --auth-token-file,
+// --tls-ca and --insecure checks every call against the per-user token
+// file (wire/user_token.h, made when absent), which its user's clients
+// send on their own; any other local user is refused. It still counts as
+// unauthenticated for the rule above (it stays on this host): the token is
+// sent in the clear. --insecure is the open mode of old (and warns).
+//
 // --store etcd://h1:2379,h2:2379/prefix keeps the rendezvous store, the
 // operation log and the generations in an etcd cluster
 // (server/store/etcd_store.h) instead of in rank 0: any daemon, rank 0
@@ -135,9 +142,11 @@ struct DaemonOptions {
   // (they are not encrypted or authenticated yet), so every shard byte
   // moves over TLS.
   TlsConfig tls;
-  // Tokens and roles (wire/auth.h); empty: none.
+  // Tokens and roles (wire/auth.h); empty: the per-user token file
+  // unless uses_user_token() says otherwise.
   std::string auth_token_file;
-  // Listening beyond loopback without authentication was asked for.
+  // No authentication at all was asked for: no per-user token, and
+  // listening beyond loopback allowed.
   bool insecure = false;
   // Serve gRPC server reflection (it shows the API, never data).
   bool reflection = false;
@@ -156,6 +165,11 @@ struct DaemonOptions {
   // Whether callers must prove who they are: mutual TLS or tokens.
   bool authenticates() const {
     return !tls.ca_file.empty() || !auth_token_file.empty();
+  }
+  // Whether the per-user token file guards this daemon (no credentials
+  // given and no --insecure).
+  bool uses_user_token() const {
+    return !insecure && tls.ca_file.empty() && auth_token_file.empty();
   }
   // "host:port" of the master's store.
   std::string store_address() const;

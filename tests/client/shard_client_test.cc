@@ -27,6 +27,7 @@
 #include "tests/testing/filled.h"
 #include "tests/testing/local_shard.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 #include "wire/chunk_codec.h"
 #include "xxhash.h"
 
@@ -130,6 +131,10 @@ class ScriptedPeer {
 // written by the test.
 class MisbehavingPeerTest : public ::testing::Test {
  protected:
+  // The scripted peer speaks the tokenless protocol: no token, not even
+  // this user's own (which the client would offer a peer on loopback).
+  void SetUp() override { SetProcessToken(""); }
+
   absl::Status Fetch(std::function<void(int fd)> chunks,
                      absl::Duration timeout = absl::Seconds(5)) {
     ScriptedPeer peer([&](int fd) {

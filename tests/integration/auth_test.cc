@@ -31,6 +31,7 @@
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/raw_call.h"
+#include "tests/testing/raw_data_plane.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_pki.h"
 #include "wire/auth.h"
@@ -152,64 +153,6 @@ class AuthTest : public tt::PkiTest {
     ASSERT_OK(created.Write({0, 0}, tt::Iota(sizes[0], sizes[1])));
     ASSERT_OK_AND_ASSIGN(Tensor values, created.Read());
     tt::ExpectIotaBox(values, 0, 0, sizes[1]);
-  }
-
-  // The reply to one fetch of shard 0 of `tensor_id` over a raw data-plane
-  // connection to `address` that opened with `magic` (and `token` when it
-  // is kDataPlaneTokenMagic), in the clear; its status when the daemon
-  // closed the connection instead.
-  static absl::StatusOr<v1::BulkFetchReply> RawFetch(
-      const std::string& address, const std::string& tensor_id,
-      absl::string_view magic, const std::string& token = "") {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
-    DataConnection connection = DataConnection::Plain(std::move(socket));
-    RETURN_IF_ERROR(connection.WriteFull(magic.data(), magic.size(), deadline));
-    if (magic == kDataPlaneTokenMagic) {
-      RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
-    }
-    v1::FetchShardRequest request;
-    request.set_tensor_id(tensor_id);
-    RETURN_IF_ERROR(
-        connection.WriteFrame(request.SerializeAsString(), deadline));
-    ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
-    v1::BulkFetchReply reply;
-    if (!reply.ParseFromString(frame)) {
-      return absl::DataLossError("unparsable reply");
-    }
-    return reply;
-  }
-
-  // The go-ahead (or refusal) of a raw data-plane write of row 0 of shard
-  // 0 of `tensor_id` (float32, `cols` wide) by a client presenting `token`,
-  // in the clear; its status when the daemon closed the connection instead.
-  static absl::StatusOr<v1::BulkWriteReply> RawWrite(
-      const std::string& address, const std::string& tensor_id, int64_t cols,
-      const std::string& token) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
-    DataConnection connection = DataConnection::Plain(std::move(socket));
-    RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestTokenMagic.data(),
-                                         kDataPlaneRequestTokenMagic.size(),
-                                         deadline));
-    RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
-    v1::DataPlaneRequest request;
-    v1::BulkWriteRequest& write = *request.mutable_write();
-    write.set_tensor_id(tensor_id);
-    write.add_region_offsets(0);
-    write.add_region_offsets(0);
-    write.add_region_sizes(1);
-    write.add_region_sizes(cols);
-    write.set_dtype(v1::DTYPE_FLOAT32);
-    write.set_total_bytes(cols * 4);
-    RETURN_IF_ERROR(
-        connection.WriteFrame(request.SerializeAsString(), deadline));
-    ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
-    v1::BulkWriteReply reply;
-    if (!reply.ParseFromString(frame)) {
-      return absl::DataLossError("unparsable reply");
-    }
-    return reply;
   }
 
   std::string tokens_;
@@ -446,33 +389,34 @@ TEST_F(AuthTest, TokensWithoutTls) {
   const auto code = [](const absl::StatusOr<v1::BulkFetchReply>& reply) {
     return reply.ok() ? reply->code() : -1;
   };
-  EXPECT_EQ(code(RawFetch(data_address, id, kDataPlaneMagic)),
+  EXPECT_EQ(code(tt::RawFetch(data_address, id, kDataPlaneMagic)),
             static_cast<int>(absl::StatusCode::kUnauthenticated));
   absl::StatusOr<v1::BulkFetchReply> unknown =
-      RawFetch(data_address, id, kDataPlaneTokenMagic, kUnknownToken);
+      tt::RawFetch(data_address, id, kDataPlaneTokenMagic, kUnknownToken);
   EXPECT_EQ(code(unknown),
             static_cast<int>(absl::StatusCode::kUnauthenticated));
   if (unknown.ok()) {
     EXPECT_THAT(unknown->message(),
                 HasSubstr("FetchShard: unauthenticated: the token is not"));
   }
-  EXPECT_EQ(code(RawFetch(data_address, id, kDataPlaneTokenMagic, kReadToken)),
-            0);
+  EXPECT_EQ(
+      code(tt::RawFetch(data_address, id, kDataPlaneTokenMagic, kReadToken)),
+      0);
 
   // Writes over the data plane need the write role, as WriteRegion does.
   absl::StatusOr<v1::BulkWriteReply> read_only =
-      RawWrite(data_address, id, 8, kReadToken);
+      tt::RawWrite(data_address, id, 8, kReadToken);
   ASSERT_OK(read_only.status());
   EXPECT_EQ(read_only->code(),
             static_cast<int>(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(read_only->message(), HasSubstr("WriteRegion"));
   absl::StatusOr<v1::BulkWriteReply> unknown_write =
-      RawWrite(data_address, id, 8, kUnknownToken);
+      tt::RawWrite(data_address, id, 8, kUnknownToken);
   ASSERT_OK(unknown_write.status());
   EXPECT_EQ(unknown_write->code(),
             static_cast<int>(absl::StatusCode::kUnauthenticated));
   absl::StatusOr<v1::BulkWriteReply> allowed =
-      RawWrite(data_address, id, 8, kWriteToken);
+      tt::RawWrite(data_address, id, 8, kWriteToken);
   ASSERT_OK(allowed.status());
   EXPECT_EQ(allowed->code(), 0) << allowed->message();
   EXPECT_FALSE(allowed->fallback()) << allowed->message();
@@ -507,8 +451,8 @@ TEST_F(AuthTest, DataPlaneOverMutualTls) {
   const std::string data_address = writer->cluster().workers(1).data_address();
   ASSERT_NE(data_address, "");
   // Plaintext: the daemon's handshake fails and it closes the connection.
-  EXPECT_FALSE(RawFetch(data_address, view->tensor_id(), kDataPlaneTokenMagic,
-                        kReadToken)
+  EXPECT_FALSE(tt::RawFetch(data_address, view->tensor_id(),
+                            kDataPlaneTokenMagic, kReadToken)
                    .ok());
   // Another CA's certificate: refused by the handshake.
   ASSERT_TRUE(pki_->MakeCa("other_ca"));

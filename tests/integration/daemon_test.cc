@@ -44,6 +44,7 @@
 #include "tests/testing/iota.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 
 namespace tessera {
 namespace {
@@ -100,8 +101,8 @@ class DaemonTest : public ::tessera::testing::DaemonClusterTest {
   static void SetUpTestSuite() { StartSuiteCluster(ClusterOptions()); }
 
   std::unique_ptr<v1::ControlService::Stub> Stub(int rank) {
-    return v1::ControlService::NewStub(grpc::CreateChannel(
-        cluster_->address(rank), grpc::InsecureChannelCredentials()));
+    return v1::ControlService::NewStub(
+        CreateTesseraChannel(cluster_->address(rank)));
   }
 };
 
@@ -381,8 +382,8 @@ TEST_F(DaemonTest, BadRequestsGetClearErrors) {
     EXPECT_EQ(reader->Finish().error_code(), grpc::INVALID_ARGUMENT);
   }
   {
-    auto shard_stub = v1::ShardService::NewStub(grpc::CreateChannel(
-        cluster_->address(1), grpc::InsecureChannelCredentials()));
+    auto shard_stub =
+        v1::ShardService::NewStub(CreateTesseraChannel(cluster_->address(1)));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::seconds(10));
@@ -403,8 +404,7 @@ TEST_F(DaemonTest, BadRequestsGetClearErrors) {
     std::string wire = request.SerializeAsString();
     wire.resize(wire.size() / 2);  // cut inside the spec
     const grpc::Status status = ::tessera::testing::RawUnaryCall(
-        grpc::CreateChannel(cluster_->address(3),
-                            grpc::InsecureChannelCredentials()),
+        CreateTesseraChannel(cluster_->address(3)),
         "/tessera.v1.ControlService/CreateTensor", wire);
     EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(),

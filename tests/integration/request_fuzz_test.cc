@@ -39,6 +39,7 @@
 #include "tests/testing/iota.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 
 namespace tessera {
 namespace {
@@ -314,12 +315,10 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
       std::mt19937_64 rng(seed + t);
       std::vector<std::unique_ptr<grpc::GenericStub>> daemons;
       for (int r = 0; r < kWorld; ++r) {
-        daemons.push_back(
-            std::make_unique<grpc::GenericStub>(grpc::CreateChannel(
-                cluster_->address(r), grpc::InsecureChannelCredentials())));
+        daemons.push_back(std::make_unique<grpc::GenericStub>(
+            CreateTesseraChannel(cluster_->address(r))));
       }
-      grpc::GenericStub store(grpc::CreateChannel(
-          cluster_->store_address(), grpc::InsecureChannelCredentials()));
+      grpc::GenericStub store(CreateTesseraChannel(cluster_->store_address()));
       for (size_t m = t; m < methods.size(); m += kThreads) {
         const Method& method = methods[m];
         std::map<int, int> seen;

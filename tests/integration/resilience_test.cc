@@ -40,6 +40,7 @@
 #include "tests/testing/daemon_state.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 #include "wire/replicas.h"
 
 namespace tessera {
@@ -306,8 +307,7 @@ TEST(ResilienceTest, ATornWriteNamesTheBoxesWrittenAndNot) {
   // Through one daemon, which forwards the others' boxes.
   ASSERT_OK_AND_ASSIGN(Tensor twos, Tensor::Full({6, 4}, 2.0));
   std::unique_ptr<v1::ControlService::Stub> stub =
-      v1::ControlService::NewStub(grpc::CreateChannel(
-          cluster->address(0), grpc::InsecureChannelCredentials()));
+      v1::ControlService::NewStub(CreateTesseraChannel(cluster->address(0)));
   RegionWriteOptions forward;
   forward.deadline = absl::Now() + absl::Seconds(3);
   EXPECT_THAT(

@@ -32,6 +32,7 @@
 #include "tessera/v1/shard.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
 #include "wire/chunk_codec.h"
 
 #ifndef TESSERA_SERVER_PATH
@@ -58,8 +59,8 @@ constexpr Health kUnknown = ::grpc::health::v1::HealthCheckResponse::UNKNOWN;
 
 // Health.Check for the whole server (service "").
 absl::StatusOr<Health> CheckHealth(const std::string& address) {
-  auto stub = ::grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      ::grpc::health::v1::Health::NewStub(CreateTesseraChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
   ::grpc::health::v1::HealthCheckResponse response;
@@ -73,8 +74,7 @@ absl::StatusOr<Health> CheckHealth(const std::string& address) {
 }
 
 absl::StatusOr<v1::ClusterInfo> GetCluster(const std::string& address) {
-  auto stub = v1::ControlService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::ControlService::NewStub(CreateTesseraChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
   v1::ClusterInfo info;
@@ -217,8 +217,7 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
   // A shard bigger than the loopback socket buffers, so that serving it
   // blocks until the client reads.
   constexpr int64_t kBytes = int64_t{64} << 20;
-  auto control = v1::ControlService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto control = v1::ControlService::NewStub(CreateTesseraChannel(address));
   v1::CreateTensorRequest create;
   create.set_name("big");
   create.add_sizes(kBytes);
@@ -241,8 +240,11 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   ASSERT_OK_AND_ASSIGN(UniqueFd socket,
                        ConnectTcp(info.workers(0).data_address(), deadline));
-  ASSERT_OK(WriteFull(socket.get(), kDataPlaneMagic.data(),
-                      kDataPlaneMagic.size(), deadline));
+  // With this user's token (the daemon was started without credentials).
+  ASSERT_OK(WriteFull(socket.get(), kDataPlaneTokenMagic.data(),
+                      kDataPlaneTokenMagic.size(), deadline));
+  ASSERT_OK_AND_ASSIGN(const std::string token, ProcessTokenFor(address));
+  ASSERT_OK(WriteFrame(socket.get(), token, deadline));
   v1::FetchShardRequest request;
   request.set_tensor_id(tensor.tensor_id());
   request.set_shard_index(0);

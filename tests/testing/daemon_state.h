@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/auth.h"
 
 namespace tessera::testing {
 
@@ -26,8 +27,8 @@ inline absl::StatusOr<absl::Duration> TimeUntilDaemonState(
     const std::string& address,
     const std::function<bool(const v1::ClusterInfo&)>& done, absl::Time since,
     absl::Duration timeout) {
-  std::unique_ptr<v1::ControlService::Stub> stub = v1::ControlService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<v1::ControlService::Stub> stub =
+      v1::ControlService::NewStub(CreateTesseraChannel(address));
   while (absl::Now() - since < timeout) {
     grpc::ClientContext context;
     context.set_deadline(

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/raw_call.h"
+#include "wire/auth.h"
 
 namespace tessera {
 namespace {
@@ -56,8 +57,7 @@ class RequestGuardTest : public ::testing::Test {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = CreateTesseraChannel("127.0.0.1:" + std::to_string(port));
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -161,9 +161,7 @@ TEST(ServerReflectionTest, CanBeTurnedOff) {
   };
   auto call = [&](int port) {
     return ::tessera::testing::RawUnaryCall(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                            grpc::InsecureChannelCredentials()),
-        kMethod, "");
+        CreateTesseraChannel("127.0.0.1:" + std::to_string(port)), kMethod, "");
   };
   TestControl service;
   int port = 0;

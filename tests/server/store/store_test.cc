@@ -38,6 +38,7 @@
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_pki.h"
+#include "wire/auth.h"
 
 namespace tessera {
 namespace {
@@ -561,8 +562,7 @@ class GrpcStoreTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(server_, StoreServer::Start("127.0.0.1:0"));
     ASSERT_OK_AND_ASSIGN(client_,
                          GrpcStore::Connect(server_->address(), kPatience));
-    stub_ = v1::StoreService::NewStub(grpc::CreateChannel(
-        server_->address(), grpc::InsecureChannelCredentials()));
+    stub_ = v1::StoreService::NewStub(CreateTesseraChannel(server_->address()));
   }
 
   bool ParkedCallsReach(size_t n) {
