@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# Builds Tessera and runs every test (unit, CLI, benchmark smoke runs and
-# the formatting check) through ctest. Installs missing Debian packages
-# first.
+# The README's test command (and CI's, .ci/run): builds Tessera and runs
+# every test (unit, CLI, benchmark smoke runs and the formatting check)
+# through ctest, then a second build with clang under AddressSanitizer and
+# UndefinedBehaviorSanitizer that runs the suite again (without the
+# benchmark, style and GPU tiers) and the libFuzzer targets of tests/fuzz/
+# for TESSERA_FUZZ_SECONDS each (default 20). Both always run, in CI or
+# not. Installs missing Debian packages first.
 #
-# Then, in CI (CI set) or with --sanitize / TESSERA_SANITIZE, a second
-# build with clang under AddressSanitizer and UndefinedBehaviorSanitizer
-# (default address,undefined) runs the suite again, without the benchmark,
-# style and GPU tiers, plus the libFuzzer targets of tests/fuzz/ for
-# TESSERA_FUZZ_SECONDS each (default 20).
+#   deploy/test.sh                    # the suite, then sanitized + fuzzers
+#   deploy/test.sh --sanitize address # other sanitizers for the second run
+#   deploy/test.sh --sanitize-only    # only the sanitized run
+#   deploy/test.sh --no-sanitize      # only the suite (a quicker local loop;
+#                                     # not what CI runs)
 #
-#   deploy/test.sh                            # the suite
-#   deploy/test.sh --sanitize address,undefined   # the suite, then sanitized
-#   deploy/test.sh --sanitize-only            # only the sanitized run
+# The test builds keep line tables, not full debug info (-g1, and -O1
+# -gline-tables-only under the sanitizers, as they recommend): backtraces
+# and sanitizer reports name files and lines, and the two builds fit CI's
+# time. Build Tessera yourself (cmake, README) for full debug info.
 #
 # Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
 # (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
-# TESSERA_SANITIZE (sanitizers; empty: none unless CI is set).
+# TESSERA_SANITIZE (sanitizers; default address,undefined).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sanitize=${TESSERA_SANITIZE:-}
-if [[ -z "$sanitize" && -n "${CI:-}" ]]; then sanitize=address,undefined; fi
+sanitize=${TESSERA_SANITIZE:-address,undefined}
 normal=1
 while (($#)); do
   case "$1" in
     --sanitize) sanitize=${2:?--sanitize needs a list, e.g. address,undefined}; shift ;;
     --sanitize=*) sanitize=${1#--sanitize=} ;;
-    --sanitize-only) normal=0; sanitize=${sanitize:-address,undefined} ;;
+    --sanitize-only) normal=0 ;;
+    --no-sanitize) sanitize= ;;
     *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -38,7 +43,9 @@ jobs=$(nproc)
 if ((normal)); then
   build_dir=${TESSERA_BUILD_DIR:-build}
   cmake -S . -B "$build_dir" -G Ninja \
-    -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}"
+    -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
   cmake --build "$build_dir" -j "$jobs"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
 fi
@@ -49,6 +56,8 @@ if [[ -n "$sanitize" ]]; then
   # CUDA code is built and tested by the normal run; clang compiles the rest.
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$san_dir" -G Ninja \
     -DTESSERA_WITH_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
     -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
     -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-20}"
   cmake --build "$san_dir" -j "$jobs"
