@@ -76,7 +76,7 @@ absl::Status Core::Start() {
     if (state_ != State::kNew) {
       return absl::FailedPreconditionError("stopped");
     }
-    membership_.Start(&log_);
+    membership_.Start();
     log_.Start(resumed.next);
     state_ = State::kRunning;
   }

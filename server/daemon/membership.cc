@@ -57,9 +57,8 @@ Membership::~Membership() {
   Join();
 }
 
-void Membership::Start(WaitingCalls* calls) {
+void Membership::Start() {
   absl::MutexLock lock(&mu_);
-  calls_ = calls;
   formed_at_ = absl::Now();
   lease_keeper_ = std::thread([this] { LeaseLoop(); });
 }
@@ -97,18 +96,29 @@ bool Membership::NeedsReform() const {
 absl::Status Membership::Admit(
     const std::function<absl::Status()>& enqueue) const {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(ReformingLocked(/*even_if_all_here=*/false));
-  // A silent daemon while no generation is being formed: an op would wait
-  // for it. (While one is, ReformingLocked decides: refused while ranks
-  // are missing, queued once every daemon takes part.)
-  if (reforming_.empty() && !published_expired_.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        LeaseText(published_expired_), "; the cluster waits for ranks [",
-        absl::StrJoin(published_expired_, ", "),
-        "] (stalled, dead or unreachable); operations resume once every "
-        "daemon takes part again"));
-  }
+  // Only a fenced daemon refuses: it can take part in no generation. While
+  // the group re-forms or a daemon is silent, the op is queued and held
+  // (HoldReason) within its deadline.
+  if (!fenced_.empty()) return absl::UnavailableError(fenced_);
   return enqueue();
+}
+
+std::string Membership::HoldReason() const {
+  absl::MutexLock lock(&mu_);
+  if (!fenced_.empty()) return fenced_;
+  if (absl::Status reforming = ReformingLocked(/*even_if_all_here=*/false);
+      !reforming.ok()) {
+    return std::string(reforming.message());
+  }
+  // A silent daemon while no generation is being formed: an op would wait
+  // for it inside a collective.
+  if (reforming_.empty() && !published_expired_.empty()) {
+    return absl::StrCat(LeaseText(published_expired_),
+                        "; the cluster waits for ranks [",
+                        absl::StrJoin(published_expired_, ", "),
+                        "] (stalled, dead or unreachable)");
+  }
+  return "";
 }
 
 std::vector<std::string> Membership::devices() const {
@@ -124,8 +134,8 @@ std::string Membership::State() const {
     return absl::StrCat("re-forming: ", reforming.message());
   }
   if (!published_expired_.empty()) {
-    // An op may be waiting for the silent daemon inside a collective;
-    // operations are refused meanwhile (Admit).
+    // An op may be waiting for the silent daemon inside a collective; new
+    // ones are held before the log meanwhile (HoldReason).
     return absl::StrCat("waiting: ", LeaseText(published_expired_),
                         "; the cluster waits for ranks [",
                         absl::StrJoin(published_expired_, ", "), "]");
@@ -302,33 +312,14 @@ void Membership::ReadPublishedExpiry(int64_t generation) {
   }
   std::sort(expired.begin(), expired.end());
   expired.erase(std::unique(expired.begin(), expired.end()), expired.end());
-  WaitingCalls::Snapshot waiting;
-  WaitingCalls* calls = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    // A generation that formed meanwhile made what was read stale.
-    if (rank_->world_group()->generation() != generation) return;
-    const bool newly = published_expired_.empty() && !expired.empty();
-    published_expired_ = expired;
-    if (!newly || calls_ == nullptr) return;
-    // Under this lock, as Admit: no call is admitted past it unseen.
-    calls = calls_;
-    waiting = calls->Waiting();
-  }
-  // Calls already submitted: their op may wait inside a collective for the
-  // silent daemon until --timeout. Their callers hear it now. An op not yet
-  // appended to the log never will be (the submit thread skips ended
-  // calls); one already in the log may still complete.
-  const std::string why = LeaseText(expired);
-  for (const std::shared_ptr<PendingCall>& call : waiting.in_flight) {
-    calls->End(call,
-               absl::UnavailableError(absl::StrCat(
-                   call->method(), ": ", why,
-                   waiting.queued.contains(call->id())
-                       ? " before the operation was logged; it was not applied"
-                       : " while the operation ran; it may still complete once "
-                         "that daemon is back, or fail")));
-  }
+  absl::MutexLock lock(&mu_);
+  // A generation that formed meanwhile made what was read stale.
+  if (rank_->world_group()->generation() != generation) return;
+  // Published only: operations already in the log wait for the silent
+  // daemon inside their collectives (up to --timeout) and new ones are held
+  // before the log (OpLog, HoldReason) until it is back or their deadline
+  // comes. A stall shorter than a call's deadline delays it, never fails it.
+  published_expired_ = expired;
 }
 
 std::string Membership::LeaseText(const std::vector<int>& expired) const {

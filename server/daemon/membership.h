@@ -6,15 +6,17 @@
 // Leases: every daemon renews its lease in the store every lease / 10 (an
 // etcd lease where the store has them, else a counter). Rank 0 watches
 // every other daemon and rank 1 watches rank 0; a daemon silent for most
-// of a lease is published as expired in the store, every daemon reads that
-// within a period, refuses new operations naming it (UNAVAILABLE) and ends
-// the calls already waiting (they may wait inside a collective for the
-// silent daemon until --timeout). The watcher's executor then forms the
-// next generation of the default group; the others follow.
+// of a lease is published as expired in the store and every daemon reads
+// that within a period. A silent daemon delays operations, it does not fail
+// them: ops already in the log wait for it inside their collectives (up to
+// --timeout), and new ones are admitted and held before the log
+// (HoldReason) until it is back or their deadline comes; a call that ends
+// held was not applied, and says why. The watcher's executor then forms
+// the next generation of the default group; the others follow.
 //
 // Generations: Reform blocks the executor until every daemon takes part
-// in the next generation (calls are refused meanwhile, naming the missing
-// ranks), then JoinInStep brings the daemons back in step: the log
+// in the next generation (new ops are held meanwhile, HoldReason naming the
+// missing ranks), then JoinInStep brings the daemons back in step: the log
 // position (the furthest any daemon reached) and the table (what every
 // veteran holds alike stays; a tensor whose shards were on a restarted
 // daemon is degraded, or refilled from its replicas: replication.h).
@@ -23,10 +25,10 @@
 //
 // Thread-safety: every method may be called from any thread, except
 // JoinInStep and Reform (the executor's, or Start's before it runs).
-// Locks: membership's lock may be held while the log's is taken (Admit,
-// and the snapshot of waiting calls), never the other way round.
-// Ownership: the control core owns it; the table, the replication and the
-// waiting calls it points at outlive it. Stop() ends the lease thread and
+// Locks: membership's lock may be held while the log's is taken (Admit),
+// never the other way round.
+// Ownership: the control core owns it; the table and the replication it
+// points at outlive it. Stop() ends the lease thread and
 // cancels a Reform in progress; Join() waits for the thread.
 #ifndef TESSERA_SERVER_DAEMON_MEMBERSHIP_H_
 #define TESSERA_SERVER_DAEMON_MEMBERSHIP_H_
@@ -41,37 +43,18 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_options.h"
-#include "server/daemon/pending_call.h"
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
 #include "server/rank/rank.h"
 #include "server/store/store.h"
 
 namespace tessera::control_internal {
-
-// What membership asks of the operation log (op_log.h): the calls waiting
-// for their ops, to end them when a daemon goes silent.
-class WaitingCalls {
- public:
-  struct Snapshot {
-    std::vector<std::shared_ptr<PendingCall>> in_flight;
-    // The ids of those not yet appended to the log.
-    absl::flat_hash_set<uint64_t> queued;
-  };
-  virtual ~WaitingCalls() = default;
-  // Called with membership's lock held.
-  virtual Snapshot Waiting() const = 0;
-  // Completes `call` with `status` and forgets it.
-  virtual void End(const std::shared_ptr<PendingCall>& call,
-                   const absl::Status& status) = 0;
-};
 
 class Membership {
  public:
@@ -103,7 +86,7 @@ class Membership {
   absl::StatusOr<Resumed> JoinInStep(bool starting, int64_t next);
 
   // Starts the lease thread; leases count from now.
-  void Start(WaitingCalls* calls);
+  void Start();
   void Stop();
   void Join();
 
@@ -116,11 +99,14 @@ class Membership {
   // fenced.
   std::optional<Resumed> Reform(int64_t next);
 
-  // Runs `enqueue` under membership's lock when new operations are
-  // admitted, and returns its status; else UNAVAILABLE naming why: fenced,
-  // re-forming while daemons are missing, or a daemon silent. Holding the
-  // lock makes the admission and the enqueue one step for ReadExpiry.
+  // Runs `enqueue` under membership's lock and returns its status; a
+  // fenced daemon refuses instead (UNAVAILABLE naming why).
   absl::Status Admit(const std::function<absl::Status()>& enqueue) const;
+  // Why new ops must wait before the log now ("": they need not): fenced,
+  // re-forming while daemons are missing, or a daemon silent (an op would
+  // wait for it inside a collective). The submit thread holds its queue
+  // while this is not empty.
+  std::string HoldReason() const;
 
   // Every daemon's device, by rank (as of the last JoinInStep).
   std::vector<std::string> devices() const;
@@ -157,7 +143,6 @@ class Membership {
   mutable absl::Mutex mu_;
   mutable absl::CondVar stopping_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  WaitingCalls* calls_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<std::string> devices_ ABSL_GUARDED_BY(mu_);
   // Why the default group is being formed again ("" while it serves), and
   // why this daemon was fenced off ("" unless it was).

@@ -32,6 +32,9 @@ std::string WhatWasThrown() {
   }
 }
 
+// How often a held queue asks membership again whether it may log.
+constexpr absl::Duration kHoldRecheck = absl::Milliseconds(50);
+
 // Store keys, under the "control" prefix.
 constexpr char kSeqKey[] = "seq";
 constexpr char kSkip[] = "skip";
@@ -175,12 +178,18 @@ bool OpLog::Pause(absl::Duration d) {
   return state_ == State::kRunning;
 }
 
-WaitingCalls::Snapshot OpLog::Waiting() const {
-  Snapshot waiting;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, call] : pending_) waiting.in_flight.push_back(call);
-  for (const Queued& q : queue_) waiting.queued.insert(q.call->id());
-  return waiting;
+OpLog::DeadlineKey OpLog::AnswerBy(const PendingCall& call) {
+  const absl::Time deadline = call.deadline();
+  return DeadlineKey(
+      deadline == absl::InfiniteFuture() ? deadline : deadline - kAnswerMargin,
+      call.id());
+}
+
+bool OpLog::QueuedLocked(uint64_t id) const {
+  for (const Queued& queued : queue_) {
+    if (queued.call->id() == id) return true;
+  }
+  return false;
 }
 
 void OpLog::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
@@ -191,13 +200,12 @@ void OpLog::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   if (call->deadline() != absl::InfiniteFuture()) {
     op.set_deadline_unix_nanos(absl::ToUnixNanos(call->deadline()));
   }
-  // Admitted and queued in one step under membership's lock, so that a
-  // daemon found silent meanwhile ends this call too (Waiting).
+  // Admitted and queued in one step under membership's lock.
   const absl::Status accepting = membership_->Admit([&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AcceptingLocked());
     pending_.emplace(call->id(), call);
-    deadlines_.emplace(call->deadline(), call->id());
+    deadlines_.insert(AnswerBy(*call));
     queue_.push_back(Queued{std::move(op), call});
     wake_.SignalAll();
     return absl::OkStatus();
@@ -210,7 +218,7 @@ void OpLog::Finish(const std::shared_ptr<PendingCall>& call,
   {
     absl::MutexLock lock(&mu_);
     pending_.erase(call->id());
-    deadlines_.erase(DeadlineKey(call->deadline(), call->id()));
+    deadlines_.erase(AnswerBy(*call));
   }
   call->Complete(status, std::move(result));
 }
@@ -218,28 +226,71 @@ void OpLog::Finish(const std::shared_ptr<PendingCall>& call,
 void OpLog::SubmitLoop() {
   mu_.Lock();
   while (state_ == State::kRunning) {
-    // Calls past their deadline end now; their ops may still run.
+    // Calls at their deadline end now: certain when their op is still
+    // queued (it never will be logged), else it may still run.
     if (!deadlines_.empty() && deadlines_.begin()->first <= absl::Now()) {
       auto it = pending_.find(deadlines_.begin()->second);
       deadlines_.erase(deadlines_.begin());
       if (it == pending_.end()) continue;
       std::shared_ptr<PendingCall> call = std::move(it->second);
       pending_.erase(it);
+      absl::Status ended;
+      if (!QueuedLocked(call->id())) {
+        ended = absl::DeadlineExceededError(absl::StrCat(
+            call->method(),
+            " did not complete within its deadline (the operation may still "
+            "complete)"));
+      } else if (!held_.empty()) {
+        ended = absl::UnavailableError(absl::StrCat(
+            call->method(),
+            " was not applied: its deadline came while the cluster held new "
+            "operations: ",
+            held_, "; retry once every daemon takes part again"));
+      } else {
+        ended = absl::DeadlineExceededError(absl::StrCat(
+            call->method(),
+            " was not applied: its deadline came before the operation was "
+            "logged"));
+      }
       mu_.Unlock();
-      call->Complete(absl::DeadlineExceededError(absl::StrCat(
-          call->method(),
-          " did not complete within its deadline (the operation may still "
-          "complete)")));
+      call->Complete(ended);
       mu_.Lock();
       continue;
     }
     if (queue_.empty()) {
+      held_.clear();
       if (deadlines_.empty()) {
         wake_.Wait(&mu_);
       } else {
         wake_.WaitWithDeadline(&mu_, deadlines_.begin()->first);
       }
       continue;
+    }
+    // Held while a daemon is silent or missing: a logged op would wait for
+    // it inside a collective, an unlogged one can still end certain.
+    // Membership's lock comes before the log's: asked without it.
+    mu_.Unlock();
+    std::string hold = membership_->HoldReason();
+    mu_.Lock();
+    if (state_ != State::kRunning) continue;
+    if (!hold.empty()) {
+      if (held_.empty()) {
+        spdlog::warn(
+            "control: holding {} operation(s) until every daemon "
+            "takes part: {}",
+            queue_.size(), hold);
+      }
+      held_ = std::move(hold);
+      absl::Time until = absl::Now() + kHoldRecheck;
+      if (!deadlines_.empty()) {
+        until = std::min(until, deadlines_.begin()->first);
+      }
+      wake_.WaitWithDeadline(&mu_, until);
+      continue;
+    }
+    if (!held_.empty()) {
+      spdlog::info("control: logging the held operations again");
+      held_.clear();
     }
     Queued queued = std::move(queue_.front());
     queue_.pop_front();
@@ -643,6 +694,8 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
                        confirmed.message()));
     }
   }
+  // Every daemon has committed (or gave up): what the op replaced may go.
+  outcome.retired.reset();
   const absl::Duration ran = absl::Now() - started;
   CountControlOp(OpName(op), outcome.status.code(), ran);
   // One line per op on every daemon: grep "op 17 " (or the request id)

@@ -25,8 +25,19 @@
 // this daemon's highest claim, if higher) and logged as an error; a number
 // that collides with a written entry is given up for another, as above.
 //
-// Failure: every call ends by its deadline (DEADLINE_EXCEEDED, "the
-// operation may still complete"); an unreachable store is UNAVAILABLE
+// Holding: while membership says ops must wait (HoldReason: a daemon
+// silent, or the group re-forming without every daemon), the submit thread
+// logs nothing; queued calls wait within their deadlines, so a stall
+// shorter than a deadline delays the op and fails nothing. A call whose
+// deadline comes while its op is still unlogged was not applied, and ends
+// saying so: UNAVAILABLE naming what the cluster waited for when it was
+// held, else DEADLINE_EXCEEDED. Every call is answered kAnswerMargin before
+// its deadline, so that the answer reaches the client before its own
+// deadline does.
+//
+// Failure: a call whose op was logged and did not complete by its deadline
+// ends DEADLINE_EXCEEDED ("the operation may still complete"); an
+// unreachable store is UNAVAILABLE
 // before the op is logged; an entry the others passed while this daemon
 // re-formed ends its call with UNAVAILABLE ("was not applied"); Shutdown
 // ends every waiting call with UNAVAILABLE "daemon is shutting down".
@@ -76,8 +87,10 @@ inline constexpr char kStarting[] = "daemon is starting";
 // The highest log number the log accepts ("seq" beyond it is repaired, a
 // "skip-to" beyond it is a plain skip): far from overflowing int64.
 inline constexpr int64_t kMaxLogNumber = int64_t{1} << 62;
+// How long before its deadline a call is answered (see "Holding").
+inline constexpr absl::Duration kAnswerMargin = absl::Milliseconds(250);
 
-class OpLog final : public WaitingCalls {
+class OpLog final {
  public:
   // `store` is the control prefix of the rendezvous store; `incarnation`
   // tells this process's calls from those of an earlier process of the
@@ -86,7 +99,7 @@ class OpLog final : public WaitingCalls {
         std::shared_ptr<Store> store, const ControlOptions& options,
         uint64_t incarnation, Membership* membership, ControlOps* ops);
   // Calls Stop(), Join() and FailWaiting().
-  ~OpLog() override;
+  ~OpLog();
   OpLog(const OpLog&) = delete;
   OpLog& operator=(const OpLog&) = delete;
 
@@ -114,20 +127,18 @@ class OpLog final : public WaitingCalls {
   // How many log entries this daemon has executed or skipped.
   int64_t applied() const { return applied_.load(); }
 
-  // WaitingCalls (membership's view).
-  Snapshot Waiting() const override;
-  void End(const std::shared_ptr<PendingCall>& call,
-           const absl::Status& status) override {
-    Finish(call, status);
-  }
-
  private:
   enum class State { kNew, kRunning, kStopped };
   struct Queued {
     v1::ControlOp op;
     std::shared_ptr<PendingCall> call;
   };
+  // When a call is answered at the latest (its deadline less
+  // kAnswerMargin), and its id.
   using DeadlineKey = std::pair<absl::Time, uint64_t>;
+  static DeadlineKey AnswerBy(const PendingCall& call);
+  // Whether `id`'s op is still queued (not being logged yet).
+  bool QueuedLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One of this daemon's ops at the log number it claimed, until the
   // executor passes the number.
   struct Appended {
@@ -236,6 +247,8 @@ class OpLog final : public WaitingCalls {
       ABSL_GUARDED_BY(mu_);
   std::set<DeadlineKey> deadlines_ ABSL_GUARDED_BY(mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  // Why the queue is held now (Membership::HoldReason); "" when it is not.
+  std::string held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::control_internal
