@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <limits>
 #include <map>
@@ -15,10 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/region_transfer.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/daemon/agreement.h"
+#include "server/daemon/region_io.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/replicas.h"
@@ -391,71 +394,168 @@ OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
   return outcome;
 }
 
+absl::StatusOr<v1::TensorInfo> ControlOps::LayoutInfo(
+    const std::string& name, const ShardedTensorMetadata& metadata) const {
+  v1::TensorInfo info;
+  info.set_name(name);
+  *info.mutable_metadata() = ToProto(metadata);
+  for (const ShardMetadata& shard : metadata.shards_metadata) {
+    ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
+                                         group_->global_ranks(),
+                                         shard.placement(), rank_.get()));
+    info.add_shard_ranks(placement.first);
+  }
+  return info;
+}
+
 OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   const v1::ReshardRequest& request = op.reshard();
+  const std::string& name = request.name();
   OpOutcome outcome;
-  absl::StatusOr<ShardedTensor> tensor = table_->Lookup(request.name());
+  absl::StatusOr<ShardedTensor> tensor = table_->Lookup(name);
   absl::StatusOr<ShardingSpec> spec =
       SpecOf(request.has_spec(), request.spec(), "Reshard");
+  // The new layout: its metadata and info (without its id until the
+  // agreement), this daemon's new shards and copies, and their budget.
+  ShardedTensorMetadata metadata;
+  v1::TensorInfo info;
+  std::vector<Shard> shards;
   MemoryBudget::Reservation held;
-  absl::Status ready = !tensor.ok() ? tensor.status()
-                       : !spec.ok() ? spec.status()
-                                    : CheckDeadline(op);
-  if (ready.ok()) {
-    // The new shards are allocated while the old ones still live.
-    ready = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
-                       BuildMetadata(*spec, tensor->size(),
-                                     tensor->metadata().tensor_properties));
-      ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
-      ASSIGN_OR_RETURN(
-          held, budget_->Reserve(
-                    host_bytes,
-                    absl::StrCat("Reshard \"", request.name(),
-                                 "\" (its new shards on rank ", rank(), ")")));
+  Replication::PlacedCopies copies;
+  bool unchanged = false;
+  absl::Status local = [&]() -> absl::Status {
+    // Deterministic first: every daemon holds the same tensor.
+    RETURN_IF_ERROR(tensor.status());
+    ASSIGN_OR_RETURN(const v1::TensorInfo old_info, table_->Info(name));
+    RETURN_IF_ERROR(spec.status());
+    RETURN_IF_ERROR(CheckDeadline(op));
+    const ShardedTensorMetadata& old_metadata = tensor->metadata();
+    ASSIGN_OR_RETURN(metadata, BuildMetadata(*spec, tensor->size(),
+                                             old_metadata.tensor_properties));
+    if (metadata == old_metadata) {
+      unchanged = true;
       return absl::OkStatus();
-    }();
+    }
+    ASSIGN_OR_RETURN(info, LayoutInfo(name, metadata));
+    const int count = CopiesOf(old_info);
+    // Then this daemon's part, reserved before anything is allocated: its
+    // new shards, its copies of others' new shards, and the staging of the
+    // strided pieces it fetches for them.
+    ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
+    ASSIGN_OR_RETURN(
+        held,
+        budget_->Reserve(host_bytes, absl::StrCat("Reshard \"", name,
+                                                  "\" (its new shards on rank ",
+                                                  rank(), ")")));
+    if (count > 1) {
+      ASSIGN_OR_RETURN(copies,
+                       replication_->PlaceCopies(&info, metadata, count));
+    }
+    const TensorProperties& p = old_metadata.tensor_properties;
+    // Each box to fill, from the old layout, and the tensor it goes into.
+    std::vector<std::pair<const ShardMetadata*, Tensor>> targets;
+    int64_t staging_bytes = 0;
+    for (size_t j = 0; j < metadata.shards_metadata.size(); ++j) {
+      const ShardMetadata& box = metadata.shards_metadata[j];
+      if (info.shard_ranks(static_cast<int>(j)) != rank()) continue;
+      const Device device = box.placement()->device();
+      staging_bytes = SaturatingAdd(
+          staging_bytes, BoxStagingBytes(*rank_, old_info, old_metadata, box));
+      ASSIGN_OR_RETURN(
+          Tensor shard,
+          Tensor::Empty(box.shard_sizes(),
+                        TensorOptions()
+                            .WithDType(p.dtype)
+                            .WithDevice(device)
+                            .WithPinMemory(p.pin_memory && device.is_cpu())
+                            .WithRequiresGrad(p.requires_grad)));
+      targets.emplace_back(&box, shard);
+      shards.push_back(Shard{std::move(shard), box});
+    }
+    if (copies.mine != nullptr) {
+      for (const LocalShard& copy : copies.mine->local_shards) {
+        const ShardMetadata& box = metadata.shards_metadata[copy.index];
+        staging_bytes =
+            SaturatingAdd(staging_bytes,
+                          BoxStagingBytes(*rank_, old_info, old_metadata, box));
+        targets.emplace_back(&box, copy.tensor);
+      }
+    }
+    ASSIGN_OR_RETURN(
+        const MemoryBudget::Reservation staging,
+        budget_->Reserve(staging_bytes,
+                         absl::StrCat("Reshard \"", name,
+                                      "\" (staging its strided pieces on rank ",
+                                      rank(), ")")));
+    // Every box from the old layout's holders (copied where this daemon
+    // holds it), while the old layout still serves: no daemon drops it
+    // before every daemon agreed that its boxes are filled.
+    const absl::Time deadline =
+        std::min(DeadlineOf(op), absl::Now() + options_.op_timeout);
+    constexpr int kParallelism = 4;
+    return RunInParallel(
+        targets.size(), kParallelism, [&](size_t k) -> absl::Status {
+          return ReadBoxInto(*rank_, old_info, old_metadata, *targets[k].first,
+                             targets[k].second, kParallelism, deadline,
+                             "Reshard");
+        });
+  }();
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;  // Nothing changed.
+  if (unchanged) {
+    absl::StatusOr<v1::TensorInfo> same = table_->Info(name);
+    outcome.status = same.status();
+    if (same.ok()) outcome.result.info = *std::move(same);
+    return outcome;
   }
-  outcome.status = Agree(ready, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
 
-  absl::Status resharded = tensor->Reshard(*spec).status();
-  // The tensor may have changed locally even when another daemon failed,
-  // so its info is refreshed either way.
-  absl::StatusOr<v1::TensorInfo> info =
-      TensorInfoOf(*rank_, request.name(), *tensor);
-  outcome.status =
-      Agree(resharded.ok() ? info.status() : resharded, &outcome.agreed);
-  MemoryBudget::Reservation replaced;  // Released outside the lock.
-  std::shared_ptr<ReplicaCopies> old_copies;
-  int copies = 1;
-  if (info.ok()) {
-    table_
-        ->Update(request.name(),
-                 [&](TableEntry& entry) {
-                   copies = CopiesOf(entry.info);
-                   entry.info = *info;
-                   if (resharded.ok()) {
-                     replaced = std::move(entry.held);
-                     entry.held = std::move(held);
-                     old_copies = std::move(entry.replicas);
-                   }
-                 })
-        .IgnoreError();  // Looked up above; only the executor removes.
-  }
-  old_copies.reset();
-  // The new layout gets as many copies as the old one had, from its new
-  // owners.
-  if (outcome.status.ok() && copies > 1) {
-    outcome.status = replication_->Replicate(request.name(), copies, nullptr,
-                                             &outcome.agreed);
-    info = table_->Info(request.name());
-  }
-  if (outcome.status.ok()) {
-    outcome.result.info = *std::move(info);
-  } else {
-    ResyncTensorIds();
-  }
+  // The new layout under a new id (each daemon draws exactly one, so the
+  // ids stay aligned whatever follows), registered but not yet named.
+  const std::string id = rank_->NextTensorId(*tensor->process_group());
+  info.set_tensor_id(id);
+  std::optional<ShardedTensor> made;
+  std::shared_ptr<ReplicaCopies> registered;
+  local = [&]() -> absl::Status {
+    ShardedTensorOptions options = tensor->options();
+    options.tensor_id = id;
+    ASSIGN_OR_RETURN(made, ShardedTensor::InitFromLocalShardsWithSpec(
+                               std::move(shards), metadata, *spec, options));
+    if (copies.mine != nullptr) {
+      ASSIGN_OR_RETURN(
+          registered, ReplicaCopies::Register(rank_, id, std::move(copies.mine),
+                                              std::move(copies.held)));
+    }
+    return absl::OkStatus();
+  }();
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;  // The new layout is dropped.
+
+  // The commit: the name moves to the new layout at once for every reader
+  // of the table. The old layout leaves the registry once every daemon
+  // has committed (OpOutcome::retired); fetches in flight then keep its
+  // bytes, later ones of the old id get NOT_FOUND.
+  struct Retired {
+    // Declared first, so that the reservation goes back to the budget
+    // only after the shards and copies are freed.
+    MemoryBudget::Reservation held;
+    std::optional<ShardedTensor> tensor;
+    std::shared_ptr<ReplicaCopies> copies;
+  };
+  auto retired = std::make_shared<Retired>();
+  table_
+      ->Update(name,
+               [&](TableEntry& entry) {
+                 retired->held = std::move(entry.held);
+                 retired->tensor = std::move(entry.tensor);
+                 retired->copies = std::move(entry.replicas);
+                 entry.tensor = std::move(made);
+                 entry.info = info;
+                 entry.held = std::move(held);
+                 entry.replicas = std::move(registered);
+               })
+      .IgnoreError();  // Looked up above; only the executor removes.
+  outcome.retired = std::move(retired);
+  outcome.result.info = std::move(info);
   return outcome;
 }
 

@@ -11,6 +11,17 @@
 // caller's answer; Outcome::agreed tells the log whether every daemon
 // has read the op.
 //
+// Reshard serves any layout to any other (shard counts, ranks without
+// shards, several shards per rank, chunk or explicit boxes), unlike the
+// SPMD ShardedTensor::Reshard it leaves to the PyTorch API: each daemon
+// reserves and allocates its new shards and its copies of others' new
+// shards (as many copies as before), fills every one from the old
+// layout's holders (ReadBoxInto, region_io.h: a local copy where it holds
+// the box), and only once every daemon agreed that its boxes are filled
+// does the name move to the new layout under a new tensor id; the old one
+// is freed after every daemon confirmed the commit (OpOutcome::retired).
+// A refused reshard changes nothing.
+//
 // Errors (as the client sees them): INVALID_ARGUMENT for a bad name, size,
 // spec, placement, init kind or copies count; ALREADY_EXISTS for a taken
 // name; NOT_FOUND for an unknown tensor or checkpoint entry;
@@ -55,6 +66,13 @@ struct OpOutcome {
   absl::Status status;
   OpResult result;
   bool agreed = false;
+  // What the op replaced (a reshard's old layout: its shards, copies and
+  // their budget), kept until every daemon confirmed the commit
+  // (OpLog::Execute's barrier): a read that resolved the old layout on a
+  // daemon that had not committed yet still finds its shards on every
+  // daemon, and a read that fails after that finds the new id in its
+  // daemon's table (region_io.h).
+  std::shared_ptr<const void> retired;
 };
 
 // The method name of `op` ("CreateTensor", ...), for messages.
@@ -97,6 +115,11 @@ class ControlOps {
                                       absl::string_view what) const;
   absl::Status CheckPlacement(const std::optional<RemoteDevice>& placement,
                               absl::Span<const std::string> devices) const;
+  // The info of a layout about to be made: name, metadata and each shard's
+  // owner rank (no id, no replicas). INVALID_ARGUMENT for a placement the
+  // group cannot resolve.
+  absl::StatusOr<v1::TensorInfo> LayoutInfo(
+      const std::string& name, const ShardedTensorMetadata& metadata) const;
   // The bytes of `metadata`'s shards this daemon holds in host memory.
   absl::StatusOr<int64_t> LocalHostBytes(
       const ShardedTensorMetadata& metadata) const;

@@ -118,13 +118,6 @@ const LocalShard* Mine(
              : registered->FindShard(static_cast<int64_t>(shard));
 }
 
-// What a remote transfer of `overlap` is, for errors.
-std::string RemoteWhat(absl::string_view op, const ResolvedRegion& resolved,
-                       size_t shard) {
-  return absl::StrCat(op, " of tensor ", resolved.name, ": shard ", shard,
-                      " on rank ", resolved.info.shard_ranks(shard));
-}
-
 // Whether a box of `piece` sizes is one run of the row-major bytes of a
 // box of `whole` sizes: past its first dimension longer than 1, it spans
 // `whole` (as Tensor::is_contiguous judges the view).
@@ -138,26 +131,32 @@ bool IsOneRun(absl::Span<const int64_t> piece,
   return true;
 }
 
-// The bytes a call stages besides its region: every piece that is strided
-// within the region and that `moves` (to or from another daemon) passes
-// through a contiguous buffer of its own: a read's lands there before it
-// is copied into the region (ShardAssembler), a write's is packed there
-// once for all its holders. At most the region's size again.
-int64_t StagedPieceBytes(const ResolvedRegion& resolved,
-                         const std::function<bool(size_t shard)>& moves) {
-  const int64_t element = static_cast<int64_t>(
-      ElementSize(resolved.metadata.tensor_properties.dtype));
+// The bytes staged besides a box of `metadata`: every piece that is
+// strided within the box and that `moves` (to or from another daemon)
+// passes through a contiguous buffer of its own: a read's lands there
+// before it is copied into the box (ShardAssembler), a write's is packed
+// there once for all its holders. At most the box's size again.
+int64_t StagedBytes(const ShardedTensorMetadata& metadata,
+                    const ShardMetadata& box,
+                    const std::function<bool(size_t shard)>& moves) {
+  const int64_t element =
+      static_cast<int64_t>(ElementSize(metadata.tensor_properties.dtype));
   int64_t bytes = 0;
-  for (const RegionOverlap& overlap :
-       Overlaps(resolved.metadata.shards_metadata, resolved.region)) {
-    if (IsOneRun(overlap.box.shard_sizes(), resolved.region.shard_sizes()) ||
+  for (const RegionOverlap& overlap : Overlaps(metadata.shards_metadata, box)) {
+    if (IsOneRun(overlap.box.shard_sizes(), box.shard_sizes()) ||
         !moves(overlap.shard)) {
       continue;
     }
-    // Within the region, whose product was checked.
+    // Within the box, whose product was checked.
     bytes += CheckedProduct(overlap.box.shard_sizes()).value_or(0) * element;
   }
   return bytes;
+}
+
+// StagedBytes of a call's region.
+int64_t StagedPieceBytes(const ResolvedRegion& resolved,
+                         const std::function<bool(size_t shard)>& moves) {
+  return StagedBytes(resolved.metadata, resolved.region, moves);
 }
 
 // What a call's reservation is, for the budget's refusals: the call, the
@@ -175,6 +174,84 @@ std::string StagingWhat(absl::string_view op, const ResolvedRegion& resolved,
 
 }  // namespace
 
+int64_t BoxStagingBytes(const Rank& rank, const v1::TensorInfo& info,
+                        const ShardedTensorMetadata& metadata,
+                        const ShardMetadata& box) {
+  const std::shared_ptr<const RegisteredTensor> registered =
+      rank.registry().Find(info.tensor_id());
+  const std::shared_ptr<const RegisteredTensor> copies =
+      rank.registry().Find(ReplicaTensorId(info.tensor_id()));
+  return StagedBytes(metadata, box, [&](size_t shard) {
+    return Mine(registered, shard) == nullptr && Mine(copies, shard) == nullptr;
+  });
+}
+
+absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
+                         const ShardedTensorMetadata& metadata,
+                         const ShardMetadata& box, const Tensor& destination,
+                         int parallelism, absl::Time deadline,
+                         absl::string_view op) {
+  const std::shared_ptr<const RegisteredTensor> registered =
+      rank.registry().Find(info.tensor_id());
+  const std::shared_ptr<const RegisteredTensor> copies =
+      rank.registry().Find(ReplicaTensorId(info.tensor_id()));
+  return ForEachRegionPiece(
+      metadata.shards_metadata, box.shard_offsets(), destination, parallelism,
+      [&](const RegionPiece& piece) -> absl::Status {
+        const auto copy_from = [&](const LocalShard& local) {
+          return CopyBox(local.tensor, piece.offsets_in_shard, piece.view,
+                         std::vector<int64_t>(piece.view.dim(), 0),
+                         piece.box->shard_sizes());
+        };
+        if (const LocalShard* mine = Mine(registered, piece.shard)) {
+          return copy_from(*mine);
+        }
+        // The owner, then each replica (as the client library reads), each
+        // with an even share of the time left.
+        const std::vector<int> holders =
+            HoldersOf(info, static_cast<int>(piece.shard));
+        absl::Status status = absl::UnavailableError(
+            absl::StrCat(op, " of tensor ", info.name(), ": shard ",
+                         piece.shard, ": no holder of it answers"));
+        for (size_t k = 0; k < holders.size(); ++k) {
+          const bool replica = k > 0;
+          if (holders[k] == rank.rank()) {
+            // This daemon's copy, or its own shard still being refilled.
+            const LocalShard* copy =
+                replica ? Mine(copies, piece.shard) : nullptr;
+            if (copy != nullptr) return copy_from(*copy);
+            continue;
+          }
+          const std::string what = absl::StrCat(
+              op, " of tensor ", info.name(), ": shard ", piece.shard,
+              replica ? " from replica rank " : " on rank ", holders[k]);
+          FetchOptions options;
+          options.timeout = (deadline - absl::Now()) /
+                            static_cast<int64_t>(holders.size() - k);
+          if (options.timeout <= absl::ZeroDuration()) {
+            return absl::DeadlineExceededError(
+                absl::StrCat(what, ": deadline exceeded"));
+          }
+          absl::StatusOr<std::shared_ptr<ShardClient>> client =
+              rank.ClientFor(holders[k]);
+          status = Annotate(
+              client.ok() ? (*client)->FetchRegionInto(
+                                replica ? ReplicaTensorId(info.tensor_id())
+                                        : info.tensor_id(),
+                                static_cast<int64_t>(piece.shard),
+                                piece.offsets_in_shard, piece.view, options)
+                          : client.status(),
+              what);
+          if (status.ok() ||
+              !(absl::IsUnavailable(status) ||
+                absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
+            return status;
+          }
+        }
+        return status;
+      });
+}
+
 absl::StatusOr<PreparedFetch> PrepareRegionRead(
     const RegionEnv& env, const v1::ReadRegionRequest& request,
     absl::Time deadline) {
@@ -182,17 +259,12 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                    Resolve(env, request.name(), request.tensor_id(),
                            request.offsets(), request.sizes(), "ReadRegion"));
   const ShardMetadata& region = resolved.region;
-  const std::shared_ptr<const RegisteredTensor> registered =
-      env.rank->registry().Find(resolved.info.tensor_id());
-  const std::shared_ptr<const RegisteredTensor> copies =
-      env.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
   std::shared_ptr<MemoryBudget::Reservation> staged;
   if (env.budget != nullptr) {
-    // Every piece not served from a registered shard here may come from
-    // another daemon.
-    const int64_t pieces = StagedPieceBytes(resolved, [&](size_t shard) {
-      return Mine(registered, shard) == nullptr;
-    });
+    // Every piece not served from a shard or copy registered here may come
+    // from another daemon.
+    const int64_t pieces =
+        BoxStagingBytes(*env.rank, resolved.info, resolved.metadata, region);
     ASSIGN_OR_RETURN(
         MemoryBudget::Reservation reservation,
         env.budget->Reserve(resolved.nbytes + pieces,
@@ -206,62 +278,23 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                     TensorOptions()
                         .WithDType(resolved.metadata.tensor_properties.dtype)
                         .Private()));
-  RETURN_IF_ERROR(ForEachRegionPiece(
-      resolved.metadata.shards_metadata, region.shard_offsets(), box,
-      env.parallelism, [&](const RegionPiece& piece) -> absl::Status {
-        const auto copy_from = [&](const LocalShard& local) {
-          return CopyBox(local.tensor, piece.offsets_in_shard, piece.view,
-                         std::vector<int64_t>(piece.view.dim(), 0),
-                         piece.box->shard_sizes());
-        };
-        if (const LocalShard* mine = Mine(registered, piece.shard)) {
-          return copy_from(*mine);
-        }
-        // The owner, then each replica (as the client library reads), each
-        // with an even share of the time left.
-        const std::vector<int> holders =
-            HoldersOf(resolved.info, static_cast<int>(piece.shard));
-        absl::Status status = absl::UnavailableError(
-            absl::StrCat(RemoteWhat("ReadRegion", resolved, piece.shard),
-                         ": no holder of it answers"));
-        for (size_t k = 0; k < holders.size(); ++k) {
-          const bool replica = k > 0;
-          if (holders[k] == env.rank->rank()) {
-            // This daemon's copy, or its own shard still being refilled.
-            const LocalShard* copy =
-                replica ? Mine(copies, piece.shard) : nullptr;
-            if (copy != nullptr) return copy_from(*copy);
-            continue;
-          }
-          const std::string what = absl::StrCat(
-              "ReadRegion of tensor ", resolved.name, ": shard ", piece.shard,
-              replica ? " from replica rank " : " on rank ", holders[k]);
-          FetchOptions options;
-          options.timeout = (deadline - absl::Now()) /
-                            static_cast<int64_t>(holders.size() - k);
-          if (options.timeout <= absl::ZeroDuration()) {
-            return absl::DeadlineExceededError(
-                absl::StrCat(what, ": deadline exceeded"));
-          }
-          absl::StatusOr<std::shared_ptr<ShardClient>> client =
-              env.rank->ClientFor(holders[k]);
-          status = Annotate(
-              client.ok()
-                  ? (*client)->FetchRegionInto(
-                        replica ? ReplicaTensorId(resolved.info.tensor_id())
-                                : resolved.info.tensor_id(),
-                        static_cast<int64_t>(piece.shard),
-                        piece.offsets_in_shard, piece.view, options)
-                  : client.status(),
-              what);
-          if (status.ok() ||
-              !(absl::IsUnavailable(status) ||
-                absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
-            return status;
-          }
-        }
-        return status;
-      }));
+  const absl::Status read =
+      ReadBoxInto(*env.rank, resolved.info, resolved.metadata, region, box,
+                  env.parallelism, deadline, "ReadRegion");
+  if (!read.ok()) {
+    // A reshard or a re-create that committed while the pieces moved took
+    // the shards of the id this read resolved: say so, rather than the
+    // NOT_FOUND of some holder.
+    absl::StatusOr<v1::TensorInfo> now = env.resolve(request.name());
+    if (now.ok() && now->tensor_id() != resolved.info.tensor_id()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ReadRegion: tensor ", request.name(), " is now ",
+                       now->tensor_id(), ", not ", resolved.info.tensor_id(),
+                       " (it was resharded or re-created during the read): ",
+                       read.message()));
+    }
+    return read;
+  }
   ASSIGN_OR_RETURN(const ShardMetadata where,
                    ShardMetadata::Create(
                        region.shard_offsets(), region.shard_sizes(),

@@ -12,7 +12,9 @@
 //
 // Errors (as gRPC codes): NOT_FOUND for an unknown name (as `resolve`
 // says); FAILED_PRECONDITION when the request pins a tensor id the name no
-// longer has; INVALID_ARGUMENT for a region of the wrong rank, negative
+// longer has, or when the tensor was resharded or re-created while a read's
+// pieces moved (its old shards are gone: a read never mixes two layouts);
+// INVALID_ARGUMENT for a region of the wrong rank, negative
 // offsets or sizes, a dtype other than the tensor's, or a malformed write
 // stream (no header, a repeated header, offsets that do not continue, more
 // or fewer bytes than total_bytes); OUT_OF_RANGE for a region outside the
@@ -49,8 +51,13 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/shard_metadata.h"
+#include "common/sharded_tensor_metadata.h"
+#include "common/tensor/tensor.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -85,6 +92,33 @@ struct RegionEnv {
   std::function<std::shared_ptr<Refill>(const std::string& tensor_id)>
       refilling;
 };
+
+// Fills `destination` (the box's sizes, any strides, CPU or CUDA; written
+// in place) with the box at global `box` offsets of the tensor `info` (as
+// the daemon's table holds it, laid out as `metadata`), for a daemon that
+// needs the bytes itself: ReadRegion's stream, Reshard's new shards and
+// copies (server/daemon/control_ops.h). A piece whose shard, or a copy of
+// it, is registered on this daemon under info.tensor_id() is copied; any
+// other is fetched from its holders in turn, the owner then each replica
+// (ShardClient::FetchRegionInto; UNAVAILABLE, DEADLINE_EXCEEDED and
+// NOT_FOUND move on to the next holder), each try with an even share of
+// the time left until `deadline`; at most `parallelism` pieces at once.
+// Errors name `op`, the tensor, the shard and the holder; a piece may have
+// been written when another failed. Allocates nothing but the staging of
+// strided remote pieces (BoxStagingBytes), which the caller reserves.
+absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
+                         const ShardedTensorMetadata& metadata,
+                         const ShardMetadata& box, const Tensor& destination,
+                         int parallelism, absl::Time deadline,
+                         absl::string_view op);
+
+// The bytes ReadBoxInto of `box` stages besides its destination: each
+// piece that is strided within the box and that no shard or copy
+// registered on this daemon holds lands in a contiguous buffer of its own
+// before it is copied into place. At most the box's size.
+int64_t BoxStagingBytes(const Rank& rank, const v1::TensorInfo& info,
+                        const ShardedTensorMetadata& metadata,
+                        const ShardMetadata& box);
 
 // Reads the region of `request` into a new contiguous host tensor,
 // returned ready to stream (NewChunkStreamReactor): the header's metadata

@@ -1,6 +1,7 @@
 #include "server/daemon/replication.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -149,6 +150,42 @@ absl::Status Replication::FetchFromHolders(
   });
 }
 
+absl::StatusOr<Replication::PlacedCopies> Replication::PlaceCopies(
+    v1::TensorInfo* info, const ShardedTensorMetadata& metadata,
+    int copies) const {
+  const std::vector<int> owners(info->shard_ranks().begin(),
+                                info->shard_ranks().end());
+  ASSIGN_OR_RETURN(std::vector<std::vector<int>> placed,
+                   PlaceReplicas(owners, copies, WorkerHosts()));
+  info->clear_replicas();
+  for (const std::vector<int>& ranks : placed) {
+    info->add_replicas()->mutable_ranks()->Add(ranks.begin(), ranks.end());
+  }
+  // Reserved before anything is allocated.
+  int64_t host_bytes = 0;
+  for (int shard = 0; shard < info->replicas_size(); ++shard) {
+    const auto& ranks = info->replicas(shard).ranks();
+    if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end()) continue;
+    const int64_t numel =
+        CheckedProduct(metadata.shards_metadata[shard].shard_sizes())
+            .value_or(std::numeric_limits<int64_t>::max());
+    const int64_t element =
+        static_cast<int64_t>(ElementSize(metadata.tensor_properties.dtype));
+    host_bytes =
+        numel > (std::numeric_limits<int64_t>::max() - host_bytes) / element
+            ? std::numeric_limits<int64_t>::max()
+            : host_bytes + numel * element;
+  }
+  PlacedCopies result;
+  ASSIGN_OR_RETURN(
+      result.held,
+      budget_->Reserve(host_bytes, absl::StrCat("replicas of \"", info->name(),
+                                                "\" on rank ", rank())));
+  int64_t allocated = 0;
+  ASSIGN_OR_RETURN(result.mine, AllocateCopies(*info, metadata, &allocated));
+  return result;
+}
+
 absl::Status Replication::Replicate(const std::string& name, int copies,
                                     const v1::CreateTensorRequest* init,
                                     bool* agreed) {
@@ -159,21 +196,9 @@ absl::Status Replication::Replicate(const std::string& name, int copies,
   absl::Status local = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      FromProto(info.metadata()));
-    const std::vector<int> owners(info.shard_ranks().begin(),
-                                  info.shard_ranks().end());
-    ASSIGN_OR_RETURN(std::vector<std::vector<int>> placed,
-                     PlaceReplicas(owners, copies, WorkerHosts()));
-    info.clear_replicas();
-    for (const std::vector<int>& ranks : placed) {
-      info.add_replicas()->mutable_ranks()->Add(ranks.begin(), ranks.end());
-    }
-    int64_t host_bytes = 0;
-    ASSIGN_OR_RETURN(std::shared_ptr<RegisteredTensor> mine,
-                     AllocateCopies(info, metadata, &host_bytes));
-    ASSIGN_OR_RETURN(
-        MemoryBudget::Reservation held,
-        budget_->Reserve(host_bytes, absl::StrCat("replicas of \"", name,
-                                                  "\" on rank ", rank())));
+    ASSIGN_OR_RETURN(PlacedCopies placed, PlaceCopies(&info, metadata, copies));
+    std::shared_ptr<RegisteredTensor>& mine = placed.mine;
+    MemoryBudget::Reservation& held = placed.held;
     const v1::InitKind kind =
         init != nullptr ? init->init() : v1::INIT_KIND_UNSPECIFIED;
     if (kind == v1::INIT_KIND_ZEROS || kind == v1::INIT_KIND_ONES ||

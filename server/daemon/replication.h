@@ -67,6 +67,24 @@ class Replication {
   absl::Status Replicate(const std::string& name, int copies,
                          const v1::CreateTensorRequest* init, bool* agreed);
 
+  // This daemon's copies of a tensor that is not in the table yet, and
+  // their share of the budget.
+  struct PlacedCopies {
+    // Its copies of info.replicas' shards, allocated in host memory,
+    // unfilled (no shard when it holds none of them).
+    std::shared_ptr<RegisteredTensor> mine;
+    MemoryBudget::Reservation held;
+  };
+  // Replicate's placement and allocation, for an op that fills the copies
+  // itself before the tensor enters the table (Reshard fills them from the
+  // old layout): sets info->replicas to `copies` (> 1) holders of every
+  // shard of `metadata` (PlaceReplicas: deterministic) and allocates this
+  // daemon's copies within the budget. INVALID_ARGUMENT from
+  // PlaceReplicas; RESOURCE_EXHAUSTED naming the tensor beyond the budget.
+  absl::StatusOr<PlacedCopies> PlaceCopies(
+      v1::TensorInfo* info, const ShardedTensorMetadata& metadata,
+      int copies) const;
+
   // A starting daemon's entry for a tensor of the running cluster: its
   // ShardedTensor with no shards of this daemon, or none when this
   // daemon's shards of it were lost. `spec` is the layout it was made by

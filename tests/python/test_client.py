@@ -187,6 +187,28 @@ def test_remote_shards_list_open_delete_reshard(client, rows4):
     np.testing.assert_array_equal(client.gather("b"), values)
 
 
+def test_reshard_to_any_layout(client):
+    """3 shards on 4 ranks to 4; to several shards per rank with a rank
+    holding none; to explicit uneven boxes: the values stay each time."""
+    values = np.arange(10 * 7, dtype=np.float32).reshape(10, 7)
+    t = client.put("any", values, tessera.chunk(
+        0, ["rank:0/cpu", "rank:1/cpu", "rank:2/cpu"]))
+    for spec, ranks in [
+            (tessera.chunk(0, [f"rank:{r}/cpu" for r in (3, 2, 1, 0)]),
+             [3, 2, 1, 0]),
+            (tessera.chunk(1, [f"rank:{r}/cpu" for r in (3, 0, 3, 0, 2)]),
+             [3, 0, 3, 0, 2]),
+            (tessera.parse_spec("enum:0,0:3,5@rank:2/cpu;0,5:3,2@rank:2/cpu;"
+                                "3,0:7,7@rank:1/cpu"), [2, 2, 1])]:
+        t = client.reshard("any", spec)
+        assert [s.rank for s in t.shards] == ranks
+        np.testing.assert_array_equal(t.read(), values)
+    with pytest.raises(tessera.InvalidArgumentError):
+        client.reshard("any", tessera.chunk(0, ["rank:9/cpu"]))
+    assert client.open("any").tensor_id == t.tensor_id
+    client.delete("any")
+
+
 def test_save_and_load(client, rows4):
     values = np.random.default_rng(3).standard_normal((20, 5))
     client.put("w", values, rows4)
