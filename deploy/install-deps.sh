@@ -13,11 +13,12 @@ packages=(
   libgtest-dev libgmock-dev
   libgloo-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
-  clang-format clang-14 libclang-rt-14-dev
+  clang-format clang-14 libclang-rt-14-dev lld
   openssl libssl-dev
   libeigen3-dev libspdlog-dev
   prometheus-cpp-dev
   golang-etcd-server-dev etcd-server
+  iproute2
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   python3-tqdm
   python3-setuptools python3-wheel python3-pip python3-venv python3-build

@@ -104,17 +104,12 @@ std::optional<absl::StatusOr<std::string>>& ProcessTokenSlot() {
 
 }  // namespace
 
-absl::StatusOr<std::string> TokenFromEnvironment() {
-  if (const char* token = std::getenv("TESSERA_TOKEN");
-      token != nullptr && *token != '\0') {
-    return std::string(absl::StripAsciiWhitespace(token));
-  }
-  const char* file = std::getenv("TESSERA_TOKEN_FILE");
-  if (file == nullptr || *file == '\0') return std::string();
-  absl::StatusOr<std::string> text = ReadFileToString(file);
+absl::StatusOr<std::string> ReadClientTokenFile(const std::string& path,
+                                                absl::string_view name) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("TESSERA_TOKEN_FILE: ", text.status().message()));
+        absl::StrCat(name, ": ", text.status().message()));
   }
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
@@ -122,7 +117,17 @@ absl::StatusOr<std::string> TokenFromEnvironment() {
     return std::string(line.substr(0, line.find_first_of(" \t")));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("TESSERA_TOKEN_FILE: ", file, " holds no token"));
+      absl::StrCat(name, ": ", path, " holds no token"));
+}
+
+absl::StatusOr<std::string> TokenFromEnvironment() {
+  if (const char* token = std::getenv("TESSERA_TOKEN");
+      token != nullptr && *token != '\0') {
+    return std::string(absl::StripAsciiWhitespace(token));
+  }
+  const char* file = std::getenv("TESSERA_TOKEN_FILE");
+  if (file == nullptr || *file == '\0') return std::string();
+  return ReadClientTokenFile(file, "TESSERA_TOKEN_FILE");
 }
 
 namespace {
@@ -414,6 +419,12 @@ void SetProcessToken(std::string token) {
   absl::MutexLock lock(&process_mu);
   ProcessTokenSlot() = std::move(token);
   ProcessTokenChosen() = true;
+}
+
+void ClearProcessToken() {
+  absl::MutexLock lock(&process_mu);
+  ProcessTokenSlot().reset();
+  ProcessTokenChosen() = false;
 }
 
 absl::StatusOr<std::string> ProcessToken() {

@@ -27,8 +27,9 @@
 //
 // Clients send `authorization: Bearer <token>` in each call's metadata
 // (every channel made by CreateTesseraChannel does so with the process
-// token: SetProcessToken, else TESSERA_TOKEN, else the first word of the
-// first line of the file TESSERA_TOKEN_FILE names; else, to daemons on
+// token: SetProcessToken (the CLI's --token-file), else TESSERA_TOKEN, else
+// the first word of the first line of the file TESSERA_TOKEN_FILE names
+// (ReadClientTokenFile); else, to daemons on
 // loopback only, the user's token file's first token). A call without a
 // token, or with one the daemon does not know, fails UNAUTHENTICATED; one
 // whose role is below the method's fails PERMISSION_DENIED. Both messages
@@ -141,6 +142,9 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
 // TESSERA_TOKEN, else TESSERA_TOKEN_FILE's (read once). Empty: none.
 // INVALID_ARGUMENT when TESSERA_TOKEN_FILE cannot be read or is empty.
 void SetProcessToken(std::string token);
+// Forgets what SetProcessToken chose (and the environment read so far):
+// the environment and the user's token file apply again.
+void ClearProcessToken();
 absl::StatusOr<std::string> ProcessToken();
 // What this process presents to the server at `target` (a gRPC target or
 // "host:port"): ProcessToken() when SetProcessToken chose it (even "":
@@ -156,6 +160,12 @@ absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target);
 bool IsLoopbackTarget(absl::string_view target);
 // What ProcessToken falls back to, read now.
 absl::StatusOr<std::string> TokenFromEnvironment();
+// The token a client's token file gives (TESSERA_TOKEN_FILE, the CLI's
+// --token-file): the first word of its first line that is neither blank
+// nor a comment. INVALID_ARGUMENT starting with `name` (what named the
+// file) when it cannot be read or holds no token.
+absl::StatusOr<std::string> ReadClientTokenFile(const std::string& path,
+                                                absl::string_view name);
 
 // A channel to `target` with the process's TLS credentials
 // (wire/credentials.h) that presents the process token on every call.

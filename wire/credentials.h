@@ -17,7 +17,8 @@
 // Daemons take --tls-cert, --tls-key, --tls-ca (and present the same
 // certificate when they dial each other and the store); clients (library,
 // CLI) take TESSERA_TLS_CA, TESSERA_TLS_CERT and TESSERA_TLS_KEY from the
-// environment unless the process set a configuration (SetProcessTls).
+// environment unless the process set a configuration (SetProcessTls: the
+// CLI's --tls-ca, --tls-cert, --tls-key, Python's tessera.connect).
 //
 // Who may call what is wire/auth.h (tokens and roles); the raw data plane
 // is not served with TLS on, and the local path checks the peer's uid:

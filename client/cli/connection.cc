@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,29 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
             return "";
           },
           "ID");
+  command
+      ->add_option("--tls-ca", flags->tls_ca,
+                   "PEM root certificates that verify the daemons, which then "
+                   "speak TLS (default: $TESSERA_TLS_CA; none: plaintext)")
+      ->type_name("FILE");
+  command
+      ->add_option("--tls-cert", flags->tls_cert,
+                   "PEM certificate this client presents to daemons that "
+                   "require mutual TLS, with --tls-key (default: "
+                   "$TESSERA_TLS_CERT)")
+      ->type_name("FILE");
+  command
+      ->add_option("--tls-key", flags->tls_key,
+                   "PEM private key of --tls-cert (default: "
+                   "$TESSERA_TLS_KEY)")
+      ->type_name("FILE");
+  command
+      ->add_option("--token-file", flags->token_file,
+                   "File whose token (the first word of its first line that "
+                   "is not a comment) every call presents (default: "
+                   "$TESSERA_TOKEN, else $TESSERA_TOKEN_FILE, else the user's "
+                   "~/.tessera/token to daemons on this host)")
+      ->type_name("FILE");
   if (transfers) {
     command->add_flag("--no-progress", flags->no_progress,
                       "Never draw a progress bar (drawn on stderr for "
@@ -77,12 +101,54 @@ absl::Duration Timeout(const ConnectionFlags& flags) {
                                                  : flags.default_timeout);
 }
 
+namespace {
+
+// One TLS file: its flag's value, else its variable's, and the name that
+// messages give it.
+struct TlsSource {
+  std::string file;
+  std::string name;
+};
+
+TlsSource ResolveTlsFile(const std::string& flag_value, absl::string_view flag,
+                         const char* variable) {
+  if (!flag_value.empty()) return {flag_value, std::string(flag)};
+  const char* env = std::getenv(variable);
+  if (env != nullptr && *env != '\0') return {env, absl::StrCat("$", variable)};
+  // Neither: a message about it names both ways to give it.
+  return {"", absl::StrCat(flag, " or $", variable)};
+}
+
+}  // namespace
+
+absl::StatusOr<ClientCredentials> ResolveCredentials(
+    const ConnectionFlags& flags) {
+  const TlsSource ca = ResolveTlsFile(flags.tls_ca, "--tls-ca", kTlsCaEnv);
+  const TlsSource cert =
+      ResolveTlsFile(flags.tls_cert, "--tls-cert", kTlsCertEnv);
+  const TlsSource key = ResolveTlsFile(flags.tls_key, "--tls-key", kTlsKeyEnv);
+  ClientCredentials credentials;
+  credentials.tls.ca_file = ca.file;
+  credentials.tls.cert_file = cert.file;
+  credentials.tls.key_file = key.file;
+  RETURN_IF_ERROR(ValidateTlsConfig(credentials.tls, /*server=*/false,
+                                    cert.name, key.name, ca.name));
+  if (!flags.token_file.empty()) {
+    ASSIGN_OR_RETURN(credentials.token,
+                     ReadClientTokenFile(flags.token_file, "--token-file"));
+  }
+  return credentials;
+}
+
 absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
     const ConnectionFlags& flags) {
   const std::string address = ResolveAddress(flags);
-  const TlsConfig tls = ProcessTls();
-  RETURN_IF_ERROR(ValidateTlsConfig(tls, /*server=*/false, "$TESSERA_TLS_CERT",
-                                    "$TESSERA_TLS_KEY", "$TESSERA_TLS_CA"));
+  ASSIGN_OR_RETURN(ClientCredentials credentials, ResolveCredentials(flags));
+  const bool tls = credentials.tls.enabled();
+  SetProcessTls(std::move(credentials.tls));
+  if (credentials.token.has_value()) {
+    SetProcessToken(*std::move(credentials.token));
+  }
   RETURN_IF_ERROR(ProcessToken().status());
   ClientOptions options;
   options.timeout = Timeout(flags);
@@ -94,25 +160,30 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
                                      client.status().message());
   if (absl::IsUnavailable(client.status()) ||
       absl::IsDeadlineExceeded(client.status())) {
-    absl::StrAppend(&message,
-                    " (is a daemon running there? start some with 'tessera "
-                    "launch', or choose one with --address or $",
-                    kAddressEnv,
-                    tls.enabled()
-                        ? "; check that $TESSERA_TLS_CA signed the daemon's "
-                          "certificate and the daemon's CA yours"
-                        : "; a daemon started with --tls-cert needs "
-                          "$TESSERA_TLS_CA (and $TESSERA_TLS_CERT, "
-                          "$TESSERA_TLS_KEY for mutual TLS)",
-                    ")");
+    absl::StrAppend(
+        &message,
+        " (is a daemon running there? start some with 'tessera "
+        "launch', or choose one with --address or $",
+        kAddressEnv,
+        tls ? "; check that the CA given by --tls-ca or $TESSERA_TLS_CA "
+              "signed the daemon's certificate and the daemon's CA yours"
+            : "; a daemon serving TLS needs --tls-ca or $TESSERA_TLS_CA "
+              "here (and --tls-cert and --tls-key, or $TESSERA_TLS_CERT and "
+              "$TESSERA_TLS_KEY, for mutual TLS)",
+        ")");
   }
-  if (absl::IsUnauthenticated(client.status()) &&
-      absl::StrContains(client.status().message(), "not one this cluster") &&
-      ProcessToken().ok() && ProcessToken()->empty()) {
-    absl::StrAppend(&message,
-                    " (with neither $TESSERA_TOKEN nor $TESSERA_TOKEN_FILE "
-                    "set, the client sent this user's token from ~/.tessera/"
-                    "token: set one of them to this cluster's token)");
+  if (absl::IsUnauthenticated(client.status()) && flags.token_file.empty()) {
+    if (absl::StrContains(client.status().message(), "not one this cluster") &&
+        ProcessToken().ok() && ProcessToken()->empty()) {
+      absl::StrAppend(&message,
+                      " (with neither --token-file, $TESSERA_TOKEN nor "
+                      "$TESSERA_TOKEN_FILE given, the client sent this user's "
+                      "token from ~/.tessera/token: give this cluster's token "
+                      "with --token-file or one of them)");
+    } else if (absl::StrContains(client.status().message(),
+                                 "requires a token")) {
+      absl::StrAppend(&message, " (or give one with --token-file)");
+    }
   }
   return absl::Status(client.status().code(), message);
 }

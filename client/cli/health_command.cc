@@ -25,10 +25,9 @@ absl::string_view HealthState(const absl::Status& status) {
 int RunHealth(const HealthOptions& options, const CommandContext& context) {
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) {
-    context.PrintError(kCommand, client.status().message());
-    return kExitFailure;
-  }
+  // A bad credential flag is a usage error, an unreachable cluster a
+  // failure: as every command.
+  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
   const v1::ClusterInfo& cluster = (*client)->cluster();
   const std::vector<absl::Status> health = (*client)->Health();
   const std::vector<absl::StatusOr<v1::ClusterInfo>> clusters =

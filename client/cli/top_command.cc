@@ -227,10 +227,9 @@ std::string FormatTopJson(const std::vector<DaemonView>& views,
 int RunTop(const TopOptions& options, const CommandContext& context) {
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) {
-    context.PrintError(kCommand, client.status().message());
-    return kExitFailure;
-  }
+  // A bad credential flag is a usage error, an unreachable cluster a
+  // failure: as every command.
+  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
   const absl::Duration interval = absl::Seconds(options.interval_seconds);
   const int frames = options.once ? 1 : options.iterations;
   std::vector<DaemonLook> before = LookAtEveryDaemon(**client);

@@ -11,9 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "io/subprocess.h"
@@ -23,9 +26,25 @@ namespace {
 
 constexpr absl::Duration kCommandTimeout = absl::Seconds(20);
 
+// Whether an executable `ip` is on PATH (as execvpe looks for it).
+bool IpOnPath() {
+  const char* path = getenv("PATH");
+  for (absl::string_view dir :
+       absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+    const std::string candidate = absl::StrCat(dir, "/ip");
+    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int hosts) {
+  if (!IpOnPath()) {
+    return absl::FailedPreconditionError(
+        "no `ip` command on PATH: install iproute2 (apt-get install "
+        "iproute2, or deploy/install-deps.sh)");
+  }
   if (geteuid() != 0) {
     return absl::FailedPreconditionError(
         "network namespaces need root (CAP_NET_ADMIN); not root here");
@@ -45,8 +64,7 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int hosts) {
                                      "bridge", "nf_call_iptables", "0"});
       !added.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create a bridge (no CAP_NET_ADMIN, or no iproute2?): ",
-        added.message()));
+        "cannot create a bridge (no CAP_NET_ADMIN?): ", added.message()));
   }
   RETURN_IF_ERROR(made->Ip(
       {"addr", "add", made->bridge_address_ + "/24", "dev", made->bridge_}));

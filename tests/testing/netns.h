@@ -7,8 +7,10 @@
 // between hosts and partitions (SetLink) are real. Everything is created
 // by Create and removed by the destructor.
 //
-// Needs root (CAP_NET_ADMIN) and iproute2: Create says why it cannot run
-// (FAILED_PRECONDITION), for the test to skip with that reason.
+// Needs root (CAP_NET_ADMIN) and iproute2 (`ip` on PATH; deploy/
+// install-deps.sh installs it): Create says why it cannot run
+// (FAILED_PRECONDITION, naming the package to install when `ip` is
+// missing), for the test to skip with that reason.
 // Thread-compatible.
 #ifndef TESSERA_TESTS_TESTING_NETNS_H_
 #define TESSERA_TESTS_TESTING_NETNS_H_

@@ -44,8 +44,10 @@ class UserTokenTest : public ::testing::Test {
     setenv("TESSERA_HOME", home_.c_str(), 1);
     unsetenv("TESSERA_TOKEN");
     unsetenv("TESSERA_TOKEN_FILE");
+    ClearProcessToken();
   }
   void TearDown() override {
+    ClearProcessToken();
     unsetenv("TESSERA_HOME");
     (void)std::system(absl::StrCat("rm -rf '", root_, "'").c_str());
   }
@@ -164,6 +166,9 @@ TEST_F(UserTokenTest, SentToLoopbackOnly) {
   // And an explicit "" means none at all, even on loopback.
   SetProcessToken("");
   EXPECT_THAT(ProcessTokenFor("127.0.0.1:5"), tt::IsOkAndHolds(std::string()));
+  // Until cleared.
+  ClearProcessToken();
+  EXPECT_THAT(ProcessTokenFor("127.0.0.1:5"), tt::IsOkAndHolds(token));
 }
 
 }  // namespace
