@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/launch/local_etcd.h"
 #include "client/cli/launch/secure_setup.h"
 #include "common/status_macros.h"
 #include "io/errno.h"
@@ -31,17 +32,28 @@
 namespace tessera::cli {
 namespace {
 
-// Whether the daemons keep the store outside rank 0 (--store, given to the
-// launcher or after "--"), so that rank 0 may restart alone.
-bool StoreOutsideRank0(const LaunchOptions& options) {
-  if (!options.store.empty()) return true;
+constexpr absl::string_view kCommand = "launch";
+constexpr absl::string_view kEmbeddedStore = "embedded";
+
+// Where the daemons keep the store.
+enum class StoreKind {
+  kLocalEtcd,  // an etcd member this launch runs (local_etcd.h)
+  kEtcd,       // --store etcd://..., given to the launcher or after "--"
+  kEmbedded,   // rank 0 serves it: rank 0 cannot restart alone
+};
+
+// The store `options` ask for; kLocalEtcd when etcd is to be looked for.
+StoreKind RequestedStore(const LaunchOptions& options) {
+  if (options.store == kEmbeddedStore) return StoreKind::kEmbedded;
+  if (!options.store.empty()) return StoreKind::kEtcd;
   for (const std::string& flag : options.server_flags) {
-    if (flag == "--store" || absl::StartsWith(flag, "--store=")) return true;
+    if (flag == "--store" || absl::StartsWith(flag, "--store=")) {
+      return StoreKind::kEtcd;
+    }
   }
-  return false;
+  return StoreKind::kLocalEtcd;
 }
 
-constexpr absl::string_view kCommand = "launch";
 constexpr char kServerName[] = "tessera-server";
 constexpr int kMaxProcesses = 4096;
 constexpr absl::string_view kLogLevels[] = {"trace", "debug", "info", "warn",
@@ -118,7 +130,9 @@ class Supervisor {
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
-  // Blocks the launcher's signals and creates the address directory.
+  // Blocks the launcher's signals, creates the address directory and
+  // starts the local etcd member unless another store is asked for (or
+  // etcd is not installed: then rank 0 serves the store, with a warning).
   absl::Status Prepare();
   // Starts every daemon; stops those started when one cannot be.
   absl::Status StartAll(const std::string& server);
@@ -138,10 +152,12 @@ class Supervisor {
 
   // Starts rank `rank`'s daemon into daemons_[rank] (appended when new).
   absl::Status Start(int rank);
+  // Chooses the store and starts the local etcd member when it is the one.
+  absl::Status PrepareStore();
   // After `daemon` exited while serving: starts it again when
-  // --max-restarts allows (rank 0 only when it does not serve the store:
-  // StoreOutsideRank0). The exit
-  // code when the launch must end instead, nullopt when it goes on.
+  // --max-restarts allows (rank 0 only when it does not serve the store).
+  // The exit code when the launch must end instead, nullopt when it goes
+  // on.
   std::optional<int> RestartOrFail(Daemon& daemon, const std::string& exited);
   // The next signal of LauncherSignals() within `timeout`; 0 on timeout.
   int WaitSignal(absl::Duration timeout);
@@ -150,10 +166,17 @@ class Supervisor {
   int Running() const;
   // SIGTERM, a bounded wait, then SIGKILL; every daemon is reaped after.
   void StopAll();
-  // Stops every daemon after a stop signal; the exit code (0).
+  // Stops every daemon after a stop signal, then the local etcd; the exit
+  // code (0).
   int StopOnSignal(int signal);
+  // The local etcd after the daemons: SIGTERM, --stop-timeout, SIGKILL.
+  void StopStore();
+  // "store: ..." for the ready output.
+  std::string StoreLine() const;
   // A one-line error; the exit code for a failure.
   int Fail(absl::string_view message);
+  // When the local etcd exited: stops the daemons; the exit code (1).
+  std::optional<int> FailIfStoreExited();
 
   const LaunchOptions& options_;
   const CommandContext& context_;
@@ -161,6 +184,8 @@ class Supervisor {
   std::vector<Daemon> daemons_;
   std::string address_dir_;
   std::optional<SecureSetup> secure_;  // with --secure, in address_dir_
+  StoreKind store_ = StoreKind::kEmbedded;
+  std::unique_ptr<LocalEtcd> etcd_;  // with kLocalEtcd, in address_dir_
   sigset_t old_mask_;
   bool mask_changed_ = false;
   struct sigaction old_sigchld_;
@@ -176,6 +201,7 @@ Supervisor::~Supervisor() {
       }
     }
   }
+  StopStore();  // after the daemons, before its directory goes
   if (!address_dir_.empty()) {
     std::error_code ignored;
     std::filesystem::remove_all(address_dir_, ignored);
@@ -229,6 +255,37 @@ absl::Status Supervisor::Prepare() {
                                               "': ", error.message()));
     }
   }
+  return PrepareStore();
+}
+
+absl::Status Supervisor::PrepareStore() {
+  store_ = RequestedStore(options_);
+  if (store_ != StoreKind::kLocalEtcd) return absl::OkStatus();
+  const char* path_env = std::getenv("PATH");
+  absl::StatusOr<std::string> etcd =
+      FindEtcdBinary(path_env != nullptr ? path_env : "");
+  if (!etcd.ok()) {
+    store_ = StoreKind::kEmbedded;
+    context_.err() << "tessera launch: warning: " << etcd.status().message()
+                   << "; rank 0 serves the store instead, so it cannot be "
+                      "restarted"
+                   << std::endl;
+    return absl::OkStatus();
+  }
+  LocalEtcdOptions local;
+  local.etcd = *etcd;
+  local.dir = absl::StrCat(address_dir_, "/etcd");
+  if (!options_.log_dir.empty()) {
+    local.log_path = absl::StrCat(options_.log_dir, "/etcd.log");
+  }
+  // Not --start-timeout, which is the daemons': etcd serves in about a
+  // second, and a tight --start-timeout must still fail naming a daemon.
+  local.start_timeout = absl::Seconds(30);
+  local.signal_mask = old_mask_;
+  absl::StatusOr<std::unique_ptr<LocalEtcd>> started =
+      LocalEtcd::Start(std::move(local));
+  if (!started.ok()) return started.status();
+  etcd_ = *std::move(started);
   return absl::OkStatus();
 }
 
@@ -245,10 +302,14 @@ absl::Status Supervisor::StartAll(const std::string& server) {
 }
 
 absl::Status Supervisor::Start(int rank) {
+  std::vector<std::string> flags;
+  if (secure_.has_value()) flags = secure_->DaemonFlags();
+  if (etcd_ != nullptr) {
+    const std::vector<std::string> store = etcd_->DaemonFlags();
+    flags.insert(flags.end(), store.begin(), store.end());
+  }
   DaemonCommand command =
-      BuildDaemonCommand(options_, rank, address_dir_,
-                         secure_.has_value() ? secure_->DaemonFlags()
-                                             : std::vector<std::string>());
+      BuildDaemonCommand(options_, rank, address_dir_, flags);
   SpawnOptions spawn;
   spawn.program = server_;
   spawn.args = command.args;
@@ -294,12 +355,12 @@ std::optional<int> Supervisor::RestartOrFail(Daemon& daemon,
                                  : std::string(),
                              "; stopped the others"));
   }
-  if (daemon.rank == 0 && !StoreOutsideRank0(options_)) {
+  if (daemon.rank == 0 && store_ == StoreKind::kEmbedded) {
     StopAll();
     return Fail(absl::StrCat(
         exited,
-        "; rank 0 serves the cluster's store, so it cannot be restarted "
-        "alone (it can with --store etcd://...); stopped the others"));
+        "; rank 0 serves the cluster's store (--store embedded, or no etcd "
+        "installed), so it cannot be restarted alone; stopped the others"));
   }
   ++daemon.restarts;
   context_.err() << "tessera launch: " << exited << "; restarting it ("
@@ -381,13 +442,55 @@ int Supervisor::StopOnSignal(int signal) {
   context_.err() << "tessera launch: " << ::strsignal(signal) << ": stopping "
                  << Running() << " daemons" << std::endl;
   StopAll();
+  StopStore();
   context_.err() << "tessera launch: stopped" << std::endl;
   return kExitOk;
+}
+
+void Supervisor::StopStore() {
+  if (etcd_ == nullptr) return;
+  const pid_t pid = etcd_->pid();
+  if (!etcd_->Stop(absl::Seconds(options_.stop_timeout_seconds))) {
+    context_.PrintError(kCommand, absl::StrCat("the local etcd (pid ", pid,
+                                               ") did not stop in time; "
+                                               "killed it"));
+  }
+  etcd_.reset();
+}
+
+std::string Supervisor::StoreLine() const {
+  switch (store_) {
+    case StoreKind::kLocalEtcd:
+      return absl::StrCat("store: etcd (local member, pid ", etcd_->pid(),
+                          ", https://", etcd_->endpoint(), ", mutual TLS)");
+    case StoreKind::kEtcd:
+      return absl::StrCat(
+          "store: etcd (",
+          options_.store.empty() ? "--store after \"--\"" : options_.store,
+          ")");
+    case StoreKind::kEmbedded:
+      break;
+  }
+  return absl::StrCat(
+      "store: rank 0 (embedded, ",
+      JoinHostPort(MasterAddress(options_.host), options_.master_port), ")");
 }
 
 int Supervisor::Fail(absl::string_view message) {
   context_.PrintError(kCommand, message);
   return kExitFailure;
+}
+
+std::optional<int> Supervisor::FailIfStoreExited() {
+  if (etcd_ == nullptr) return std::nullopt;
+  const std::optional<int> status = etcd_->Exited();
+  if (!status.has_value()) return std::nullopt;
+  const std::string message =
+      absl::StrCat("the local etcd (pid ", etcd_->pid(), ") exited with ",
+                   DescribeWaitStatus(*status), "; stopped every daemon; ",
+                   etcd_->LogNote());
+  StopAll();
+  return Fail(message);
 }
 
 int Supervisor::Supervise() {
@@ -416,6 +519,7 @@ int Supervisor::Supervise() {
       StopAll();
       return Fail(absl::StrCat(message, "; stopped the others"));
     }
+    if (std::optional<int> code = FailIfStoreExited()) return *code;
     Daemon* waiting = nullptr;
     for (Daemon& daemon : daemons_) {
       if (!daemon.address.empty()) continue;
@@ -436,6 +540,7 @@ int Supervisor::Supervise() {
           "; stopped every daemon"));
     }
   }
+  context_.out() << StoreLine() << "\n";
   for (const Daemon& daemon : daemons_) {
     context_.out() << "rank " << daemon.rank << ": " << daemon.address
                    << " (pid " << daemon.pid << MetricsNote(daemon) << ")\n";
@@ -458,6 +563,7 @@ int Supervisor::Supervise() {
     const int signal =
         WaitSignal(restarting ? absl::Milliseconds(50) : absl::Seconds(1));
     if (IsStopSignal(signal)) return StopOnSignal(signal);
+    if (std::optional<int> code = FailIfStoreExited()) return *code;
     Reap();
     for (Daemon& daemon : daemons_) {
       if (!daemon.wait_status.has_value()) continue;
@@ -515,24 +621,28 @@ LaunchSettingTable MakeLaunchSettings() {
       .Bool(&LaunchOptions::cpu);
   table.Add("--master-port", &LaunchFlags::master_port)
       .Default("29500")
-      .Help("PORT", "Port of the rendezvous store rank 0 serves")
+      .Help("PORT",
+            "Port of the rendezvous store rank 0 serves (--store embedded)")
       .Int(&LaunchOptions::master_port, 1, 65535);
   table.Add("--store", &LaunchFlags::store)
-      .DefaultNote("rank 0 serves it on --master-port")
+      .DefaultNote(
+          "a local etcd member this launch runs (mutual TLS, loopback); "
+          "embedded when etcd-server is not installed")
       .Help("URL",
-            "etcd://HOST:PORT[,...][/PREFIX]: the daemons keep the store in "
-            "etcd, so any of them, rank 0 included, may restart")
+            "Where the daemons keep the store: etcd://HOST:PORT[,...][/PREFIX] "
+            "(an etcd of yours), or 'embedded' (rank 0 serves it on "
+            "--master-port, and cannot restart)")
       .Text(&LaunchOptions::store)
       .Check([](absl::string_view source, const LaunchOptions& options) {
-        if (options.store.empty() ||
+        if (options.store.empty() || options.store == kEmbeddedStore ||
             absl::StartsWith(options.store, "etcd://")) {
           return absl::OkStatus();
         }
-        return absl::InvalidArgumentError(
-            absl::StrCat(source,
-                         " must be etcd://HOST:PORT[,HOST:PORT...][/PREFIX], "
-                         "got '",
-                         options.store, "'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            source,
+            " must be etcd://HOST:PORT[,HOST:PORT...][/PREFIX] or embedded, "
+            "got '",
+            options.store, "'"));
       });
   table.Add("--base-port", &LaunchFlags::base_port)
       .Default("29600")
@@ -611,11 +721,11 @@ LaunchSettingTable MakeLaunchSettings() {
           &LaunchOptions::start_timeout_seconds,
           [](double seconds) { return seconds > 0; }, "positive"));
   table.Add("--max-restarts", &LaunchFlags::max_restarts)
-      .Default("0")
+      .Default("3")
       .Help("N",
             "Start a daemon that exits again, up to this many times per "
             "daemon; it rejoins the running cluster (its shards are lost). "
-            "Rank 0 only with --store: otherwise it serves the store")
+            "Rank 0 too, unless it serves the store (--store embedded)")
       .Int(&LaunchOptions::max_restarts)
       .Check(Must<int>(
           &LaunchOptions::max_restarts, [](int n) { return n >= 0; }, ">= 0"));
@@ -741,9 +851,9 @@ absl::StatusOr<std::string> FindServerBinary(const std::string& server,
       kServerName, ") or pass --server PATH"));
 }
 
-DaemonCommand BuildDaemonCommand(
-    const LaunchOptions& options, int rank, const std::string& address_dir,
-    const std::vector<std::string>& security_flags) {
+DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
+                                 const std::string& address_dir,
+                                 const std::vector<std::string>& launch_flags) {
   DaemonCommand command;
   const std::string master = MasterAddress(options.host);
   const int port = options.base_port > 0 ? options.base_port + rank : 0;
@@ -782,7 +892,7 @@ DaemonCommand BuildDaemonCommand(
     command.args.push_back("--log-level");
     command.args.push_back(options.log_level);
   }
-  if (!options.store.empty()) {
+  if (!options.store.empty() && options.store != kEmbeddedStore) {
     command.args.push_back("--store");
     command.args.push_back(options.store);
   }
@@ -790,8 +900,8 @@ DaemonCommand BuildDaemonCommand(
     command.args.push_back("--checkpoint-root");
     command.args.push_back(options.checkpoint_root);
   }
-  command.args.insert(command.args.end(), security_flags.begin(),
-                      security_flags.end());
+  command.args.insert(command.args.end(), launch_flags.begin(),
+                      launch_flags.end());
   command.args.insert(command.args.end(), options.server_flags.begin(),
                       options.server_flags.end());
   command.env = {{"RANK", absl::StrCat(rank)},
@@ -842,8 +952,8 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
 void AddLaunchCommand(CLI::App& app, CommandContext& context) {
   CLI::App* launch = app.add_subcommand(
       std::string(kCommand),
-      "Start N tessera-server daemons on this host (like torchrun) and stop "
-      "them all on Ctrl-C or when one dies");
+      "Start N tessera-server daemons on this host (like torchrun), restart "
+      "one that dies, and stop them all on Ctrl-C");
   auto flags = std::make_shared<LaunchFlags>();
   LaunchSettings().AddTo(*launch, *flags);
   launch->footer(
@@ -854,12 +964,14 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       "/tmp/tessera\n"
       "  tessera launch --nproc 2 --cpu -- --shutdown-grace 30s\n\n"
       "Each daemon gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"
-      "MASTER_PORT (and the same flags). Once all serve, one line per rank\n"
-      "and 'ready: export TESSERA_ADDRESS=...' are printed; Ctrl-C stops\n"
-      "them all.\n\n"
+      "MASTER_PORT (and the same flags). The store is a local etcd member\n"
+      "the launch runs (etcd-server; mutual TLS on loopback), so any daemon,\n"
+      "rank 0 included, is restarted when it dies (--max-restarts). Once\n"
+      "all serve, the store's line, one line per rank and 'ready: export\n"
+      "TESSERA_ADDRESS=...' are printed; Ctrl-C stops them all.\n\n"
       "Exit status: 0 after Ctrl-C (SIGINT, SIGTERM, SIGHUP), 1 when a daemon "
-      "cannot be started, does not serve in time or exits, 2 for a usage "
-      "error.");
+      "or the store cannot be started, does not serve in time or exits past "
+      "--max-restarts, 2 for a usage error.");
   RunWhenParsed(launch, context, kCommand, flags,
                 [](const LaunchFlags& given, const CommandContext& context) {
                   absl::StatusOr<LaunchOptions> options =

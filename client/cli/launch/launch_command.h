@@ -10,16 +10,32 @@
 // Rank i gets RANK=i, WORLD_SIZE=N, LOCAL_RANK=i, MASTER_ADDR, MASTER_PORT
 // in its environment and the same as flags, listens on --host at base port
 // + i (--base-port 0: any free port), and uses --device cpu with --cpu,
-// else --device auto (cuda:i when that GPU exists). Rank 0 serves the
-// rendezvous store on the master port. tessera-server is looked for next to
-// this executable, then in the build tree, then on PATH (--server
-// overrides).
+// else --device auto (cuda:i when that GPU exists). tessera-server is
+// looked for next to this executable, then in the build tree, then on PATH
+// (--server overrides).
+//
+// The store (--store), so that rank 0 is not special by default:
+//   (none)          the launch runs one etcd member of its own
+//                   (local_etcd.h: the `etcd` of Debian's etcd-server, on
+//                   PATH or /usr/bin; free loopback ports; mutual TLS from
+//                   a throwaway CA; data in the launch's private directory)
+//                   and gives every daemon --store etcd://127.0.0.1:PORT/
+//                   tessera/ with --store-tls-*. Started before the daemons
+//                   (30 s to serve, else exit 1 quoting its log), stopped
+//                   after them (SIGTERM, --stop-timeout, SIGKILL). When
+//                   etcd is not installed: one warning line naming the
+//                   package, and the embedded store below.
+//   embedded        rank 0 serves the store on the master port; rank 0
+//                   then cannot restart.
+//   etcd://...      an etcd of yours, passed to every daemon (as is
+//                   `-- --store ...`).
 //
 // Every daemon serves Prometheus metrics on loopback (--metrics-base-port:
 // base + i, 0 a free port, -1 none; docs/metrics.md); --metrics-port after
 // "--" is refused, as launch gives it. Once every daemon
 // serves (its --address-file holds "host:port"), prints
 //
+//   store: etcd (local member, pid 4240, https://127.0.0.1:40123, mutual TLS)
 //   rank 0: 127.0.0.1:29600 (pid 4242, metrics http://127.0.0.1:41807/metrics)
 //   ...
 //   ready: export TESSERA_ADDRESS=127.0.0.1:29600
@@ -33,20 +49,22 @@
 // after "--" (they refuse to listen unauthenticated otherwise).
 //
 // SIGINT, SIGTERM or SIGHUP: SIGTERM to every daemon, a bounded
-// wait (--stop-timeout), SIGKILL for the rest, exit 0. A daemon that exits
-// on its own after serving is started again, up to --max-restarts N times
-// per daemon ("rank 1: HOST:PORT (pid P, restarted)" once it serves again;
-// it rejoins the running cluster, docs/control_log.md); rank 0 too when
-// the store lives in etcd (--store etcd://..., passed to every daemon),
-// never when rank 0 serves it. Otherwise the others are stopped the same
-// way and the launcher exits 1 naming the rank and its exit status. The daemons
-// run in their own process groups (a terminal's Ctrl-C reaches only the
-// launcher, which stops them in order) and get SIGTERM if the launcher itself
-// dies.
+// wait (--stop-timeout), SIGKILL for the rest, then the same for the local
+// etcd, exit 0. A daemon that exits on its own after serving is started
+// again, up to --max-restarts times per daemon (default 3; "rank 1:
+// HOST:PORT (pid P, restarted)" once it serves again; it rejoins the
+// running cluster, docs/control_log.md), rank 0 like any other unless it
+// serves the store (--store embedded). Otherwise the others are stopped
+// the same way and the launcher exits 1 naming the rank and its exit
+// status; so it does when the local etcd exits (nothing restarts it). The
+// daemons and etcd run in their own process groups (a terminal's Ctrl-C
+// reaches only the launcher, which stops them in order) and get SIGTERM if
+// the launcher itself dies.
 //
 // Exit codes (client/cli/command.h): 0 after a requested stop; 1 when
-// tessera-server cannot be found or started, a daemon does not serve within
-// --start-timeout, or one exits; 2 for a usage error.
+// tessera-server cannot be found or started, the local etcd cannot be
+// started or exits, a daemon does not serve within --start-timeout, or one
+// exits past --max-restarts; 2 for a usage error.
 //
 // Not thread-safe: it owns the process's signal mask while it runs.
 #ifndef TESSERA_CLIENT_CLI_LAUNCH_LAUNCH_COMMAND_H_
@@ -89,10 +107,11 @@ struct LaunchOptions {
   bool secure = false;
   double start_timeout_seconds = 0;
   double stop_timeout_seconds = 0;
-  // How often each daemon is started again after it exits (rank 0 only
-  // with a store outside it).
+  // How often each daemon is started again after it exits (rank 0 too,
+  // unless it serves the store).
   int max_restarts = 0;
-  // The daemons' --store (etcd://...); empty: rank 0 serves the store.
+  // Empty: a local etcd member (embedded when etcd is not installed);
+  // "embedded": rank 0 serves the store; etcd://...: the daemons' --store.
   std::string store;
   std::vector<std::string> server_flags;  // after "--"
 };
@@ -146,10 +165,11 @@ struct DaemonCommand {
   // Where the daemon writes its metrics endpoint; empty: none.
   std::string metrics_address_file;
 };
-// `security_flags` (SecureSetup::DaemonFlags) come before the extra flags.
+// `launch_flags` (SecureSetup::DaemonFlags, LocalEtcd::DaemonFlags) come
+// before the extra flags.
 DaemonCommand BuildDaemonCommand(
     const LaunchOptions& options, int rank, const std::string& address_dir,
-    const std::vector<std::string>& security_flags = {});
+    const std::vector<std::string>& launch_flags = {});
 
 // The address rank 0 serves its store on and that peers dial: --host, or
 // 127.0.0.1 when --host is a wildcard (0.0.0.0, ::).

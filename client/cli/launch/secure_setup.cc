@@ -107,6 +107,65 @@ SecureSetup::ClientEnvironment() const {
           {"TESSERA_TOKEN_FILE", client_token_file}};
 }
 
+absl::Status MakeCertificates(const std::string& dir,
+                              const std::string& ca_name,
+                              const std::vector<CertificateRequest>& leaves,
+                              int valid_days) {
+  auto path = [&dir](absl::string_view name) {
+    return absl::StrCat(dir, "/", name);
+  };
+  const std::string ca = path("ca.pem");
+  const std::string ca_key = path("ca.key");
+  const std::string log = path("openssl.log");
+  const std::string days = absl::StrCat(valid_days);
+  const std::vector<std::string> new_key = {
+      "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
+
+  std::vector<std::string> ca_args = {"req", "-x509"};
+  ca_args.insert(ca_args.end(), new_key.begin(), new_key.end());
+  ca_args.insert(
+      ca_args.end(),
+      {"-days", days, "-subj", absl::StrCat("/CN=", ca_name), "-addext",
+       "basicConstraints=critical,CA:TRUE", "-addext",
+       "keyUsage=critical,keyCertSign,cRLSign", "-keyout", ca_key, "-out", ca});
+  RETURN_IF_ERROR(Openssl("making the CA", ca_args, log));
+  std::vector<std::string> keys = {ca_key};
+  for (const CertificateRequest& leaf : leaves) {
+    const std::string cert = path(absl::StrCat(leaf.name, ".pem"));
+    const std::string key = path(absl::StrCat(leaf.name, ".key"));
+    const std::string csr = path(absl::StrCat(leaf.name, ".csr"));
+    const std::string ext = path(absl::StrCat(leaf.name, ".ext"));
+    std::string extensions = absl::StrCat(
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=", leaf.usage, "\n");
+    if (!leaf.alt_names.empty()) {
+      absl::StrAppend(&extensions,
+                      "subjectAltName=", absl::StrJoin(leaf.alt_names, ","),
+                      "\n");
+    }
+    RETURN_IF_ERROR(WritePrivateFile(ext, extensions));
+    std::vector<std::string> request = {"req"};
+    request.insert(request.end(), new_key.begin(), new_key.end());
+    request.insert(request.end(),
+                   {"-subj", absl::StrCat("/CN=tessera ", leaf.name), "-keyout",
+                    key, "-out", csr});
+    RETURN_IF_ERROR(
+        Openssl(absl::StrCat("making the ", leaf.name, " key"), request, log));
+    RETURN_IF_ERROR(
+        Openssl(absl::StrCat("signing the ", leaf.name, " certificate"),
+                {"x509", "-req", "-days", days, "-in", csr, "-CA", ca, "-CAkey",
+                 ca_key, "-CAcreateserial", "-extfile", ext, "-out", cert},
+                log));
+    keys.push_back(key);
+  }
+  for (const std::string& key : keys) {
+    if (::chmod(key.c_str(), 0600) != 0) {
+      return ErrnoError(errno, absl::StrCat("cannot chmod ", key),
+                        absl::StatusCode::kInternal);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SecureSetup> MakeSecureSetup(const std::string& dir,
                                             const std::string& host,
                                             int valid_days) {
@@ -123,59 +182,16 @@ absl::StatusOr<SecureSetup> MakeSecureSetup(const std::string& dir,
   setup.token_file = path("tokens");
   setup.client_token_file = path("client.token");
   setup.env_file = path("env");
-  const std::string log = path("openssl.log");
-  const std::string days = absl::StrCat(valid_days);
-  const std::vector<std::string> new_key = {
-      "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
-
-  std::vector<std::string> ca_args = {"req", "-x509"};
-  ca_args.insert(ca_args.end(), new_key.begin(), new_key.end());
-  ca_args.insert(ca_args.end(),
-                 {"-days", days, "-subj", "/CN=tessera launch CA", "-addext",
-                  "basicConstraints=critical,CA:TRUE", "-addext",
-                  "keyUsage=critical,keyCertSign,cRLSign", "-keyout",
-                  path("ca.key"), "-out", setup.ca});
-  RETURN_IF_ERROR(Openssl("making the CA", ca_args, log));
 
   std::vector<std::string> names = {"IP:127.0.0.1", "DNS:localhost"};
   if (!host.empty() && host != "0.0.0.0" && host != "::" &&
       host != "127.0.0.1" && host != "localhost") {
     names.push_back(absl::StrCat(IsIpAddress(host) ? "IP:" : "DNS:", host));
   }
-  struct Leaf {
-    std::string name, cert, key, usage, extras;
-  };
-  const Leaf leaves[] = {
-      {"daemon", setup.daemon_cert, setup.daemon_key, "serverAuth,clientAuth",
-       absl::StrCat("subjectAltName=", absl::StrJoin(names, ","), "\n")},
-      {"client", setup.client_cert, setup.client_key, "clientAuth", ""},
-  };
-  for (const Leaf& leaf : leaves) {
-    const std::string csr = path(absl::StrCat(leaf.name, ".csr"));
-    const std::string ext = path(absl::StrCat(leaf.name, ".ext"));
-    RETURN_IF_ERROR(WritePrivateFile(
-        ext, absl::StrCat("basicConstraints=CA:FALSE\nextendedKeyUsage=",
-                          leaf.usage, "\n", leaf.extras)));
-    std::vector<std::string> request = {"req"};
-    request.insert(request.end(), new_key.begin(), new_key.end());
-    request.insert(request.end(),
-                   {"-subj", absl::StrCat("/CN=tessera ", leaf.name), "-keyout",
-                    leaf.key, "-out", csr});
-    RETURN_IF_ERROR(
-        Openssl(absl::StrCat("making the ", leaf.name, " key"), request, log));
-    RETURN_IF_ERROR(Openssl(
-        absl::StrCat("signing the ", leaf.name, " certificate"),
-        {"x509", "-req", "-days", days, "-in", csr, "-CA", setup.ca, "-CAkey",
-         path("ca.key"), "-CAcreateserial", "-extfile", ext, "-out", leaf.cert},
-        log));
-  }
-  for (const std::string& key :
-       {path("ca.key"), setup.daemon_key, setup.client_key}) {
-    if (::chmod(key.c_str(), 0600) != 0) {
-      return ErrnoError(errno, absl::StrCat("cannot chmod ", key),
-                        absl::StatusCode::kInternal);
-    }
-  }
+  RETURN_IF_ERROR(MakeCertificates(dir, "tessera launch CA",
+                                   {{"daemon", "serverAuth,clientAuth", names},
+                                    {"client", "clientAuth", {}}},
+                                   valid_days));
 
   ASSIGN_OR_RETURN(const std::string admin, RandomToken());
   ASSIGN_OR_RETURN(const std::string cluster, RandomToken());

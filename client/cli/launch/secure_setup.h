@@ -16,6 +16,9 @@
 // certificates are valid for `valid_days`; nothing here is reused between
 // launches, and gRPC's test certificates are never used.
 //
+// MakeCertificates is the step underneath, shared with the launch's local
+// etcd (local_etcd.h), which gets a CA of its own.
+//
 // Thread-compatible. Runs `openssl` (from PATH) as a child process.
 #ifndef TESSERA_CLIENT_CLI_LAUNCH_SECURE_SETUP_H_
 #define TESSERA_CLIENT_CLI_LAUNCH_SECURE_SETUP_H_
@@ -38,6 +41,23 @@ struct SecureSetup {
   // TESSERA_TLS_CA, TESSERA_TLS_CERT, TESSERA_TLS_KEY, TESSERA_TOKEN_FILE.
   std::vector<std::pair<std::string, std::string>> ClientEnvironment() const;
 };
+
+// One certificate that MakeCertificates signs: <name>.pem, <name>.key.
+struct CertificateRequest {
+  std::string name;
+  std::string usage;  // extendedKeyUsage, e.g. "serverAuth,clientAuth"
+  // subjectAltName entries ("IP:127.0.0.1", "DNS:localhost"); none: no SAN.
+  std::vector<std::string> alt_names;
+};
+
+// A fresh CA in `dir` (an existing private directory): ca.pem, its key
+// ca.key, subject CN=`ca_name`; then each of `leaves`, signed by it. Every
+// key is mode 0600; openssl's output goes to dir/openssl.log. Errors as
+// MakeSecureSetup's.
+absl::Status MakeCertificates(const std::string& dir,
+                              const std::string& ca_name,
+                              const std::vector<CertificateRequest>& leaves,
+                              int valid_days);
 
 // Makes the files in `dir` (an existing private directory). `host` is the
 // launch's --host. INTERNAL naming the step and openssl's last output

@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -257,7 +259,11 @@ struct Launched {
   std::string dir;
 };
 
-Launched Launch(int nproc, const std::vector<std::string>& more = {}) {
+// `env`: variables set for the launcher (e.g. TMPDIR, its private
+// directory's parent).
+Launched Launch(
+    int nproc, const std::vector<std::string>& more = {},
+    const std::vector<std::pair<std::string, std::string>>& env = {}) {
   Launched launched;
   char dir[] = "/tmp/tessera-launch-XXXXXX";
   if (mkdtemp(dir) == nullptr) return launched;
@@ -273,6 +279,7 @@ Launched Launch(int nproc, const std::vector<std::string>& more = {}) {
                 "--checkpoint-root", launched.dir};
   spawn.args.insert(spawn.args.end(), more.begin(), more.end());
   spawn.log_path = absl::StrCat(launched.dir, "/launch.log");
+  spawn.env = env;
   spawn.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                      "MASTER_PORT"};
   auto process = Subprocess::Spawn(spawn);
@@ -306,7 +313,7 @@ TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
 }
 
 TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
-  Launched launched = Launch(2);
+  Launched launched = Launch(2, {"--max-restarts", "0"});
   ASSERT_NE(launched.launcher, nullptr);
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
@@ -360,11 +367,13 @@ std::string RankAddressOf(const std::string& log, int rank) {
   return log.substr(start, log.find(' ', start) - start);
 }
 
-// SIGKILLs rank `rank`'s daemon of the launch (--max-restarts 1), then runs
-// a create through `address` until one works (the cluster serves again
-// with the daemon restarted) or 30 s pass. The killed pid.
+// SIGKILLs rank `rank`'s daemon of the launch (--max-restarts
+// `max_restarts`), then runs a create through `address` until one works
+// (the cluster serves again with the daemon restarted) or 30 s pass. The
+// killed pid.
 pid_t KillAndCreateUntilServing(Launched& launched, int rank,
-                                const std::string& address) {
+                                const std::string& address,
+                                int max_restarts = 1) {
   const pid_t pid = LastPidOf(launched.launcher->LogTail(), rank);
   EXPECT_GT(pid, 0) << launched.launcher->LogTail();
   if (pid <= 0 || kill(pid, SIGKILL) != 0) return pid;
@@ -380,9 +389,10 @@ pid_t KillAndCreateUntilServing(Launched& launched, int rank,
   }
   const std::string log = launched.launcher->LogTail();
   EXPECT_EQ(created.exit_code, 0) << created.output << "\n" << log;
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("rank ", rank, " (pid ", pid,
-                                          ") exited with signal 9 (Killed); "
-                                          "restarting it (1 of 1)")));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "rank ", rank, " (pid ", pid,
+                       ") exited with signal 9 (Killed); restarting it (1 of ",
+                       max_restarts, ")")));
   return pid;
 }
 
@@ -443,10 +453,6 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
   EXPECT_THAT(listed.output, AllOf(HasSubstr("kept"), HasSubstr("t ")));
 }
 
-// `tessera launch --secure`: mutual TLS and tokens from a throwaway CA;
-// the ready line's variables make a client that runs the demo end to end,
-// and a client without them is refused in one clear line. Stopping removes
-// the keys.
 // Issue 18 against 4 launched daemons: launch prints each one's metrics
 // endpoint; `tessera top --once --json` shows every daemon and the bytes
 // a read moved; with --log-format json every log line parses, and one
@@ -547,8 +553,14 @@ TEST(CliLaunchTest, TopAndJsonLogsFollowTrafficOnFourDaemons) {
   std::filesystem::remove_all(logs);
 }
 
+// `tessera launch --secure` with 4 daemons: mutual TLS and tokens from a
+// throwaway CA; the ready line's variables make a client that runs the
+// demo end to end, the same files given as --tls-ca, --tls-cert,
+// --tls-key and --token-file make one too (winning over wrong variables),
+// and a client without them is refused in one clear line. Stopping removes
+// the keys.
 TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
-  Launched launched = Launch(2, {"--secure"});
+  Launched launched = Launch(4, {"--secure"});
   ASSERT_NE(launched.launcher, nullptr);
   const std::string ready = WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(ready.empty()) << launched.launcher->LogTail();
@@ -570,12 +582,65 @@ TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
   EXPECT_EQ(demo.exit_code, 0) << demo.output;
   CliResult health = RunCli(address, {"health"}, dir + "/health.log", env);
   EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_EQ(std::count(health.output.begin(), health.output.end(), '\n'), 4)
+      << health.output;
+
+  // The same credentials as flags, with no variable set.
+  std::map<std::string, std::string> files(env.begin(), env.end());
+  const std::vector<std::string> flags = {
+      "--tls-ca",     files["TESSERA_TLS_CA"],
+      "--tls-cert",   files["TESSERA_TLS_CERT"],
+      "--tls-key",    files["TESSERA_TLS_KEY"],
+      "--token-file", files["TESSERA_TOKEN_FILE"]};
+  auto with_flags = [&](std::vector<std::string> args) {
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  };
+  CliResult created = RunCli(
+      address,
+      with_flags({"create", "flagged", "--size", "8,4", "--spec",
+                  "chunk:dim=0:rank:0/cpu,rank:1/cpu,rank:2/cpu,rank:3/cpu",
+                  "--init", "ones"}),
+      dir + "/create.log");
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  CliResult flagged_health =
+      RunCli(address, with_flags({"health"}), dir + "/flagged_health.log");
+  EXPECT_EQ(flagged_health.exit_code, 0) << flagged_health.output;
+  // Each flag wins over its variable, here all wrong: a certificate that
+  // signed nothing as the CA, another cluster's token (and file).
+  const std::string wrong_token = dir + "/wrong.token";
+  {
+    std::ofstream out(wrong_token);
+    out << "0123456789abcdef-not-this-clusters\n";
+  }
+  std::vector<std::pair<std::string, std::string>> wrong = {
+      {"TESSERA_TLS_CA", files["TESSERA_TLS_CERT"]},
+      {"TESSERA_TLS_CERT", files["TESSERA_TLS_CA"]},
+      {"TESSERA_TLS_KEY", files["TESSERA_TLS_KEY"]},
+      {"TESSERA_TOKEN", "0123456789abcdef-not-this-clusters"},
+      {"TESSERA_TOKEN_FILE", wrong_token}};
+  CliResult fetched =
+      RunCli(address, with_flags({"fetch", "flagged", "-o", dir + "/f.npy"}),
+             dir + "/fetch.log", wrong);
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.output;
+  ASSERT_OK_AND_ASSIGN(Tensor ones, ReadNpy(dir + "/f.npy"));
+  EXPECT_EQ(ones.sizes(), (std::vector<int64_t>{8, 4}));
+  // And a wrong flag is not rescued by right variables.
+  CliResult wrong_flag =
+      RunCli(address, {"ls", "--timeout", "5", "--token-file", wrong_token},
+             dir + "/wrong_flag.log", env);
+  EXPECT_EQ(wrong_flag.exit_code, 1) << wrong_flag.output;
+  EXPECT_THAT(wrong_flag.output, HasSubstr("unauthenticated: "));
+  CliResult listed = RunCli(address, with_flags({"ls"}), dir + "/ls.log");
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr("flagged"));
 
   // No credentials: the TLS handshake fails, and the line says what to set.
   CliResult stranger =
       RunCli(address, {"ls", "--timeout", "5"}, dir + "/stranger.log");
   EXPECT_EQ(stranger.exit_code, 1) << stranger.output;
   EXPECT_THAT(stranger.output, HasSubstr("TESSERA_TLS_CA"));
+  EXPECT_THAT(stranger.output, HasSubstr("--tls-ca"));
   // The certificate without a token: unauthenticated, in one line (the
   // client sends this user's own token to loopback, which a --secure
   // cluster does not know), saying what to set.
@@ -586,6 +651,7 @@ TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
   EXPECT_EQ(tokenless.exit_code, 1) << tokenless.output;
   EXPECT_THAT(tokenless.output, HasSubstr("unauthenticated: "));
   EXPECT_THAT(tokenless.output, HasSubstr("TESSERA_TOKEN"));
+  EXPECT_THAT(tokenless.output, HasSubstr("--token-file"));
   EXPECT_EQ(std::count(tokenless.output.begin(), tokenless.output.end(), '\n'),
             1)
       << tokenless.output;
@@ -595,6 +661,180 @@ TEST(CliLaunchTest, SecureLaunchRunsTheDemoAndRefusesStrangers) {
   ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
   // The CA, keys and tokens went with the launch.
   EXPECT_FALSE(std::filesystem::exists(env[0].second)) << env[0].second;
+}
+
+// The pid on the launcher's "store: etcd (local member, pid P, ...)" line;
+// -1 without one.
+pid_t LocalEtcdPid(const std::string& log) {
+  const std::string line = "store: etcd (local member, pid ";
+  const size_t at = log.find(line);
+  if (at == std::string::npos) return -1;
+  return std::stoi(log.substr(at + line.size()));
+}
+
+bool Gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Issue: rank 0 is not special by default. `tessera launch` with no store
+// flag runs a local etcd member (mutual TLS) as the store, so a SIGKILLed
+// rank 0 is restarted like any other rank (--max-restarts defaults to 3):
+// the cluster serves again, keeps its tensors and creates new ones. Ctrl-C
+// then stops the daemons and etcd and leaves no private directory behind.
+TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
+  char tmp[] = "/tmp/tessera-launch-tmp-XXXXXX";
+  ASSERT_NE(mkdtemp(tmp), nullptr);
+  Launched launched = Launch(4, {}, {{"TMPDIR", tmp}});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  std::string log = launched.launcher->LogTail();
+  const pid_t etcd = LocalEtcdPid(log);
+  ASSERT_GT(etcd, 0) << log;
+  EXPECT_THAT(log, HasSubstr("mutual TLS)"));
+  const std::string address1 = RankAddressOf(log, 1);
+
+  // A tensor on ranks 1..3, written, outlives rank 0.
+  std::vector<float> values(24);
+  std::iota(values.begin(), values.end(), 0.0f);
+  Tensor iota = *Tensor::FromVector<float>(values, {6, 4});
+  const std::string in = launched.dir + "/in.npy";
+  ASSERT_THAT(WriteNpy(in, iota), IsOk());
+  CliResult created = RunCli(address,
+                             {"create", "kept", "--size", "6,4", "--spec",
+                              "chunk:dim=0:rank:1/cpu,rank:2/cpu,rank:3/cpu"},
+                             launched.dir + "/kept.log");
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  CliResult written =
+      RunCli(address, {"write", "kept", "--offsets", "0,0", "-i", in},
+             launched.dir + "/write.log");
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+
+  const pid_t first = KillAndCreateUntilServing(launched, 0, address1, 3);
+  // The restarted rank 0 serves too, once it printed its line again.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline &&
+         !absl::StrContains(launched.launcher->LogTail(), "restarted)")) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr("restarted)"));
+  const pid_t second = LastPidOf(log, 0);
+  EXPECT_NE(second, first);
+  CliResult health =
+      RunCli(RankAddressOf(log, 0), {"health"}, launched.dir + "/health.log");
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  CliResult again = RunCli(
+      RankAddressOf(log, 0),
+      {"create", "after", "--size", "8,4", "--spec", kRows, "--init", "ones"},
+      launched.dir + "/after.log");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  const std::string out = launched.dir + "/out.npy";
+  CliResult fetched =
+      RunCli(address1, {"fetch", "kept", "-o", out}, launched.dir + "/f.log");
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.output;
+  ASSERT_OK_AND_ASSIGN(Tensor kept, ReadNpy(out));
+  EXPECT_TRUE(Equal(kept, iota));
+
+  launched.launcher->Signal(SIGINT);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << DescribeWaitStatus(*status) << "\n"
+      << launched.launcher->LogTail();
+  EXPECT_TRUE(Gone(etcd)) << etcd;
+  EXPECT_TRUE(Gone(second)) << second;
+  EXPECT_TRUE(std::filesystem::is_empty(tmp))
+      << std::filesystem::directory_iterator(tmp)->path();
+  std::filesystem::remove_all(tmp);
+  std::filesystem::remove_all(launched.dir);
+}
+
+// `--store embedded` keeps the store in rank 0, as before etcd: rank 0's
+// death ends the launch (the others stop), whatever --max-restarts says.
+TEST(CliLaunchTest, EmbeddedStoreRankZeroEndsTheLaunch) {
+  Launched launched = Launch(2, {"--store", "embedded"});
+  ASSERT_NE(launched.launcher, nullptr);
+  const std::string address =
+      WaitForReady(*launched.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr("store: rank 0 (embedded, 127.0.0.1:"));
+  EXPECT_EQ(LocalEtcdPid(log), -1);
+  const pid_t rank0 = LastPidOf(log, 0);
+  ASSERT_GT(rank0, 0) << log;
+  ASSERT_EQ(kill(rank0, SIGKILL), 0);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status);
+  EXPECT_THAT(launched.launcher->LogTail(),
+              HasSubstr("rank 0 serves the cluster's store (--store embedded"));
+  std::filesystem::remove_all(launched.dir);
+}
+
+// An etcd that cannot start fails the launch before any daemon starts, in
+// one error that quotes its log.
+TEST(CliLaunchTest, AnEtcdThatCannotStartFailsTheLaunchQuotingItsLog) {
+  char bin[] = "/tmp/tessera-fake-etcd-XXXXXX";
+  ASSERT_NE(mkdtemp(bin), nullptr);
+  const std::string etcd = absl::StrCat(bin, "/etcd");
+  {
+    std::ofstream out(etcd);
+    out << "#!/bin/sh\necho 'fake etcd: no disk today' >&2\nexit 3\n";
+  }
+  ASSERT_EQ(chmod(etcd.c_str(), 0755), 0);
+  const char* path = std::getenv("PATH");
+  Launched launched =
+      Launch(2, {}, {{"PATH", absl::StrCat(bin, ":", path ? path : "")}});
+  ASSERT_NE(launched.launcher, nullptr);
+  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status);
+  const std::string log = launched.launcher->LogTail();
+  EXPECT_THAT(log, HasSubstr("tessera launch: error: the local etcd ("));
+  EXPECT_THAT(log, HasSubstr("stopped before serving (exit code 3)"));
+  EXPECT_THAT(log, HasSubstr("fake etcd: no disk today"));
+  EXPECT_THAT(log, Not(HasSubstr("rank 0")));
+  std::filesystem::remove_all(bin);
+  std::filesystem::remove_all(launched.dir);
+}
+
+// Two launches at once on one host: each runs its own etcd member on ports
+// of its own, and their clusters are apart (the same tensor name in both).
+TEST(CliLaunchTest, TwoLaunchesAtOnceEachRunTheirOwnEtcd) {
+  Launched first = Launch(2);
+  Launched second = Launch(2);
+  ASSERT_NE(first.launcher, nullptr);
+  ASSERT_NE(second.launcher, nullptr);
+  const std::string address1 = WaitForReady(*first.launcher, absl::Seconds(60));
+  const std::string address2 =
+      WaitForReady(*second.launcher, absl::Seconds(60));
+  ASSERT_FALSE(address1.empty()) << first.launcher->LogTail();
+  ASSERT_FALSE(address2.empty()) << second.launcher->LogTail();
+  const pid_t etcd1 = LocalEtcdPid(first.launcher->LogTail());
+  const pid_t etcd2 = LocalEtcdPid(second.launcher->LogTail());
+  ASSERT_GT(etcd1, 0) << first.launcher->LogTail();
+  ASSERT_GT(etcd2, 0) << second.launcher->LogTail();
+  EXPECT_NE(etcd1, etcd2);
+  for (const auto& [address, dir] :
+       {std::pair(address1, first.dir), std::pair(address2, second.dir)}) {
+    CliResult created = RunCli(address,
+                               {"create", "t", "--size", "4,4", "--spec",
+                                "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
+                               dir + "/create.log");
+    EXPECT_EQ(created.exit_code, 0) << created.output;
+  }
+  for (Launched* launched : {&first, &second}) {
+    launched->launcher->Signal(SIGINT);
+    std::optional<int> status = launched->launcher->WaitFor(absl::Seconds(30));
+    ASSERT_TRUE(status.has_value()) << launched->launcher->LogTail();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << launched->launcher->LogTail();
+    std::filesystem::remove_all(launched->dir);
+  }
+  EXPECT_TRUE(Gone(etcd1));
+  EXPECT_TRUE(Gone(etcd2));
 }
 
 }  // namespace

@@ -218,6 +218,85 @@ TEST(ConnectionTest, AddressPrecedenceAndTimeouts) {
             absl::Milliseconds(2500));
 }
 
+// Each credential flag wins over its variable; messages name the one that
+// gave the file at fault.
+TEST(ConnectionTest, CredentialFlagsWinOverTheirVariables) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp",
+                                       "/tessera-credentials-", ::getpid());
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string ca = write("ca.pem", "-----BEGIN CERTIFICATE-----\n");
+  const std::string cert = write("cert.pem", "-----BEGIN CERTIFICATE-----\n");
+  const std::string key = write("key.pem", "-----BEGIN PRIVATE KEY-----\n");
+  const std::string junk = write("junk.pem", "not pem");
+  const std::string token =
+      write("token", "# the admin token\n\n  0123456789abcdef admin ops\n");
+  const std::string comments = write("comments", "# none yet\n\n");
+
+  for (const char* variable : {kTlsCaEnv, kTlsCertEnv, kTlsKeyEnv}) {
+    ::unsetenv(variable);
+  }
+  ConnectionFlags flags;
+  ::setenv(kTlsCaEnv, junk.c_str(), 1);
+  EXPECT_THAT(
+      ResolveCredentials(flags),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("$TESSERA_TLS_CA: " + junk + " holds no PEM")));
+  flags.tls_ca = ca;
+  ASSERT_THAT(ResolveCredentials(flags), IsOk());
+  EXPECT_EQ(ResolveCredentials(flags)->tls.ca_file, ca);
+  EXPECT_FALSE(ResolveCredentials(flags)->token.has_value());
+  flags.tls_ca = junk;
+  ::setenv(kTlsCaEnv, ca.c_str(), 1);
+  EXPECT_THAT(
+      ResolveCredentials(flags),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-ca: ")));
+  flags.tls_ca.clear();
+  EXPECT_EQ(ResolveCredentials(flags)->tls.ca_file, ca);
+
+  // Mutual TLS: flag and variable mix, each named as given.
+  flags.tls_cert = cert;
+  EXPECT_THAT(
+      ResolveCredentials(flags),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("--tls-cert and --tls-key or $TESSERA_TLS_KEY go "
+                         "together")));
+  ::setenv(kTlsKeyEnv, key.c_str(), 1);
+  ASSERT_THAT(ResolveCredentials(flags), IsOk());
+  EXPECT_EQ(ResolveCredentials(flags)->tls.key_file, key);
+  flags.tls_key = junk;
+  EXPECT_THAT(
+      ResolveCredentials(flags),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-key: ")));
+  ::unsetenv(kTlsCaEnv);
+  ::unsetenv(kTlsKeyEnv);
+  flags.tls_key = key;
+  EXPECT_THAT(ResolveCredentials(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("needs --tls-ca or $TESSERA_TLS_CA")));
+
+  // --token-file: the first word of the first line that is not a comment.
+  flags = ConnectionFlags();
+  flags.token_file = token;
+  ASSERT_THAT(ResolveCredentials(flags), IsOk());
+  EXPECT_EQ(ResolveCredentials(flags)->token, "0123456789abcdef");
+  flags.token_file = comments;
+  EXPECT_THAT(
+      ResolveCredentials(flags),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("--token-file: " + comments + " holds no token")));
+  flags.token_file = dir + "/missing";
+  EXPECT_THAT(ResolveCredentials(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--token-file: ")));
+  std::filesystem::remove_all(dir);
+}
+
 // ------------------------------------------------------------- Launcher.
 
 LaunchOptions Options(int nproc) {
@@ -254,6 +333,8 @@ TEST(LaunchOptionsTest, Validation) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log-level")));
   LaunchOptions store = Options(2);
   store.store = "etcd://127.0.0.1:2379/job";
+  EXPECT_THAT(ValidateLaunchOptions(store), IsOk());
+  store.store = "embedded";
   EXPECT_THAT(ValidateLaunchOptions(store), IsOk());
   store.store = "127.0.0.1:2379";
   EXPECT_THAT(ValidateLaunchOptions(store),
@@ -334,6 +415,9 @@ TEST(LaunchOptionsTest, DaemonCommandLikeTorchrun) {
   EXPECT_EQ(value_of("--master-addr"), "127.0.0.1");  // a wildcard is no master
   EXPECT_EQ(value_of("--local-world-size"), "2");
   EXPECT_EQ(value_of("--store"), "");
+  cpu.store = "embedded";  // the launcher's word: rank 0 serves the store
+  EXPECT_THAT(BuildDaemonCommand(cpu, 1, "/d").args,
+              ::testing::Not(::testing::Contains("--store")));
   cpu.store = "etcd://127.0.0.1:2379/job";
   const DaemonCommand on_etcd = BuildDaemonCommand(cpu, 1, "/d");
   EXPECT_THAT(on_etcd.args, ::testing::IsSupersetOf(
@@ -360,7 +444,8 @@ TEST(LaunchOptionsTest, SettingsTable) {
   EXPECT_EQ(defaults.host, "127.0.0.1");
   EXPECT_EQ(defaults.start_timeout_seconds, 120);
   EXPECT_EQ(defaults.stop_timeout_seconds, 15);
-  EXPECT_EQ(defaults.max_restarts, 0);
+  EXPECT_EQ(defaults.max_restarts, 3);
+  EXPECT_EQ(defaults.store, "");  // a local etcd member
 
   LaunchFlags flags;
   flags.nproc = "3";

@@ -273,6 +273,62 @@ TEST(CommandsCliTest, ClusterCommandsReportAnUnreachableDaemon) {
   }
 }
 
+// Every command that talks to daemons takes --tls-ca, --tls-cert,
+// --tls-key and --token-file: a bad one is a usage error naming the flag
+// before anything is dialled, and a good one wins over a bad variable.
+TEST(CommandsCliTest, ClusterCommandsTakeCredentialFlags) {
+  TempDir dir;
+  const std::string npy = dir.File("in.npy");
+  ASSERT_TRUE(WriteNpy(npy, Tensor::Ones({2, 2}).value()).ok());
+  const std::string token =
+      dir.Write("token", "# ops\n\n  0123456789abcdef admin ops\n");
+  const std::string comments = dir.Write("comments", "# none yet\n");
+  const std::string not_pem = dir.Write("not.pem", "not a certificate");
+  const std::vector<std::vector<std::string>> commands = {
+      {"health"},
+      {"top", "--once"},
+      {"ls"},
+      {"describe", "w"},
+      {"create", "w", "--size", "4,4", "--spec", kChunk2},
+      {"fetch", "w", "-o", dir.File("w.npy")},
+      {"read", "w", "--offsets", "0,0", "--sizes", "2,2"},
+      {"write", "w", "-i", npy, "--offsets", "0,0"},
+      {"rm", "w"},
+      {"save", dir.File("ckpt")},
+      {"load", dir.File("ckpt")}};
+  for (const std::vector<std::string>& args : commands) {
+    const std::string& command = args[0];
+    const RunResult help = RunOffline({command, "--help"});
+    for (const char* flag :
+         {"--tls-ca", "--tls-cert", "--tls-key", "--token-file"}) {
+      EXPECT_THAT(help.out, HasSubstr(flag)) << command;
+    }
+    auto with = [&](const std::vector<std::string>& more) {
+      std::vector<std::string> line = args;
+      line.insert(line.end(), more.begin(), more.end());
+      line.insert(line.end(), {"--address", DeadAddress()});
+      return line;
+    };
+    ExpectUsageError(RunTessera(with({"--token-file", dir.File("missing")})),
+                     command, "--token-file: open " + dir.File("missing"));
+    ExpectUsageError(RunTessera(with({"--token-file", comments})), command,
+                     "--token-file: " + comments + " holds no token");
+    ExpectUsageError(
+        RunTessera(with({"--tls-ca", not_pem}), {{"TESSERA_TLS_CA", token}}),
+        command, "--tls-ca: " + not_pem + " holds no PEM certificate");
+    ExpectUsageError(RunTessera(with({}), {{"TESSERA_TLS_CA", not_pem}}),
+                     command, "$TESSERA_TLS_CA: ");
+    ExpectUsageError(RunTessera(with({"--tls-cert", not_pem})), command,
+                     "--tls-cert and --tls-key or $TESSERA_TLS_KEY go "
+                     "together");
+    // A good --token-file wins over a bad $TESSERA_TOKEN_FILE: the command
+    // goes on to dial.
+    ExpectFailure(RunTessera(with({"--token-file", token}),
+                             {{"TESSERA_TOKEN_FILE", dir.File("missing")}}),
+                  command, "cannot connect to ");
+  }
+}
+
 // ------------------------------------------------------------ The launcher.
 
 // Stands in for tessera-server: records its arguments and environment in
@@ -405,7 +461,7 @@ TEST_F(LaunchTest, StartsEveryRankPrintsAddressesAndStopsOnSigint) {
 }
 
 TEST_F(LaunchTest, ADaemonThatExitsStopsTheOthers) {
-  StartLauncher("die_rank1");
+  StartLauncher("die_rank1", {"--max-restarts", "0"});
   const std::string log = WaitForReady();
   const std::vector<pid_t> pids = Pids(log);
   ASSERT_EQ(pids.size(), 2u) << log;
