@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_cluster_test.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 
@@ -73,12 +74,8 @@ class DaemonCudaTest : public ::testing::Test {
 
   // After the test: every daemon still runs.
   void TearDown() override {
-    if (cluster_ == nullptr) return;
-    for (int r = 0; r < kWorld; ++r) {
-      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
-          << "daemon " << r << " died:\n"
-          << cluster_->Log(r);
-    }
+    if (cluster_ != nullptr)
+      ::tessera::testing::ExpectDaemonsRunning(*cluster_);
   }
 
   std::unique_ptr<DaemonCluster> cluster_;

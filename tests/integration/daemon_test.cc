@@ -62,11 +62,7 @@ using ::testing::HasSubstr;
 constexpr int kWorld = 4;
 
 DaemonClusterOptions ClusterOptions() {
-  DaemonClusterOptions options;
-  options.world_size = kWorld;
-  options.server_path = TESSERA_SERVER_PATH;
-  options.extra_args = {"--timeout", "10", "--log-level", "warn"};
-  return options;
+  return ::tessera::testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
 }
 
 absl::StatusOr<std::unique_ptr<DaemonCluster>> StartCluster() {

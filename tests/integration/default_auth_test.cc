@@ -23,7 +23,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/sharding_spec.h"
@@ -41,6 +40,7 @@
 #include "tests/testing/raw_call.h"
 #include "tests/testing/raw_data_plane.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
 #include "wire/user_token.h"
@@ -56,18 +56,11 @@ using ::testing::HasSubstr;
 constexpr char kStrangerEnv[] = "TESSERA_TEST_STRANGER";
 constexpr uid_t kNobody = 65534;
 
-std::string Mode(const std::string& path) {
-  struct stat info;
-  if (stat(path.c_str(), &info) != 0) return "missing";
-  return absl::StrFormat("%04o", info.st_mode & 0777);
-}
-
 class DefaultAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/tessera-default-auth-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    home_ = dir;
+    ASSERT_TRUE(tmp_.ok());
+    home_ = tmp_.path();
     // A home as most users have one: others may look in (so only the
     // token's own directory and file keep them out).
     ASSERT_EQ(chmod(home_.c_str(), 0755), 0);
@@ -79,15 +72,7 @@ class DefaultAuthTest : public ::testing::Test {
       unsetenv(name);
     }
   }
-  void TearDown() override { (void)RemoveTree(home_); }
-
-  static absl::Status RemoveTree(const std::string& dir) {
-    const std::string command = absl::StrCat("rm -rf '", dir, "'");
-    return std::system(command.c_str()) == 0
-               ? absl::OkStatus()
-               : absl::InternalError("rm -rf failed");
-  }
-
+  tt::ScopedTempDir tmp_{"tessera-default-auth"};
   std::string home_;
 };
 
@@ -102,8 +87,8 @@ TEST_F(DefaultAuthTest, TheOwnerNeedsNoSettingAndNobodyElseGetsIn) {
   // The daemons made one private token file and share it.
   const std::string token_dir = home_ + "/.tessera";
   const std::string token_path = token_dir + "/token";
-  EXPECT_EQ(Mode(token_dir), "0700");
-  EXPECT_EQ(Mode(token_path), "0600");
+  EXPECT_EQ(tt::FileMode(token_dir), "0700");
+  EXPECT_EQ(tt::FileMode(token_path), "0600");
   ASSERT_OK_AND_ASSIGN(const std::string text, ReadFileToString(token_path));
   std::string cluster_token;
   ASSERT_OK_AND_ASSIGN(std::vector<TokenTable::Entry> entries,
@@ -181,7 +166,7 @@ TEST_F(DefaultAuthTest, TheOwnerNeedsNoSettingAndNobodyElseGetsIn) {
   EXPECT_EQ(all[0].name(), "weights");
   ASSERT_OK_AND_ASSIGN(Tensor after, view.Read());
   tt::ExpectIotaBox(after, 0, 0, 8);
-  EXPECT_EQ(Mode(stolen), "missing");
+  EXPECT_EQ(tt::FileMode(stolen), "missing");
   // And the owner still loads and deletes.
   v1::LoadCheckpointRequest load;
   load.set_path("owner-checkpoint");

@@ -55,11 +55,7 @@ using ::testing::HasSubstr;
 constexpr int kWorld = 4;
 
 DaemonClusterOptions ClusterOptions(int world) {
-  DaemonClusterOptions options;
-  options.world_size = world;
-  options.server_path = TESSERA_SERVER_PATH;
-  options.extra_args = {"--timeout", "10", "--log-level", "warn"};
-  return options;
+  return ::tessera::testing::QuietClusterOptions(world, TESSERA_SERVER_PATH);
 }
 
 // Chunks along `dim`, chunk i on rank ranks[i].

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -91,6 +92,18 @@ class DaemonCluster {
   std::vector<std::string> addresses_;
   std::string store_address_;
 };
+
+// The options most suites start with: `world_size` CPU daemons of
+// `server_path` with a 10 s rendezvous and collective --timeout, logging
+// warnings and worse.
+inline DaemonClusterOptions QuietClusterOptions(int world_size,
+                                                std::string server_path) {
+  DaemonClusterOptions options;
+  options.world_size = world_size;
+  options.server_path = std::move(server_path);
+  options.extra_args = {"--timeout", "10", "--log-level", "warn"};
+  return options;
+}
 
 // A TCP port that was free on 127.0.0.1 a moment ago.
 absl::StatusOr<int> PickFreePort();

@@ -1,7 +1,8 @@
 // A gtest fixture over one DaemonCluster per test suite: a suite starts its
 // cluster in SetUpTestSuite (StartSuiteCluster) and stops it in
 // TearDownTestSuite; every test gets a client of rank 0 and, after it, a
-// check that every daemon still runs (quoting the log of one that died).
+// check that every daemon still runs (ExpectDaemonsRunning, also for
+// fixtures of their own, quoting the log of one that died).
 // Header-only: the tests that use it link the client library.
 #ifndef TESSERA_TESTS_TESTING_DAEMON_CLUSTER_TEST_H_
 #define TESSERA_TESTS_TESTING_DAEMON_CLUSTER_TEST_H_
@@ -16,6 +17,15 @@
 #include "tests/testing/status_matchers.h"
 
 namespace tessera::testing {
+
+// Every daemon of `cluster` still runs (the log of one that died quoted).
+inline void ExpectDaemonsRunning(DaemonCluster& cluster) {
+  for (int r = 0; r < cluster.world_size(); ++r) {
+    EXPECT_FALSE(cluster.daemon(r).WaitFor(absl::ZeroDuration()))
+        << "daemon " << r << " died:\n"
+        << cluster.Log(r);
+  }
+}
 
 class DaemonClusterTest : public ::testing::Test {
  protected:
@@ -37,12 +47,7 @@ class DaemonClusterTest : public ::testing::Test {
 
   // After every test: all daemons still run.
   void TearDown() override {
-    if (cluster_ == nullptr) return;
-    for (int r = 0; r < cluster_->world_size(); ++r) {
-      EXPECT_FALSE(cluster_->daemon(r).WaitFor(absl::ZeroDuration()))
-          << "daemon " << r << " died:\n"
-          << cluster_->Log(r);
-    }
+    if (cluster_ != nullptr) ExpectDaemonsRunning(*cluster_);
   }
 
   inline static DaemonCluster* cluster_ = nullptr;

@@ -20,6 +20,7 @@
 #include "tessera/v1/shard.pb.h"
 #include "tessera/v1/store.pb.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tessera {
 namespace {
@@ -98,15 +99,9 @@ TEST(TokenTableTest, MethodTableCoversEveryServiceMethod) {
 class TokenFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/tessera-auth-unit-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
     path_ = dir_ + "/tokens";
-  }
-  void TearDown() override {
-    std::remove(path_.c_str());
-    std::remove((path_ + ".next").c_str());
-    rmdir(dir_.c_str());
   }
   void Write(const std::string& text, mode_t mode = 0600) {
     const std::string next = path_ + ".next";
@@ -114,6 +109,7 @@ class TokenFileTest : public ::testing::Test {
     ASSERT_EQ(chmod(next.c_str(), mode), 0);
     ASSERT_EQ(rename(next.c_str(), path_.c_str()), 0);
   }
+  tt::ScopedTempDir tmp_{"tessera-auth-unit"};
   std::string dir_, path_;
 };
 

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 #include "wire/auth.h"
 
 namespace tessera {
@@ -28,18 +28,11 @@ namespace {
 namespace tt = ::tessera::testing;
 using ::testing::HasSubstr;
 
-std::string Mode(const std::string& path) {
-  struct stat info;
-  if (stat(path.c_str(), &info) != 0) return "missing";
-  return absl::StrFormat("%04o", info.st_mode & 0777);
-}
-
 class UserTokenTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/tessera-user-token-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    root_ = dir;
+    ASSERT_TRUE(tmp_.ok());
+    root_ = tmp_.path();
     home_ = root_ + "/home";
     setenv("TESSERA_HOME", home_.c_str(), 1);
     unsetenv("TESSERA_TOKEN");
@@ -49,9 +42,9 @@ class UserTokenTest : public ::testing::Test {
   void TearDown() override {
     ClearProcessToken();
     unsetenv("TESSERA_HOME");
-    (void)std::system(absl::StrCat("rm -rf '", root_, "'").c_str());
   }
 
+  tt::ScopedTempDir tmp_{"tessera-user-token"};
   std::string root_;
   std::string home_;
 };
@@ -60,8 +53,8 @@ TEST_F(UserTokenTest, MadePrivateWithOneClusterToken) {
   EXPECT_THAT(ReadUserToken(), tt::IsOkAndHolds(std::string()));
   ASSERT_OK_AND_ASSIGN(const std::string path, EnsureUserTokenFile());
   EXPECT_EQ(path, home_ + "/token");
-  EXPECT_EQ(Mode(home_), "0700");
-  EXPECT_EQ(Mode(path), "0600");
+  EXPECT_EQ(tt::FileMode(home_), "0700");
+  EXPECT_EQ(tt::FileMode(path), "0600");
   ASSERT_OK_AND_ASSIGN(const std::string text, ReadFileToString(path));
   std::string cluster;
   ASSERT_OK_AND_ASSIGN(std::vector<TokenTable::Entry> entries,

@@ -75,11 +75,8 @@ CliResult RunCli(
 class CliDaemonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    DaemonClusterOptions options;
-    options.world_size = 4;
-    options.server_path = TESSERA_SERVER_PATH;
-    options.extra_args = {"--timeout", "10", "--log-level", "warn"};
-    auto cluster = DaemonCluster::Start(options);
+    auto cluster = DaemonCluster::Start(
+        ::tessera::testing::QuietClusterOptions(4, TESSERA_SERVER_PATH));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = cluster->release();
   }
@@ -254,6 +251,16 @@ std::string WaitForReady(Subprocess& launcher, absl::Duration timeout) {
   return "";
 }
 
+// Waits up to 30 s for `launcher` to exit, expecting exit code `code`
+// (else quoting its wait status and log).
+void ExpectExitsWith(Subprocess& launcher, int code) {
+  std::optional<int> status = launcher.WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << launcher.LogTail();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == code)
+      << DescribeWaitStatus(*status) << "\n"
+      << launcher.LogTail();
+}
+
 struct Launched {
   std::unique_ptr<Subprocess> launcher;
   std::string dir;
@@ -302,11 +309,7 @@ TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
   EXPECT_EQ(health.exit_code, 0) << health.output;
 
   launched.launcher->Signal(SIGINT);
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << DescribeWaitStatus(*status) << "\n"
-      << launched.launcher->LogTail();
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 0));
   CliResult after = RunCli(address, {"health", "--timeout", "2"},
                            launched.dir + "/after.log");
   EXPECT_EQ(after.exit_code, 1) << after.output;
@@ -327,11 +330,7 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
   const pid_t pid = std::stoi(log.substr(pid_at + 5));
   ASSERT_EQ(kill(pid, SIGKILL), 0);
 
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
-      << DescribeWaitStatus(*status) << "\n"
-      << launched.launcher->LogTail();
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
   EXPECT_THAT(
       launched.launcher->LogTail(),
       HasSubstr(absl::StrCat("rank 1 (pid ", pid, ") exited with signal 9")));
@@ -418,10 +417,7 @@ TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
 
   // The second death is past --max-restarts.
   ASSERT_EQ(kill(second, SIGKILL), 0);
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
-      << DescribeWaitStatus(*status);
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
   EXPECT_THAT(launched.launcher->LogTail(),
               HasSubstr("after 1 restarts (--max-restarts)"));
 }
@@ -736,11 +732,7 @@ TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
   EXPECT_TRUE(Equal(kept, iota));
 
   launched.launcher->Signal(SIGINT);
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << DescribeWaitStatus(*status) << "\n"
-      << launched.launcher->LogTail();
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 0));
   EXPECT_TRUE(Gone(etcd)) << etcd;
   EXPECT_TRUE(Gone(second)) << second;
   EXPECT_TRUE(std::filesystem::is_empty(tmp))
@@ -763,10 +755,7 @@ TEST(CliLaunchTest, EmbeddedStoreRankZeroEndsTheLaunch) {
   const pid_t rank0 = LastPidOf(log, 0);
   ASSERT_GT(rank0, 0) << log;
   ASSERT_EQ(kill(rank0, SIGKILL), 0);
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
-      << DescribeWaitStatus(*status);
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
   EXPECT_THAT(launched.launcher->LogTail(),
               HasSubstr("rank 0 serves the cluster's store (--store embedded"));
   std::filesystem::remove_all(launched.dir);
@@ -787,10 +776,7 @@ TEST(CliLaunchTest, AnEtcdThatCannotStartFailsTheLaunchQuotingItsLog) {
   Launched launched =
       Launch(2, {}, {{"PATH", absl::StrCat(bin, ":", path ? path : "")}});
   ASSERT_NE(launched.launcher, nullptr);
-  std::optional<int> status = launched.launcher->WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value()) << launched.launcher->LogTail();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
-      << DescribeWaitStatus(*status);
+  ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
   const std::string log = launched.launcher->LogTail();
   EXPECT_THAT(log, HasSubstr("tessera launch: error: the local etcd ("));
   EXPECT_THAT(log, HasSubstr("stopped before serving (exit code 3)"));
@@ -827,10 +813,7 @@ TEST(CliLaunchTest, TwoLaunchesAtOnceEachRunTheirOwnEtcd) {
   }
   for (Launched* launched : {&first, &second}) {
     launched->launcher->Signal(SIGINT);
-    std::optional<int> status = launched->launcher->WaitFor(absl::Seconds(30));
-    ASSERT_TRUE(status.has_value()) << launched->launcher->LogTail();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-        << launched->launcher->LogTail();
+    ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched->launcher, 0));
     std::filesystem::remove_all(launched->dir);
   }
   EXPECT_TRUE(Gone(etcd1));

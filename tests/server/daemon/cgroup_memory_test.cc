@@ -74,6 +74,15 @@ class FakeRoot {
   std::string root_;
 };
 
+// `fake` has one memory cgroup, at `dir` below its root, limited to `bytes`.
+void ExpectOneCgroup(const FakeRoot& fake, const std::string& dir,
+                     int64_t bytes) {
+  const std::vector<MemoryCgroup> found = FindMemoryCgroups(fake.root());
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].dir, fake.root() + dir);
+  EXPECT_EQ(ReadCgroupMemoryLimit(fake.root()).bytes, bytes);
+}
+
 TEST(CgroupMemoryTest, ParsesProcSelfCgroup) {
   ProcCgroups v1 = ParseProcCgroups(
       "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n");
@@ -177,10 +186,7 @@ TEST(CgroupMemoryTest, ContainersWhosePathIsNotUnderTheMount) {
     fake.Write("/proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
     fake.MountV2("/sys/fs/cgroup", "memory\n");
     fake.Write("/sys/fs/cgroup/memory.max", absl::StrCat(512 * kMiB, "\n"));
-    const std::vector<MemoryCgroup> found = FindMemoryCgroups(fake.root());
-    ASSERT_EQ(found.size(), 1u);
-    EXPECT_EQ(found[0].dir, fake.root() + "/sys/fs/cgroup");
-    EXPECT_EQ(ReadCgroupMemoryLimit(fake.root()).bytes, 512 * kMiB);
+    ExpectOneCgroup(fake, "/sys/fs/cgroup", 512 * kMiB);
   }
   {
     // Docker on cgroup v1 without a cgroup namespace: the mount's root is
@@ -191,10 +197,7 @@ TEST(CgroupMemoryTest, ContainersWhosePathIsNotUnderTheMount) {
     fake.Write("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                absl::StrCat(256 * kMiB, "\n"));
     fake.Write("/sys/fs/cgroup/memory/sub/memory.limit_in_bytes", kV1Unlimited);
-    const std::vector<MemoryCgroup> found = FindMemoryCgroups(fake.root());
-    ASSERT_EQ(found.size(), 1u);
-    EXPECT_EQ(found[0].dir, fake.root() + "/sys/fs/cgroup/memory/sub");
-    EXPECT_EQ(ReadCgroupMemoryLimit(fake.root()).bytes, 256 * kMiB);
+    ExpectOneCgroup(fake, "/sys/fs/cgroup/memory/sub", 256 * kMiB);
   }
   {
     // Only the trailing part of the path exists under the mount.
@@ -203,10 +206,7 @@ TEST(CgroupMemoryTest, ContainersWhosePathIsNotUnderTheMount) {
     fake.MountV2("/sys/fs/cgroup", "memory\n");
     fake.Write("/sys/fs/cgroup/ctr/memory.max", absl::StrCat(300 * kMiB, "\n"));
     fake.Write("/sys/fs/cgroup/ctr/sub/memory.max", "max\n");
-    const std::vector<MemoryCgroup> found = FindMemoryCgroups(fake.root());
-    ASSERT_EQ(found.size(), 1u);
-    EXPECT_EQ(found[0].dir, fake.root() + "/sys/fs/cgroup/ctr/sub");
-    EXPECT_EQ(ReadCgroupMemoryLimit(fake.root()).bytes, 300 * kMiB);
+    ExpectOneCgroup(fake, "/sys/fs/cgroup/ctr/sub", 300 * kMiB);
   }
 }
 
