@@ -462,19 +462,28 @@ absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target) {
 
 std::shared_ptr<grpc::Channel> CreateTesseraChannel(
     const std::string& target, const grpc::ChannelArguments& args) {
-  absl::StatusOr<std::string> token = ProcessToken();
+  // Found now (chosen, from the environment, or the user's file): one
+  // header for every call, read once.
+  absl::StatusOr<std::string> token = ProcessTokenFor(target);
   std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
       interceptors;
-  if (!token.ok() || token->empty()) {
-    if (!IsLoopbackTarget(target)) {
+  if (token.ok() && !token->empty()) {
+    interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  } else {
+    bool chosen;
+    {
+      absl::MutexLock lock(&process_mu);
+      chosen = ProcessTokenChosen();
+    }
+    // Only the user's file, on loopback, may still appear (a daemon makes
+    // it after this channel): looked for at each call until then.
+    if (!token.ok() || chosen || !IsLoopbackTarget(target)) {
       return grpc::CreateCustomChannel(target, ProcessChannelCredentials(),
                                        args);
     }
     interceptors.push_back(
         std::make_unique<LateTokenInterceptorFactory>(target));
-  } else {
-    interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, ProcessChannelCredentials(), args, std::move(interceptors));
