@@ -16,7 +16,11 @@
 # The test builds keep line tables, not full debug info (-g1, and -O1
 # -gline-tables-only under the sanitizers, as they recommend): backtraces
 # and sanitizer reports name files and lines, and the two builds fit CI's
-# time. Build Tessera yourself (cmake, README) for full debug info.
+# time. The tests' own sources (not the code they test, not the
+# benchmarks) compile at -O1, and at -O0 under the sanitizers
+# (TESSERA_TEST_OPTIMIZE): most of their compile time was the optimizer on
+# gtest and gRPC templates. Build Tessera yourself (cmake, README) for full
+# debug info.
 #
 # Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
 # (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
@@ -45,7 +49,8 @@ if ((normal)); then
   cmake -S . -B "$build_dir" -G Ninja \
     -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DTESSERA_TEST_OPTIMIZE=-O1
   cmake --build "$build_dir" -j "$jobs"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
 fi
@@ -58,6 +63,7 @@ if [[ -n "$sanitize" ]]; then
     -DTESSERA_WITH_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+    -DTESSERA_TEST_OPTIMIZE=-O0 \
     -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
     -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-20}"
   cmake --build "$san_dir" -j "$jobs"
