@@ -153,9 +153,10 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
         absl::StatusOr<std::string> done =
             ReceiveLocalMessage(fd, absl::Now() + options_.lease_timeout);
         // Anything but "done" (a close, a timeout, another message) ends
-        // the connection; the lease ends either way.
-        lent->reset();
+        // the connection; the lease ends either way. Counted first: whoever
+        // sees the shard's memory go sees the lease gone too.
         active_leases_.fetch_sub(1);
+        lent->reset();
         const bool completed =
             done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
         if (completed) {
