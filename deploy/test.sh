@@ -19,8 +19,11 @@
 # time. The tests' own sources (not the code they test, not the
 # benchmarks) compile at -O1, and at -O0 under the sanitizers
 # (TESSERA_TEST_OPTIMIZE): most of their compile time was the optimizer on
-# gtest and gRPC templates. Build Tessera yourself (cmake, README) for full
-# debug info.
+# gtest and gRPC templates. The libraries are unity builds (8 sources a
+# compile, CMAKE_UNITY_BUILD; tests/ and the generated protobuf code are
+# not), which parses their shared headers once a batch: so file-local
+# names in one library's .cc files must differ. Build Tessera yourself
+# (cmake, README) for full debug info.
 #
 # Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
 # (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
@@ -50,6 +53,7 @@ if ((normal)); then
     -DTESSERA_WITH_CUDA="${TESSERA_WITH_CUDA:-AUTO}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
     -DTESSERA_TEST_OPTIMIZE=-O1
   cmake --build "$build_dir" -j "$jobs"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
@@ -63,6 +67,7 @@ if [[ -n "$sanitize" ]]; then
     -DTESSERA_WITH_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
     -DTESSERA_TEST_OPTIMIZE=-O0 \
     -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
     -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-20}"

@@ -97,6 +97,12 @@ std::string FileVersion(const std::string& path) {
                       info.st_size, "/", info.st_ino);
 }
 
+bool IsExecutableFile(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+         access(path.c_str(), X_OK) == 0;
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
   if (!fd.ok()) return fd.status();

@@ -48,6 +48,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // modification time, size and inode), to notice a rotation cheaply; "-"
 // when it cannot be stat'ed.
 std::string FileVersion(const std::string& path);
+// Whether `path` is a regular file this process may execute.
+bool IsExecutableFile(const std::string& path);
 // fstat's size. Error context: "stat <name>".
 absl::StatusOr<int64_t> FileSize(int fd, absl::string_view name);
 // fsync(2). Error context: "fsync <name>".

@@ -39,6 +39,7 @@ struct MethodRole {
 constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/GetCluster", Role::kRead},
     {"tessera.v1.ControlService/GetStats", Role::kRead},
+    {"tessera.v1.ControlService/GetOperation", Role::kRead},
     {"tessera.v1.ControlService/ListTensors", Role::kRead},
     {"tessera.v1.ControlService/DescribeTensor", Role::kRead},
     {"tessera.v1.ControlService/ReadRegion", Role::kRead},
@@ -81,7 +82,7 @@ absl::string_view ShortName(absl::string_view method) {
   return dot == absl::string_view::npos ? method : method.substr(dot + 1);
 }
 
-absl::Mutex process_mu(absl::kConstInit);
+absl::Mutex token_process_mu(absl::kConstInit);
 // Never destroyed: calls may arrive during static destruction.
 std::shared_ptr<TokenTable>& ProcessTable() {
   static auto* table = new std::shared_ptr<TokenTable>();
@@ -339,13 +340,13 @@ std::string TokenTable::cluster_token() {
 
 void SetProcessTokenTable(std::shared_ptr<TokenTable> table,
                           std::string missing_token_hint) {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&token_process_mu);
   ProcessTable() = std::move(table);
   MissingTokenHint() = std::move(missing_token_hint);
 }
 
 std::shared_ptr<TokenTable> ProcessTokenTable() {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&token_process_mu);
   return ProcessTable();
 }
 
@@ -364,7 +365,7 @@ absl::Status Authorize(TokenTable& table,
   if (!token.has_value()) {
     std::string hint;
     {
-      absl::MutexLock lock(&process_mu);
+      absl::MutexLock lock(&token_process_mu);
       hint = MissingTokenHint();
     }
     return absl::UnauthenticatedError(
@@ -416,19 +417,19 @@ absl::Status AuthorizeToken(std::optional<absl::string_view> token,
 }
 
 void SetProcessToken(std::string token) {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&token_process_mu);
   ProcessTokenSlot() = std::move(token);
   ProcessTokenChosen() = true;
 }
 
 void ClearProcessToken() {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&token_process_mu);
   ProcessTokenSlot().reset();
   ProcessTokenChosen() = false;
 }
 
 absl::StatusOr<std::string> ProcessToken() {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&token_process_mu);
   auto& slot = ProcessTokenSlot();
   if (slot.has_value()) return *slot;
   slot = TokenFromEnvironment();
@@ -453,7 +454,7 @@ absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target) {
   ASSIGN_OR_RETURN(std::string token, ProcessToken());
   bool chosen;
   {
-    absl::MutexLock lock(&process_mu);
+    absl::MutexLock lock(&token_process_mu);
     chosen = ProcessTokenChosen();
   }
   if (chosen || !token.empty() || !IsLoopbackTarget(target)) return token;
@@ -473,7 +474,7 @@ std::shared_ptr<grpc::Channel> CreateTesseraChannel(
   } else {
     bool chosen;
     {
-      absl::MutexLock lock(&process_mu);
+      absl::MutexLock lock(&token_process_mu);
       chosen = ProcessTokenChosen();
     }
     // Only the user's file, on loopback, may still appear (a daemon makes

@@ -17,7 +17,7 @@
 namespace tessera {
 namespace {
 
-absl::Mutex process_mu(absl::kConstInit);
+absl::Mutex tls_process_mu(absl::kConstInit);
 // Never destroyed: channels may be made during static destruction.
 std::optional<TlsConfig>& ProcessConfig() {
   static auto* config = new std::optional<TlsConfig>();
@@ -99,12 +99,12 @@ TlsConfig TlsConfigFromEnvironment() {
 }
 
 void SetProcessTls(TlsConfig config) {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&tls_process_mu);
   ProcessConfig() = std::move(config);
 }
 
 TlsConfig ProcessTls() {
-  absl::MutexLock lock(&process_mu);
+  absl::MutexLock lock(&tls_process_mu);
   if (!ProcessConfig().has_value()) {
     ProcessConfig() = TlsConfigFromEnvironment();
   }

@@ -13,7 +13,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "create";
+constexpr absl::string_view kCreateCommand = "create";
 
 struct InitName {
   absl::string_view name;
@@ -40,15 +40,17 @@ int RunCreate(const CreateCommandOptions& options,
               const CommandContext& context) {
   // Everything the user typed is checked before a daemon is contacted.
   absl::StatusOr<std::vector<int64_t>> sizes = ParseSizes(options.size);
-  if (!sizes.ok()) return context.ReportUserError(kCommand, sizes.status());
+  if (!sizes.ok())
+    return context.ReportUserError(kCreateCommand, sizes.status());
   absl::StatusOr<DType> dtype = ParseDType(options.dtype);
-  if (!dtype.ok()) return context.ReportUserError(kCommand, dtype.status());
+  if (!dtype.ok())
+    return context.ReportUserError(kCreateCommand, dtype.status());
   absl::StatusOr<ShardingSpec> spec = ParseShardingSpec(options.spec);
-  if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
+  if (!spec.ok()) return context.ReportUserError(kCreateCommand, spec.status());
   absl::StatusOr<ShardedTensorMetadata> metadata =
       PlanTensor(*spec, *sizes, *dtype);
   if (!metadata.ok()) {
-    return context.ReportUserError(kCommand, metadata.status());
+    return context.ReportUserError(kCreateCommand, metadata.status());
   }
   CreateOptions create;
   create.dtype = *dtype;
@@ -59,18 +61,20 @@ int RunCreate(const CreateCommandOptions& options,
     create.init = options.fill_given ? TensorInit::kFull : TensorInit::kEmpty;
   } else {
     absl::StatusOr<TensorInit> init = ParseTensorInit(options.init);
-    if (!init.ok()) return context.ReportUserError(kCommand, init.status());
+    if (!init.ok())
+      return context.ReportUserError(kCreateCommand, init.status());
     create.init = *init;
   }
   if (options.fill_given && create.init != TensorInit::kFull) {
     return context.ReportUserError(
-        kCommand, absl::InvalidArgumentError(absl::StrCat(
-                      "--fill needs --init full, not --init ", options.init)));
+        kCreateCommand,
+        absl::InvalidArgumentError(absl::StrCat(
+            "--fill needs --init full, not --init ", options.init)));
   }
   if ((create.init == TensorInit::kRand || create.init == TensorInit::kRandn) &&
       !IsFloatingPoint(*dtype) && !IsComplex(*dtype)) {
     return context.ReportUserError(
-        kCommand,
+        kCreateCommand,
         absl::InvalidArgumentError(absl::StrCat(
             "--init ", options.init, " needs a floating or complex dtype, not ",
             DTypeName(*dtype))));
@@ -78,16 +82,17 @@ int RunCreate(const CreateCommandOptions& options,
 
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kCreateCommand, client.status());
   absl::StatusOr<ShardedTensorView> view =
       (*client)->Create(options.name, *sizes, *spec, create);
-  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  if (!view.ok()) return context.ReportUserError(kCreateCommand, view.status());
   return PrintShardTable(*view, (*client)->cluster(), options.json, context);
 }
 
 void AddCreateCommand(CLI::App& app, CommandContext& context) {
   CLI::App* create = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kCreateCommand),
       "Create a named sharded tensor (empty, zeros, ones, full, rand, randn)");
   auto options = std::make_shared<CreateCommandOptions>();
   create
@@ -157,7 +162,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the name is taken or the cluster "
       "cannot be reached, 2 for a usage error or a bad size, spec, dtype or "
       "init.");
-  RunWhenParsed(create, context, kCommand, options, RunCreate,
+  RunWhenParsed(create, context, kCreateCommand, options, RunCreate,
                 [fill](CreateCommandOptions& parsed) {
                   parsed.fill_given = fill->count() > 0;
                 });

@@ -13,7 +13,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "describe";
+constexpr absl::string_view kDescribeCommand = "describe";
 
 std::string AddressOf(const v1::ClusterInfo& cluster, int rank) {
   for (const v1::WorkerAddress& worker : cluster.workers()) {
@@ -151,9 +151,11 @@ int PrintShardTable(const ShardedTensorView& view,
 int RunDescribe(const DescribeOptions& options, const CommandContext& context) {
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kDescribeCommand, client.status());
   absl::StatusOr<ShardedTensorView> view = (*client)->Open(options.name);
-  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  if (!view.ok())
+    return context.ReportUserError(kDescribeCommand, view.status());
   // Each daemon reports its own refills: with replicas, every daemon is
   // asked (one that does not answer reports nothing).
   Refilling refilling;
@@ -180,7 +182,7 @@ int RunDescribe(const DescribeOptions& options, const CommandContext& context) {
 
 void AddDescribeCommand(CLI::App& app, CommandContext& context) {
   CLI::App* describe = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kDescribeCommand),
       "Show a tensor's shards: offsets, sizes, placement, owner and its "
       "address");
   auto options = std::make_shared<DescribeOptions>();
@@ -196,7 +198,7 @@ void AddDescribeCommand(CLI::App& app, CommandContext& context) {
       "  tessera describe w --json\n\n"
       "Exit status: 0 on success, 1 when the tensor does not exist or the "
       "cluster cannot be reached, 2 for a usage error.");
-  RunWhenParsed(describe, context, kCommand, options, RunDescribe);
+  RunWhenParsed(describe, context, kDescribeCommand, options, RunDescribe);
 }
 
 }  // namespace tessera::cli

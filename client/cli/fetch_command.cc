@@ -13,7 +13,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "fetch";
+constexpr absl::string_view kFetchCommand = "fetch";
 
 }  // namespace
 
@@ -47,15 +47,15 @@ int RunFetch(const FetchCommandOptions& options,
              const CommandContext& context) {
   // A bad --cast is a usage error even before the tensor is known.
   if (absl::Status cast = CheckCastFlag(options.cast); !cast.ok()) {
-    return context.ReportUserError(kCommand, cast);
+    return context.ReportUserError(kFetchCommand, cast);
   }
   absl::StatusOr<ShardedTensorView> view =
       OpenTensor(options.connection, options.name);
-  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  if (!view.ok()) return context.ReportUserError(kFetchCommand, view.status());
   absl::StatusOr<DType> dtype = NpyOutputDType(view->dtype(), options.cast);
   if (!dtype.ok()) {
     return context.ReportUserError(
-        kCommand,
+        kFetchCommand,
         Annotate(dtype.status(), absl::StrCat("tensor '", options.name, "'")));
   }
 
@@ -65,16 +65,17 @@ int RunFetch(const FetchCommandOptions& options,
     const std::vector<RemoteShard> shards = view->remote_shards();
     if (options.shard >= static_cast<int64_t>(shards.size())) {
       return context.ReportUserError(
-          kCommand, absl::OutOfRangeError(absl::StrCat(
-                        "--shard ", options.shard, " is out of range: '",
-                        options.name, "' has ", shards.size(), " shards (0..",
-                        shards.size() - 1, ")")));
+          kFetchCommand, absl::OutOfRangeError(absl::StrCat(
+                             "--shard ", options.shard, " is out of range: '",
+                             options.name, "' has ", shards.size(),
+                             " shards (0..", shards.size() - 1, ")")));
     }
     const RemoteShard& remote = shards[static_cast<size_t>(options.shard)];
     FetchOptions fetch;
     fetch.timeout = MakeTransferOptions(options.connection, nullptr).timeout;
     absl::StatusOr<Shard> shard = remote.to_here(fetch);
-    if (!shard.ok()) return context.ReportUserError(kCommand, shard.status());
+    if (!shard.ok())
+      return context.ReportUserError(kFetchCommand, shard.status());
     tensor = shard->tensor;
     source = absl::StrCat(
         "shard ", options.shard, " of ", options.name, " (offsets ",
@@ -86,7 +87,8 @@ int RunFetch(const FetchCommandOptions& options,
     absl::StatusOr<Tensor> read =
         view->Read(MakeTransferOptions(options.connection, &bar));
     bar.Finish();
-    if (!read.ok()) return context.ReportUserError(kCommand, read.status());
+    if (!read.ok())
+      return context.ReportUserError(kFetchCommand, read.status());
     tensor = *std::move(read);
     const size_t count = view->metadata().shards_metadata.size();
     source = absl::StrCat(options.name, " (", count,
@@ -94,7 +96,7 @@ int RunFetch(const FetchCommandOptions& options,
   }
   absl::Status saved = SaveAsNpy(tensor, *dtype, options.output);
   if (!saved.ok()) {
-    context.PrintError(kCommand, saved.message());
+    context.PrintError(kFetchCommand, saved.message());
     return kExitFailure;
   }
   context.out() << "wrote " << options.output << ": " << source << ", "
@@ -105,7 +107,7 @@ int RunFetch(const FetchCommandOptions& options,
 
 void AddFetchCommand(CLI::App& app, CommandContext& context) {
   CLI::App* fetch = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kFetchCommand),
       "Fetch a whole tensor, or one shard, into a .npy file");
   auto options = std::make_shared<FetchCommandOptions>();
   fetch->add_option("name", options->name, "The tensor's name")
@@ -135,7 +137,7 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the tensor does not exist, a daemon "
       "cannot be reached or the file cannot be written, 2 for a usage "
       "error.");
-  RunWhenParsed(fetch, context, kCommand, options, RunFetch);
+  RunWhenParsed(fetch, context, kFetchCommand, options, RunFetch);
 }
 
 }  // namespace tessera::cli

@@ -11,7 +11,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "health";
+constexpr absl::string_view kHealthCommand = "health";
 constexpr double kHealthTimeoutSeconds = 5;
 
 }  // namespace
@@ -27,7 +27,8 @@ int RunHealth(const HealthOptions& options, const CommandContext& context) {
       ConnectToCluster(options.connection);
   // A bad credential flag is a usage error, an unreachable cluster a
   // failure: as every command.
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kHealthCommand, client.status());
   const v1::ClusterInfo& cluster = (*client)->cluster();
   const std::vector<absl::Status> health = (*client)->Health();
   const std::vector<absl::StatusOr<v1::ClusterInfo>> clusters =
@@ -77,7 +78,7 @@ int RunHealth(const HealthOptions& options, const CommandContext& context) {
 
 void AddHealthCommand(CLI::App& app, CommandContext& context) {
   CLI::App* health = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kHealthCommand),
       "Check every daemon of the cluster (grpc.health.v1): SERVING, "
       "NOT_SERVING or UNAVAILABLE, and the generation of its process group");
   auto options = std::make_shared<HealthOptions>();
@@ -91,7 +92,7 @@ void AddHealthCommand(CLI::App& app, CommandContext& context) {
       "re-forming its process group after a failure, or waits for a silent "
       "daemon) or the cluster cannot "
       "be reached, 2 for a usage error.");
-  RunWhenParsed(health, context, kCommand, options, RunHealth);
+  RunWhenParsed(health, context, kHealthCommand, options, RunHealth);
 }
 
 }  // namespace tessera::cli

@@ -13,14 +13,14 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "load";
+constexpr absl::string_view kLoadCommand = "load";
 
 }  // namespace
 
 int RunLoad(const LoadOptions& options, const CommandContext& context) {
   v1::LoadCheckpointRequest request;
   if (absl::Status path = CheckCheckpointPath(options.path); !path.ok()) {
-    return context.ReportUserError(kCommand, path);
+    return context.ReportUserError(kLoadCommand, path);
   }
   const std::string* path = &options.path;
   request.set_path(*path);
@@ -28,22 +28,23 @@ int RunLoad(const LoadOptions& options, const CommandContext& context) {
   if (!options.names.empty()) {
     absl::StatusOr<std::vector<std::string>> parsed =
         ParseNameList(options.names, "--names");
-    if (!parsed.ok()) return context.ReportUserError(kCommand, parsed.status());
+    if (!parsed.ok())
+      return context.ReportUserError(kLoadCommand, parsed.status());
     names = *std::move(parsed);
   }
   if (!options.as_names.empty()) {
     absl::StatusOr<std::vector<std::string>> as_names =
         ParseNameList(options.as_names, "--as");
     if (!as_names.ok()) {
-      return context.ReportUserError(kCommand, as_names.status());
+      return context.ReportUserError(kLoadCommand, as_names.status());
     }
     if (as_names->size() != names.size()) {
       return context.ReportUserError(
-          kCommand, absl::InvalidArgumentError(absl::StrCat(
-                        "--as gives ", as_names->size(), " names but --names ",
-                        names.size(),
-                        "; rename the entries listed by --names one to "
-                        "one")));
+          kLoadCommand, absl::InvalidArgumentError(absl::StrCat(
+                            "--as gives ", as_names->size(),
+                            " names but --names ", names.size(),
+                            "; rename the entries listed by --names one to "
+                            "one")));
     }
     for (const std::string& name : *as_names) request.add_as_names(name);
   }
@@ -51,16 +52,17 @@ int RunLoad(const LoadOptions& options, const CommandContext& context) {
   request.set_replace(options.replace);
   if (!options.spec.empty()) {
     absl::StatusOr<ShardingSpec> spec = ParseShardingSpec(options.spec);
-    if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
+    if (!spec.ok()) return context.ReportUserError(kLoadCommand, spec.status());
     *request.mutable_spec() = ToProto(*spec);
   }
 
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kLoadCommand, client.status());
   absl::StatusOr<std::vector<ShardedTensorView>> views =
       (*client)->Load(request);
-  if (!views.ok()) return context.ReportUserError(kCommand, views.status());
+  if (!views.ok()) return context.ReportUserError(kLoadCommand, views.status());
   if (options.json) {
     context.out() << TensorsToJson(*views) << "\n";
   } else {
@@ -75,7 +77,7 @@ int RunLoad(const LoadOptions& options, const CommandContext& context) {
 
 void AddLoadCommand(CLI::App& app, CommandContext& context) {
   CLI::App* load = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kLoadCommand),
       "Load tensors from a checkpoint, in their saved layout or resharded");
   auto options = std::make_shared<LoadOptions>();
   load->add_option("path", options->path,
@@ -107,7 +109,7 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the checkpoint or an entry does not "
       "exist, a name is taken or the cluster cannot be reached, 2 for a "
       "usage error or a bad spec.");
-  RunWhenParsed(load, context, kCommand, options, RunLoad);
+  RunWhenParsed(load, context, kLoadCommand, options, RunLoad);
 }
 
 }  // namespace tessera::cli

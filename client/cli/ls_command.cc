@@ -12,7 +12,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "ls";
+constexpr absl::string_view kLsCommand = "ls";
 
 // "ok", or "degraded: shards [2] lost" (their owner restarted).
 std::string StateOf(const ShardedTensorView& view) {
@@ -54,9 +54,9 @@ std::string TensorsToJson(absl::Span<const ShardedTensorView> views) {
 int RunLs(const LsOptions& options, const CommandContext& context) {
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok()) return context.ReportUserError(kLsCommand, client.status());
   absl::StatusOr<std::vector<ShardedTensorView>> views = (*client)->List();
-  if (!views.ok()) return context.ReportUserError(kCommand, views.status());
+  if (!views.ok()) return context.ReportUserError(kLsCommand, views.status());
   if (options.json) {
     context.out() << TensorsToJson(*views) << "\n";
   } else {
@@ -68,7 +68,7 @@ int RunLs(const LsOptions& options, const CommandContext& context) {
 
 void AddLsCommand(CLI::App& app, CommandContext& context) {
   CLI::App* ls = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kLsCommand),
       "List the cluster's tensors: name, dtype, sizes, shards, tensor id");
   auto options = std::make_shared<LsOptions>();
   AddConnectionFlags(app, ls, &options->connection, /*transfers=*/false);
@@ -80,7 +80,7 @@ void AddLsCommand(CLI::App& app, CommandContext& context) {
       "  tessera --address 10.0.0.1:29600 ls --json\n\n"
       "Exit status: 0 on success, 1 when the cluster cannot be reached, 2 "
       "for a usage error.");
-  RunWhenParsed(ls, context, kCommand, options, RunLs);
+  RunWhenParsed(ls, context, kLsCommand, options, RunLs);
 }
 
 }  // namespace tessera::cli

@@ -25,7 +25,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "plan";
+constexpr absl::string_view kPlanCommand = "plan";
 
 constexpr absl::string_view kFooter = R"(Spec forms (--spec):
   chunk:dim=<int>:<placement>,<placement>,...
@@ -210,15 +210,15 @@ absl::StatusOr<ShardedTensorMetadata> PlanTensor(
 
 int RunPlan(const PlanOptions& options, const CommandContext& context) {
   if (options.spec.empty() == options.spec_file.empty()) {
-    context.PrintError(kCommand,
+    context.PrintError(kPlanCommand,
                        "exactly one of --spec or --spec-file is required; run "
                        "'tessera plan --help' for usage");
     return kExitUsage;
   }
   absl::StatusOr<std::vector<int64_t>> sizes = ParseSizes(options.size);
-  if (!sizes.ok()) return context.ReportUserError(kCommand, sizes.status());
+  if (!sizes.ok()) return context.ReportUserError(kPlanCommand, sizes.status());
   absl::StatusOr<DType> dtype = ParseDType(options.dtype);
-  if (!dtype.ok()) return context.ReportUserError(kCommand, dtype.status());
+  if (!dtype.ok()) return context.ReportUserError(kPlanCommand, dtype.status());
 
   absl::StatusOr<ShardingSpec> spec;
   if (!options.spec.empty()) {
@@ -226,18 +226,18 @@ int RunPlan(const PlanOptions& options, const CommandContext& context) {
   } else {
     absl::StatusOr<std::string> json = ReadSpecFile(options.spec_file);
     if (!json.ok()) {
-      context.PrintError(kCommand, json.status().message());
+      context.PrintError(kPlanCommand, json.status().message());
       return kExitFailure;
     }
     spec = ShardingSpecFromJson(*json);
     if (!spec.ok()) spec = Annotate(spec.status(), options.spec_file);
   }
-  if (!spec.ok()) return context.ReportUserError(kCommand, spec.status());
+  if (!spec.ok()) return context.ReportUserError(kPlanCommand, spec.status());
 
   absl::StatusOr<ShardedTensorMetadata> metadata =
       PlanTensor(*spec, *sizes, *dtype);
   if (!metadata.ok()) {
-    return context.ReportUserError(kCommand, metadata.status());
+    return context.ReportUserError(kPlanCommand, metadata.status());
   }
 
   if (options.json) {
@@ -251,7 +251,7 @@ int RunPlan(const PlanOptions& options, const CommandContext& context) {
 
 void AddPlanCommand(CLI::App& app, CommandContext& context) {
   CLI::App* plan = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kPlanCommand),
       "Show how a sharding spec splits a tensor: each shard's offsets, sizes, "
       "placement and bytes");
   auto options = std::make_shared<PlanOptions>();
@@ -276,7 +276,7 @@ void AddPlanCommand(CLI::App& app, CommandContext& context) {
   plan->add_flag("--json", options->json,
                  "Print the shards as a JSON array instead of a table");
   plan->footer(std::string(kFooter));
-  RunWhenParsed(plan, context, kCommand, options, RunPlan);
+  RunWhenParsed(plan, context, kPlanCommand, options, RunPlan);
 }
 
 }  // namespace tessera::cli

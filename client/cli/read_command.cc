@@ -16,7 +16,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "read";
+constexpr absl::string_view kReadCommand = "read";
 
 template <typename T>
 std::string FormatElement(T value) {
@@ -93,13 +93,14 @@ std::string FormatTensorValues(const Tensor& tensor) {
 int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
   absl::StatusOr<std::vector<int64_t>> offsets =
       ParseIndexList(options.offsets, "--offsets");
-  if (!offsets.ok()) return context.ReportUserError(kCommand, offsets.status());
+  if (!offsets.ok())
+    return context.ReportUserError(kReadCommand, offsets.status());
   absl::StatusOr<std::vector<int64_t>> sizes =
       ParseIndexList(options.sizes, "--sizes");
-  if (!sizes.ok()) return context.ReportUserError(kCommand, sizes.status());
+  if (!sizes.ok()) return context.ReportUserError(kReadCommand, sizes.status());
   if (offsets->size() != sizes->size()) {
     return context.ReportUserError(
-        kCommand,
+        kReadCommand,
         absl::InvalidArgumentError(absl::StrCat(
             "--offsets has ", offsets->size(), " entries but --sizes has ",
             sizes->size(), "; give one of each per dimension")));
@@ -108,28 +109,28 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
   if (options.output.empty() &&
       (!numel.has_value() || *numel > kMaxPrintedElements)) {
     return context.ReportUserError(
-        kCommand, absl::InvalidArgumentError(absl::StrCat(
-                      "the box holds ",
-                      numel.has_value() ? absl::StrCat(*numel) : "too many",
-                      " elements, more than the ", kMaxPrintedElements,
-                      " printed; write them to a file with -o FILE.npy")));
+        kReadCommand, absl::InvalidArgumentError(absl::StrCat(
+                          "the box holds ",
+                          numel.has_value() ? absl::StrCat(*numel) : "too many",
+                          " elements, more than the ", kMaxPrintedElements,
+                          " printed; write them to a file with -o FILE.npy")));
   }
   // A bad --cast is a usage error even before the tensor is known.
   if (absl::Status cast = CheckCastFlag(options.cast); !cast.ok()) {
-    return context.ReportUserError(kCommand, cast);
+    return context.ReportUserError(kReadCommand, cast);
   }
 
   absl::StatusOr<ShardedTensorView> view =
       OpenTensor(options.connection, options.name);
-  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  if (!view.ok()) return context.ReportUserError(kReadCommand, view.status());
   DType dtype = view->dtype();
   if (!options.output.empty()) {
     absl::StatusOr<DType> npy_dtype =
         NpyOutputDType(view->dtype(), options.cast);
     if (!npy_dtype.ok()) {
       return context.ReportUserError(
-          kCommand, Annotate(npy_dtype.status(),
-                             absl::StrCat("tensor '", options.name, "'")));
+          kReadCommand, Annotate(npy_dtype.status(),
+                                 absl::StrCat("tensor '", options.name, "'")));
     }
     dtype = *npy_dtype;
   } else if (!options.cast.empty()) {
@@ -141,17 +142,18 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
   absl::StatusOr<Tensor> box = view->ReadRegion(
       *offsets, *sizes, MakeTransferOptions(options.connection, &bar));
   bar.Finish();
-  if (!box.ok()) return context.ReportUserError(kCommand, box.status());
+  if (!box.ok()) return context.ReportUserError(kReadCommand, box.status());
 
   if (options.output.empty()) {
     absl::StatusOr<Tensor> values =
         box->dtype() == dtype ? *box : box->ToDType(dtype);
-    if (!values.ok()) return context.ReportUserError(kCommand, values.status());
+    if (!values.ok())
+      return context.ReportUserError(kReadCommand, values.status());
     context.out() << FormatTensorValues(*values);
   } else {
     absl::Status saved = SaveAsNpy(*box, dtype, options.output);
     if (!saved.ok()) {
-      context.PrintError(kCommand, saved.message());
+      context.PrintError(kReadCommand, saved.message());
       return kExitFailure;
     }
     context.out() << "wrote " << options.output << ": " << options.name
@@ -164,7 +166,7 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
 
 void AddReadCommand(CLI::App& app, CommandContext& context) {
   CLI::App* read = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kReadCommand),
       "Read a box of a tensor (from every shard that overlaps it): print it "
       "or write a .npy file");
   auto options = std::make_shared<ReadCommandOptions>();
@@ -195,7 +197,7 @@ void AddReadCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 on success, 1 when the tensor does not exist, a daemon "
       "cannot be reached or the file cannot be written, 2 for a usage error "
       "or a box outside the tensor.");
-  RunWhenParsed(read, context, kCommand, options, RunRead);
+  RunWhenParsed(read, context, kReadCommand, options, RunRead);
 }
 
 }  // namespace tessera::cli

@@ -7,21 +7,21 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "rm";
+constexpr absl::string_view kRmCommand = "rm";
 
 }  // namespace
 
 int RunRm(const RmOptions& options, const CommandContext& context) {
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok()) return context.ReportUserError(kRmCommand, client.status());
   int exit_code = kExitOk;
   for (const std::string& name : options.names) {
     const absl::Status status = (*client)->Delete(name);
     if (status.ok()) {
       context.out() << "deleted " << name << "\n";
     } else if (!(options.force && absl::IsNotFound(status))) {
-      context.PrintError(kCommand, status.message());
+      context.PrintError(kRmCommand, status.message());
       exit_code = kExitFailure;
     }
   }
@@ -32,7 +32,7 @@ int RunRm(const RmOptions& options, const CommandContext& context) {
 
 void AddRmCommand(CLI::App& app, CommandContext& context) {
   CLI::App* rm =
-      app.add_subcommand(std::string(kCommand),
+      app.add_subcommand(std::string(kRmCommand),
                          "Delete tensors (every daemon frees their shards)");
   auto options = std::make_shared<RmOptions>();
   rm->add_option("names", options->names, "The tensors' names")
@@ -46,7 +46,7 @@ void AddRmCommand(CLI::App& app, CommandContext& context) {
       "  tessera rm -f a b c\n\n"
       "Exit status: 0 when every tensor was deleted, 1 when one was not (or "
       "the cluster cannot be reached), 2 for a usage error.");
-  RunWhenParsed(rm, context, kCommand, options, RunRm);
+  RunWhenParsed(rm, context, kRmCommand, options, RunRm);
 }
 
 }  // namespace tessera::cli

@@ -9,7 +9,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "save";
+constexpr absl::string_view kSaveCommand = "save";
 
 }  // namespace
 
@@ -22,15 +22,16 @@ absl::Status CheckCheckpointPath(const std::string& path) {
 
 int RunSave(const SaveOptions& options, const CommandContext& context) {
   if (absl::Status path = CheckCheckpointPath(options.path); !path.ok()) {
-    return context.ReportUserError(kCommand, path);
+    return context.ReportUserError(kSaveCommand, path);
   }
   const std::string* path = &options.path;
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kSaveCommand, client.status());
   absl::StatusOr<std::vector<std::string>> saved =
       (*client)->Save(*path, options.names, options.overwrite);
-  if (!saved.ok()) return context.ReportUserError(kCommand, saved.status());
+  if (!saved.ok()) return context.ReportUserError(kSaveCommand, saved.status());
   if (saved->empty()) {
     context.out() << "saved no tensors (there are none) to " << *path << "\n";
   } else {
@@ -43,7 +44,7 @@ int RunSave(const SaveOptions& options, const CommandContext& context) {
 
 void AddSaveCommand(CLI::App& app, CommandContext& context) {
   CLI::App* save = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kSaveCommand),
       "Save tensors (default: all) to a checkpoint directory every daemon "
       "can write");
   auto options = std::make_shared<SaveOptions>();
@@ -66,7 +67,7 @@ void AddSaveCommand(CLI::App& app, CommandContext& context) {
       "checkpoint exists (without --overwrite), the path is refused or "
       "cannot be written, or the cluster cannot be reached, 2 for a usage "
       "error.");
-  RunWhenParsed(save, context, kCommand, options, RunSave);
+  RunWhenParsed(save, context, kSaveCommand, options, RunSave);
 }
 
 }  // namespace tessera::cli

@@ -16,7 +16,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "top";
+constexpr absl::string_view kTopCommand = "top";
 constexpr double kTopTimeoutSeconds = 5;
 constexpr const char* kTransports[3] = {"grpc", "data_plane", "local_path"};
 
@@ -229,7 +229,8 @@ int RunTop(const TopOptions& options, const CommandContext& context) {
       ConnectToCluster(options.connection);
   // A bad credential flag is a usage error, an unreachable cluster a
   // failure: as every command.
-  if (!client.ok()) return context.ReportUserError(kCommand, client.status());
+  if (!client.ok())
+    return context.ReportUserError(kTopCommand, client.status());
   const absl::Duration interval = absl::Seconds(options.interval_seconds);
   const int frames = options.once ? 1 : options.iterations;
   std::vector<DaemonLook> before = LookAtEveryDaemon(**client);
@@ -267,7 +268,7 @@ int RunTop(const TopOptions& options, const CommandContext& context) {
 
 void AddTopCommand(CLI::App& app, CommandContext& context) {
   CLI::App* top = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kTopCommand),
       "Watch every daemon: state, tensors, bytes held, read and write "
       "throughput per transport, operations per second, fetch latency, "
       "errors in the daemons (from their metrics)");
@@ -298,7 +299,7 @@ void AddTopCommand(CLI::App& app, CommandContext& context) {
       "failed collectives and store calls.\n\n"
       "Exit status: 0 when every daemon answered the last look, 1 when one "
       "did not or the cluster cannot be reached, 2 for a usage error.");
-  RunWhenParsed(top, context, kCommand, options, RunTop);
+  RunWhenParsed(top, context, kTopCommand, options, RunTop);
 }
 
 }  // namespace tessera::cli

@@ -13,7 +13,7 @@
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "write";
+constexpr absl::string_view kWriteCommand = "write";
 
 }  // namespace
 
@@ -23,27 +23,28 @@ int RunWrite(const WriteCommandOptions& options,
   if (options.offsets_given) {
     absl::StatusOr<std::vector<int64_t>> parsed =
         ParseIndexList(options.offsets, "--offsets");
-    if (!parsed.ok()) return context.ReportUserError(kCommand, parsed.status());
+    if (!parsed.ok())
+      return context.ReportUserError(kWriteCommand, parsed.status());
     offsets = *std::move(parsed);
   }
   // The file first: a typo in its name should not wait for a daemon.
   absl::StatusOr<Tensor> data = ReadNpy(options.input);
-  if (!data.ok()) return context.ReportUserError(kCommand, data.status());
+  if (!data.ok()) return context.ReportUserError(kWriteCommand, data.status());
   if (!options.offsets_given) offsets.assign(data->sizes().size(), 0);
   if (offsets.size() != data->sizes().size()) {
     return context.ReportUserError(
-        kCommand, absl::InvalidArgumentError(absl::StrCat(
-                      "--offsets has ", offsets.size(), " entries but ",
-                      options.input, " holds a ", data->sizes().size(),
-                      "-d array ", FormatDims(data->sizes()))));
+        kWriteCommand, absl::InvalidArgumentError(absl::StrCat(
+                           "--offsets has ", offsets.size(), " entries but ",
+                           options.input, " holds a ", data->sizes().size(),
+                           "-d array ", FormatDims(data->sizes()))));
   }
 
   absl::StatusOr<ShardedTensorView> view =
       OpenTensor(options.connection, options.name);
-  if (!view.ok()) return context.ReportUserError(kCommand, view.status());
+  if (!view.ok()) return context.ReportUserError(kWriteCommand, view.status());
   if (view->sizes().size() != data->sizes().size()) {
     return context.ReportUserError(
-        kCommand,
+        kWriteCommand,
         absl::InvalidArgumentError(absl::StrCat(
             options.input, " holds a ", data->sizes().size(), "-d array ",
             FormatDims(data->sizes()), " but '", options.name, "' is ",
@@ -52,14 +53,15 @@ int RunWrite(const WriteCommandOptions& options,
   if (data->dtype() != view->dtype()) {
     if (!options.cast) {
       return context.ReportUserError(
-          kCommand, absl::InvalidArgumentError(absl::StrCat(
-                        options.input, " holds ", DTypeName(data->dtype()),
-                        " but '", options.name, "' is ",
-                        DTypeName(view->dtype()), "; add --cast to convert")));
+          kWriteCommand,
+          absl::InvalidArgumentError(absl::StrCat(
+              options.input, " holds ", DTypeName(data->dtype()), " but '",
+              options.name, "' is ", DTypeName(view->dtype()),
+              "; add --cast to convert")));
     }
     absl::StatusOr<Tensor> converted = data->ToDType(view->dtype());
     if (!converted.ok()) {
-      return context.ReportUserError(kCommand, converted.status());
+      return context.ReportUserError(kWriteCommand, converted.status());
     }
     data = *std::move(converted);
   }
@@ -69,7 +71,7 @@ int RunWrite(const WriteCommandOptions& options,
   absl::Status written = view->Write(
       offsets, *data, MakeTransferOptions(options.connection, &bar));
   bar.Finish();
-  if (!written.ok()) return context.ReportUserError(kCommand, written);
+  if (!written.ok()) return context.ReportUserError(kWriteCommand, written);
   context.out() << "wrote " << options.input << " into " << options.name
                 << " at " << FormatDims(offsets) << ": "
                 << DescribeArray(data->dtype(), data->sizes()) << "\n";
@@ -79,7 +81,7 @@ int RunWrite(const WriteCommandOptions& options,
 
 void AddWriteCommand(CLI::App& app, CommandContext& context) {
   CLI::App* write = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kWriteCommand),
       "Write a .npy array into a tensor at the given offsets");
   auto options = std::make_shared<WriteCommandOptions>();
   write->add_option("name", options->name, "The tensor's name")
@@ -107,7 +109,7 @@ void AddWriteCommand(CLI::App& app, CommandContext& context) {
       "does not exist or a daemon cannot be reached, 2 for a usage error, a "
       "malformed file, a dtype or shape mismatch or a box outside the "
       "tensor.");
-  RunWhenParsed(write, context, kCommand, options, RunWrite,
+  RunWhenParsed(write, context, kWriteCommand, options, RunWrite,
                 [offsets](WriteCommandOptions& parsed) {
                   parsed.offsets_given = offsets->count() > 0;
                 });

@@ -26,13 +26,14 @@
 #include "client/cli/launch/secure_setup.h"
 #include "common/status_macros.h"
 #include "io/errno.h"
+#include "io/file.h"
 #include "io/socket.h"
 #include "io/subprocess.h"
 
 namespace tessera::cli {
 namespace {
 
-constexpr absl::string_view kCommand = "launch";
+constexpr absl::string_view kLaunchCommand = "launch";
 constexpr absl::string_view kEmbeddedStore = "embedded";
 
 // Where the daemons keep the store.
@@ -63,12 +64,6 @@ constexpr absl::string_view kLogLevels[] = {"trace", "debug", "info", "warn",
 constexpr absl::string_view kRankVariables[] = {
     "RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
     "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
-
-bool IsExecutableFile(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
-}
 
 // "exit code 1", "signal 9 (Killed)".
 std::string DescribeWaitStatus(int status) {
@@ -427,7 +422,7 @@ void Supervisor::StopAll() {
   }
   for (Daemon& daemon : daemons_) {
     if (daemon.pid <= 0 || daemon.wait_status.has_value()) continue;
-    context_.PrintError(kCommand,
+    context_.PrintError(kLaunchCommand,
                         absl::StrCat("rank ", daemon.rank, " (pid ", daemon.pid,
                                      ") did not stop in time; killing it"));
     ::kill(daemon.pid, SIGKILL);
@@ -451,9 +446,10 @@ void Supervisor::StopStore() {
   if (etcd_ == nullptr) return;
   const pid_t pid = etcd_->pid();
   if (!etcd_->Stop(absl::Seconds(options_.stop_timeout_seconds))) {
-    context_.PrintError(kCommand, absl::StrCat("the local etcd (pid ", pid,
-                                               ") did not stop in time; "
-                                               "killed it"));
+    context_.PrintError(kLaunchCommand,
+                        absl::StrCat("the local etcd (pid ", pid,
+                                     ") did not stop in time; "
+                                     "killed it"));
   }
   etcd_.reset();
 }
@@ -477,7 +473,7 @@ std::string Supervisor::StoreLine() const {
 }
 
 int Supervisor::Fail(absl::string_view message) {
-  context_.PrintError(kCommand, message);
+  context_.PrintError(kLaunchCommand, message);
   return kExitFailure;
 }
 
@@ -915,7 +911,7 @@ DaemonCommand BuildDaemonCommand(const LaunchOptions& options, int rank,
 
 int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
   const absl::Status valid = ValidateLaunchOptions(options);
-  if (!valid.ok()) return context.ReportUserError(kCommand, valid);
+  if (!valid.ok()) return context.ReportUserError(kLaunchCommand, valid);
 
   std::string self(4096, '\0');
   const ssize_t length = ::readlink("/proc/self/exe", self.data(), self.size());
@@ -924,7 +920,7 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
   absl::StatusOr<std::string> server = FindServerBinary(
       options.server, self, path_env != nullptr ? path_env : "");
   if (!server.ok()) {
-    context.PrintError(kCommand, server.status().message());
+    context.PrintError(kLaunchCommand, server.status().message());
     return kExitFailure;
   }
 
@@ -933,9 +929,9 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
     std::error_code error;
     resolved.checkpoint_root = std::filesystem::current_path(error).string();
     if (error) {
-      context.PrintError(kCommand, absl::StrCat("cannot read the working "
-                                                "directory: ",
-                                                error.message()));
+      context.PrintError(kLaunchCommand, absl::StrCat("cannot read the working "
+                                                      "directory: ",
+                                                      error.message()));
       return kExitFailure;
     }
   }
@@ -943,7 +939,7 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
   absl::Status status = supervisor.Prepare();
   if (status.ok()) status = supervisor.StartAll(*server);
   if (!status.ok()) {
-    context.PrintError(kCommand, status.message());
+    context.PrintError(kLaunchCommand, status.message());
     return kExitFailure;
   }
   return supervisor.Supervise();
@@ -951,7 +947,7 @@ int RunLaunch(const LaunchOptions& options, const CommandContext& context) {
 
 void AddLaunchCommand(CLI::App& app, CommandContext& context) {
   CLI::App* launch = app.add_subcommand(
-      std::string(kCommand),
+      std::string(kLaunchCommand),
       "Start N tessera-server daemons on this host (like torchrun), restart "
       "one that dies, and stop them all on Ctrl-C");
   auto flags = std::make_shared<LaunchFlags>();
@@ -972,20 +968,20 @@ void AddLaunchCommand(CLI::App& app, CommandContext& context) {
       "Exit status: 0 after Ctrl-C (SIGINT, SIGTERM, SIGHUP), 1 when a daemon "
       "or the store cannot be started, does not serve in time or exits past "
       "--max-restarts, 2 for a usage error.");
-  RunWhenParsed(launch, context, kCommand, flags,
-                [](const LaunchFlags& given, const CommandContext& context) {
-                  absl::StatusOr<LaunchOptions> options =
-                      ResolveLaunchOptions(given, [](const std::string& name) {
-                        const char* value = std::getenv(name.c_str());
-                        return value == nullptr
-                                   ? std::nullopt
-                                   : std::optional<std::string>(value);
-                      });
-                  if (!options.ok()) {
-                    return context.ReportUserError(kCommand, options.status());
-                  }
-                  return RunLaunch(*options, context);
-                });
+  RunWhenParsed(
+      launch, context, kLaunchCommand, flags,
+      [](const LaunchFlags& given, const CommandContext& context) {
+        absl::StatusOr<LaunchOptions> options =
+            ResolveLaunchOptions(given, [](const std::string& name) {
+              const char* value = std::getenv(name.c_str());
+              return value == nullptr ? std::nullopt
+                                      : std::optional<std::string>(value);
+            });
+        if (!options.ok()) {
+          return context.ReportUserError(kLaunchCommand, options.status());
+        }
+        return RunLaunch(*options, context);
+      });
 }
 
 }  // namespace tessera::cli

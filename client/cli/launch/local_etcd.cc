@@ -18,6 +18,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "io/errno.h"
+#include "io/file.h"
 #include "io/socket.h"
 #include "wire/credentials.h"
 
@@ -27,12 +28,6 @@ namespace {
 constexpr char kMemberName[] = "tessera-launch";
 // Tries of Spawn when a picked port was taken before etcd bound it.
 constexpr int kPortTries = 3;
-
-bool IsExecutableFile(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
-}
 
 }  // namespace
 
