@@ -1,8 +1,11 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -38,6 +41,13 @@ class Cluster {
  public:
   static absl::StatusOr<std::shared_ptr<Cluster>> Connect(
       const std::string& address, const ClientOptions& options) {
+    if (!options.request_id.empty() &&
+        (!IsValidRequestId(options.request_id) ||
+         options.request_id.size() > kMaxClientRequestIdBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request id '", absl::CEscape(options.request_id), "': 1 to ",
+          kMaxClientRequestIdBytes, " of A-Z a-z 0-9 . _ : -"));
+    }
     auto cluster = std::shared_ptr<Cluster>(new Cluster(options));
     const std::shared_ptr<grpc::Channel> channel = NewShardChannel(address);
     const std::unique_ptr<v1::ControlService::Stub> stub =
@@ -129,6 +139,14 @@ class Cluster {
   std::string CallId() const {
     return options_.request_id.empty() ? NewRequestId() : options_.request_id;
   }
+  // The request id of the next logged call: a new one, or the options' for
+  // the first and "<id>.N" for the N-th (ClientOptions::request_id).
+  std::string LoggedCallId() const {
+    if (options_.request_id.empty()) return NewRequestId();
+    const int64_t n = logged_calls_.fetch_add(1) + 1;
+    return n == 1 ? options_.request_id
+                  : absl::StrCat(options_.request_id, ".", n);
+  }
 
  private:
   explicit Cluster(ClientOptions options) : options_(std::move(options)) {}
@@ -168,6 +186,7 @@ class Cluster {
   }
 
   const ClientOptions options_;
+  mutable std::atomic<int64_t> logged_calls_{0};
   v1::ClusterInfo info_;  // As Connect found it.
   std::shared_ptr<const Worker> coordinator_;
   static constexpr absl::Duration kReconnectTimeout = absl::Seconds(2);
@@ -196,6 +215,52 @@ absl::Status Control(const Cluster& cluster,
   return Annotate(FromGrpcStatus(((*cluster.coordinator().control).*method)(
                       context.get(), request, response)),
                   what);
+}
+
+// The first pause between attempts of a logged call; it doubles.
+constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
+// A retry needs this much time left after its pause: one that cannot get
+// an answer in time would turn a certain "was not applied" into the
+// client's own deadline.
+constexpr absl::Duration kRetryRoom = absl::Seconds(1);
+
+// Runs a logged call (its op goes through the operation log) on the
+// coordinator under the control deadline, with one request id for every
+// attempt: attempts answered UNAVAILABLE are retried (Client::Delete).
+template <typename Request, typename Response>
+absl::Status Logged(const Cluster& cluster,
+                    grpc::Status (v1::ControlService::Stub::*method)(
+                        grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response,
+                    absl::string_view what) {
+  const std::string id = cluster.LoggedCallId();
+  const absl::Time deadline = absl::Now() + cluster.options().timeout;
+  absl::Duration pause = kFirstRetryPause;
+  absl::Status status;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    SetRequestId(context, id);
+    status = FromGrpcStatus(((*cluster.coordinator().control).*method)(
+        &context, request, response));
+    if (!absl::IsUnavailable(status) || attempt >= kLoggedCallAttempts ||
+        absl::Now() + pause + kRetryRoom >= deadline) {
+      break;
+    }
+    absl::SleepFor(pause);
+    pause *= 2;
+  }
+  // The daemon names the id when the outcome is open; a deadline the
+  // client saw first (a stalled daemon) or a lost connection does not.
+  if ((absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) &&
+      !absl::StrContains(status.message(), id) &&
+      !absl::StrContains(status.message(), "was not applied")) {
+    status = absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (request id ", id, ": `tessera op ",
+                     id, "` tells whether it ran)"));
+  }
+  return Annotate(status, what);
 }
 
 // The model of a TensorInfo a daemon sent, checked.
@@ -227,9 +292,11 @@ absl::StatusOr<Described> Describe(
     grpc::Status (v1::ControlService::Stub::*method)(grpc::ClientContext*,
                                                      const Request&,
                                                      v1::TensorInfo*),
-    const Request& request, absl::string_view what) {
+    const Request& request, absl::string_view what, bool logged = false) {
   Described described;
-  RETURN_IF_ERROR(Control(cluster, method, request, &described.info, what));
+  RETURN_IF_ERROR(
+      logged ? Logged(cluster, method, request, &described.info, what)
+             : Control(cluster, method, request, &described.info, what));
   ASSIGN_OR_RETURN(described.metadata, MetadataOf(described.info));
   return described;
 }
@@ -520,9 +587,35 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
   request.set_copies(options.copies);
   ASSIGN_OR_RETURN(Described created,
                    Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
-                            request, absl::StrCat("creating tensor ", name)));
+                            request, absl::StrCat("creating tensor ", name),
+                            /*logged=*/true));
   return ShardedTensorView(cluster_, std::move(created.info),
                            std::move(created.metadata));
+}
+
+absl::StatusOr<v1::OperationStatus> Client::Operation(
+    const std::string& request_id) const {
+  v1::GetOperationRequest request;
+  request.set_request_id(request_id);
+  v1::OperationStatus status;
+  const std::string what = absl::StrCat("asking for operation ", request_id);
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::GetOperation,
+                          request, &status, what));
+  if (status.state() != v1::OperationStatus::STATE_UNKNOWN) return status;
+  // Another daemon may have coordinated the call (and hold it pending), or
+  // remember it from before the connected one restarted.
+  for (const std::shared_ptr<const Worker>& worker : cluster_->workers()) {
+    if (worker.get() == &cluster_->coordinator()) continue;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + std::min(cluster_->options().timeout, absl::Seconds(5))));
+    v1::OperationStatus there;
+    if (worker->control->GetOperation(&context, request, &there).ok() &&
+        there.state() != v1::OperationStatus::STATE_UNKNOWN) {
+      return there;
+    }
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<ShardedTensorView>> Client::List() const {
@@ -558,8 +651,8 @@ absl::Status Client::Delete(const std::string& name) {
   v1::DeleteTensorRequest request;
   request.set_name(name);
   v1::DeleteTensorResponse response;
-  return Control(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
-                 &response, absl::StrCat("deleting tensor ", name));
+  return Logged(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
+                &response, absl::StrCat("deleting tensor ", name));
 }
 
 absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
@@ -569,7 +662,8 @@ absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
   *request.mutable_spec() = tessera::ToProto(spec);
   ASSIGN_OR_RETURN(Described resharded,
                    Describe(*cluster_, &v1::ControlService::Stub::Reshard,
-                            request, absl::StrCat("resharding tensor ", name)));
+                            request, absl::StrCat("resharding tensor ", name),
+                            /*logged=*/true));
   return ShardedTensorView(cluster_, std::move(resharded.info),
                            std::move(resharded.metadata));
 }
@@ -606,9 +700,9 @@ absl::StatusOr<std::vector<std::string>> Client::Save(
   request.set_overwrite(overwrite);
   for (const std::string& name : names) request.add_names(name);
   v1::SaveCheckpointResponse response;
-  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
-                          request, &response,
-                          absl::StrCat("saving a checkpoint to ", path)));
+  RETURN_IF_ERROR(Logged(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
+                         request, &response,
+                         absl::StrCat("saving a checkpoint to ", path)));
   return std::vector<std::string>(response.names().begin(),
                                   response.names().end());
 }
@@ -616,7 +710,7 @@ absl::StatusOr<std::vector<std::string>> Client::Save(
 absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
     const v1::LoadCheckpointRequest& request) {
   v1::LoadCheckpointResponse response;
-  RETURN_IF_ERROR(Control(
+  RETURN_IF_ERROR(Logged(
       *cluster_, &v1::ControlService::Stub::LoadCheckpoint, request, &response,
       absl::StrCat("loading the checkpoint ", request.path())));
   std::vector<ShardedTensorView> views;

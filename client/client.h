@@ -56,6 +56,12 @@ namespace internal_client {
 class Cluster;
 }  // namespace internal_client
 
+// The longest ClientOptions::request_id: the ".N" suffixes of later calls
+// keep ids within what daemons accept (kMaxRequestIdBytes).
+inline constexpr size_t kMaxClientRequestIdBytes = 64;
+// Attempts of a logged call answered UNAVAILABLE (see Client::Delete).
+inline constexpr int kLoggedCallAttempts = 3;
+
 struct ClientOptions {
   // Deadline of each control call (create, list, describe, delete, reshard,
   // save, load) and of connecting.
@@ -70,9 +76,16 @@ struct ClientOptions {
   // Boxes smaller than this take the stream even so (see
   // kLocalPathMinBytes, client/shard_client.h).
   int64_t local_min_bytes = kLocalPathMinBytes;
-  // The request id every control call carries (wire/request_id.h), which
-  // the daemons log with the operation it starts; empty: a new random one
-  // per call.
+  // The request id of this client's calls (wire/request_id.h): the daemons
+  // log it with the operation a call starts, and it is the operation's
+  // idempotency key. A logged call (Create, Delete, Reshard, Save, Load)
+  // that committed already under its id is answered with its first
+  // outcome and never applied twice. Empty: a new random id per call.
+  // Set: the first logged call of this client carries it, the next ones
+  // "<id>.2", "<id>.3", ... in the order they start, so that running the
+  // same calls again with the same id (a script run twice) applies none of
+  // them twice. 1 to kMaxClientRequestIdBytes of A-Z a-z 0-9 . _ : -
+  // (Connect refuses others with INVALID_ARGUMENT).
   std::string request_id;
 };
 
@@ -201,10 +214,23 @@ class Client {
                                            std::vector<int64_t> sizes,
                                            const ShardingSpec& spec,
                                            const CreateOptions& options = {});
+  // What became of the logged call that carried `request_id` (any
+  // client's): STATE_COMMITTED, STATE_FAILED (nothing applied; a retry runs
+  // it again), STATE_PENDING (waiting on a daemon) or STATE_UNKNOWN (no
+  // daemon remembers it: see proto/tessera/v1/control.proto). Asks the
+  // connected daemon, then the others while none knows it.
+  absl::StatusOr<v1::OperationStatus> Operation(
+      const std::string& request_id) const;
   // Every tensor, sorted by name.
   absl::StatusOr<std::vector<ShardedTensorView>> List() const;
   // The tensor named `name`; NOT_FOUND when there is none.
   absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
+  // Create, Delete, Reshard, Save and Load are logged calls: each carries a
+  // request id (ClientOptions::request_id) and is retried with it, up to
+  // kLoggedCallAttempts in all within the timeout, when a daemon answers
+  // UNAVAILABLE (restarting, or the operation was not applied); the id
+  // makes the retry safe. A call that ends DEADLINE_EXCEEDED names its id:
+  // Operation(id) tells what became of it.
   absl::Status Delete(const std::string& name);
   // Lays the tensor out by `spec`; returns its new view.
   absl::StatusOr<ShardedTensorView> Reshard(const std::string& name,

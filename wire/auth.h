@@ -10,8 +10,9 @@
 //   5be1...9f                            cluster  daemons
 //
 // Roles are ordered, each holding the rights of those before it:
-//   read     GetCluster, GetStats, ListTensors, DescribeTensor,
-//            ReadRegion, Gather, ShardService (FetchShard, DescribeTensor)
+//   read     GetCluster, GetStats, GetOperation, ListTensors,
+//            DescribeTensor, ReadRegion, Gather, ShardService (FetchShard,
+//            DescribeTensor)
 //   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor
 //   admin    + SaveCheckpoint, LoadCheckpoint, reading the store (Get,
 //            Wait, Check)

@@ -2,7 +2,9 @@
 // the call's gRPC metadata (x-tessera-request-id), and the daemons log it
 // with the operation the call started, on every daemon, so that one grep
 // of the logs follows a client's call across the cluster
-// (docs/metrics.md, "Logs").
+// (docs/metrics.md, "Logs"). For logged calls the id is also the
+// operation's idempotency key (docs/control_log.md, "Retries and request
+// ids").
 //
 // Thread-safety: free functions, safe from any thread.
 #ifndef TESSERA_WIRE_REQUEST_ID_H_
@@ -19,8 +21,10 @@ namespace tessera {
 // The metadata key (gRPC keys are lower case).
 inline constexpr char kRequestIdKey[] = "x-tessera-request-id";
 // Ids longer than this, or with characters outside [A-Za-z0-9._:-], are
-// ignored by daemons: an id ends up in every daemon's log.
-inline constexpr size_t kMaxRequestIdBytes = 64;
+// ignored by daemons: an id ends up in every daemon's log. (Clients take
+// ids of up to 64 bytes from users and add ".N" to number later calls,
+// client/client.h.)
+inline constexpr size_t kMaxRequestIdBytes = 80;
 
 // Whether daemons accept `id` (see kMaxRequestIdBytes).
 bool IsValidRequestId(absl::string_view id);

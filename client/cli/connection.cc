@@ -44,13 +44,16 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
       ->check(CLI::PositiveNumber);
   command
       ->add_option("--request-id", flags->request_id,
-                   "Id the daemons log with the operations this command "
-                   "starts, to find them in every daemon's log (up to 64 of "
-                   "A-Z a-z 0-9 . _ : -; default: a random one per call)")
+                   "Id of the operations this command starts: the daemons "
+                   "log it, and running the command again with the same id "
+                   "applies none of them twice (later operations of one "
+                   "command get ID.2, ID.3, ...; `tessera op ID` tells what "
+                   "became of one; up to 64 of A-Z a-z 0-9 . _ : -; default: "
+                   "a random one per call)")
       ->type_name("ID")
       ->check(
           [](const std::string& id) -> std::string {
-            if (!IsValidRequestId(id)) {
+            if (!IsValidRequestId(id) || id.size() > kMaxClientRequestIdBytes) {
               return "a request id is 1 to 64 of A-Z a-z 0-9 . _ : -";
             }
             return "";

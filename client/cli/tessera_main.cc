@@ -10,6 +10,7 @@
 #include "client/cli/launch/launch_command.h"
 #include "client/cli/load_command.h"
 #include "client/cli/ls_command.h"
+#include "client/cli/op_command.h"
 #include "client/cli/plan_command.h"
 #include "client/cli/read_command.h"
 #include "client/cli/rm_command.h"
@@ -27,7 +28,7 @@ constexpr tessera::cli::AddCommandFn kCommands[] = {
     &tessera::cli::AddReadCommand,   &tessera::cli::AddWriteCommand,
     &tessera::cli::AddRmCommand,     &tessera::cli::AddSaveCommand,
     &tessera::cli::AddLoadCommand,   &tessera::cli::AddPlanCommand,
-    &tessera::cli::AddTopCommand,
+    &tessera::cli::AddTopCommand,    &tessera::cli::AddOpCommand,
 };
 
 }  // namespace

@@ -58,7 +58,8 @@ class PyClient {
                                            const std::string& request_id) {
     ClientOptions options;
     if (timeout > 0) options.timeout = absl::Seconds(timeout);
-    if (!request_id.empty() && !IsValidRequestId(request_id)) {
+    if (!request_id.empty() && (!IsValidRequestId(request_id) ||
+                                request_id.size() > kMaxClientRequestIdBytes)) {
       Check(absl::InvalidArgumentError(
           absl::StrCat("request_id '", request_id,
                        "' is not 1 to 64 of A-Z a-z 0-9 . _ : -")));
@@ -131,6 +132,35 @@ class PyClient {
     return PyView(Check(WithoutGil([&] { return client_->Open(name); })));
   }
 
+  // (state, method, tensor, log entry, code, message) of a request id;
+  // state is "committed", "failed", "pending" or "unknown".
+  std::tuple<std::string, std::string, std::string, int64_t, int,
+             std::string>
+  Operation(const std::string& request_id) const {
+    const v1::OperationStatus status =
+        Check(WithoutGil([&] { return client_->Operation(request_id); }));
+    std::string state = "unknown";
+    switch (status.state()) {
+      case v1::OperationStatus::STATE_COMMITTED:
+        state = "committed";
+        break;
+      case v1::OperationStatus::STATE_FAILED:
+        state = "failed";
+        break;
+      case v1::OperationStatus::STATE_PENDING:
+        state = "pending";
+        break;
+      default:
+        break;
+    }
+    return {state,
+            status.method(),
+            status.tensor(),
+            status.log_entry(),
+            status.code(),
+            status.message()};
+  }
+
   void Delete(const std::string& name) {
     Check(WithoutGil([&] { return client_->Delete(name); }));
   }
@@ -184,6 +214,7 @@ void BindClient(py::module_& m) {
       .def("list", &PyClient::List)
       .def("open", &PyClient::Open)
       .def("delete", &PyClient::Delete)
+      .def("operation", &PyClient::Operation)
       .def("reshard", &PyClient::Reshard)
       .def("gather", &PyClient::Gather, py::arg("name"),
            py::arg("timeout") = 0.0)

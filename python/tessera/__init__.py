@@ -171,6 +171,19 @@ class Client:
         """The tensor named ``name`` (NotFoundError when there is none)."""
         return Tensor(self, self._native.open(name))
 
+    def operation(self, request_id: str) -> dict[str, Any]:
+        """What became of the logged call (create, delete, reshard, save,
+        load) that carried ``request_id``: {"state": "committed" | "failed"
+        | "pending" | "unknown", "method", "tensor", "log_entry", "code",
+        "message"} ("code" and "message" say why a failed one failed; a
+        failed call changed nothing and a retry with the id runs it again;
+        a committed one is never applied twice)."""
+        state, method, tensor, entry, code, message = \
+            self._native.operation(request_id)
+        return {"request_id": request_id, "state": state, "method": method,
+                "tensor": tensor, "log_entry": entry, "code": code,
+                "message": message}
+
     def delete(self, name: str) -> None:
         """Deletes the tensor (NotFoundError when there is none)."""
         self._native.delete(name)
@@ -216,9 +229,12 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
     are the CLI's: ``tls_ca``/``tls_cert``/``tls_key`` (else
     $TESSERA_TLS_CA/_CERT/_KEY) and ``token`` or ``token_file`` (else
     $TESSERA_TOKEN / $TESSERA_TOKEN_FILE); they apply to the whole process.
-    ``request_id`` is the id every control call of this client carries,
-    which the daemons log with the operations it starts (docs/metrics.md);
-    None: a new random one per call.
+    ``request_id`` is the id of this client's calls: the daemons log it with
+    the operations they start (docs/metrics.md), and it is their
+    idempotency key (the first logged call carries it, the next ones
+    "<id>.2", "<id>.3", ...: a script run again with the same id applies
+    none of its operations twice; ``Client.operation`` tells what became of
+    one). None: a new random one per call.
     """
     if address is None:
         address = _os.environ.get("TESSERA_ADDRESS") or DEFAULT_ADDRESS

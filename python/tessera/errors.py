@@ -80,7 +80,9 @@ class UnavailableError(Error):
 
 
 class DeadlineExceededError(Error):
-    """The call's deadline passed (the operation may still complete)."""
+    """The call's deadline passed. For a create, delete, reshard, save or
+    load the message says whether it was logged and names its request id:
+    ``Client.operation(id)`` tells whether it ran."""
 
 
 class DataLossError(Error):

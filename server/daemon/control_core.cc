@@ -5,10 +5,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/nonce.h"
 #include "common/status_macros.h"
 #include "server/store/prefix_store.h"
+#include "wire/request_id.h"
 
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "0.1.0"
@@ -35,14 +37,15 @@ Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
       store_(std::make_shared<PrefixStore>("control", rank_->store())),
       incarnation_(RandomNonce()),
       table_(rank_->rank()),
+      outcomes_(&table_),
       replication_(rank_, rank_->default_group(), budget_, options_.op_timeout,
                    &table_),
       membership_(rank_, rank_->default_group(), store_, options_, &table_,
-                  &replication_),
+                  &replication_, &outcomes_),
       ops_(rank_, rank_->default_group(), options_, budget_, &table_,
            &replication_, &membership_),
       log_(rank_, rank_->default_group(), store_, options_, incarnation_,
-           &membership_, &ops_) {}
+           &membership_, &ops_, &outcomes_) {}
 
 Core::~Core() { Shutdown(); }
 
@@ -138,6 +141,34 @@ void Core::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
 void Core::Finish(const std::shared_ptr<PendingCall>& call,
                   const absl::Status& status, OpResult result) {
   log_.Finish(call, status, std::move(result));
+}
+
+absl::StatusOr<v1::OperationStatus> Core::Operation(
+    const std::string& request_id) const {
+  RETURN_IF_ERROR(Accepting());
+  if (!IsValidRequestId(request_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GetOperation: '", absl::CEscape(request_id),
+                     "' is not a request id (1 to ", kMaxRequestIdBytes,
+                     " of A-Z a-z 0-9 . _ : -)"));
+  }
+  // A call waiting here first: a retry of it may have committed meanwhile
+  // on another coordinator, but this one is still to be answered.
+  if (std::optional<v1::OperationStatus> found = outcomes_.Find(request_id);
+      found.has_value() &&
+      found->state() == v1::OperationStatus::STATE_COMMITTED) {
+    return *std::move(found);
+  }
+  if (std::optional<v1::OperationStatus> pending = log_.Pending(request_id)) {
+    return *std::move(pending);
+  }
+  if (std::optional<v1::OperationStatus> found = outcomes_.Find(request_id)) {
+    return *std::move(found);
+  }
+  v1::OperationStatus unknown;
+  unknown.set_request_id(request_id);
+  unknown.set_state(v1::OperationStatus::STATE_UNKNOWN);
+  return unknown;
 }
 
 absl::StatusOr<v1::TensorInfo> Core::Describe(const std::string& name) const {

@@ -7,6 +7,7 @@
 //   ControlOps   (control_ops.h)   the ops' bodies, ending in an agreement
 //   Membership   (membership.h)    leases, generations, re-forming, rejoin
 //   Replication  (replication.h)   replicas of shards and their refill
+//   OpOutcomes   (op_outcomes.h)   what became of each request id
 //
 // Core owns them, starts them in order (the log position, then the
 // daemons joining in step, then the lease and log threads) and stops
@@ -37,6 +38,7 @@
 #include "server/daemon/membership.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/op_log.h"
+#include "server/daemon/op_outcomes.h"
 #include "server/daemon/pending_call.h"
 #include "server/daemon/region_io.h"
 #include "server/daemon/replication.h"
@@ -80,6 +82,11 @@ class Core : public std::enable_shared_from_this<Core> {
 
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
   v1::ListTensorsResponse List() const { return table_.List(); }
+  // What became of the logged call with client request id `request_id`
+  // (GetOperation): committed, pending here, failed, or unknown.
+  // INVALID_ARGUMENT for an id no client may send.
+  absl::StatusOr<v1::OperationStatus> Operation(
+      const std::string& request_id) const;
   absl::StatusOr<v1::ClusterInfo> Cluster() const;
   // What ReadRegion and WriteRegion need of this daemon (region_io.h).
   RegionEnv Env();
@@ -105,6 +112,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const uint64_t incarnation_;
   std::atomic<uint64_t> next_call_id_{1};
   TensorTable table_;
+  OpOutcomes outcomes_;
 
   // One per concern, in this order (each points at the ones before),
   // destroyed in reverse; their threads run from Start() to Shutdown().

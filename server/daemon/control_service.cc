@@ -43,10 +43,13 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   void OnCancel() override {
     std::shared_ptr<PendingCall> call = call_.lock();
     if (call == nullptr) return;
-    absl::Status cancelled =
-        absl::CancelledError(absl::StrCat(call->method(),
-                                          " was cancelled by the client (the "
-                                          "operation may still complete)"));
+    absl::Status cancelled = absl::CancelledError(absl::StrCat(
+        call->method(), " was cancelled by the client",
+        call->request_id().empty()
+            ? " (it carried no request id: list or describe the tensors to "
+              "see whether it ran)"
+            : absl::StrCat(" (`tessera op ", call->request_id(),
+                           "` tells whether it ran)")));
     if (std::shared_ptr<Core> core = core_.lock()) {
       core->Finish(call, cancelled);
     } else {
@@ -137,6 +140,20 @@ grpc::ServerUnaryReactor* ControlServiceImpl::GetStats(
     response->set_metrics(MetricsText());
   }
   return control_internal::Done(context, allowed);
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::GetOperation(
+    grpc::CallbackServerContext* context,
+    const v1::GetOperationRequest* request, v1::OperationStatus* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "GetOperation");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
+  absl::StatusOr<v1::OperationStatus> status =
+      core_->Operation(request->request_id());
+  if (status.ok()) *response = *std::move(status);
+  return control_internal::Done(context, status.status());
 }
 
 grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(

@@ -8,12 +8,16 @@
 // every daemon in log order, as one SPMD operation ending in an agreement
 // on every daemon's outcome: docs/control_log.md is the protocol.
 // ListTensors, DescribeTensor and GetCluster are answered from the local
-// table, GetStats from the process's metrics; ReadRegion and WriteRegion move
-// bytes without the log (server/daemon/region_io.h).
+// table, GetStats from the process's metrics, GetOperation from what the
+// daemon knows of a request id (op_outcomes.h, op_log.h); ReadRegion and
+// WriteRegion move bytes without the log (server/daemon/region_io.h).
+// A logged call whose request id committed already is answered with its
+// first outcome and not applied again.
 //
 // Failure: every call has a deadline (the client's, capped at
 // ControlOptions::op_timeout, control_options.h); a call whose op has not
-// completed by then ends with DEADLINE_EXCEEDED (the op may still complete).
+// completed by then ends with DEADLINE_EXCEEDED saying whether it was
+// logged, and GetOperation tells its outcome later.
 // Errors agreed by every daemon keep their code; one daemon's own error comes
 // back as "on rank N: ...". A dead peer fails the running op (UNAVAILABLE or
 // DEADLINE_EXCEEDED) on the survivors, which keep answering reads.
@@ -47,22 +51,23 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of server/serve/shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetStats<
-    v1::ControlService::WithCallbackMethod_GetCluster<
-        v1::ControlService::WithCallbackMethod_CreateTensor<
-            v1::ControlService::WithCallbackMethod_ListTensors<
-                v1::ControlService::WithCallbackMethod_DescribeTensor<
-                    v1::ControlService::WithCallbackMethod_DeleteTensor<
-                        v1::ControlService::WithCallbackMethod_WriteRegion<
-                            v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                                v1::ControlService::WithRawCallbackMethod_Gather<
-                                    v1::ControlService::WithCallbackMethod_Reshard<
-                                        v1::ControlService::
-                                            WithCallbackMethod_SaveCheckpoint<
-                                                v1::ControlService::
-                                                    WithCallbackMethod_LoadCheckpoint<
-                                                        v1::ControlService::
-                                                            Service>>>>>>>>>>>>;
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetOperation<
+    v1::ControlService::WithCallbackMethod_GetStats<
+        v1::ControlService::WithCallbackMethod_GetCluster<
+            v1::ControlService::WithCallbackMethod_CreateTensor<
+                v1::ControlService::WithCallbackMethod_ListTensors<
+                    v1::ControlService::WithCallbackMethod_DescribeTensor<
+                        v1::ControlService::WithCallbackMethod_DeleteTensor<
+                            v1::ControlService::WithCallbackMethod_WriteRegion<
+                                v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                    v1::ControlService::
+                                        WithRawCallbackMethod_Gather<v1::ControlService::WithCallbackMethod_Reshard<
+                                            v1::ControlService::
+                                                WithCallbackMethod_SaveCheckpoint<
+                                                    v1::ControlService::
+                                                        WithCallbackMethod_LoadCheckpoint<
+                                                            v1::ControlService::
+                                                                Service>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -103,6 +108,11 @@ class ControlServiceImpl final : public ControlServiceBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::DaemonStats* response) override;
+  // What became of a logged call by its request id (Core::Operation).
+  grpc::ServerUnaryReactor* GetOperation(
+      grpc::CallbackServerContext* context,
+      const v1::GetOperationRequest* request,
+      v1::OperationStatus* response) override;
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
                                          v1::TensorInfo* response) override;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -44,13 +45,14 @@ Membership::Membership(std::shared_ptr<Rank> rank,
                        std::shared_ptr<ProcessGroup> group,
                        std::shared_ptr<Store> store,
                        const ControlOptions& options, TensorTable* table,
-                       Replication* replication)
+                       Replication* replication, OpOutcomes* outcomes)
     : rank_(std::move(rank)),
       group_(std::move(group)),
       store_(std::move(store)),
       options_(options),
       table_(table),
-      replication_(replication) {}
+      replication_(replication),
+      outcomes_(outcomes) {}
 
 Membership::~Membership() {
   Stop();
@@ -419,6 +421,11 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
         return absl::OkStatus();
       })
       .IgnoreError();  // The visitor never fails.
+  if (!starting) {
+    for (v1::CommittedOp& committed : outcomes_->Export()) {
+      *mine.add_committed() = std::move(committed);
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<std::string> gathered,
                    AllGatherBytes(*group_, mine.SerializeAsString()));
   std::vector<v1::ResumeState> all(gathered.size());
@@ -529,6 +536,22 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
           absl::StrJoin(degraded, ", "), absl::StrJoin(starting_ranks, ", "));
     }
   }
+  // Every daemon tells retries alike from here (op_outcomes.h). A create
+  // or reshard that committed on some daemons only left a tensor dropped
+  // above: its record goes too, so that a retry runs it again. Both from
+  // every daemon's states, so every daemon keeps the same records.
+  absl::flat_hash_set<std::string> unkept_ids;
+  for (const v1::ResumeState& state : all) {
+    if (state.starting()) continue;
+    for (const v1::TensorInfo& info : state.infos()) {
+      if (!kept(info.name(), info.tensor_id())) {
+        unkept_ids.insert(info.tensor_id());
+      }
+    }
+  }
+  outcomes_->Adopt(
+      source >= 0 ? all[source].committed() : v1::ResumeState().committed(),
+      unkept_ids);
   // A restarted daemon may listen elsewhere now; with a store that outlives
   // the daemons, one starting next to it may have read the address its old
   // process left there.

@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_options.h"
+#include "server/daemon/op_outcomes.h"
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
 #include "server/rank/rank.h"
@@ -69,7 +70,8 @@ class Membership {
   // `store` is the control prefix of the rendezvous store.
   Membership(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
              std::shared_ptr<Store> store, const ControlOptions& options,
-             TensorTable* table, Replication* replication);
+             TensorTable* table, Replication* replication,
+             OpOutcomes* outcomes);
   // Calls Stop() and Join().
   ~Membership();
   Membership(const Membership&) = delete;
@@ -82,7 +84,10 @@ class Membership {
   // Daemons that are starting while others are not restarted: every tensor
   // with shards on them is marked degraded (lost_shards) unless replicas
   // hold them, and they build their table from the lowest-ranked
-  // veteran's. The exchange's errors; DATA_LOSS for an unreadable state.
+  // veteran's. Every daemon adopts that veteran's committed request ids
+  // (op_outcomes.h), so that all tell retries alike; with no veteran, all
+  // start with none. The exchange's errors; DATA_LOSS for an unreadable
+  // state.
   absl::StatusOr<Resumed> JoinInStep(bool starting, int64_t next);
 
   // Starts the lease thread; leases count from now.
@@ -138,6 +143,7 @@ class Membership {
   const ControlOptions options_;
   TensorTable* const table_;
   Replication* const replication_;
+  OpOutcomes* const outcomes_;
   std::thread lease_keeper_;
 
   mutable absl::Mutex mu_;

@@ -86,7 +86,8 @@ std::optional<v1::ControlOp> ParseEntry(absl::string_view entry) {
 
 OpLog::OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
              std::shared_ptr<Store> store, const ControlOptions& options,
-             uint64_t incarnation, Membership* membership, ControlOps* ops)
+             uint64_t incarnation, Membership* membership, ControlOps* ops,
+             OpOutcomes* outcomes)
     : rank_(std::move(rank)),
       group_(std::move(group)),
       store_(std::move(store)),
@@ -94,6 +95,7 @@ OpLog::OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
       incarnation_(incarnation),
       membership_(membership),
       ops_(ops),
+      outcomes_(outcomes),
       claim_timeout_(std::min(options.claim_timeout, options.lease)) {}
 
 OpLog::~OpLog() {
@@ -192,6 +194,64 @@ bool OpLog::QueuedLocked(uint64_t id) const {
   return false;
 }
 
+int64_t OpLog::EntryOfLocked(uint64_t id) const {
+  for (const auto& [n, appended] : appended_) {
+    if (appended.queued.call->id() == id) return n;
+  }
+  return 0;
+}
+
+std::string OpLog::UnfinishedLocked(const PendingCall& call) const {
+  const int64_t entry = EntryOfLocked(call.id());
+  const std::string where =
+      entry > 0 ? absl::StrCat("it is log entry ", entry)
+                : std::string("it was being written to the log");
+  if (call.request_id().empty()) {
+    return absl::StrCat(
+        call.method(), " did not finish within its deadline: ", where,
+        "; the daemons fail it unless it started in time. It carried no "
+        "request id, so its outcome cannot be asked for: list or describe "
+        "the tensors");
+  }
+  return absl::StrCat(
+      call.method(), " did not finish within its deadline: ", where,
+      " (request id ", call.request_id(),
+      "); the daemons fail it unless it started in time, and keep its "
+      "outcome: `tessera op ",
+      call.request_id(),
+      "` tells it, and a retry with the same request id returns it without "
+      "applying it twice");
+}
+
+std::optional<v1::OperationStatus> OpLog::Pending(
+    const std::string& request_id) const {
+  if (request_id.empty()) return std::nullopt;
+  auto pending = [&](const v1::ControlOp& op, int64_t n) {
+    v1::OperationStatus status;
+    status.set_request_id(request_id);
+    status.set_state(v1::OperationStatus::STATE_PENDING);
+    status.set_method(OpName(op));
+    status.set_tensor(OpTensor(op));
+    status.set_log_entry(n);
+    return status;
+  };
+  absl::MutexLock lock(&mu_);
+  // In the log and not passed by the executor, even when its call ended
+  // at its deadline already: it may still run.
+  for (const auto& [n, appended] : appended_) {
+    if (appended.queued.op.client_request_id() == request_id) {
+      return pending(appended.queued.op, n);
+    }
+  }
+  // Queued or held: it runs once logged unless its call ends first.
+  for (const Queued& queued : queue_) {
+    if (queued.op.client_request_id() == request_id && !queued.call->done()) {
+      return pending(queued.op, 0);
+    }
+  }
+  return std::nullopt;
+}
+
 void OpLog::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   op.set_coordinator(rank_->rank());
   op.set_incarnation(incarnation_);
@@ -199,6 +259,15 @@ void OpLog::Submit(v1::ControlOp op, const std::shared_ptr<PendingCall>& call) {
   op.set_client_request_id(call->request_id());
   if (call->deadline() != absl::InfiniteFuture()) {
     op.set_deadline_unix_nanos(absl::ToUnixNanos(call->deadline()));
+  }
+  // A retry of an op that committed already: its first outcome, at once.
+  if (std::optional<Replayed> replayed = outcomes_->Replay(op)) {
+    spdlog::info("control: {} (request {}) is a retry of log entry {}: {}",
+                 OpName(op), op.client_request_id(), replayed->first_entry,
+                 replayed->status.ok() ? "answered with its outcome"
+                                       : replayed->status.ToString());
+    call->Complete(replayed->status, std::move(replayed->result));
+    return;
   }
   // Admitted and queued in one step under membership's lock.
   const absl::Status accepting = membership_->Admit([&]() -> absl::Status {
@@ -236,10 +305,7 @@ void OpLog::SubmitLoop() {
       pending_.erase(it);
       absl::Status ended;
       if (!QueuedLocked(call->id())) {
-        ended = absl::DeadlineExceededError(absl::StrCat(
-            call->method(),
-            " did not complete within its deadline (the operation may still "
-            "complete)"));
+        ended = absl::DeadlineExceededError(UnfinishedLocked(*call));
       } else if (!held_.empty()) {
         ended = absl::UnavailableError(absl::StrCat(
             call->method(),
@@ -320,9 +386,17 @@ absl::Status OpLog::Append(const Queued& queued) {
       if (it != appended_.end()) appended_.erase(it);
     }
     if (!held.ok()) {
+      // The write may have landed before the store failed to answer.
       return absl::UnavailableError(absl::StrCat(
-          OpName(op),
-          ": cannot write the operation log: ", held.status().message()));
+          OpName(op), ": cannot write the operation log (entry ", n,
+          "): ", held.status().message(),
+          op.client_request_id().empty()
+              ? "; it may have been written: list the tensors before "
+                "retrying, or call with a request id"
+              : absl::StrCat("; it may have been written: a retry with "
+                             "request id ",
+                             op.client_request_id(),
+                             " applies it at most once")));
     }
     if (*held != value) {
       // Rank 0 gave up on this number before we wrote it, or an entry
@@ -461,7 +535,7 @@ bool OpLog::Reform(int64_t* next) {
 
 void OpLog::Advance(int64_t from, int64_t to, Passed passed,
                     std::optional<uint64_t> ran) {
-  std::vector<std::pair<std::shared_ptr<PendingCall>, std::string>> abandoned;
+  std::vector<std::pair<int64_t, Queued>> abandoned;
   {
     absl::MutexLock lock(&mu_);
     position_ = to;
@@ -491,17 +565,18 @@ void OpLog::Advance(int64_t from, int64_t to, Passed passed,
         queue_.push_front(std::move(appended.queued));
         wake_.SignalAll();
       } else {
-        abandoned.emplace_back(appended.queued.call,
-                               OpName(appended.queued.op));
+        abandoned.emplace_back(it->first, std::move(appended.queued));
       }
       it = appended_.erase(it);
     }
   }
-  for (const auto& [call, name] : abandoned) {
-    Finish(call, absl::UnavailableError(absl::StrCat(
-                     name,
+  for (const auto& [n, queued] : abandoned) {
+    const absl::Status status = absl::UnavailableError(
+        absl::StrCat(OpName(queued.op),
                      " was not applied: the daemons' process group broke "
-                     "while it ran; retry it")));
+                     "while it ran; retry it"));
+    outcomes_->Failed(queued.op, n, status);
+    Finish(queued.call, status);
   }
 }
 
@@ -669,6 +744,18 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   if (op.coordinator() == rank_->rank() && op.incarnation() == incarnation_) {
     *own_request = op.request_id();
   }
+  // A retry of an op that committed already is not run again; every
+  // daemon decides alike (they hold the same records).
+  if (std::optional<Replayed> replayed = outcomes_->Replay(op)) {
+    spdlog::info(
+        "op {} {} from rank {} (request {}): a retry of log entry {}, not run "
+        "again: {}",
+        n, OpName(op), op.coordinator(), op.client_request_id(),
+        replayed->first_entry,
+        replayed->status.ok() ? "OK" : replayed->status.ToString());
+    FinishOwnCall(op, replayed->status, std::move(replayed->result));
+    return n + 1;
+  }
   const absl::Time started = absl::Now();
   if (std::shared_ptr<PendingCall> own = OwnCall(op)) {
     CountControlOpWait(OpName(op), started - own->created());
@@ -677,6 +764,13 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   const ScopedLogContext context(
       LogContext{n, OpTensor(op), op.client_request_id()});
   OpOutcome outcome = RunGuarded(op, n);
+  // Agreed: the op committed on every daemon or failed on every daemon
+  // (a failed confirmation below does not undo the commit).
+  if (outcome.status.ok()) {
+    outcomes_->Committed(op, n, outcome.result);
+  } else {
+    outcomes_->Failed(op, n, outcome.status);
+  }
   // The call returns once every daemon shows the change
   // (proto/tessera/v1/control.proto: after a call returns, every daemon lists
   // and describes the same tensors), so the daemons confirm their commits to

@@ -35,8 +35,14 @@
 // its deadline, so that the answer reaches the client before its own
 // deadline does.
 //
+// Retries: an op whose client request id committed already
+// (op_outcomes.h) is answered with its first outcome, at submit when this
+// daemon knows it, else when its entry comes up (every daemon then skips
+// it alike). Every op that runs is recorded there, committed or failed.
+//
 // Failure: a call whose op was logged and did not complete by its deadline
-// ends DEADLINE_EXCEEDED ("the operation may still complete"); an
+// ends DEADLINE_EXCEEDED naming its log entry and request id, whose
+// outcome GetOperation (Pending, then op_outcomes.h) tells; an
 // unreachable store is UNAVAILABLE
 // before the op is logged; an entry the others passed while this daemon
 // re-formed ends its call with UNAVAILABLE ("was not applied"); Shutdown
@@ -75,6 +81,7 @@
 #include "server/daemon/control_ops.h"
 #include "server/daemon/control_options.h"
 #include "server/daemon/membership.h"
+#include "server/daemon/op_outcomes.h"
 #include "server/daemon/pending_call.h"
 #include "server/rank/rank.h"
 #include "server/store/store.h"
@@ -97,7 +104,8 @@ class OpLog final {
   // same rank.
   OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
         std::shared_ptr<Store> store, const ControlOptions& options,
-        uint64_t incarnation, Membership* membership, ControlOps* ops);
+        uint64_t incarnation, Membership* membership, ControlOps* ops,
+        OpOutcomes* outcomes);
   // Calls Stop(), Join() and FailWaiting().
   ~OpLog();
   OpLog(const OpLog&) = delete;
@@ -124,6 +132,12 @@ class OpLog final {
   // do nothing).
   void Finish(const std::shared_ptr<PendingCall>& call,
               const absl::Status& status, OpResult result = {});
+  // STATE_PENDING when an op of this daemon carrying `request_id` is in
+  // the log and not passed yet (its log entry; also when its call ended at
+  // its deadline), or queued for a call still waiting (entry 0); nullopt
+  // otherwise.
+  std::optional<v1::OperationStatus> Pending(
+      const std::string& request_id) const;
   // How many log entries this daemon has executed or skipped.
   int64_t applied() const { return applied_.load(); }
 
@@ -139,6 +153,12 @@ class OpLog final {
   static DeadlineKey AnswerBy(const PendingCall& call);
   // Whether `id`'s op is still queued (not being logged yet).
   bool QueuedLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The log number of call `id`'s op, once claimed; 0 before.
+  int64_t EntryOfLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `call` ends at its deadline, its op no longer queued: it was
+  // logged (or being logged) and has not finished.
+  std::string UnfinishedLocked(const PendingCall& call) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One of this daemon's ops at the log number it claimed, until the
   // executor passes the number.
   struct Appended {
@@ -228,6 +248,7 @@ class OpLog final {
   const uint64_t incarnation_;
   Membership* const membership_;
   ControlOps* const ops_;
+  OpOutcomes* const outcomes_;
   // claim_timeout, at most the lease.
   const absl::Duration claim_timeout_;
   std::atomic<int64_t> applied_{0};

@@ -105,8 +105,8 @@ class ResultSlot {
     absl::MutexLock lock(&mu_);
     if (!mu_.AwaitWithDeadline(absl::Condition(&set_), deadline)) {
       return absl::DeadlineExceededError(
-          "Gather did not complete within its deadline (the operation may "
-          "still complete)");
+          "Gather did not complete within its deadline (a gather changes "
+          "nothing: retry it)");
     }
     if (!status_.ok()) return status_;
     return std::move(result_);

@@ -49,6 +49,27 @@ def test_request_ids_are_checked_before_any_call(daemons):
             tessera.connect(daemons.addresses[0], request_id=bad)
 
 
+def test_request_ids_are_idempotency_keys(daemons):
+    rows = tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"])
+    for address in daemons.addresses[:2]:
+        # The same script twice, through two daemons: applied once.
+        run = tessera.connect(address, request_id="py.idem-1")
+        first = run.create("idem", [4, 4], rows, init="ones")
+        run.delete("idem")
+        assert first.name == "idem"
+    check = tessera.connect(daemons.addresses[0])
+    assert "idem" not in [t.name for t in check.list()]
+    created = check.operation("py.idem-1")
+    assert created["state"] == "committed"
+    assert created["method"] == "CreateTensor"
+    assert created["tensor"] == "idem"
+    assert created["log_entry"] > 0
+    assert check.operation("py.idem-1.2")["method"] == "DeleteTensor"
+    assert check.operation("py.never-sent")["state"] == "unknown"
+    with pytest.raises(tessera.InvalidArgumentError, match="request id"):
+        check.operation("has space")
+
+
 def test_create_metadata_and_every_init(client, rows4):
     w = client.create("w", (1000, 64), rows4, dtype="float32", init="randn",
                       seed=7)

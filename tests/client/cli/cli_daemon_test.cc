@@ -206,6 +206,43 @@ TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
+// --request-id is the operations' idempotency key, and `tessera op` tells
+// what became of one.
+TEST_F(CliDaemonTest, RequestIdsAreIdempotencyKeysAndOpTellsTheirOutcome) {
+  ASSERT_NE(cluster_, nullptr);
+  const std::vector<std::string> create = {
+      "create", "cli_idem", "--size",       "4,4",
+      "--spec", kRows,      "--request-id", "cli-idem-1"};
+  CliResult first = Run(create);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  CliResult again = Run(create);  // Not ALREADY_EXISTS: the first outcome.
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+
+  CliResult committed = Run({"op", "cli-idem-1"});
+  EXPECT_EQ(committed.exit_code, 0) << committed.output;
+  EXPECT_THAT(committed.output,
+              HasSubstr("request cli-idem-1: committed (CreateTensor "
+                        "'cli_idem', log entry "));
+  CliResult json = Run({"op", "cli-idem-1", "--json"});
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(json.output, HasSubstr("\"state\":\"committed\""));
+
+  // A new id for the same name fails, changes nothing, and says so.
+  CliResult taken = Run({"create", "cli_idem", "--size", "4,4", "--spec", kRows,
+                         "--request-id", "cli-idem-2"});
+  EXPECT_EQ(taken.exit_code, 1) << taken.output;
+  CliResult failed = Run({"op", "cli-idem-2"});
+  EXPECT_EQ(failed.exit_code, 3) << failed.output;
+  EXPECT_THAT(failed.output,
+              AllOf(HasSubstr("failed"), HasSubstr("ALREADY_EXISTS"),
+                    HasSubstr("it changed nothing")));
+  CliResult unknown = Run({"op", "cli-never-sent"});
+  EXPECT_EQ(unknown.exit_code, 5) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("unknown"));
+  EXPECT_EQ(Run({"op", "not an id"}).exit_code, 2);
+  EXPECT_EQ(Run({"rm", "cli_idem"}).exit_code, 0);
+}
+
 // A failed operation is exit 1 even when the daemons call it a failed
 // precondition: after a peer died the group is broken, and every later op
 // says so (FAILED_PRECONDITION); that is the cluster's state, not a usage

@@ -263,7 +263,8 @@ TEST(CommandsCliTest, ClusterCommandsReportAnUnreachableDaemon) {
       {"read", "w", "--offsets", "0,0", "--sizes", "2,2"},
       {"rm", "w"},
       {"save", dir.File("ckpt")},
-      {"load", dir.File("ckpt")}};
+      {"load", dir.File("ckpt")},
+      {"op", "r-0123456789abcdef"}};
   for (const std::vector<std::string>& args : commands) {
     const std::string address = DeadAddress();
     std::vector<std::string> with_address = args;
@@ -295,7 +296,8 @@ TEST(CommandsCliTest, ClusterCommandsTakeCredentialFlags) {
       {"write", "w", "-i", npy, "--offsets", "0,0"},
       {"rm", "w"},
       {"save", dir.File("ckpt")},
-      {"load", dir.File("ckpt")}};
+      {"load", dir.File("ckpt")},
+      {"op", "r-0123456789abcdef"}};
   for (const std::vector<std::string>& args : commands) {
     const std::string& command = args[0];
     const RunResult help = RunOffline({command, "--help"});

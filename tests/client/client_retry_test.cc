@@ -1,0 +1,201 @@
+// The client library's logged calls carry one request id for every attempt
+// and retry UNAVAILABLE (client/client.h): against a real gRPC server on
+// loopback that plays a daemon answering on purpose (the daemons' own
+// handling of the ids is tests/integration/request_id_test.cc).
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/proto_convert.h"
+#include "common/sharding_spec.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/control.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
+#include "wire/request_id.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+ShardingSpec OneRank() {
+  return *ChunkShardingSpec::Create(0, std::vector<std::string>{"rank:0/cpu"});
+}
+
+// A one-daemon cluster whose CreateTensor and DeleteTensor answer each
+// attempt with the next status of a script (OK once it runs out), and
+// record the request id every call carried.
+class ScriptedDaemon final : public v1::ControlService::Service {
+ public:
+  explicit ScriptedDaemon(std::vector<grpc::Status> script)
+      : script_(std::move(script)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~ScriptedDaemon() override { server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::vector<std::string> ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_;
+  }
+
+  grpc::Status GetCluster(grpc::ServerContext* context,
+                          const v1::GetClusterRequest*,
+                          v1::ClusterInfo* info) override {
+    Record(*context);
+    info->set_world_size(1);
+    info->set_rank(0);
+    v1::WorkerAddress* worker = info->add_workers();
+    worker->set_rank(0);
+    worker->set_address(address());
+    return grpc::Status::OK;
+  }
+  grpc::Status CreateTensor(grpc::ServerContext* context,
+                            const v1::CreateTensorRequest* request,
+                            v1::TensorInfo* info) override {
+    Record(*context);
+    grpc::Status status = Next();
+    if (!status.ok()) return status;
+    info->set_name(request->name());
+    info->set_tensor_id("t1");
+    const std::vector<int64_t> sizes(request->sizes().begin(),
+                                     request->sizes().end());
+    *info->mutable_metadata() = ToProto(*BuildMetadata(OneRank(), sizes));
+    info->add_shard_ranks(0);
+    return grpc::Status::OK;
+  }
+  grpc::Status DeleteTensor(grpc::ServerContext* context,
+                            const v1::DeleteTensorRequest*,
+                            v1::DeleteTensorResponse*) override {
+    Record(*context);
+    return Next();
+  }
+  grpc::Status ListTensors(grpc::ServerContext* context,
+                           const v1::ListTensorsRequest*,
+                           v1::ListTensorsResponse*) override {
+    Record(*context);
+    return grpc::Status::OK;
+  }
+
+ private:
+  void Record(const grpc::ServerContext& context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.push_back(RequestIdOf(context));
+  }
+  grpc::Status Next() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (next_ >= script_.size()) return grpc::Status::OK;
+    return script_[next_++];
+  }
+
+  const std::vector<grpc::Status> script_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  size_t next_ = 0;
+  std::vector<std::string> ids_;
+};
+
+const grpc::Status kRestarting(grpc::StatusCode::UNAVAILABLE,
+                               "failed to connect to all addresses");
+
+TEST(ClientRetryTest, AnUnavailableCallIsRetriedWithTheSameId) {
+  ScriptedDaemon daemon({kRestarting, kRestarting});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(daemon.address()));
+  ASSERT_OK(client->Create("w", {4}, OneRank()).status());
+  const std::vector<std::string> ids = daemon.ids();
+  ASSERT_EQ(ids.size(), 4u);  // GetCluster, then three attempts.
+  EXPECT_TRUE(IsValidRequestId(ids[1])) << ids[1];
+  EXPECT_THAT(ids, ElementsAre(::testing::_, ids[1], ids[1], ids[1]));
+}
+
+TEST(ClientRetryTest, RetriesStopAfterTheLastAttemptNamingTheId) {
+  ScriptedDaemon daemon({kRestarting, kRestarting, kRestarting, kRestarting});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(daemon.address()));
+  const absl::Status deleted = client->Delete("w");
+  const std::vector<std::string> ids = daemon.ids();
+  ASSERT_EQ(ids.size(), 1u + kLoggedCallAttempts);
+  EXPECT_THAT(
+      deleted,
+      StatusIs(
+          absl::StatusCode::kUnavailable,
+          AllOf(HasSubstr("deleting tensor w"),
+                HasSubstr(absl::StrCat("(request id ", ids[1], ": `tessera op ",
+                                       ids[1], "` tells whether it ran)")))));
+}
+
+TEST(ClientRetryTest, OnlyUnavailableIsRetriedAndNotAppliedNamesNoId) {
+  {
+    ScriptedDaemon daemon(
+        {grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "tensor w exists")});
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                         Client::Connect(daemon.address()));
+    EXPECT_THAT(client->Create("w", {4}, OneRank()).status(),
+                StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+    EXPECT_EQ(daemon.ids().size(), 2u);
+  }
+  {
+    // Certain: not applied. Retried, and said as the daemon said it.
+    const grpc::Status not_applied(
+        grpc::StatusCode::UNAVAILABLE,
+        "DeleteTensor was not applied: the daemons' process group broke "
+        "while it ran; retry it");
+    ScriptedDaemon daemon({not_applied, not_applied, not_applied});
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                         Client::Connect(daemon.address()));
+    const absl::Status deleted = client->Delete("w");
+    EXPECT_THAT(deleted, StatusIs(absl::StatusCode::kUnavailable,
+                                  AllOf(HasSubstr("was not applied"),
+                                        Not(HasSubstr("tessera op")))));
+  }
+}
+
+TEST(ClientRetryTest, AClientsRequestIdNumbersItsLoggedCalls) {
+  ScriptedDaemon daemon({});
+  ClientOptions options;
+  options.request_id = "job-7";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(daemon.address(), options));
+  ASSERT_OK(client->Create("a", {4}, OneRank()).status());
+  ASSERT_OK(client->List().status());
+  ASSERT_OK(client->Create("b", {4}, OneRank()).status());
+  ASSERT_OK(client->Delete("a"));
+  // Connecting carries no id; reads carry the id as it is.
+  EXPECT_THAT(daemon.ids(),
+              ElementsAre("", "job-7", "job-7", "job-7.2", "job-7.3"));
+
+  for (const std::string& bad :
+       {std::string(65, 'x'), std::string("has space"), std::string("")}) {
+    ClientOptions refused;
+    refused.request_id = bad;
+    absl::StatusOr<std::shared_ptr<Client>> connected =
+        Client::Connect(daemon.address(), refused);
+    if (bad.empty()) {
+      EXPECT_OK(connected.status());  // Empty: a new id per call.
+    } else {
+      EXPECT_THAT(
+          connected.status(),
+          StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 64 of")))
+          << bad;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
