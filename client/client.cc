@@ -203,20 +203,6 @@ namespace {
 using internal_client::Cluster;
 using internal_client::Worker;
 
-// Runs one unary control call on the coordinator under the control
-// deadline; errors keep the daemon's code, prefixed with `what`.
-template <typename Request, typename Response>
-absl::Status Control(const Cluster& cluster,
-                     grpc::Status (v1::ControlService::Stub::*method)(
-                         grpc::ClientContext*, const Request&, Response*),
-                     const Request& request, Response* response,
-                     absl::string_view what) {
-  const std::unique_ptr<grpc::ClientContext> context = cluster.ControlContext();
-  return Annotate(FromGrpcStatus(((*cluster.coordinator().control).*method)(
-                      context.get(), request, response)),
-                  what);
-}
-
 // The first pause between attempts of a logged call; it doubles.
 constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
 // A retry needs this much time left after its pause: one that cannot get
@@ -224,17 +210,19 @@ constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
 // client's own deadline.
 constexpr absl::Duration kRetryRoom = absl::Seconds(1);
 
-// Runs a logged call (its op goes through the operation log) on the
-// coordinator under the control deadline, with one request id for every
-// attempt: attempts answered UNAVAILABLE are retried (Client::Delete).
+// Runs one unary control call on the coordinator under the control
+// deadline; errors keep the daemon's code, prefixed with `what`. A logged
+// call (its op goes through the operation log) carries one request id for
+// every attempt and retries attempts answered UNAVAILABLE (Client::Delete).
 template <typename Request, typename Response>
-absl::Status Logged(const Cluster& cluster,
-                    grpc::Status (v1::ControlService::Stub::*method)(
-                        grpc::ClientContext*, const Request&, Response*),
-                    const Request& request, Response* response,
-                    absl::string_view what) {
-  const std::string id = cluster.LoggedCallId();
+absl::Status Control(const Cluster& cluster,
+                     grpc::Status (v1::ControlService::Stub::*method)(
+                         grpc::ClientContext*, const Request&, Response*),
+                     const Request& request, Response* response,
+                     absl::string_view what, bool logged = false) {
+  const std::string id = logged ? cluster.LoggedCallId() : cluster.CallId();
   const absl::Time deadline = absl::Now() + cluster.options().timeout;
+  const int attempts = logged ? kLoggedCallAttempts : 1;
   absl::Duration pause = kFirstRetryPause;
   absl::Status status;
   for (int attempt = 1;; ++attempt) {
@@ -243,7 +231,7 @@ absl::Status Logged(const Cluster& cluster,
     SetRequestId(context, id);
     status = FromGrpcStatus(((*cluster.coordinator().control).*method)(
         &context, request, response));
-    if (!absl::IsUnavailable(status) || attempt >= kLoggedCallAttempts ||
+    if (!absl::IsUnavailable(status) || attempt >= attempts ||
         absl::Now() + pause + kRetryRoom >= deadline) {
       break;
     }
@@ -252,7 +240,8 @@ absl::Status Logged(const Cluster& cluster,
   }
   // The daemon names the id when the outcome is open; a deadline the
   // client saw first (a stalled daemon) or a lost connection does not.
-  if ((absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) &&
+  if (logged &&
+      (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) &&
       !absl::StrContains(status.message(), id) &&
       !absl::StrContains(status.message(), "was not applied")) {
     status = absl::Status(
@@ -295,8 +284,7 @@ absl::StatusOr<Described> Describe(
     const Request& request, absl::string_view what, bool logged = false) {
   Described described;
   RETURN_IF_ERROR(
-      logged ? Logged(cluster, method, request, &described.info, what)
-             : Control(cluster, method, request, &described.info, what));
+      Control(cluster, method, request, &described.info, what, logged));
   ASSIGN_OR_RETURN(described.metadata, MetadataOf(described.info));
   return described;
 }
@@ -651,8 +639,9 @@ absl::Status Client::Delete(const std::string& name) {
   v1::DeleteTensorRequest request;
   request.set_name(name);
   v1::DeleteTensorResponse response;
-  return Logged(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
-                &response, absl::StrCat("deleting tensor ", name));
+  return Control(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
+                 &response, absl::StrCat("deleting tensor ", name),
+                 /*logged=*/true);
 }
 
 absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
@@ -700,9 +689,10 @@ absl::StatusOr<std::vector<std::string>> Client::Save(
   request.set_overwrite(overwrite);
   for (const std::string& name : names) request.add_names(name);
   v1::SaveCheckpointResponse response;
-  RETURN_IF_ERROR(Logged(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
-                         request, &response,
-                         absl::StrCat("saving a checkpoint to ", path)));
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
+                          request, &response,
+                          absl::StrCat("saving a checkpoint to ", path),
+                          /*logged=*/true));
   return std::vector<std::string>(response.names().begin(),
                                   response.names().end());
 }
@@ -710,9 +700,10 @@ absl::StatusOr<std::vector<std::string>> Client::Save(
 absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
     const v1::LoadCheckpointRequest& request) {
   v1::LoadCheckpointResponse response;
-  RETURN_IF_ERROR(Logged(
+  RETURN_IF_ERROR(Control(
       *cluster_, &v1::ControlService::Stub::LoadCheckpoint, request, &response,
-      absl::StrCat("loading the checkpoint ", request.path())));
+      absl::StrCat("loading the checkpoint ", request.path()),
+      /*logged=*/true));
   std::vector<ShardedTensorView> views;
   for (v1::TensorInfo& info : *response.mutable_tensors()) {
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(info));
