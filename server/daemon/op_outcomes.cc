@@ -37,6 +37,14 @@ void Trim(std::deque<std::string>& order, Map& map) {
   }
 }
 
+// The bytes a kept result holds.
+size_t ResultBytes(const OpResult& result) {
+  size_t bytes = result.info.ByteSizeLong();
+  for (const std::string& name : result.names) bytes += name.size();
+  for (const v1::TensorInfo& info : result.infos) bytes += info.ByteSizeLong();
+  return bytes;
+}
+
 }  // namespace
 
 bool OpOutcomes::Remembers(const v1::ControlOp& op) {
@@ -116,17 +124,48 @@ void OpOutcomes::Committed(const v1::ControlOp& op, int64_t n,
   record.committed.set_method(OpName(op));
   record.committed.set_tensor(OpTensor(op));
   record.committed.set_tensor_id(TensorIdOf(op, result));
-  OpResult kept;
-  kept.info = result.info;
-  kept.names = result.names;
-  kept.infos = result.infos;
-  record.result = std::move(kept);
+  record.result_bytes = ResultBytes(result);
+  if (record.result_bytes <= kRememberedResultBytes) {
+    OpResult kept;
+    kept.info = result.info;
+    kept.names = result.names;
+    kept.infos = result.infos;
+    record.result = std::move(kept);
+  } else {
+    record.result_bytes = 0;
+  }
   absl::MutexLock lock(&mu_);
   failed_.erase(op.client_request_id());
-  auto [it, added] =
-      committed_.insert_or_assign(op.client_request_id(), std::move(record));
-  if (added) committed_order_.push_back(op.client_request_id());
-  Trim(committed_order_, committed_);
+  auto it = committed_.find(op.client_request_id());
+  if (it != committed_.end()) {
+    result_bytes_ -= it->second.result_bytes;
+    it->second = std::move(record);
+  } else {
+    committed_.emplace(op.client_request_id(), std::move(record));
+    committed_order_.push_back(op.client_request_id());
+  }
+  result_bytes_ += committed_.at(op.client_request_id()).result_bytes;
+  TrimLocked();
+}
+
+void OpOutcomes::TrimLocked() {
+  while (committed_order_.size() > kRememberedOps) {
+    auto it = committed_.find(committed_order_.front());
+    if (it != committed_.end()) {
+      result_bytes_ -= it->second.result_bytes;
+      committed_.erase(it);
+    }
+    committed_order_.pop_front();
+  }
+  // Results go oldest first; the records stay (retries are still told).
+  for (auto id = committed_order_.begin();
+       result_bytes_ > kRememberedResultBytes && id != committed_order_.end();
+       ++id) {
+    Record& record = committed_.at(*id);
+    result_bytes_ -= record.result_bytes;
+    record.result_bytes = 0;
+    record.result.reset();
+  }
 }
 
 void OpOutcomes::Failed(const v1::ControlOp& op, int64_t n,
@@ -178,13 +217,18 @@ void OpOutcomes::Adopt(
     if (mine != committed_.end() &&
         mine->second.committed.log_entry() == committed.log_entry()) {
       record.result = std::move(mine->second.result);
+      record.result_bytes = mine->second.result_bytes;
     }
     order.push_back(committed.client_request_id());
     adopted.emplace(committed.client_request_id(), std::move(record));
   }
   committed_ = std::move(adopted);
   committed_order_ = std::move(order);
-  Trim(committed_order_, committed_);
+  result_bytes_ = 0;
+  for (const auto& [id, record] : committed_) {
+    result_bytes_ += record.result_bytes;
+  }
+  TrimLocked();
   for (const std::string& id : committed_order_) failed_.erase(id);
 }
 

@@ -3,13 +3,15 @@
 // "Retries and request ids").
 //
 // Committed ops: the last kRememberedOps that committed, by request id, in
-// log order. Every daemon records the same ones (each runs every entry and
-// the commit is agreed) and adopts the lowest-ranked veteran's list when
-// the group forms (Membership::JoinInStep), so every daemon decides alike
-// whether an entry is a retry: an entry whose id committed already is not
-// run again, and its coordinator answers with the first outcome. The
-// result is kept where the op ran; a daemon that adopted the record
-// answers a retried create or reshard with the tensor as it is now (same
+// log order. Their results (what a retry is answered with) are kept up to
+// kRememberedResultBytes in all, the newest first; a record whose result
+// went answers as one adopted from another daemon (below). Every daemon records
+// the same ones (each runs every entry and the commit is agreed) and adopts the
+// lowest-ranked veteran's list when the group forms (Membership::JoinInStep),
+// so every daemon decides alike whether an entry is a retry: an entry whose id
+// committed already is not run again, and its coordinator answers with the
+// first outcome. The result is kept where the op ran; a daemon that adopted the
+// record answers a retried create or reshard with the tensor as it is now (same
 // tensor id), and otherwise FAILED_PRECONDITION saying the op committed.
 // The same id with another request is INVALID_ARGUMENT, on every daemon.
 //
@@ -47,6 +49,9 @@ namespace tessera::control_internal {
 // How many committed (and, apart, failed) ops are remembered: a retry
 // later than this many commits runs again.
 inline constexpr size_t kRememberedOps = 4096;
+// The most bytes of results kept for retries (a create of a million shards
+// answers with megabytes of metadata).
+inline constexpr size_t kRememberedResultBytes = size_t{64} << 20;
 
 // What a retried op is answered with.
 struct Replayed {
@@ -95,7 +100,11 @@ class OpOutcomes {
   struct Record {
     v1::CommittedOp committed;
     std::optional<OpResult> result;  // Where this daemon ran it.
+    size_t result_bytes = 0;
   };
+  // Drops the oldest records beyond kRememberedOps and the oldest results
+  // beyond kRememberedResultBytes.
+  void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to a retry of `record` on a daemon that did not run it.
   Replayed WithoutResult(const v1::CommittedOp& record) const;
 
@@ -103,6 +112,7 @@ class OpOutcomes {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Record> committed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> committed_order_ ABSL_GUARDED_BY(mu_);
+  size_t result_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, v1::OperationStatus> failed_
       ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);
