@@ -581,6 +581,19 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
                            std::move(created.metadata));
 }
 
+absl::string_view OperationStateName(v1::OperationStatus::State state) {
+  switch (state) {
+    case v1::OperationStatus::STATE_COMMITTED:
+      return "committed";
+    case v1::OperationStatus::STATE_FAILED:
+      return "failed";
+    case v1::OperationStatus::STATE_PENDING:
+      return "pending";
+    default:
+      return "unknown";
+  }
+}
+
 absl::StatusOr<v1::OperationStatus> Client::Operation(
     const std::string& request_id) const {
   v1::GetOperationRequest request;

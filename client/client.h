@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/remote_shard.h"
@@ -191,6 +192,10 @@ class ShardedTensorView {
   v1::TensorInfo info_;
   ShardedTensorMetadata metadata_;
 };
+
+// "committed", "failed", "pending" or "unknown" (also for
+// STATE_UNSPECIFIED), as `tessera op` and Python's Client.operation say it.
+absl::string_view OperationStateName(v1::OperationStatus::State state);
 
 class Client {
  public:

@@ -14,19 +14,6 @@ namespace {
 
 constexpr absl::string_view kOpCommand = "op";
 
-absl::string_view StateName(v1::OperationStatus::State state) {
-  switch (state) {
-    case v1::OperationStatus::STATE_COMMITTED:
-      return "committed";
-    case v1::OperationStatus::STATE_FAILED:
-      return "failed";
-    case v1::OperationStatus::STATE_PENDING:
-      return "pending";
-    default:
-      return "unknown";
-  }
-}
-
 // "CreateTensor 'w', log entry 17", or what of it is known.
 std::string What(const v1::OperationStatus& status) {
   std::string what = status.method();
@@ -45,7 +32,7 @@ std::string What(const v1::OperationStatus& status) {
 std::string FormatOperation(const v1::OperationStatus& status) {
   const std::string what = What(status);
   const std::string head = absl::StrCat(
-      "request ", status.request_id(), ": ", StateName(status.state()),
+      "request ", status.request_id(), ": ", OperationStateName(status.state()),
       what.empty() ? "" : absl::StrCat(" (", what, ")"));
   switch (status.state()) {
     case v1::OperationStatus::STATE_COMMITTED:
@@ -88,7 +75,7 @@ int RunOp(const OpOptions& options, const CommandContext& context) {
   if (options.json) {
     nlohmann::ordered_json json = {
         {"request_id", status->request_id()},
-        {"state", StateName(status->state())},
+        {"state", OperationStateName(status->state())},
         {"method", status->method()},
         {"tensor", status->tensor()},
         {"log_entry", status->log_entry()},

@@ -134,26 +134,11 @@ class PyClient {
 
   // (state, method, tensor, log entry, code, message) of a request id;
   // state is "committed", "failed", "pending" or "unknown".
-  std::tuple<std::string, std::string, std::string, int64_t, int,
-             std::string>
+  std::tuple<std::string, std::string, std::string, int64_t, int, std::string>
   Operation(const std::string& request_id) const {
     const v1::OperationStatus status =
         Check(WithoutGil([&] { return client_->Operation(request_id); }));
-    std::string state = "unknown";
-    switch (status.state()) {
-      case v1::OperationStatus::STATE_COMMITTED:
-        state = "committed";
-        break;
-      case v1::OperationStatus::STATE_FAILED:
-        state = "failed";
-        break;
-      case v1::OperationStatus::STATE_PENDING:
-        state = "pending";
-        break;
-      default:
-        break;
-    }
-    return {state,
+    return {std::string(OperationStateName(status.state())),
             status.method(),
             status.tensor(),
             status.log_entry(),

@@ -152,19 +152,18 @@ absl::StatusOr<v1::OperationStatus> Core::Operation(
                      "' is not a request id (1 to ", kMaxRequestIdBytes,
                      " of A-Z a-z 0-9 . _ : -)"));
   }
-  // A call waiting here first: a retry of it may have committed meanwhile
-  // on another coordinator, but this one is still to be answered.
-  if (std::optional<v1::OperationStatus> found = outcomes_.Find(request_id);
-      found.has_value() &&
+  // A commit is final (a retry that committed through another daemon
+  // settles a call still waiting here); else a call waiting here; else a
+  // failure, which a retry may still turn into a commit.
+  std::optional<v1::OperationStatus> found = outcomes_.Find(request_id);
+  if (found.has_value() &&
       found->state() == v1::OperationStatus::STATE_COMMITTED) {
     return *std::move(found);
   }
   if (std::optional<v1::OperationStatus> pending = log_.Pending(request_id)) {
     return *std::move(pending);
   }
-  if (std::optional<v1::OperationStatus> found = outcomes_.Find(request_id)) {
-    return *std::move(found);
-  }
+  if (found.has_value()) return *std::move(found);
   v1::OperationStatus unknown;
   unknown.set_request_id(request_id);
   unknown.set_state(v1::OperationStatus::STATE_UNKNOWN);
