@@ -4,7 +4,6 @@
 #include <atomic>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,7 +44,7 @@ class Cluster {
         (!IsValidRequestId(options.request_id) ||
          options.request_id.size() > kMaxClientRequestIdBytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "request id '", absl::CEscape(options.request_id), "': 1 to ",
+          "request id ", QuotedRequestId(options.request_id), ": 1 to ",
           kMaxClientRequestIdBytes, " of A-Z a-z 0-9 . _ : -"));
     }
     auto cluster = std::shared_ptr<Cluster>(new Cluster(options));

@@ -1,6 +1,8 @@
 #include "wire/request_id.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/nonce.h"
 
@@ -10,6 +12,14 @@ std::string NewRequestId() { return absl::StrFormat("r-%016x", RandomNonce()); }
 
 void SetRequestId(grpc::ClientContext& context, const std::string& id) {
   context.AddMetadata(kRequestIdKey, id);
+}
+
+std::string QuotedRequestId(absl::string_view id) {
+  if (id.size() <= kMaxRequestIdBytes) {
+    return absl::StrCat("'", absl::CEscape(id), "'");
+  }
+  return absl::StrCat("'", absl::CEscape(id.substr(0, kMaxRequestIdBytes)),
+                      "...' (", id.size(), " bytes)");
 }
 
 bool IsValidRequestId(absl::string_view id) {

@@ -29,6 +29,11 @@ inline constexpr size_t kMaxRequestIdBytes = 80;
 // Whether daemons accept `id` (see kMaxRequestIdBytes).
 bool IsValidRequestId(absl::string_view id);
 
+// `id` as an error message quotes it: escaped, in single quotes, and cut
+// after kMaxRequestIdBytes ("..." and its size), so that a huge or
+// binary id a caller sent is not echoed whole.
+std::string QuotedRequestId(absl::string_view id);
+
 // A new random id ("r-" and 16 hex digits).
 std::string NewRequestId();
 

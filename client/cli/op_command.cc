@@ -63,8 +63,8 @@ int RunOp(const OpOptions& options, const CommandContext& context) {
     return context.ReportUserError(
         kOpCommand,
         absl::InvalidArgumentError(absl::StrCat(
-            "'", absl::CEscape(options.request_id),
-            "' is not a request id (1 to 80 of A-Z a-z 0-9 . _ : -)")));
+            QuotedRequestId(options.request_id), " is not a request id (1 to ",
+            kMaxRequestIdBytes, " of A-Z a-z 0-9 . _ : -)")));
   }
   absl::StatusOr<std::shared_ptr<Client>> client =
       ConnectToCluster(options.connection);

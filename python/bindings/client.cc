@@ -60,9 +60,9 @@ class PyClient {
     if (timeout > 0) options.timeout = absl::Seconds(timeout);
     if (!request_id.empty() && (!IsValidRequestId(request_id) ||
                                 request_id.size() > kMaxClientRequestIdBytes)) {
-      Check(absl::InvalidArgumentError(
-          absl::StrCat("request_id '", request_id,
-                       "' is not 1 to 64 of A-Z a-z 0-9 . _ : -")));
+      Check(absl::InvalidArgumentError(absl::StrCat(
+          "request_id ", QuotedRequestId(request_id), " is not 1 to ",
+          kMaxClientRequestIdBytes, " of A-Z a-z 0-9 . _ : -")));
     }
     options.request_id = request_id;
     absl::StatusOr<std::shared_ptr<Client>> client =

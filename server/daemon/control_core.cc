@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/nonce.h"
 #include "common/status_macros.h"
@@ -148,8 +147,8 @@ absl::StatusOr<v1::OperationStatus> Core::Operation(
   RETURN_IF_ERROR(Accepting());
   if (!IsValidRequestId(request_id)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("GetOperation: '", absl::CEscape(request_id),
-                     "' is not a request id (1 to ", kMaxRequestIdBytes,
+        absl::StrCat("GetOperation: ", QuotedRequestId(request_id),
+                     " is not a request id (1 to ", kMaxRequestIdBytes,
                      " of A-Z a-z 0-9 . _ : -)"));
   }
   // A commit is final (a retry that committed through another daemon
