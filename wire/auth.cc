@@ -20,6 +20,7 @@
 #include "io/file.h"
 #include "io/socket.h"
 #include "wire/credentials.h"
+#include "wire/openssl_init.h"
 #include "wire/user_token.h"
 
 namespace tessera {
@@ -62,6 +63,7 @@ constexpr MethodRole kMethodRoles[] = {
 };
 
 std::array<unsigned char, 32> Digest(absl::string_view token) {
+  InitOpenssl();
   std::array<unsigned char, 32> digest;
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(),
          digest.data());

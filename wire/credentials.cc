@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "io/file.h"
+#include "wire/openssl_init.h"
 
 namespace tessera {
 namespace {
@@ -49,6 +50,7 @@ std::string Getenv(const char* name) {
 
 std::shared_ptr<grpc::experimental::CertificateProviderInterface> Provider(
     const TlsConfig& config) {
+  InitOpenssl();  // before gRPC first uses it
   return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       config.key_file, config.cert_file, config.ca_file,
       static_cast<unsigned int>(std::max(config.refresh_seconds, 1)));

@@ -19,6 +19,7 @@
 #include "io/file.h"
 #include "io/socket.h"
 #include "wire/chunk_codec.h"
+#include "wire/openssl_init.h"
 
 namespace tessera {
 namespace {
@@ -107,6 +108,7 @@ std::string TlsContext::Fingerprint() const {
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContext::Build() const {
+  InitOpenssl();
   ERR_clear_error();
   std::shared_ptr<SSL_CTX> ctx(
       SSL_CTX_new(server_ ? TLS_server_method() : TLS_client_method()),

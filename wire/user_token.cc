@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "io/file.h"
 #include "io/owner_only.h"
+#include "wire/openssl_init.h"
 
 namespace tessera {
 
@@ -46,6 +47,7 @@ std::string ParentOf(const std::string& path) {
 
 absl::StatusOr<std::string> NewTokenLine() {
   unsigned char random[32];
+  InitOpenssl();
   if (RAND_bytes(random, sizeof(random)) != 1) {
     return absl::InternalError("the system's random source failed");
   }
