@@ -157,20 +157,27 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
   return socket;
 }
 
-absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host) {
+absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host,
+                                                   int port) {
   UniqueFd socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!socket.valid()) return Errno("socket");
   int one = 1;
   setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data plane needs an IPv4 address to listen on, got ", host));
   }
   socklen_t len = sizeof(addr);
-  if (bind(socket.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(socket.get(), 128) != 0 ||
+  if (bind(socket.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    const int error = errno;
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", JoinHostPort(host, port), ": ",
+        std::strerror(error), error == EADDRINUSE ? " (port in use)" : ""));
+  }
+  if (listen(socket.get(), 128) != 0 ||
       getsockname(socket.get(), reinterpret_cast<sockaddr*>(&addr), &len) !=
           0) {
     return Errno(absl::StrCat("listening on ", host));

@@ -41,8 +41,10 @@ std::string JoinHostPort(absl::string_view host, int port);
 // Connects to "host:port" (IPv4 or a resolvable name).
 absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
                                     absl::Time deadline);
-// Listens on `host`:0 (an ephemeral port); returns the socket and port.
-absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host);
+// Listens on `host`:`port` (0: an ephemeral port); returns the socket and
+// the port. A port in use is UNAVAILABLE naming host:port and "port in use".
+absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host,
+                                                   int port = 0);
 
 // DEADLINE_EXCEEDED "<what>: deadline exceeded" once `deadline` has passed,
 // else OK. Transfers call it before each system call, not only before they

@@ -540,6 +540,21 @@ DaemonSettingTable DaemonSettings(const DaemonEnvironment& env) {
           absl::StrCat(kDefaultBasePort, " + local rank"))
       .Help("PORT", "gRPC port; 0 picks a free one")
       .Int(&DaemonOptions::port, 0, kMaxPort);
+  table.Add("--data-port", &DaemonFlags::data_port)
+      .Default("0")
+      .Help("PORT",
+            "the data plane's TCP port, on --host: name it where a firewall "
+            "or a job's port range must let clients in; 0 picks a free one "
+            "(every client learns it from the daemon)")
+      .Int(&DaemonOptions::data_port, 0, kMaxPort)
+      .Check([](absl::string_view source, const DaemonOptions& options) {
+        if (options.data_port == 0 || options.data_port != options.port) {
+          return absl::OkStatus();
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            source,
+            " is --port's too: the data plane needs a port of its own"));
+      });
   table.Add("--advertise-host", &DaemonFlags::advertise_host)
       .DefaultNote(
           "--host if specific, 127.0.0.1 for a loopback master, else this "

@@ -109,6 +109,8 @@ struct DaemonOptions {
   // The gRPC server (and data plane) listen on host:port; port 0 picks one.
   std::string host;
   int port = 0;
+  // The data plane's port on `host` (--data-port); 0 picks a free one.
+  int data_port = 0;
   // What peers and clients dial; never empty once resolved.
   std::string advertise_host;
   Device device;
@@ -180,10 +182,10 @@ struct DaemonOptions {
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, store, store_tls_ca, store_tls_cert,
-      store_tls_key, host, port, advertise_host, device, timeout, store_timeout,
-      shutdown_grace, lease, address_file, log_level, log_format, memory_limit,
-      tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file, reflection,
-      metrics_port, metrics_host, metrics_address_file;
+      store_tls_key, host, port, data_port, advertise_host, device, timeout,
+      store_timeout, shutdown_grace, lease, address_file, log_level, log_format,
+      memory_limit, tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file,
+      reflection, metrics_port, metrics_host, metrics_address_file;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

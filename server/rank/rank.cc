@@ -192,6 +192,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
 
   ShardServerOptions server_options;
   server_options.listen_address = options.listen_address;
+  server_options.data_port = options.data_port;
   server_options.advertise_host = options.advertise_host;
   server_options.fallback_host = options_.hostname;
   server_options.chunk_bytes = options.chunk_bytes;

@@ -84,6 +84,8 @@ struct RpcOptions {
   // Where the shard server listens; port 0 picks a free one. The address
   // published for peers uses `advertise_host` (default: the listen host).
   std::string listen_address = "127.0.0.1:0";
+  // The data plane's port, on the same host; 0 picks a free one.
+  int data_port = 0;
   std::string advertise_host;
   // Default chunk size of fetches served by this rank. A chunk is hashed
   // before it is sent and after it arrives, so chunks must be small enough

@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   if (registry == nullptr) {
     return absl::InvalidArgumentError("DataPlaneServer needs a registry");
   }
-  ASSIGN_OR_RETURN(auto listening, ListenTcp(host));
+  ASSIGN_OR_RETURN(auto listening, ListenTcp(host, options.port));
   std::unique_ptr<DataPlaneServer> server(new DataPlaneServer(
       host, listening.second, std::move(registry), options));
   ASSIGN_OR_RETURN(

@@ -65,6 +65,8 @@ namespace tessera {
 
 struct DataPlaneServerOptions {
   ShardServiceOptions chunks;
+  // The TCP port to listen on; 0: one the kernel picks.
+  int port = 0;
   // Longest wait for one read or write in the middle of a request.
   absl::Duration io_timeout = absl::Seconds(60);
   // How long a connection may sit between requests.
@@ -81,7 +83,8 @@ struct DataPlaneServerOptions {
 
 class DataPlaneServer {
  public:
-  // Listens on `host` (an IPv4 address), port chosen by the kernel.
+  // Listens on `host` (an IPv4 address) and options.port (0: one chosen by
+  // the kernel); a port in use is UNAVAILABLE ("port in use").
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
       const std::string& host, std::shared_ptr<ShardRegistry> registry,
       DataPlaneServerOptions options = {});

@@ -36,8 +36,9 @@ namespace tessera {
 
 struct ShardServerOptions {
   // Where the gRPC server listens; port 0 picks a free one. The data plane
-  // listens on the same host.
+  // listens on the same host, on `data_port` (0: a free one).
   std::string listen_address = "127.0.0.1:0";
+  int data_port = 0;
   // The host peers dial (address()); empty: the listen host, or
   // `fallback_host` when that is a wildcard (0.0.0.0, [::]).
   std::string advertise_host;

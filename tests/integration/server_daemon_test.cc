@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec_text.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -145,15 +146,88 @@ class ServerDaemonTest : public ::testing::Test {
     return ExitCode(*status);
   }
 
-  std::unique_ptr<DaemonCluster> StartCluster(int world_size) {
+  std::unique_ptr<DaemonCluster> StartCluster(
+      int world_size, std::vector<std::string> extra_args = {}) {
     DaemonClusterOptions options;
     options.world_size = world_size;
     options.server_path = TESSERA_SERVER_PATH;
+    options.extra_args = std::move(extra_args);
     options.start_timeout = absl::Seconds(30);
     absl::StatusOr<std::unique_ptr<DaemonCluster>> cluster =
         DaemonCluster::Start(options);
     EXPECT_OK(cluster.status());
     return cluster.ok() ? *std::move(cluster) : nullptr;
+  }
+
+  // A uint8 tensor of `bytes` zeros in one shard on rank 0.
+  static absl::StatusOr<v1::TensorInfo> CreateZeros(const std::string& address,
+                                                    int64_t bytes) {
+    auto control = v1::ControlService::NewStub(CreateTesseraChannel(address));
+    v1::CreateTensorRequest create;
+    create.set_name("zeros");
+    create.add_sizes(bytes);
+    create.set_dtype(v1::DTYPE_UINT8);
+    create.set_init(v1::INIT_KIND_ZEROS);
+    ASSIGN_OR_RETURN(ShardingSpec spec,
+                     ParseShardingSpec("chunk:dim=0:rank:0/cpu"));
+    *create.mutable_spec() = ToProto(spec);
+    v1::TensorInfo tensor;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    grpc::Status status = control->CreateTensor(&context, create, &tensor);
+    if (!status.ok()) return absl::InternalError(status.error_message());
+    return tensor;
+  }
+
+  // A data-plane fetch of shard 0 of `tensor` from the daemon at `address`
+  // (whose data plane is `data_address`), with this user's token: the
+  // socket, after the reply's header, which the fetch must have accepted.
+  static absl::StatusOr<UniqueFd> StartFetch(const std::string& address,
+                                             const std::string& data_address,
+                                             const v1::TensorInfo& tensor,
+                                             int64_t bytes,
+                                             absl::Time deadline) {
+    ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(data_address, deadline));
+    RETURN_IF_ERROR(WriteFull(socket.get(), kDataPlaneTokenMagic.data(),
+                              kDataPlaneTokenMagic.size(), deadline));
+    ASSIGN_OR_RETURN(const std::string token, ProcessTokenFor(address));
+    RETURN_IF_ERROR(WriteFrame(socket.get(), token, deadline));
+    v1::FetchShardRequest request;
+    request.set_tensor_id(tensor.tensor_id());
+    request.set_shard_index(0);
+    RETURN_IF_ERROR(
+        WriteFrame(socket.get(), request.SerializeAsString(), deadline));
+    ASSIGN_OR_RETURN(std::string frame, ReadFrame(socket.get(), deadline));
+    v1::BulkFetchReply reply;
+    if (!reply.ParseFromString(frame) || reply.code() != 0 ||
+        reply.header().total_bytes() != bytes) {
+      return absl::InternalError(
+          absl::StrCat("fetch refused: ", reply.ShortDebugString()));
+    }
+    return socket;
+  }
+
+  // Reads the `bytes` of a fetch started by StartFetch, checking that its
+  // chunks come in order.
+  static absl::Status FinishFetch(int socket, int64_t bytes,
+                                  absl::Time deadline) {
+    int64_t received = 0;
+    std::string payload;
+    char prefix[kDataPlaneChunkPrefixBytes];
+    while (received < bytes) {
+      RETURN_IF_ERROR(ReadFull(socket, prefix, sizeof(prefix), deadline));
+      const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
+      const uint64_t length = static_cast<uint64_t>(chunk.length);
+      if (chunk.offset != received || length == 0) {
+        return absl::InternalError(absl::StrCat("chunk at ", chunk.offset,
+                                                " of ", length, " bytes after ",
+                                                received));
+      }
+      payload.resize(length);
+      RETURN_IF_ERROR(ReadFull(socket, payload.data(), length, deadline));
+      received += static_cast<int64_t>(length);
+    }
+    return absl::OkStatus();
   }
 
   std::string dir_;
@@ -217,43 +291,15 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
   // A shard bigger than the loopback socket buffers, so that serving it
   // blocks until the client reads.
   constexpr int64_t kBytes = int64_t{64} << 20;
-  auto control = v1::ControlService::NewStub(CreateTesseraChannel(address));
-  v1::CreateTensorRequest create;
-  create.set_name("big");
-  create.add_sizes(kBytes);
-  create.set_dtype(v1::DTYPE_UINT8);
-  create.set_init(v1::INIT_KIND_ZEROS);
-  ASSERT_OK_AND_ASSIGN(ShardingSpec spec,
-                       ParseShardingSpec("chunk:dim=0:rank:0/cpu"));
-  *create.mutable_spec() = ToProto(spec);
-  v1::TensorInfo tensor;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    grpc::Status status = control->CreateTensor(&context, create, &tensor);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-  }
+  ASSERT_OK_AND_ASSIGN(v1::TensorInfo tensor, CreateZeros(address, kBytes));
   ASSERT_OK_AND_ASSIGN(v1::ClusterInfo info, GetCluster(address));
   ASSERT_THAT(info.workers(), SizeIs(1));
 
   // A data-plane fetch, left unread after its header.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   ASSERT_OK_AND_ASSIGN(UniqueFd socket,
-                       ConnectTcp(info.workers(0).data_address(), deadline));
-  // With this user's token (the daemon was started without credentials).
-  ASSERT_OK(WriteFull(socket.get(), kDataPlaneTokenMagic.data(),
-                      kDataPlaneTokenMagic.size(), deadline));
-  ASSERT_OK_AND_ASSIGN(const std::string token, ProcessTokenFor(address));
-  ASSERT_OK(WriteFrame(socket.get(), token, deadline));
-  v1::FetchShardRequest request;
-  request.set_tensor_id(tensor.tensor_id());
-  request.set_shard_index(0);
-  ASSERT_OK(WriteFrame(socket.get(), request.SerializeAsString(), deadline));
-  ASSERT_OK_AND_ASSIGN(std::string frame, ReadFrame(socket.get(), deadline));
-  v1::BulkFetchReply reply;
-  ASSERT_TRUE(reply.ParseFromString(frame));
-  ASSERT_EQ(reply.code(), 0) << reply.message();
-  ASSERT_EQ(reply.header().total_bytes(), kBytes);
+                       StartFetch(address, info.workers(0).data_address(),
+                                  tensor, kBytes, deadline));
   absl::SleepFor(absl::Milliseconds(100));
 
   cluster->daemon(0).Signal(SIGTERM);
@@ -261,23 +307,47 @@ TEST_F(ServerDaemonTest, SigtermLetsARunningFetchFinish) {
   // Draining: still alive for the fetch, but refusing new calls.
   EXPECT_TRUE(cluster->daemon(0).running()) << cluster->Log(0);
   EXPECT_NE(CheckHealth(address).value_or(kUnknown), kServing);
-  int64_t received = 0;
-  std::string payload;
-  char prefix[kDataPlaneChunkPrefixBytes];
-  while (received < kBytes) {
-    ASSERT_OK(ReadFull(socket.get(), prefix, sizeof(prefix), deadline))
-        << "after " << received << " bytes";
-    const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
-    const uint64_t length = static_cast<uint64_t>(chunk.length);
-    ASSERT_EQ(chunk.offset, received);
-    ASSERT_GT(length, 0u);
-    payload.resize(length);
-    ASSERT_OK(ReadFull(socket.get(), payload.data(), length, deadline));
-    received += static_cast<int64_t>(length);
-  }
+  ASSERT_OK(FinishFetch(socket.get(), kBytes, deadline));
   std::optional<int> status = cluster->daemon(0).WaitFor(absl::Seconds(5));
   ASSERT_TRUE(status.has_value()) << cluster->Log(0);
   EXPECT_EQ(ExitCode(*status), 0) << cluster->Log(0);
+}
+
+// --data-port: the data plane listens where it is told, the daemon
+// publishes that address, shard bytes move through it; a port in use
+// exits 1 at once, naming it.
+TEST_F(ServerDaemonTest, ANamedDataPortIsServedAndPublished) {
+  ASSERT_OK_AND_ASSIGN(const int data_port, PickFreePort());
+  std::unique_ptr<DaemonCluster> cluster =
+      StartCluster(1, {"--data-port", absl::StrCat(data_port)});
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->address(0);
+  const std::string data_address = absl::StrCat("127.0.0.1:", data_port);
+  ASSERT_OK_AND_ASSIGN(v1::ClusterInfo info, GetCluster(address));
+  ASSERT_THAT(info.workers(), SizeIs(1));
+  EXPECT_EQ(info.workers(0).data_address(), data_address);
+  EXPECT_THAT(cluster->Log(0), HasSubstr(absl::StrCat("(data ", data_address)));
+
+  constexpr int64_t kBytes = int64_t{3} << 20;
+  ASSERT_OK_AND_ASSIGN(v1::TensorInfo tensor, CreateZeros(address, kBytes));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(UniqueFd socket, StartFetch(address, data_address,
+                                                   tensor, kBytes, deadline));
+  EXPECT_OK(FinishFetch(socket.get(), kBytes, deadline));
+
+  ASSERT_OK_AND_ASSIGN(Subprocess second,
+                       Spawn({"--rank", "0", "--world-size", "1", "--host",
+                              "127.0.0.1", "--port", "0", "--data-port",
+                              absl::StrCat(data_port), "--device", "cpu"}));
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(ExitWithin(second, absl::Seconds(10)), 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(ErrorLines(second.LogTail()),
+              ElementsAre(HasSubstr(
+                  absl::StrCat("cannot listen on ", data_address,
+                               ": Address already in use (port in use)"))))
+      << second.LogTail();
+  EXPECT_EQ(CheckHealth(address).value_or(kUnknown), kServing);
 }
 
 TEST_F(ServerDaemonTest, AddressFileIsWrittenOnceServing) {

@@ -397,6 +397,27 @@ TEST_F(DaemonOptionsTest, MetricsEndpoint) {
                        "--metrics-address-file needs --metrics-port"));
 }
 
+// --data-port: a free one unless named; never --port's own.
+TEST_F(DaemonOptionsTest, DataPort) {
+  DaemonFlags flags = RankOf(0, 1);
+  ASSERT_OK_AND_ASSIGN(DaemonOptions any, Resolve(flags));
+  EXPECT_EQ(any.data_port, 0);
+  flags.data_port = "29700";
+  ASSERT_OK_AND_ASSIGN(DaemonOptions named, Resolve(flags));
+  EXPECT_EQ(named.data_port, 29700);
+  flags.data_port = "65536";
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--data-port must be in [0, 65535], got 65536"));
+  flags.data_port = "29600";  // --port's default for local rank 0
+  EXPECT_THAT(Resolve(flags),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the data plane needs a port of its own")));
+  flags.port = "0";
+  flags.data_port = "0";
+  EXPECT_OK(Resolve(flags).status());
+}
+
 TEST_F(DaemonOptionsTest, LogFormat) {
   DaemonFlags flags = RankOf(0, 1);
   ASSERT_OK_AND_ASSIGN(DaemonOptions text, Resolve(flags));
