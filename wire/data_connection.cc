@@ -6,6 +6,7 @@
 #include <openssl/x509v3.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -40,6 +41,43 @@ absl::Status Invalid(absl::string_view what) {
 }
 
 void FreeContext(SSL_CTX* ctx) { SSL_CTX_free(ctx); }
+
+// OpenSSL's socket BIO writes with write(2), so a peer that closed the
+// connection raised SIGPIPE, which kills a client process that does not
+// ignore it (the daemons do; a C++ or Python program need not). This
+// method is that BIO with its write made by send(2) with MSG_NOSIGNAL:
+// the peer's close is EPIPE, an error like any other. Everything else
+// (reads, the descriptor's controls) is OpenSSL's socket BIO's own.
+int SendWithoutSigpipe(BIO* bio, const char* data, int size) {
+  int fd = -1;
+  BIO_get_fd(bio, &fd);
+  errno = 0;
+  const ssize_t n = ::send(fd, data, static_cast<size_t>(size), MSG_NOSIGNAL);
+  BIO_clear_retry_flags(bio);
+  if (n <= 0 && BIO_sock_should_retry(static_cast<int>(n))) {
+    BIO_set_retry_write(bio);
+  }
+  return static_cast<int>(n);
+}
+
+const BIO_METHOD* SocketWithoutSigpipe() {
+  static const BIO_METHOD* const method = [] {
+    const BIO_METHOD* socket = BIO_s_socket();
+    BIO_METHOD* made = BIO_meth_new(
+        BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+        "socket without SIGPIPE");
+    if (made == nullptr || BIO_meth_set_write(made, SendWithoutSigpipe) != 1 ||
+        BIO_meth_set_read(made, BIO_meth_get_read(socket)) != 1 ||
+        BIO_meth_set_puts(made, BIO_meth_get_puts(socket)) != 1 ||
+        BIO_meth_set_ctrl(made, BIO_meth_get_ctrl(socket)) != 1 ||
+        BIO_meth_set_create(made, BIO_meth_get_create(socket)) != 1 ||
+        BIO_meth_set_destroy(made, BIO_meth_get_destroy(socket)) != 1) {
+      return static_cast<const BIO_METHOD*>(nullptr);
+    }
+    return static_cast<const BIO_METHOD*>(made);
+  }();
+  return method;
+}
 
 absl::Status SetNonBlocking(int fd) {
   const int flags = fcntl(fd, F_GETFL);
@@ -258,18 +296,25 @@ absl::StatusOr<int> DataConnection::Drive(Call call, absl::Time deadline,
   }
 }
 
-void DataConnection::AttachBuffer() {
+absl::Status DataConnection::AttachBuffer() {
   // Reads straight from the socket; writes through a buffer in front of
   // it, flushed when a write ends a message (WriteFull without `more`):
   // a 512 KiB chunk leaves in a few large sends instead of 32 records'
   // worth of small ones.
-  BIO* socket = BIO_new_socket(fd_, BIO_NOCLOSE);
-  BIO* buffered = BIO_new(BIO_f_buffer());
+  const BIO_METHOD* method = SocketWithoutSigpipe();
+  BIO* socket = method != nullptr ? BIO_new(method) : nullptr;
+  BIO* buffered = socket != nullptr ? BIO_new(BIO_f_buffer()) : nullptr;
+  if (buffered == nullptr) {
+    BIO_free(socket);
+    return Invalid("cannot make the data connection's TLS buffers");
+  }
+  BIO_set_fd(socket, fd_, BIO_NOCLOSE);
   BIO_set_write_buffer_size(buffered, 1 << 20);
   BIO_push(buffered, socket);
   BIO_up_ref(socket);
   SSL_set_bio(ssl_, socket, buffered);
   buffer_ = buffered;
+  return absl::OkStatus();
 }
 
 absl::Status DataConnection::Flush(absl::Time deadline) {
@@ -294,7 +339,7 @@ absl::StatusOr<DataConnection> DataConnection::Accept(int fd,
   SSL* ssl = SSL_new(context.Current().get());
   if (ssl == nullptr) return Invalid("cannot make a TLS session");
   DataConnection connection(UniqueFd(), fd, ssl);
-  connection.AttachBuffer();
+  RETURN_IF_ERROR(connection.AttachBuffer());
   RETURN_IF_ERROR(connection
                       .Drive([ssl] { return SSL_accept(ssl); }, deadline,
                              "data plane TLS handshake")
@@ -311,7 +356,7 @@ absl::StatusOr<DataConnection> DataConnection::Connect(UniqueFd fd,
   if (ssl == nullptr) return Invalid("cannot make a TLS session");
   const int raw = fd.get();
   DataConnection connection(std::move(fd), raw, ssl);
-  connection.AttachBuffer();
+  RETURN_IF_ERROR(connection.AttachBuffer());
   const bool ip = IsIpAddress(host);
   X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
   if (ip ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1

@@ -15,9 +15,11 @@
 //
 // Every read, write and handshake is bounded by an absolute deadline:
 // DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer goes away or
-// the TLS layer fails (the message carries OpenSSL's reason). A TLS
-// connection's socket is made non-blocking; InterruptSocket(fd()) still
-// interrupts a thread blocked in it.
+// the TLS layer fails (the message carries OpenSSL's reason). A peer that
+// closed the connection never raises SIGPIPE, in the clear or over TLS: a
+// client process need not ignore it. A TLS connection's socket is made
+// non-blocking; InterruptSocket(fd()) still interrupts a thread blocked in
+// it.
 //
 // Thread-safety: a TlsContext may be used from any thread; a
 // DataConnection by one thread at a time.
@@ -119,7 +121,7 @@ class DataConnection {
   absl::StatusOr<int> Drive(Call call, absl::Time deadline,
                             absl::string_view what);
   // Makes `ssl_` write through a buffer (records leave in large writes).
-  void AttachBuffer();
+  absl::Status AttachBuffer();
   // Sends what the write buffer holds.
   absl::Status Flush(absl::Time deadline);
 

@@ -5,6 +5,7 @@
 // certificate), deadlines, and a context that reloads rotated files.
 #include "wire/data_connection.h"
 
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -112,6 +113,36 @@ TEST_F(DataConnectionTest, FramesInTheClearAndOverMutualTls) {
               tt::IsOkAndHolds(big));
   tls.join();
   EXPECT_OK(handshake);
+}
+
+// A peer that closed a TLS connection is an error for the writer, not
+// SIGPIPE (whose default action would end this test's process).
+TEST_F(DataConnectionTest, WritingToAClosedTlsPeerIsAnErrorNotSigpipe) {
+  signal(SIGPIPE, SIG_DFL);
+  ASSERT_OK_AND_ASSIGN(auto server, TlsContext::ForServer(ServerConfig()));
+  absl::Status handshake;
+  std::thread closing = Serve([&](int fd) {
+    absl::StatusOr<DataConnection> accepted =
+        DataConnection::Accept(fd, *server, Soon());
+    handshake = accepted.status();
+    // Returns at once: Serve closes the socket.
+  });
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<TlsContext> context,
+                       TlsContext::ForClient(pki_->Client("ca", "client")));
+  ASSERT_OK_AND_ASSIGN(UniqueFd socket, ConnectTcp(address_, Soon()));
+  ASSERT_OK_AND_ASSIGN(DataConnection connection,
+                       DataConnection::Connect(std::move(socket), "127.0.0.1",
+                                               *context, Soon()));
+  closing.join();
+  ASSERT_OK(handshake);
+  const std::string frame(64 * 1024, 'x');
+  absl::Status written;
+  for (int i = 0; i < 100 && written.ok(); ++i) {
+    written = connection.WriteFrame(frame, Soon());
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(written, tt::StatusIs(absl::StatusCode::kUnavailable,
+                                    ::testing::HasSubstr("send")));
 }
 
 TEST_F(DataConnectionTest, StrangersAndWrongNamesAreRefused) {
