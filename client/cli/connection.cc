@@ -16,25 +16,63 @@
 #include "wire/request_id.h"
 
 namespace tessera::cli {
+namespace {
+
+constexpr char kAddressHelp[] =
+    "Any daemon of the cluster, HOST:PORT (default: $TESSERA_ADDRESS, else "
+    "127.0.0.1:29600)";
+constexpr char kTlsCaHelp[] =
+    "PEM root certificates that verify the daemons, which then speak TLS "
+    "(default: $TESSERA_TLS_CA; none: plaintext)";
+constexpr char kTlsCertHelp[] =
+    "PEM certificate this client presents to daemons that require mutual "
+    "TLS, with --tls-key (default: $TESSERA_TLS_CERT)";
+constexpr char kTlsKeyHelp[] =
+    "PEM private key of --tls-cert (default: $TESSERA_TLS_KEY)";
+constexpr char kTokenFileHelp[] =
+    "File whose token (the first word of its first line that is not a "
+    "comment) every call presents (default: $TESSERA_TOKEN, else "
+    "$TESSERA_TOKEN_FILE, else the user's ~/.tessera/token to daemons on "
+    "this host)";
+
+// The root app's copy of a flag that is also accepted before the command,
+// added by the first command that asks. Stored by the option itself (read
+// back with as<>()), so it needs no variable that outlives the app.
+const CLI::Option* GlobalOption(CLI::App& app, const std::string& names,
+                                absl::string_view help,
+                                const std::string& type) {
+  const std::string name = names.substr(names.rfind(',') + 1);
+  if (const CLI::Option* found = app.get_option_no_throw(name)) return found;
+  return app
+      .add_option_function<std::string>(
+          names, [](const std::string&) {},
+          absl::StrCat(help, "; also accepted after the command"))
+      ->type_name(type);
+}
+
+// A flag's value: the command's own, else the one given before the
+// command, else "".
+std::string FlagValue(const std::string& own, const CLI::Option* global) {
+  if (!own.empty()) return own;
+  if (global != nullptr && global->count() > 0) {
+    return global->as<std::string>();
+  }
+  return "";
+}
+
+}  // namespace
 
 void AddConnectionFlags(CLI::App& app, CLI::App* command,
                         ConnectionFlags* flags, bool transfers) {
-  const CLI::Option* global = app.get_option_no_throw("--address");
-  if (global == nullptr) {
-    // Stored by the option itself (read back with as<>()), so it needs no
-    // variable that outlives the app.
-    global = app.add_option_function<std::string>(
-                    "-a,--address", [](const std::string&) {},
-                    "Any daemon of the cluster, HOST:PORT (default: "
-                    "$TESSERA_ADDRESS, else 127.0.0.1:29600); also accepted "
-                    "after the command")
-                 ->type_name("HOST:PORT");
-  }
-  flags->global_address = global;
-  command
-      ->add_option("-a,--address", flags->address,
-                   "Any daemon of the cluster, HOST:PORT (default: "
-                   "$TESSERA_ADDRESS, else 127.0.0.1:29600)")
+  flags->global_address =
+      GlobalOption(app, "-a,--address", kAddressHelp, "HOST:PORT");
+  flags->global_tls_ca = GlobalOption(app, "--tls-ca", kTlsCaHelp, "FILE");
+  flags->global_tls_cert =
+      GlobalOption(app, "--tls-cert", kTlsCertHelp, "FILE");
+  flags->global_tls_key = GlobalOption(app, "--tls-key", kTlsKeyHelp, "FILE");
+  flags->global_token_file =
+      GlobalOption(app, "--token-file", kTokenFileHelp, "FILE");
+  command->add_option("-a,--address", flags->address, kAddressHelp)
       ->type_name("HOST:PORT");
   command
       ->add_option("--timeout", flags->timeout_seconds,
@@ -59,28 +97,12 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
             return "";
           },
           "ID");
-  command
-      ->add_option("--tls-ca", flags->tls_ca,
-                   "PEM root certificates that verify the daemons, which then "
-                   "speak TLS (default: $TESSERA_TLS_CA; none: plaintext)")
+  command->add_option("--tls-ca", flags->tls_ca, kTlsCaHelp)->type_name("FILE");
+  command->add_option("--tls-cert", flags->tls_cert, kTlsCertHelp)
       ->type_name("FILE");
-  command
-      ->add_option("--tls-cert", flags->tls_cert,
-                   "PEM certificate this client presents to daemons that "
-                   "require mutual TLS, with --tls-key (default: "
-                   "$TESSERA_TLS_CERT)")
+  command->add_option("--tls-key", flags->tls_key, kTlsKeyHelp)
       ->type_name("FILE");
-  command
-      ->add_option("--tls-key", flags->tls_key,
-                   "PEM private key of --tls-cert (default: "
-                   "$TESSERA_TLS_KEY)")
-      ->type_name("FILE");
-  command
-      ->add_option("--token-file", flags->token_file,
-                   "File whose token (the first word of its first line that "
-                   "is not a comment) every call presents (default: "
-                   "$TESSERA_TOKEN, else $TESSERA_TOKEN_FILE, else the user's "
-                   "~/.tessera/token to daemons on this host)")
+  command->add_option("--token-file", flags->token_file, kTokenFileHelp)
       ->type_name("FILE");
   if (transfers) {
     command->add_flag("--no-progress", flags->no_progress,
@@ -90,10 +112,8 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
 }
 
 std::string ResolveAddress(const ConnectionFlags& flags) {
-  if (!flags.address.empty()) return flags.address;
-  if (flags.global_address != nullptr && flags.global_address->count() > 0) {
-    return flags.global_address->as<std::string>();
-  }
+  std::string given = FlagValue(flags.address, flags.global_address);
+  if (!given.empty()) return given;
   const char* env = std::getenv(kAddressEnv);
   if (env != nullptr && *env != '\0') return env;
   return kDefaultAddress;
@@ -126,19 +146,24 @@ TlsSource ResolveTlsFile(const std::string& flag_value, absl::string_view flag,
 
 absl::StatusOr<ClientCredentials> ResolveCredentials(
     const ConnectionFlags& flags) {
-  const TlsSource ca = ResolveTlsFile(flags.tls_ca, "--tls-ca", kTlsCaEnv);
+  const TlsSource ca = ResolveTlsFile(
+      FlagValue(flags.tls_ca, flags.global_tls_ca), "--tls-ca", kTlsCaEnv);
   const TlsSource cert =
-      ResolveTlsFile(flags.tls_cert, "--tls-cert", kTlsCertEnv);
-  const TlsSource key = ResolveTlsFile(flags.tls_key, "--tls-key", kTlsKeyEnv);
+      ResolveTlsFile(FlagValue(flags.tls_cert, flags.global_tls_cert),
+                     "--tls-cert", kTlsCertEnv);
+  const TlsSource key = ResolveTlsFile(
+      FlagValue(flags.tls_key, flags.global_tls_key), "--tls-key", kTlsKeyEnv);
   ClientCredentials credentials;
   credentials.tls.ca_file = ca.file;
   credentials.tls.cert_file = cert.file;
   credentials.tls.key_file = key.file;
   RETURN_IF_ERROR(ValidateTlsConfig(credentials.tls, /*server=*/false,
                                     cert.name, key.name, ca.name));
-  if (!flags.token_file.empty()) {
+  const std::string token_file =
+      FlagValue(flags.token_file, flags.global_token_file);
+  if (!token_file.empty()) {
     ASSIGN_OR_RETURN(credentials.token,
-                     ReadClientTokenFile(flags.token_file, "--token-file"));
+                     ReadClientTokenFile(token_file, "--token-file"));
   }
   return credentials;
 }
@@ -175,7 +200,8 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
               "$TESSERA_TLS_KEY, for mutual TLS)",
         ")");
   }
-  if (absl::IsUnauthenticated(client.status()) && flags.token_file.empty()) {
+  if (absl::IsUnauthenticated(client.status()) &&
+      FlagValue(flags.token_file, flags.global_token_file).empty()) {
     if (absl::StrContains(client.status().message(), "not one this cluster") &&
         ProcessToken().ok() && ProcessToken()->empty()) {
       absl::StrAppend(&message,

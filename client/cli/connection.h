@@ -6,8 +6,9 @@
 // 127.0.0.1:29600 (the first daemon `tessera launch` starts). Any daemon of
 // a cluster will do: the client learns the others from it.
 //
-// Credentials: --tls-ca, --tls-cert, --tls-key and --token-file, each
-// winning over its variable ($TESSERA_TLS_CA, $TESSERA_TLS_CERT,
+// Credentials: --tls-ca, --tls-cert, --tls-key and --token-file, given
+// after the command or before it (`tessera --tls-ca F ls`; after wins),
+// each winning over its variable ($TESSERA_TLS_CA, $TESSERA_TLS_CERT,
 // $TESSERA_TLS_KEY; --token-file over both $TESSERA_TOKEN and
 // $TESSERA_TOKEN_FILE). Without a token from either, the per-user token
 // goes to daemons on loopback (wire/auth.h ProcessTokenFor). They become
@@ -53,15 +54,19 @@ struct ConnectionFlags {
   std::string tls_cert;
   std::string tls_key;
   std::string token_file;
-  // The root app's --address; owned by the app, valid while it runs the
-  // action.
+  // The root app's --address and credential flags (given before the
+  // command); owned by the app, valid while it runs the action.
   const CLI::Option* global_address = nullptr;
+  const CLI::Option* global_tls_ca = nullptr;
+  const CLI::Option* global_tls_cert = nullptr;
+  const CLI::Option* global_tls_key = nullptr;
+  const CLI::Option* global_token_file = nullptr;
 };
 
 // Adds -a/--address, --timeout, --request-id and the credential flags to
 // `command` (and --no-progress when `transfers`), and the global --address
-// to `app` unless an earlier command did. `flags` must outlive the parse
-// and the action.
+// and credential flags to `app` unless an earlier command did. `flags` must
+// outlive the parse and the action.
 void AddConnectionFlags(CLI::App& app, CLI::App* command,
                         ConnectionFlags* flags, bool transfers);
 

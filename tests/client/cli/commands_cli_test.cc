@@ -275,8 +275,9 @@ TEST(CommandsCliTest, ClusterCommandsReportAnUnreachableDaemon) {
 }
 
 // Every command that talks to daemons takes --tls-ca, --tls-cert,
-// --tls-key and --token-file: a bad one is a usage error naming the flag
-// before anything is dialled, and a good one wins over a bad variable.
+// --tls-key and --token-file, after the command or before it: a bad one is
+// a usage error naming the flag before anything is dialled, and a good one
+// wins over a bad variable (and one after the command over one before).
 TEST(CommandsCliTest, ClusterCommandsTakeCredentialFlags) {
   TempDir dir;
   const std::string npy = dir.File("in.npy");
@@ -328,6 +329,27 @@ TEST(CommandsCliTest, ClusterCommandsTakeCredentialFlags) {
     ExpectFailure(RunTessera(with({"--token-file", token}),
                              {{"TESSERA_TOKEN_FILE", dir.File("missing")}}),
                   command, "cannot connect to ");
+
+    // Before the command: `tessera --token-file FILE ls`.
+    auto before = [&](const std::vector<std::string>& flags,
+                      const std::vector<std::string>& after = {}) {
+      std::vector<std::string> line = flags;
+      line.insert(line.end(), args.begin(), args.end());
+      line.insert(line.end(), after.begin(), after.end());
+      line.insert(line.end(), {"--address", DeadAddress()});
+      return line;
+    };
+    ExpectUsageError(RunTessera(before({"--token-file", comments})), command,
+                     "--token-file: " + comments + " holds no token");
+    ExpectUsageError(
+        RunTessera(before({"--tls-ca", not_pem}), {{"TESSERA_TLS_CA", token}}),
+        command, "--tls-ca: " + not_pem + " holds no PEM certificate");
+    ExpectUsageError(RunTessera(before({"--tls-key", not_pem})), command,
+                     "--tls-cert or $TESSERA_TLS_CERT and --tls-key go "
+                     "together");
+    ExpectFailure(
+        RunTessera(before({"--token-file", comments}, {"--token-file", token})),
+        command, "cannot connect to ");
   }
 }
 
