@@ -19,6 +19,7 @@ packages=(
   prometheus-cpp-dev
   golang-etcd-server-dev etcd-server
   iproute2
+  slurm-wlm munge
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   python3-tqdm
   python3-setuptools python3-wheel python3-pip python3-venv python3-build

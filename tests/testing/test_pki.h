@@ -36,11 +36,16 @@ class TestPki {
         "-nodes -days 1 -subj /CN=",
         name, " -keyout ", Path(name, "key"), " -out ", Path(name, "pem")));
   }
-  // A certificate for 127.0.0.1 and localhost, signed by `ca`, valid for
-  // `days` (negative: it expired that many days ago).
-  bool MakeCert(const std::string& name, const std::string& ca, int days = 1) {
+  // A certificate for 127.0.0.1, localhost and the names in `more_dns`,
+  // signed by `ca`, valid for `days` (negative: it expired that many days
+  // ago).
+  bool MakeCert(const std::string& name, const std::string& ca, int days = 1,
+                const std::vector<std::string>& more_dns = {}) {
     const std::string ext = absl::StrCat(dir_, "/", name, ".ext");
-    std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+    std::string names = "IP:127.0.0.1,DNS:localhost";
+    for (const std::string& dns : more_dns)
+      absl::StrAppend(&names, ",DNS:", dns);
+    std::ofstream(ext) << "subjectAltName=" << names << "\n";
     return Shell(absl::StrCat(
                "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
                "-nodes -subj /CN=",
