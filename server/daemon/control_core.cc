@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/nonce.h"
 #include "common/status_macros.h"
 #include "server/store/prefix_store.h"
@@ -17,6 +19,10 @@
 
 namespace tessera::control_internal {
 namespace {
+
+// How long GetOperation waits for the outcome of an op the executor is
+// running (Core::Operation).
+constexpr absl::Duration kSettleWait = absl::Seconds(1);
 
 // The budget of a daemon whose options name none: DefaultMemoryLimit for
 // a daemon alone on its host.
@@ -150,6 +156,15 @@ absl::StatusOr<v1::OperationStatus> Core::Operation(
         absl::StrCat("GetOperation: ", QuotedRequestId(request_id),
                      " is not a request id (1 to ", kMaxRequestIdBytes,
                      " of A-Z a-z 0-9 . _ : -)"));
+  }
+  // The executor may be running the op's entry right now: the daemons
+  // answer its caller once they agree, and each records the outcome just
+  // after, so another daemon's caller may ask before this one recorded
+  // it. Its outcome is moments away: wait for it (a little) rather than
+  // answer PENDING, or UNKNOWN for an op this daemon never coordinated.
+  const absl::Time settle_by = absl::Now() + kSettleWait;
+  while (log_.Executing(request_id) && absl::Now() < settle_by) {
+    absl::SleepFor(absl::Milliseconds(1));
   }
   // A commit is final (a retry that committed through another daemon
   // settles a call still waiting here); else a call waiting here; else a

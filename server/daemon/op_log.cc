@@ -223,6 +223,12 @@ std::string OpLog::UnfinishedLocked(const PendingCall& call) const {
       "applying it twice");
 }
 
+bool OpLog::Executing(const std::string& request_id) const {
+  absl::MutexLock lock(&mu_);
+  return !request_id.empty() && executing_.entry > 0 &&
+         executing_.request_id == request_id;
+}
+
 std::optional<v1::OperationStatus> OpLog::Pending(
     const std::string& request_id) const {
   if (request_id.empty()) return std::nullopt;
@@ -236,6 +242,16 @@ std::optional<v1::OperationStatus> OpLog::Pending(
     return status;
   };
   absl::MutexLock lock(&mu_);
+  // Running now (any daemon's op): its outcome is moments away.
+  if (executing_.entry > 0 && executing_.request_id == request_id) {
+    v1::OperationStatus status;
+    status.set_request_id(request_id);
+    status.set_state(v1::OperationStatus::STATE_PENDING);
+    status.set_method(executing_.method);
+    status.set_tensor(executing_.tensor);
+    status.set_log_entry(executing_.entry);
+    return status;
+  }
   // In the log and not passed by the executor, even when its call ended
   // at its deadline already: it may still run.
   for (const auto& [n, appended] : appended_) {
@@ -763,6 +779,10 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   // Every line logged while the op runs carries it (--log-format json).
   const ScopedLogContext context(
       LogContext{n, OpTensor(op), op.client_request_id()});
+  if (!op.client_request_id().empty()) {
+    absl::MutexLock lock(&mu_);
+    executing_ = {n, op.client_request_id(), OpName(op), OpTensor(op)};
+  }
   OpOutcome outcome = RunGuarded(op, n);
   // Agreed: the op committed on every daemon or failed on every daemon
   // (a failed confirmation below does not undo the commit).
@@ -770,6 +790,10 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
     outcomes_->Committed(op, n, outcome.result);
   } else {
     outcomes_->Failed(op, n, outcome.status);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    executing_ = {};
   }
   // The call returns once every daemon shows the change
   // (proto/tessera/v1/control.proto: after a call returns, every daemon lists

@@ -132,12 +132,18 @@ class OpLog final {
   // do nothing).
   void Finish(const std::shared_ptr<PendingCall>& call,
               const absl::Status& status, OpResult result = {});
-  // STATE_PENDING when an op of this daemon carrying `request_id` is in
-  // the log and not passed yet (its log entry; also when its call ended at
-  // its deadline), or queued for a call still waiting (entry 0); nullopt
-  // otherwise.
+  // STATE_PENDING when the executor is running the log entry of an op
+  // carrying `request_id` (any daemon's), or an op of this daemon carrying
+  // it is in the log and not passed yet (its log entry; also when its call
+  // ended at its deadline), or queued for a call still waiting (entry 0);
+  // nullopt otherwise.
   std::optional<v1::OperationStatus> Pending(
       const std::string& request_id) const;
+  // Whether the executor is running, right now, the log entry of an op
+  // carrying `request_id`. Its outcome is recorded (op_outcomes.h) before
+  // this turns false; another daemon may have answered its caller
+  // already, since daemons answer once they agree.
+  bool Executing(const std::string& request_id) const;
   // How many log entries this daemon has executed or skipped.
   int64_t applied() const { return applied_.load(); }
 
@@ -270,6 +276,15 @@ class OpLog final {
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   // Why the queue is held now (Membership::HoldReason); "" when it is not.
   std::string held_ ABSL_GUARDED_BY(mu_);
+  // The entry the executor is running and its op's request id, method and
+  // tensor, until its outcome is recorded; entry 0: none.
+  struct RunningEntry {
+    int64_t entry = 0;
+    std::string request_id;
+    std::string method;
+    std::string tensor;
+  };
+  RunningEntry executing_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::control_internal
