@@ -223,46 +223,45 @@ std::string OpLog::UnfinishedLocked(const PendingCall& call) const {
       "applying it twice");
 }
 
-bool OpLog::Executing(const std::string& request_id) const {
-  absl::MutexLock lock(&mu_);
+bool OpLog::ExecutingLocked(const std::string& request_id) const {
   return !request_id.empty() && executing_.entry > 0 &&
          executing_.request_id == request_id;
+}
+
+bool OpLog::Executing(const std::string& request_id) const {
+  absl::MutexLock lock(&mu_);
+  return ExecutingLocked(request_id);
 }
 
 std::optional<v1::OperationStatus> OpLog::Pending(
     const std::string& request_id) const {
   if (request_id.empty()) return std::nullopt;
-  auto pending = [&](const v1::ControlOp& op, int64_t n) {
+  auto pending = [&](std::string method, std::string tensor, int64_t n) {
     v1::OperationStatus status;
     status.set_request_id(request_id);
     status.set_state(v1::OperationStatus::STATE_PENDING);
-    status.set_method(OpName(op));
-    status.set_tensor(OpTensor(op));
+    status.set_method(std::move(method));
+    status.set_tensor(std::move(tensor));
     status.set_log_entry(n);
     return status;
   };
   absl::MutexLock lock(&mu_);
   // Running now (any daemon's op): its outcome is moments away.
-  if (executing_.entry > 0 && executing_.request_id == request_id) {
-    v1::OperationStatus status;
-    status.set_request_id(request_id);
-    status.set_state(v1::OperationStatus::STATE_PENDING);
-    status.set_method(executing_.method);
-    status.set_tensor(executing_.tensor);
-    status.set_log_entry(executing_.entry);
-    return status;
+  if (ExecutingLocked(request_id)) {
+    return pending(executing_.method, executing_.tensor, executing_.entry);
   }
   // In the log and not passed by the executor, even when its call ended
   // at its deadline already: it may still run.
   for (const auto& [n, appended] : appended_) {
-    if (appended.queued.op.client_request_id() == request_id) {
-      return pending(appended.queued.op, n);
+    const v1::ControlOp& op = appended.queued.op;
+    if (op.client_request_id() == request_id) {
+      return pending(OpName(op), OpTensor(op), n);
     }
   }
   // Queued or held: it runs once logged unless its call ends first.
   for (const Queued& queued : queue_) {
     if (queued.op.client_request_id() == request_id && !queued.call->done()) {
-      return pending(queued.op, 0);
+      return pending(OpName(queued.op), OpTensor(queued.op), 0);
     }
   }
   return std::nullopt;
@@ -777,11 +776,11 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
     CountControlOpWait(OpName(op), started - own->created());
   }
   // Every line logged while the op runs carries it (--log-format json).
-  const ScopedLogContext context(
-      LogContext{n, OpTensor(op), op.client_request_id()});
+  const std::string tensor = OpTensor(op);
+  const ScopedLogContext context(LogContext{n, tensor, op.client_request_id()});
   if (!op.client_request_id().empty()) {
     absl::MutexLock lock(&mu_);
-    executing_ = {n, op.client_request_id(), OpName(op), OpTensor(op)};
+    executing_ = {n, op.client_request_id(), OpName(op), tensor};
   }
   OpOutcome outcome = RunGuarded(op, n);
   // Agreed: the op committed on every daemon or failed on every daemon
@@ -819,7 +818,6 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   // One line per op on every daemon: grep "op 17 " (or the request id)
   // follows it across the cluster.
   // Names are escaped: a client's name must not forge log lines.
-  const std::string tensor = OpTensor(op);
   spdlog::info(
       "op {} {}{} from rank {} (request {}): {} in {}", n, OpName(op),
       tensor.empty() ? "" : absl::StrCat(" '", absl::CEscape(tensor), "'"),

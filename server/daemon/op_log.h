@@ -161,6 +161,9 @@ class OpLog final {
   bool QueuedLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The log number of call `id`'s op, once claimed; 0 before.
   int64_t EntryOfLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Executing, with mu_ held.
+  bool ExecutingLocked(const std::string& request_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `call` ends at its deadline, its op no longer queued: it was
   // logged (or being logged) and has not finished.
   std::string UnfinishedLocked(const PendingCall& call) const
