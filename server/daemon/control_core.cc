@@ -21,8 +21,12 @@ namespace tessera::control_internal {
 namespace {
 
 // How long GetOperation waits for the outcome of an op the executor is
-// running (Core::Operation).
-constexpr absl::Duration kSettleWait = absl::Seconds(1);
+// running (Core::Operation), and how many calls may wait at once: the
+// wait holds one of gRPC's callback threads, so a flood of GetOperation
+// calls (40 at once held every thread for 20 s with a 1 s wait each) must
+// not starve the daemon's other calls.
+constexpr absl::Duration kSettleWait = absl::Milliseconds(100);
+constexpr int kMaxSettling = 1;
 
 // The budget of a daemon whose options name none: DefaultMemoryLimit for
 // a daemon alone on its host.
@@ -160,11 +164,16 @@ absl::StatusOr<v1::OperationStatus> Core::Operation(
   // The executor may be running the op's entry right now: the daemons
   // answer its caller once they agree, and each records the outcome just
   // after, so another daemon's caller may ask before this one recorded
-  // it. Its outcome is moments away: wait for it (a little) rather than
-  // answer PENDING, or UNKNOWN for an op this daemon never coordinated.
-  const absl::Time settle_by = absl::Now() + kSettleWait;
-  while (log_.Executing(request_id) && absl::Now() < settle_by) {
-    absl::SleepFor(absl::Milliseconds(1));
+  // it. Its outcome is moments away: wait for it (a little, one call at a
+  // time) rather than answer PENDING, as Pending does after that.
+  if (log_.Executing(request_id)) {
+    if (settling_.fetch_add(1) < kMaxSettling) {
+      const absl::Time settle_by = absl::Now() + kSettleWait;
+      while (log_.Executing(request_id) && absl::Now() < settle_by) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    settling_.fetch_sub(1);
   }
   // A commit is final (a retry that committed through another daemon
   // settles a call still waiting here); else a call waiting here; else a

@@ -111,6 +111,8 @@ class Core : public std::enable_shared_from_this<Core> {
   const std::shared_ptr<Store> store_;
   const uint64_t incarnation_;
   std::atomic<uint64_t> next_call_id_{1};
+  // GetOperation calls waiting now for a running op's outcome (Operation).
+  mutable std::atomic<int> settling_{0};
   TensorTable table_;
   OpOutcomes outcomes_;
 
