@@ -785,15 +785,8 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   OpOutcome outcome = RunGuarded(op, n);
   // Agreed: the op committed on every daemon or failed on every daemon
   // (a failed confirmation below does not undo the commit).
-  if (outcome.status.ok()) {
-    outcomes_->Committed(op, n, outcome.result);
-  } else {
-    outcomes_->Failed(op, n, outcome.status);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    executing_ = {};
-  }
+  const bool committed = outcome.status.ok();
+  if (!committed) outcomes_->Failed(op, n, outcome.status);
   // The call returns once every daemon shows the change
   // (proto/tessera/v1/control.proto: after a call returns, every daemon lists
   // and describes the same tensors), so the daemons confirm their commits to
@@ -801,7 +794,7 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
   const bool changes_table =
       op.request_case() != v1::ControlOp::kGather &&
       op.request_case() != v1::ControlOp::kSaveCheckpoint;
-  if (outcome.status.ok() && changes_table) {
+  if (committed && changes_table) {
     absl::Status confirmed = group_->Barrier();
     if (!confirmed.ok()) {
       outcome.status = absl::Status(
@@ -810,6 +803,14 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
                        " was applied, but not every daemon confirmed it: ",
                        confirmed.message()));
     }
+  }
+  // A commit is recorded once confirmed (or given up on): a retry answered
+  // from the record (OpOutcomes::Replay) returns, like the first call,
+  // only when every daemon shows the change.
+  if (committed) outcomes_->Committed(op, n, outcome.result);
+  {
+    absl::MutexLock lock(&mu_);
+    executing_ = {};
   }
   // Every daemon has committed (or gave up): what the op replaced may go.
   outcome.retired.reset();
