@@ -162,11 +162,24 @@ else
     fi
     # API errors are not counted: the tests provoke some on purpose (bad
     # device indices, IPC probes) and check that they become statuses.
-    step "memcheck $name" 300 "$results/memcheck-$name.out" = \
-      "$sanitizer" --tool memcheck --error-exitcode 99 \
-      --report-api-errors no --leak-check "${SANITIZER_LEAK_CHECK:-no}" \
-      --log-file "$results/sanitizer-memcheck-$name.log" \
-      "$binary" --gtest_filter="$filter"
+    # A binary the glob matched that never calls CUDA (the local etcd
+    # test) has nothing to check: the sanitizer exits 255 saying so, which
+    # is reported as such when the tests themselves passed.
+    log="$results/sanitizer-memcheck-$name.log"
+    timeout --kill-after=10 300 "$sanitizer" --tool memcheck \
+      --error-exitcode 99 --report-api-errors no \
+      --leak-check "${SANITIZER_LEAK_CHECK:-no}" --log-file "$log" \
+      "$binary" --gtest_filter="$filter" >"$results/memcheck-$name.out" 2>&1
+    rc=$?
+    if [[ $rc -eq 0 ]]; then
+      say "PASS memcheck $name"
+    elif grep -q 'terminated before first instrumented API call' "$log" &&
+      grep -q '^\[  PASSED  \]' "$results/memcheck-$name.out"; then
+      say "N/A memcheck $name: its tests passed and call no CUDA"
+    else
+      say "FAIL memcheck $name: exit $rc"
+      failed=1
+    fi
   done
   for tool in racecheck synccheck; do
     step "$tool tessera_common_test" 300 \
