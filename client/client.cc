@@ -1,12 +1,17 @@
 #include "client/client.h"
+#include "client/snapshot.h"
+#include "client/version_writer.h"
 
 #include <algorithm>
 #include <atomic>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
@@ -19,6 +24,7 @@
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 namespace internal_client {
@@ -134,6 +140,19 @@ class Cluster {
     SetRequestId(*context, CallId());
     return context;
   }
+  // The newest published version of `tensor_id` a read through this
+  // client returned (0: none yet): later reads return no older one.
+  int64_t SeenVersion(const std::string& tensor_id) const {
+    absl::MutexLock lock(&versions_mu_);
+    auto it = seen_versions_.find(tensor_id);
+    return it == seen_versions_.end() ? 0 : it->second;
+  }
+  void SawVersion(const std::string& tensor_id, int64_t version) const {
+    absl::MutexLock lock(&versions_mu_);
+    int64_t& seen = seen_versions_[tensor_id];
+    seen = std::max(seen, version);
+  }
+
   // The request id of a new control call: the options', else a new one.
   std::string CallId() const {
     return options_.request_id.empty() ? NewRequestId() : options_.request_id;
@@ -193,6 +212,9 @@ class Cluster {
   mutable absl::Mutex mu_;
   mutable std::vector<std::shared_ptr<const Worker>> workers_
       ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex versions_mu_;
+  mutable absl::flat_hash_map<std::string, int64_t> seen_versions_
+      ABSL_GUARDED_BY(versions_mu_);
 };
 
 }  // namespace internal_client
@@ -358,7 +380,7 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
       }
       client = (*connection)->shards;
     }
-    shards.emplace_back(std::move(worker), tensor_id(), static_cast<int64_t>(i),
+    shards.emplace_back(std::move(worker), DataId(), static_cast<int64_t>(i),
                         metadata_.shards_metadata[i], std::move(client));
   }
   return shards;
@@ -400,25 +422,38 @@ absl::StatusOr<Tensor> ShardedTensorView::ReadRegion(
   return destination;
 }
 
-absl::Status ShardedTensorView::ReadRegionInto(
-    absl::Span<const int64_t> offsets, const Tensor& destination,
-    const TransferOptions& options) const {
-  const std::string what = absl::StrCat("reading tensor ", name());
-  RETURN_IF_ERROR(CheckDType(destination, dtype(), what));
-  if (!destination.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the destination ",
-                                                   destination.DebugString(),
-                                                   " is not on the CPU"));
+std::string ShardedTensorView::DataId() const {
+  return at_version_ > 0 ? VersionId(tensor_id(), at_version_) : tensor_id();
+}
+
+absl::StatusOr<ShardedTensorView> ShardedTensorView::AtVersion(
+    int64_t number) const {
+  if (!versioned()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor ", name(),
+        " has no versions (it was created without versions >= 2)"));
   }
-  const std::vector<int64_t>& sizes = destination.sizes();
-  RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
-                                 absl::StrCat("tensor ", name()), "tensor"));
-  RETURN_IF_ERROR(CheckNotLost(offsets, sizes, what));
+  if (number < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", name(), ": version numbers start at 1, not ", number));
+  }
+  ShardedTensorView view = *this;
+  view.at_version_ = number;
+  view.open_version_ = false;
+  return view;
+}
+
+absl::Status ShardedTensorView::ReadPieces(
+    absl::Span<const int64_t> offsets, const Tensor& destination,
+    const TransferOptions& options, const std::string& id,
+    const std::function<bool(size_t shard)>& wanted,
+    std::vector<int64_t>* versions, ProgressCounter* progress) const {
+  const std::string what = absl::StrCat("reading tensor ", name());
   const absl::Time deadline = absl::Now() + options.timeout;
-  ProgressCounter progress(RegionBytes(sizes, dtype()), options.progress);
-  RETURN_IF_ERROR(ForEachRegionPiece(
+  return ForEachRegionPiece(
       metadata_.shards_metadata, offsets, destination, options.parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
+        if (!wanted(piece.shard)) return absl::OkStatus();
         // The owner first; when it is dead, stalled or not yet refilled
         // after a restart, each replica in turn. With replicas, each try
         // gets an even share of the time left, so that a stalled owner
@@ -435,14 +470,14 @@ absl::Status ShardedTensorView::ReadRegionInto(
           fetch.local_min_bytes = cluster_->options().local_min_bytes;
           fetch.timeout = (deadline - absl::Now()) /
                           static_cast<int64_t>(holders.size() - k);
-          fetch.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };
+          fetch.on_chunk = [progress](int64_t bytes) { progress->Add(bytes); };
           fetch.cancel = options.cancel;
-          const std::string id =
-              k == 0 ? tensor_id() : ReplicaTensorId(tensor_id());
+          fetch.served_version = &(*versions)[piece.shard];
+          const std::string from = k == 0 ? id : ReplicaTensorId(id);
           status = Annotate(
               worker->shards->FetchRegionInto(
-                  id, static_cast<int64_t>(piece.shard), piece.offsets_in_shard,
-                  piece.view, fetch),
+                  from, static_cast<int64_t>(piece.shard),
+                  piece.offsets_in_shard, piece.view, fetch),
               absl::StrCat(what, " from ", k == 0 ? "rank " : "replica rank ",
                            holders[k], " (", worker->address.address(), ")"));
           if (status.ok() ||
@@ -458,9 +493,75 @@ absl::Status ShardedTensorView::ReadRegionInto(
           }
         }
         return status;
-      }));
-  progress.Finish();
-  return absl::OkStatus();
+      });
+}
+
+absl::Status ShardedTensorView::ReadRegionInto(
+    absl::Span<const int64_t> offsets, const Tensor& destination,
+    const TransferOptions& options) const {
+  const std::string what = absl::StrCat("reading tensor ", name());
+  RETURN_IF_ERROR(CheckDType(destination, dtype(), what));
+  if (!destination.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the destination ",
+                                                   destination.DebugString(),
+                                                   " is not on the CPU"));
+  }
+  const std::vector<int64_t>& sizes = destination.sizes();
+  RETURN_IF_ERROR(ValidateRegion(offsets, sizes, metadata_.size,
+                                 absl::StrCat("tensor ", name()), "tensor"));
+  RETURN_IF_ERROR(CheckNotLost(offsets, sizes, what));
+  ProgressCounter progress(RegionBytes(sizes, dtype()), options.progress);
+  const size_t shards = metadata_.shards_metadata.size();
+  const auto all = [](size_t) { return true; };
+  std::vector<int64_t> versions(shards, 0);
+  if (!versioned() || at_version_ > 0) {
+    // One id for every piece: an unversioned tensor, a pinned version or
+    // an open one.
+    absl::Status read = ReadPieces(offsets, destination, options, DataId(), all,
+                                   &versions, &progress);
+    if (absl::IsNotFound(read) && at_version_ > 0 && !open_version_) {
+      read = absl::NotFoundError(absl::StrCat(
+          what, ": version ", at_version_,
+          " is not kept (it was freed, or never published; `tessera "
+          "versions ",
+          name(), "` lists the kept ones): ", read.message()));
+    }
+    RETURN_IF_ERROR(read);
+    if (options.version != nullptr)
+      *options.version = open_version_ ? 0 : at_version_;
+    progress.Finish();
+    return absl::OkStatus();
+  }
+  // The latest version: each owner serves the one it has published. While
+  // a publish is being applied they may differ; the pieces that are older
+  // than the newest seen are read again by that version's id, which every
+  // owner serves once any daemon has published it (docs/versions.md).
+  // Should the newest be freed meanwhile (K newer publishes), start over.
+  constexpr int kAttempts = 8;
+  absl::Status status;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    std::fill(versions.begin(), versions.end(), int64_t{0});
+    RETURN_IF_ERROR(ReadPieces(offsets, destination, options, tensor_id(), all,
+                               &versions, &progress));
+    // Never older than what this client already read.
+    const int64_t newest =
+        std::max(*std::max_element(versions.begin(), versions.end()),
+                 cluster_->SeenVersion(tensor_id()));
+    const std::vector<int64_t> first = versions;
+    // Pieces outside the region are skipped by ReadPieces itself.
+    status = ReadPieces(
+        offsets, destination, options, VersionId(tensor_id(), newest),
+        [&](size_t shard) { return first[shard] != newest; }, &versions,
+        &progress);
+    if (status.ok()) {
+      cluster_->SawVersion(tensor_id(), newest);
+      if (options.version != nullptr) *options.version = newest;
+      progress.Finish();
+      return absl::OkStatus();
+    }
+    if (!absl::IsNotFound(status)) return status;
+  }
+  return status;
 }
 
 absl::StatusOr<Tensor> ShardedTensorView::Read(
@@ -513,11 +614,11 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
                 // Over the data plane, straight into the shard, when the
                 // holder can take it there; else through WriteRegion.
                 absl::StatusOr<bool> direct = worker->shards->WriteRegion(
-                    tensor_id(), static_cast<int64_t>(piece.shard),
+                    DataId(), static_cast<int64_t>(piece.shard),
                     piece.offsets_in_shard, piece.view, to_holder);
                 status = direct.status();
                 if (direct.ok() && !*direct) {
-                  status = WriteRegion(*worker->control, name(), tensor_id(),
+                  status = WriteRegion(*worker->control, name(), DataId(),
                                        piece.box->shard_offsets(), piece.view,
                                        to_holder)
                                .status();
@@ -572,6 +673,7 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
   request.set_fill_value(options.fill_value);
   request.set_seed(options.seed);
   request.set_copies(options.copies);
+  request.set_versions(options.versions);
   ASSIGN_OR_RETURN(Described created,
                    Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
                             request, absl::StrCat("creating tensor ", name),
@@ -645,6 +747,154 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
                absl::StrCat("opening tensor ", name)));
   return ShardedTensorView(cluster_, std::move(opened.info),
                            std::move(opened.metadata));
+}
+
+namespace {
+
+// The views of a group's versions: each tensor opened, at its version.
+absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
+    const Client& client, const v1::VersionGroup& group, bool open) {
+  std::vector<ShardedTensorView> views;
+  views.reserve(group.versions_size());
+  for (const v1::VersionHandle& handle : group.versions()) {
+    ASSIGN_OR_RETURN(ShardedTensorView view, client.Open(handle.name()));
+    if (handle.tensor_id() != VersionId(view.tensor_id(), handle.number())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor ", handle.name(), " is now ", view.tensor_id(), ", not ",
+          VersionBase(handle.tensor_id()), " (deleted and created again)"));
+    }
+    ASSIGN_OR_RETURN(view, view.AtVersion(handle.number()));
+    if (open) view = view.AsOpenVersion();
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+absl::StatusOr<ShardedTensorView> ViewNamed(
+    const std::vector<ShardedTensorView>& views, const std::string& name,
+    absl::string_view what) {
+  for (const ShardedTensorView& view : views) {
+    if (view.name() == name) return view;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("tensor ", name, " is not in this ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<ShardedTensorView> VersionWriter::view(
+    const std::string& name) const {
+  return ViewNamed(views_, name, "version group");
+}
+
+absl::StatusOr<v1::VersionGroup> VersionWriter::Publish() const {
+  v1::PublishVersionRequest request;
+  *request.mutable_versions() = group_.versions();
+  v1::VersionGroup published;
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::PublishVersion,
+                          request, &published,
+                          absl::StrCat("publishing versions ", group_.id()),
+                          /*logged=*/true));
+  return published;
+}
+
+absl::Status VersionWriter::Abort() const {
+  v1::AbortVersionRequest request;
+  *request.mutable_versions() = group_.versions();
+  v1::AbortVersionResponse response;
+  return Control(*cluster_, &v1::ControlService::Stub::AbortVersion, request,
+                 &response, absl::StrCat("aborting versions ", group_.id()),
+                 /*logged=*/true);
+}
+
+int64_t Snapshot::version(const std::string& name) const {
+  for (const v1::VersionHandle& handle : group_.versions()) {
+    if (handle.name() == name) return handle.number();
+  }
+  return 0;
+}
+
+absl::StatusOr<ShardedTensorView> Snapshot::view(
+    const std::string& name) const {
+  return ViewNamed(views_, name, "snapshot");
+}
+
+absl::Status Snapshot::Release() const {
+  v1::UnpinVersionsRequest request;
+  request.set_id(group_.id());
+  v1::UnpinVersionsResponse response;
+  return Control(*cluster_, &v1::ControlService::Stub::UnpinVersions, request,
+                 &response, absl::StrCat("releasing snapshot ", group_.id()),
+                 /*logged=*/true);
+}
+
+absl::StatusOr<VersionWriter> Client::Begin(
+    const std::vector<std::string>& names, const BeginOptions& options) {
+  v1::BeginVersionRequest request;
+  for (const std::string& name : names) request.add_names(name);
+  request.set_empty(options.empty);
+  request.set_lease_ms(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.lease)));
+  VersionWriter writer;
+  writer.cluster_ = cluster_;
+  RETURN_IF_ERROR(Control(
+      *cluster_, &v1::ControlService::Stub::BeginVersion, request,
+      &writer.group_,
+      absl::StrCat("beginning a version of ", absl::StrJoin(names, ", ")),
+      /*logged=*/true));
+  ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
+  return writer;
+}
+
+absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
+  VersionWriter writer;
+  writer.cluster_ = cluster_;
+  writer.group_.set_id(id);
+  for (absl::string_view part : absl::StrSplit(id, ',')) {
+    const size_t at = part.rfind('@');
+    int64_t number = 0;
+    if (at == absl::string_view::npos || at == 0 ||
+        !absl::SimpleAtoi(part.substr(at + 1), &number) || number < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("joining versions ", id,
+                       ": not a version group id (\"name@number,...\")"));
+    }
+    const std::string name(part.substr(0, at));
+    ASSIGN_OR_RETURN(ShardedTensorView view, Open(name));
+    const bool open = std::find(view.info().open_versions().begin(),
+                                view.info().open_versions().end(),
+                                number) != view.info().open_versions().end();
+    if (!open) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "joining versions ", id, ": version ", number, " of tensor ", name,
+          " is not open (it was published or aborted, or its lease ended; "
+          "latest published: ",
+          view.version(), ")"));
+    }
+    v1::VersionHandle* handle = writer.group_.add_versions();
+    handle->set_name(name);
+    handle->set_number(number);
+    handle->set_tensor_id(VersionId(view.tensor_id(), number));
+  }
+  ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
+  return writer;
+}
+
+absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
+                                     absl::Duration lease,
+                                     const std::vector<int64_t>& numbers) {
+  v1::PinVersionsRequest request;
+  for (const std::string& name : names) request.add_names(name);
+  for (int64_t number : numbers) request.add_numbers(number);
+  request.set_lease_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(lease)));
+  Snapshot snapshot;
+  snapshot.cluster_ = cluster_;
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::PinVersions,
+                          request, &snapshot.group_,
+                          absl::StrCat("pinning ", absl::StrJoin(names, ", ")),
+                          /*logged=*/true));
+  ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
+  return snapshot;
 }
 
 absl::Status Client::Delete(const std::string& name) {

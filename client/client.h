@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,10 @@ struct TransferOptions {
   // write may have been applied by some owners, as any failed write (the
   // error names them).
   std::shared_ptr<Cancellation> cancel;
+  // Reads only: when set, receives the published version read (every
+  // piece of a read is of this one version; 0 for an unversioned tensor
+  // or a view of an open version). See docs/versions.md.
+  int64_t* version = nullptr;
 };
 
 // How Client::Create fills a new tensor.
@@ -125,7 +130,25 @@ struct CreateOptions {
   // reads fall back to a replica when the owner is dead, stalled or
   // restarting. 1 to the number of daemons (INVALID_ARGUMENT otherwise).
   int copies = 1;
+  // Published versions kept (docs/versions.md): 0 or 1, an unversioned
+  // tensor written in place; K >= 2 (at most 64), a versioned one,
+  // written only through Client::Begin and read one published version
+  // at a time. Not yet with copies > 1.
+  int versions = 0;
 };
+
+// Client::Begin's options.
+struct BeginOptions {
+  // Leave the new versions' bytes unset instead of copying the latest
+  // version's (for writers that overwrite every element).
+  bool empty = false;
+  // The versions are dropped unless published within this.
+  absl::Duration lease = absl::Minutes(10);
+};
+
+class ProgressCounter;
+class Snapshot;
+class VersionWriter;
 
 // A named sharded tensor of the cluster: its metadata and where each shard
 // lives. Cheap to copy (shares the client's connections).
@@ -144,6 +167,28 @@ class ShardedTensorView {
   // UNAVAILABLE.
   bool degraded() const { return info_.lost_shards_size() > 0; }
   const v1::TensorInfo& info() const { return info_; }
+
+  // Versioned tensors (docs/versions.md): whether this one is, the latest
+  // published version when this view was made (Client::Open makes a fresh
+  // view; each read reports what it read in TransferOptions::version), the
+  // version this view is pinned to (0: each read reads the latest), and
+  // whether it is an open version (a VersionWriter's, which writes go
+  // into).
+  bool versioned() const { return info_.versions_kept() >= 2; }
+  int64_t version() const { return info_.version(); }
+  int64_t at_version() const { return at_version_; }
+  bool open_version() const { return open_version_; }
+  // This tensor at published version `number`: its reads return exactly
+  // that version, NOT_FOUND once it is no longer kept (naming the kept
+  // ones). FAILED_PRECONDITION for an unversioned tensor; INVALID_ARGUMENT
+  // for a number below 1.
+  absl::StatusOr<ShardedTensorView> AtVersion(int64_t number) const;
+  // This view at_version() as an open version (VersionWriter's views).
+  ShardedTensorView AsOpenVersion() const {
+    ShardedTensorView view = *this;
+    view.open_version_ = true;
+    return view;
+  }
 
   // One RemoteShard per shard, in metadata order (to_here() fetches it
   // whole from its owner).
@@ -188,9 +233,22 @@ class ShardedTensorView {
   ShardedTensorView(std::shared_ptr<internal_client::Cluster> cluster,
                     v1::TensorInfo info, ShardedTensorMetadata metadata);
 
+  // The id reads and writes name: the tensor's, or its version's.
+  std::string DataId() const;
+  // One pass of ReadRegionInto over the pieces `wanted` says yes to, from
+  // `id`; versions[shard] receives the version each piece was.
+  absl::Status ReadPieces(absl::Span<const int64_t> offsets,
+                          const Tensor& destination,
+                          const TransferOptions& options, const std::string& id,
+                          const std::function<bool(size_t shard)>& wanted,
+                          std::vector<int64_t>* versions,
+                          ProgressCounter* progress) const;
+
   std::shared_ptr<internal_client::Cluster> cluster_;
   v1::TensorInfo info_;
   ShardedTensorMetadata metadata_;
+  int64_t at_version_ = 0;
+  bool open_version_ = false;
 };
 
 // "committed", "failed", "pending" or "unknown" (also for
@@ -256,6 +314,23 @@ class Client {
   // proto/tessera/v1/control.proto).
   absl::StatusOr<std::vector<ShardedTensorView>> Load(
       const v1::LoadCheckpointRequest& request);
+
+  // Versions (docs/versions.md). Opens one new version of each named
+  // tensor (all versioned), starting from the latest version's values
+  // unless options.empty; writes go through VersionWriter::view(name).
+  // FAILED_PRECONDITION for an unversioned tensor, RESOURCE_EXHAUSTED when
+  // a daemon's budget cannot hold the new versions (nothing allocated).
+  absl::StatusOr<VersionWriter> Begin(const std::vector<std::string>& names,
+                                      const BeginOptions& options = {});
+  // The open versions another process began (VersionWriter::id()), to
+  // write into them too. FAILED_PRECONDITION when one is no longer open.
+  absl::StatusOr<VersionWriter> Join(const std::string& id);
+  // Pins one version of each named tensor (`numbers`, parallel to `names`;
+  // empty or 0: the latest, all read at one point of the log: one
+  // snapshot) until Snapshot::Release or `lease` ends.
+  absl::StatusOr<Snapshot> Pin(const std::vector<std::string>& names,
+                               absl::Duration lease = absl::Minutes(5),
+                               const std::vector<int64_t>& numbers = {});
 
   // The health (grpc.health.v1) of every daemon: OK when SERVING,
   // UNAVAILABLE otherwise, with the daemon's address in the message.

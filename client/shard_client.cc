@@ -292,7 +292,11 @@ absl::Status ShardClient::FetchRegionInto(
                                       destination.sizes().end());
   ShardAssembler assembler(tensor_id, shard_index, destination);
   assembler.ExpectRegion(region_offsets, destination.sizes());
-  return Fetch(request, options, &assembler);
+  RETURN_IF_ERROR(Fetch(request, options, &assembler));
+  if (options.served_version != nullptr) {
+    *options.served_version = assembler.version();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DataConnection> ShardClient::TakeConnection(

@@ -104,6 +104,9 @@ struct FetchOptions {
   // destination then holds part of the bytes.
   std::shared_ptr<Cancellation> cancel;
   LocalPath local_path = LocalPath::kAuto;
+  // When set, receives the published version the owner served
+  // (ShardHeader.version: 0 for an unversioned tensor).
+  int64_t* served_version = nullptr;
   // kAuto takes the stream for a destination smaller than this.
   int64_t local_min_bytes = kLocalPathMinBytes;
 };

@@ -11,9 +11,10 @@
 //
 // Roles are ordered, each holding the rights of those before it:
 //   read     GetCluster, GetStats, GetOperation, ListTensors,
-//            DescribeTensor, ReadRegion, Gather, ShardService (FetchShard,
-//            DescribeTensor)
-//   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor
+//            DescribeTensor, ReadRegion, Gather, PinVersions,
+//            UnpinVersions, ShardService (FetchShard, DescribeTensor)
+//   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor,
+//            BeginVersion, PublishVersion, AbortVersion
 //   admin    + SaveCheckpoint, LoadCheckpoint, reading the store (Get,
 //            Wait, Check)
 //   cluster  + writing the store (Set, Add, CompareSet, Delete): the

@@ -275,6 +275,7 @@ absl::Status ShardAssembler::Start(const v1::ShardHeader& header) {
   RETURN_IF_ERROR(PrepareDestination(checked.dtype, checked.sizes));
   sequence_.Start(header.total_bytes());
   metadata_ = std::move(checked.metadata);
+  version_ = header.version();
   return absl::OkStatus();
 }
 
@@ -301,6 +302,7 @@ absl::Status ShardAssembler::FillFrom(const v1::ShardHeader& header,
   destination_ = std::move(destination);
   sequence_.Complete(header.total_bytes());
   metadata_ = std::move(checked.metadata);
+  version_ = header.version();
   if (on_chunk_ && header.total_bytes() > 0) on_chunk_(header.total_bytes());
   return absl::OkStatus();
 }

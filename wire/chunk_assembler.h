@@ -181,6 +181,9 @@ class ShardAssembler {
   const Tensor& destination() const { return destination_; }
   // The shard's metadata from the header; nullopt before it arrived.
   const std::optional<ShardMetadata>& metadata() const { return metadata_; }
+  // The published version the header says the bytes are (ShardHeader.
+  // version; 0 before it arrived, and for an unversioned tensor).
+  int64_t version() const { return version_; }
 
  private:
   // A header's fields, checked against the expected region or its own
@@ -210,6 +213,7 @@ class ShardAssembler {
 
   std::string tensor_id_;
   int64_t shard_index_;
+  int64_t version_ = 0;
   std::string name_;
   // The expected region (ExpectRegion), when fetching one.
   std::optional<std::vector<int64_t>> region_offsets_;

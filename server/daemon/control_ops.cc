@@ -22,6 +22,7 @@
 #include "server/checkpoint/checkpoint.h"
 #include "server/daemon/agreement.h"
 #include "server/daemon/region_io.h"
+#include "server/daemon/version_set.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/replicas.h"
@@ -133,6 +134,16 @@ const char* OpName(const v1::ControlOp& op) {
       return "SaveCheckpoint";
     case v1::ControlOp::kLoadCheckpoint:
       return "LoadCheckpoint";
+    case v1::ControlOp::kBeginVersion:
+      return "BeginVersion";
+    case v1::ControlOp::kPublishVersion:
+      return "PublishVersion";
+    case v1::ControlOp::kAbortVersion:
+      return "AbortVersion";
+    case v1::ControlOp::kPinVersions:
+      return "PinVersions";
+    case v1::ControlOp::kUnpinVersions:
+      return "UnpinVersions";
     case v1::ControlOp::REQUEST_NOT_SET:
       break;
   }
@@ -153,6 +164,16 @@ std::string OpTensor(const v1::ControlOp& op) {
       return absl::StrJoin(op.save_checkpoint().names(), ",");
     case v1::ControlOp::kLoadCheckpoint:
       return absl::StrJoin(op.load_checkpoint().names(), ",");
+    case v1::ControlOp::kBeginVersion:
+      return absl::StrJoin(op.begin_version().names(), ",");
+    case v1::ControlOp::kPublishVersion:
+      return VersionHandleNames(op.publish_version().versions());
+    case v1::ControlOp::kAbortVersion:
+      return VersionHandleNames(op.abort_version().versions());
+    case v1::ControlOp::kPinVersions:
+      return absl::StrJoin(op.pin_versions().names(), ",");
+    case v1::ControlOp::kUnpinVersions:
+      return "";
     case v1::ControlOp::REQUEST_NOT_SET:
       break;
   }
@@ -200,6 +221,21 @@ OpOutcome ControlOps::Run(const v1::ControlOp& op) {
       break;
     case v1::ControlOp::kLoadCheckpoint:
       outcome = RunLoad(op);
+      break;
+    case v1::ControlOp::kBeginVersion:
+      outcome = RunBeginVersion(op);
+      break;
+    case v1::ControlOp::kPublishVersion:
+      outcome = RunPublishVersion(op);
+      break;
+    case v1::ControlOp::kAbortVersion:
+      outcome = RunAbortVersion(op);
+      break;
+    case v1::ControlOp::kPinVersions:
+      outcome = RunPinVersions(op);
+      break;
+    case v1::ControlOp::kUnpinVersions:
+      outcome = RunUnpinVersions(op);
       break;
     case v1::ControlOp::REQUEST_NOT_SET:
       break;
@@ -302,6 +338,16 @@ OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("CreateTensor: unknown init kind ", request.init()));
     }
+    if (request.versions() < 0 || request.versions() > kMaxKeptVersions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateTensor: versions must be between 1 and ",
+                       kMaxKeptVersions, ", not ", request.versions()));
+    }
+    if (request.versions() >= 2 && request.copies() > 1) {
+      return absl::InvalidArgumentError(
+          "CreateTensor: a versioned tensor (versions >= 2) with copies > 1 "
+          "is not supported yet");
+    }
     // 0 is the field's default: one copy.
     if (request.copies() < 0 || request.copies() > rank_->world_size()) {
       return absl::InvalidArgumentError(
@@ -332,9 +378,16 @@ OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
       ASSIGN_OR_RETURN(v1::TensorInfo info,
                        TensorInfoOf(*rank_, request.name(), tensor));
       made.emplace();
+      if (request.versions() >= 2) {
+        // Version 1 is the tensor as created (version_set.h).
+        made->versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
+                                                      request.versions());
+        made->versions->AddFirst(tensor, std::move(held));
+      } else {
+        made->held = std::move(held);
+      }
       made->tensor = std::move(tensor);
       made->info = std::move(info);
-      made->held = std::move(held);
       return absl::OkStatus();
     }();
   }
@@ -427,6 +480,12 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     // Deterministic first: every daemon holds the same tensor.
     RETURN_IF_ERROR(tensor.status());
     ASSIGN_OR_RETURN(const v1::TensorInfo old_info, table_->Info(name));
+    if (old_info.versions_kept() >= 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Reshard: tensor ", name,
+          " is versioned; resharding a versioned tensor is not supported "
+          "yet"));
+    }
     RETURN_IF_ERROR(spec.status());
     RETURN_IF_ERROR(CheckDeadline(op));
     const ShardedTensorMetadata& old_metadata = tensor->metadata();
@@ -799,6 +858,307 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {
     ResyncTensorIds();
+  }
+  return outcome;
+}
+
+}  // namespace tessera::control_internal
+
+namespace tessera::control_internal {
+
+// ---- Versions (docs/versions.md).
+
+namespace {
+
+// Open versions are dropped unless published within this (BeginVersion's
+// default lease), and pins end after kDefaultPinLease.
+constexpr absl::Duration kDefaultVersionLease = absl::Minutes(10);
+constexpr absl::Duration kDefaultPinLease = absl::Minutes(5);
+// The most tensors one version op may name.
+constexpr int kMaxVersionGroup = 100000;
+
+absl::Duration LeaseOf(int64_t lease_ms, absl::Duration fallback) {
+  return lease_ms > 0 ? absl::Milliseconds(lease_ms) : fallback;
+}
+
+// The names of a version op: 1 to kMaxVersionGroup, none repeated.
+absl::Status CheckVersionNames(const std::vector<std::string>& names,
+                               absl::string_view what) {
+  if (names.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": name at least one tensor"));
+  }
+  if (names.size() > static_cast<size_t>(kMaxVersionGroup)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", names.size(), " tensors; at most ", kMaxVersionGroup));
+  }
+  std::set<std::string> seen;
+  for (const std::string& name : names) {
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor ", name, " is named twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> HandleNamesOf(
+    const google::protobuf::RepeatedPtrField<v1::VersionHandle>& handles) {
+  std::vector<std::string> names;
+  names.reserve(handles.size());
+  for (const v1::VersionHandle& handle : handles)
+    names.push_back(handle.name());
+  return names;
+}
+
+// "a@5,b@3": the id of a group of versions (a client joins it by this id).
+std::string GroupIdOf(const v1::VersionGroup& group) {
+  std::vector<std::string> parts;
+  parts.reserve(group.versions_size());
+  for (const v1::VersionHandle& handle : group.versions()) {
+    parts.push_back(absl::StrCat(handle.name(), "@", handle.number()));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+}  // namespace
+
+std::string VersionHandleNames(
+    const google::protobuf::RepeatedPtrField<v1::VersionHandle>& handles) {
+  return absl::StrJoin(HandleNamesOf(handles), ",");
+}
+
+absl::StatusOr<std::shared_ptr<VersionSet>> ControlOps::VersionsOf(
+    const std::string& name, absl::string_view what) const {
+  RETURN_IF_ERROR(Annotate(table_->Lookup(name).status(), what));
+  std::shared_ptr<VersionSet> versions;
+  RETURN_IF_ERROR(table_->Update(
+      name, [&](TableEntry& entry) { versions = entry.versions; }));
+  if (versions == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": tensor ", name,
+        " has no versions (it is written in place): create it with "
+        "versions >= 2 to write it by versions"));
+  }
+  return versions;
+}
+
+OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
+  const v1::BeginVersionRequest& request = op.begin_version();
+  const std::vector<std::string> names(request.names().begin(),
+                                       request.names().end());
+  struct Begun {
+    std::string name;
+    std::shared_ptr<VersionSet> versions;
+    std::optional<ShardedTensor> tensor;
+    MemoryBudget::Reservation held;
+  };
+  std::vector<Begun> begun;
+  absl::Status local = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckVersionNames(names, "BeginVersion"));
+    if (request.lease_ms() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BeginVersion: negative lease_ms ", request.lease_ms()));
+    }
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       VersionsOf(name, "BeginVersion"));
+      begun.push_back(Begun{name, std::move(versions), std::nullopt, {}});
+    }
+    RETURN_IF_ERROR(CheckDeadline(op));
+    // This daemon's part: each new version's shards, in the budget first.
+    for (Begun& one : begun) {
+      one.versions->Expire(absl::Now());
+      const ShardedTensor latest = one.versions->Latest();
+      const int64_t number = one.versions->next();
+      ASSIGN_OR_RETURN(const int64_t host_bytes,
+                       LocalHostBytes(latest.metadata()));
+      ASSIGN_OR_RETURN(
+          one.held,
+          budget_->Reserve(
+              host_bytes,
+              absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
+                           number, ": its shards on rank ", rank(), ")")));
+      ShardedTensorOptions options =
+          ShardedTensorOptions()
+              .WithDType(latest.metadata().tensor_properties.dtype)
+              .WithRank(rank_)
+              .WithTensorId(VersionId(one.versions->tensor_id(), number));
+      ASSIGN_OR_RETURN(
+          one.tensor,
+          ShardedTensor::Empty(latest.sharding_spec(), latest.size(), options));
+      if (request.empty()) continue;
+      const std::vector<Shard>& from = latest.local_shards();
+      const std::vector<Shard>& to = one.tensor->local_shards();
+      if (from.size() != to.size()) {
+        return absl::InternalError(
+            absl::StrCat("BeginVersion of ", one.name, ": the new version has ",
+                         to.size(), " local shards, the latest ", from.size()));
+      }
+      for (size_t i = 0; i < from.size(); ++i) {
+        const std::vector<int64_t> origin(from[i].tensor.dim(), 0);
+        RETURN_IF_ERROR(CopyBox(from[i].tensor, origin, to[i].tensor, origin,
+                                from[i].tensor.sizes()));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+  const absl::Time lease_end =
+      absl::Now() + LeaseOf(request.lease_ms(), kDefaultVersionLease);
+  for (Begun& one : begun) {
+    const int64_t number = one.versions->Open(*std::move(one.tensor),
+                                              std::move(one.held), lease_end);
+    v1::VersionHandle* handle = outcome.result.group.add_versions();
+    handle->set_name(one.name);
+    handle->set_number(number);
+    handle->set_tensor_id(VersionId(one.versions->tensor_id(), number));
+  }
+  outcome.result.group.set_id(GroupIdOf(outcome.result.group));
+  return outcome;
+}
+
+OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
+  const auto& handles = op.publish_version().versions();
+  std::vector<std::shared_ptr<VersionSet>> sets;
+  absl::Status local = [&]() -> absl::Status {
+    RETURN_IF_ERROR(
+        CheckVersionNames(HandleNamesOf(handles), "PublishVersion"));
+    for (const v1::VersionHandle& handle : handles) {
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       VersionsOf(handle.name(), "PublishVersion"));
+      if (!handle.tensor_id().empty() &&
+          handle.tensor_id() !=
+              VersionId(versions->tensor_id(), handle.number())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "PublishVersion: ", handle.tensor_id(), " is not a version of ",
+            handle.name(), " (", versions->tensor_id(),
+            "): was it deleted and created again?"));
+      }
+      versions->Expire(absl::Now());
+      RETURN_IF_ERROR(
+          Annotate(versions->CheckOpen(handle.name(), handle.number()),
+                   "PublishVersion"));
+      sets.push_back(std::move(versions));
+    }
+    return CheckDeadline(op);
+  }();
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+  // Every daemon agreed: each makes every named version the latest now,
+  // at this log entry; none of these steps can fail.
+  for (int i = 0; i < handles.size(); ++i) {
+    sets[i]->Publish(handles[i].number());
+    const ShardedTensor latest = sets[i]->Latest();
+    table_
+        ->Update(handles[i].name(),
+                 [&](TableEntry& entry) { entry.tensor = latest; })
+        .IgnoreError();
+    v1::VersionHandle* handle = outcome.result.group.add_versions();
+    handle->set_name(handles[i].name());
+    handle->set_number(handles[i].number());
+    handle->set_tensor_id(VersionId(sets[i]->tensor_id(), handles[i].number()));
+  }
+  outcome.result.group.set_id(GroupIdOf(outcome.result.group));
+  return outcome;
+}
+
+OpOutcome ControlOps::RunAbortVersion(const v1::ControlOp& op) {
+  const auto& handles = op.abort_version().versions();
+  std::vector<std::shared_ptr<VersionSet>> sets;
+  absl::Status local = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckVersionNames(HandleNamesOf(handles), "AbortVersion"));
+    for (const v1::VersionHandle& handle : handles) {
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       VersionsOf(handle.name(), "AbortVersion"));
+      sets.push_back(std::move(versions));
+    }
+    return absl::OkStatus();
+  }();
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+  // Aborting a version that is no longer open (published, expired,
+  // aborted) changes nothing.
+  for (int i = 0; i < handles.size(); ++i) {
+    sets[i]->Abort(handles[i].number());
+  }
+  return outcome;
+}
+
+OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
+  const v1::PinVersionsRequest& request = op.pin_versions();
+  const std::vector<std::string> names(request.names().begin(),
+                                       request.names().end());
+  std::vector<std::shared_ptr<VersionSet>> sets;
+  std::vector<int64_t> numbers;
+  absl::Status local = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckVersionNames(names, "PinVersions"));
+    if (request.numbers_size() > 0 &&
+        request.numbers_size() != request.names_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PinVersions: ", request.numbers_size(), " version numbers for ",
+          request.names_size(), " tensors"));
+    }
+    if (request.lease_ms() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PinVersions: negative lease_ms ", request.lease_ms()));
+    }
+    for (int i = 0; i < request.names_size(); ++i) {
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       VersionsOf(names[i], "PinVersions"));
+      versions->Expire(absl::Now());
+      int64_t number =
+          request.numbers_size() > 0 ? request.numbers(i) : int64_t{0};
+      if (number == 0) number = versions->latest();
+      RETURN_IF_ERROR(Annotate(versions->Published(names[i], number).status(),
+                               "PinVersions"));
+      sets.push_back(std::move(versions));
+      numbers.push_back(number);
+    }
+    return CheckDeadline(op);
+  }();
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+  // The same id on every daemon: the log entry's coordinator and number.
+  const std::string pin =
+      absl::StrCat("pin.", op.coordinator(), ".", op.request_id());
+  const absl::Time until =
+      absl::Now() + LeaseOf(request.lease_ms(), kDefaultPinLease);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    sets[i]->Pin(pin, numbers[i], until);
+    v1::VersionHandle* handle = outcome.result.group.add_versions();
+    handle->set_name(names[i]);
+    handle->set_number(numbers[i]);
+    handle->set_tensor_id(VersionId(sets[i]->tensor_id(), numbers[i]));
+  }
+  outcome.result.group.set_id(pin);
+  return outcome;
+}
+
+OpOutcome ControlOps::RunUnpinVersions(const v1::ControlOp& op) {
+  const std::string& pin = op.unpin_versions().id();
+  absl::Status local =
+      pin.empty() ? absl::InvalidArgumentError("UnpinVersions: empty pin id")
+                  : absl::OkStatus();
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) return outcome;
+  // A pin that already expired is released alike: nothing to do.
+  std::vector<std::shared_ptr<VersionSet>> sets;
+  table_
+      ->ForEach([&](const std::string&, const TableEntry& entry) {
+        if (entry.versions != nullptr) sets.push_back(entry.versions);
+        return absl::OkStatus();
+      })
+      .IgnoreError();
+  for (const auto& versions : sets) {
+    versions->Unpin(pin);
+    versions->Expire(absl::Now());
   }
   return outcome;
 }

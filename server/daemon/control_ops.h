@@ -52,6 +52,7 @@
 #include "server/daemon/pending_call.h"
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
+#include "server/daemon/version_set.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control.pb.h"
@@ -75,6 +76,9 @@ struct OpOutcome {
   std::shared_ptr<const void> retired;
 };
 
+// "a,b": the names of version handles, for logs.
+std::string VersionHandleNames(
+    const google::protobuf::RepeatedPtrField<v1::VersionHandle>& handles);
 // The method name of `op` ("CreateTensor", ...), for messages.
 const char* OpName(const v1::ControlOp& op);
 // The tensor `op` is about (names joined by "," for checkpoints; "" for
@@ -101,6 +105,16 @@ class ControlOps {
   OpOutcome RunGather(const v1::ControlOp& op);
   OpOutcome RunSave(const v1::ControlOp& op);
   OpOutcome RunLoad(const v1::ControlOp& op);
+  // The version ops (docs/versions.md).
+  OpOutcome RunBeginVersion(const v1::ControlOp& op);
+  OpOutcome RunPublishVersion(const v1::ControlOp& op);
+  OpOutcome RunAbortVersion(const v1::ControlOp& op);
+  OpOutcome RunPinVersions(const v1::ControlOp& op);
+  OpOutcome RunUnpinVersions(const v1::ControlOp& op);
+  // The versions of tensor `name`, for op `what`: NOT_FOUND, degraded or
+  // refilling as Lookup says; FAILED_PRECONDITION for an unversioned one.
+  absl::StatusOr<std::shared_ptr<VersionSet>> VersionsOf(
+      const std::string& name, absl::string_view what) const;
   // CreateTensor's tensor (this daemon's shards), filled by its init kind.
   absl::StatusOr<ShardedTensor> NewTensor(
       const v1::CreateTensorRequest& request, DType dtype,

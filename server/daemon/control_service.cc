@@ -212,6 +212,72 @@ grpc::ServerUnaryReactor* ControlServiceImpl::DeleteTensor(
                                      std::move(op), [](OpResult&) {});
 }
 
+namespace control_internal {
+namespace {
+
+// A logged version op answered with its VersionGroup.
+template <typename Request>
+grpc::ServerUnaryReactor* RunVersionOp(
+    const std::shared_ptr<Core>& core, grpc::CallbackServerContext* context,
+    const char* method, const Request& request,
+    Request* (v1::ControlOp::*mutable_request)(), v1::VersionGroup* response) {
+  if (absl::Status allowed = Authorize(*context, method); !allowed.ok()) {
+    return Done(context, allowed);
+  }
+  v1::ControlOp op;
+  *(op.*mutable_request)() = request;
+  return RunLogged(core, context, method, std::move(op),
+                   [response](OpResult& result) {
+                     if (response != nullptr)
+                       *response = std::move(result.group);
+                   });
+}
+
+}  // namespace
+}  // namespace control_internal
+
+grpc::ServerUnaryReactor* ControlServiceImpl::BeginVersion(
+    grpc::CallbackServerContext* context,
+    const v1::BeginVersionRequest* request, v1::VersionGroup* response) {
+  return control_internal::RunVersionOp(
+      core_, context, "BeginVersion", *request,
+      &v1::ControlOp::mutable_begin_version, response);
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::PublishVersion(
+    grpc::CallbackServerContext* context,
+    const v1::PublishVersionRequest* request, v1::VersionGroup* response) {
+  return control_internal::RunVersionOp(
+      core_, context, "PublishVersion", *request,
+      &v1::ControlOp::mutable_publish_version, response);
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::AbortVersion(
+    grpc::CallbackServerContext* context,
+    const v1::AbortVersionRequest* request, v1::AbortVersionResponse*) {
+  return control_internal::RunVersionOp(core_, context, "AbortVersion",
+                                        *request,
+                                        &v1::ControlOp::mutable_abort_version,
+                                        /*response=*/nullptr);
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::PinVersions(
+    grpc::CallbackServerContext* context, const v1::PinVersionsRequest* request,
+    v1::VersionGroup* response) {
+  return control_internal::RunVersionOp(core_, context, "PinVersions", *request,
+                                        &v1::ControlOp::mutable_pin_versions,
+                                        response);
+}
+
+grpc::ServerUnaryReactor* ControlServiceImpl::UnpinVersions(
+    grpc::CallbackServerContext* context,
+    const v1::UnpinVersionsRequest* request, v1::UnpinVersionsResponse*) {
+  return control_internal::RunVersionOp(core_, context, "UnpinVersions",
+                                        *request,
+                                        &v1::ControlOp::mutable_unpin_versions,
+                                        /*response=*/nullptr);
+}
+
 grpc::ServerUnaryReactor* ControlServiceImpl::Reshard(
     grpc::CallbackServerContext* context, const v1::ReshardRequest* request,
     v1::TensorInfo* response) {

@@ -51,23 +51,28 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of server/serve/shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_GetOperation<
-    v1::ControlService::WithCallbackMethod_GetStats<
-        v1::ControlService::WithCallbackMethod_GetCluster<
-            v1::ControlService::WithCallbackMethod_CreateTensor<
-                v1::ControlService::WithCallbackMethod_ListTensors<
-                    v1::ControlService::WithCallbackMethod_DescribeTensor<
-                        v1::ControlService::WithCallbackMethod_DeleteTensor<
-                            v1::ControlService::WithCallbackMethod_WriteRegion<
-                                v1::ControlService::WithRawCallbackMethod_ReadRegion<
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_BeginVersion<
+    v1::ControlService::WithCallbackMethod_PublishVersion<
+        v1::ControlService::WithCallbackMethod_AbortVersion<
+            v1::ControlService::WithCallbackMethod_PinVersions<
+                v1::ControlService::WithCallbackMethod_UnpinVersions<
+                    v1::ControlService::WithCallbackMethod_GetOperation<
+                        v1::ControlService::WithCallbackMethod_GetStats<
+                            v1::ControlService::WithCallbackMethod_GetCluster<
+                                v1::ControlService::WithCallbackMethod_CreateTensor<
                                     v1::ControlService::
-                                        WithRawCallbackMethod_Gather<v1::ControlService::WithCallbackMethod_Reshard<
+                                        WithCallbackMethod_ListTensors<
                                             v1::ControlService::
-                                                WithCallbackMethod_SaveCheckpoint<
-                                                    v1::ControlService::
-                                                        WithCallbackMethod_LoadCheckpoint<
-                                                            v1::ControlService::
-                                                                Service>>>>>>>>>>>>>;
+                                                WithCallbackMethod_DescribeTensor<
+                                                    v1::ControlService::WithCallbackMethod_DeleteTensor<
+                                                        v1::ControlService::WithCallbackMethod_WriteRegion<
+                                                            v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                                                v1::ControlService::WithRawCallbackMethod_Gather<
+                                                                    v1::ControlService::WithCallbackMethod_Reshard<
+                                                                        v1::ControlService::WithCallbackMethod_SaveCheckpoint<
+                                                                            v1::ControlService::WithCallbackMethod_LoadCheckpoint<
+                                                                                v1::ControlService::
+                                                                                    Service>>>>>>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -128,6 +133,25 @@ class ControlServiceImpl final : public ControlServiceBase {
       grpc::CallbackServerContext* context,
       const v1::DeleteTensorRequest* request,
       v1::DeleteTensorResponse* response) override;
+  // Versions (docs/versions.md): logged like DeleteTensor.
+  grpc::ServerUnaryReactor* BeginVersion(grpc::CallbackServerContext* context,
+                                         const v1::BeginVersionRequest* request,
+                                         v1::VersionGroup* response) override;
+  grpc::ServerUnaryReactor* PublishVersion(
+      grpc::CallbackServerContext* context,
+      const v1::PublishVersionRequest* request,
+      v1::VersionGroup* response) override;
+  grpc::ServerUnaryReactor* AbortVersion(
+      grpc::CallbackServerContext* context,
+      const v1::AbortVersionRequest* request,
+      v1::AbortVersionResponse* response) override;
+  grpc::ServerUnaryReactor* PinVersions(grpc::CallbackServerContext* context,
+                                        const v1::PinVersionsRequest* request,
+                                        v1::VersionGroup* response) override;
+  grpc::ServerUnaryReactor* UnpinVersions(
+      grpc::CallbackServerContext* context,
+      const v1::UnpinVersionsRequest* request,
+      v1::UnpinVersionsResponse* response) override;
   grpc::ServerReadReactor<v1::WriteRegionChunk>* WriteRegion(
       grpc::CallbackServerContext* context,
       v1::WriteRegionResponse* response) override;

@@ -42,6 +42,7 @@ size_t ResultBytes(const OpResult& result) {
   size_t bytes = result.info.ByteSizeLong();
   for (const std::string& name : result.names) bytes += name.size();
   for (const v1::TensorInfo& info : result.infos) bytes += info.ByteSizeLong();
+  bytes += result.group.ByteSizeLong();
   return bytes;
 }
 
@@ -130,6 +131,7 @@ void OpOutcomes::Committed(const v1::ControlOp& op, int64_t n,
     kept.info = result.info;
     kept.names = result.names;
     kept.infos = result.infos;
+    kept.group = result.group;
     record.result = std::move(kept);
   } else {
     record.result_bytes = 0;

@@ -38,7 +38,8 @@ struct OpResult {
   v1::TensorInfo info;                // CreateTensor, Reshard, Gather
   std::vector<std::string> names;     // SaveCheckpoint
   std::vector<v1::TensorInfo> infos;  // LoadCheckpoint
-  Tensor gathered;                    // Gather, on the coordinator
+  v1::VersionGroup group;  // BeginVersion, PublishVersion, PinVersions
+  Tensor gathered;         // Gather, on the coordinator
   // Its share of the memory budget, held until the stream is done with it.
   std::shared_ptr<MemoryBudget::Reservation> gathered_reservation;
 };

@@ -21,6 +21,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/metrics/metrics.h"
+#include "server/serve/fetch.h"
+#include "server/serve/shard_registry.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
 #include "wire/chunk_assembler.h"
@@ -39,6 +41,9 @@ struct ResolvedRegion {
   // The region's offsets and sizes (no placement).
   ShardMetadata region;
   int64_t nbytes = 0;
+  // The published version it reads (0: unversioned, or a version not yet
+  // published).
+  int64_t version = 0;
 };
 
 // Looks `name` up and checks the region against it, before anything is
@@ -54,7 +59,18 @@ absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
         absl::StrCat(op, ": this daemon serves no tensors yet"));
   }
   ASSIGN_OR_RETURN(v1::TensorInfo info, env.resolve(name));
-  if (!pinned_id.empty() && pinned_id != info.tensor_id()) {
+  int64_t version = 0;
+  if (IsVersionOf(pinned_id, info.tensor_id())) {
+    // A version of the tensor (docs/versions.md): its own registration.
+    info.set_tensor_id(pinned_id);
+    version = VersionNumber(pinned_id);
+  } else if (info.versions_kept() >= 2 &&
+             (pinned_id.empty() || pinned_id == info.tensor_id())) {
+    // The latest version as this daemon's table says, for every piece:
+    // the owners that have not applied its publish yet serve it by its id.
+    version = info.version();
+    info.set_tensor_id(VersionId(info.tensor_id(), version));
+  } else if (!pinned_id.empty() && pinned_id != info.tensor_id()) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, ": tensor ", name, " is now ", info.tensor_id(),
                      ", not ", pinned_id, " (it was resharded or re-created)"));
@@ -92,8 +108,9 @@ absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
                      " bytes per call; split it"));
   }
   ASSIGN_OR_RETURN(ShardMetadata region, ShardMetadata::Create(offsets, sizes));
-  return ResolvedRegion{name, std::move(info), *std::move(metadata),
-                        std::move(region), nbytes};
+  return ResolvedRegion{
+      name,   std::move(info), *std::move(metadata), std::move(region),
+      nbytes, version};
 }
 
 // The deadline of the work a call does (forwards to other owners): the
@@ -178,9 +195,9 @@ int64_t BoxStagingBytes(const Rank& rank, const v1::TensorInfo& info,
                         const ShardedTensorMetadata& metadata,
                         const ShardMetadata& box) {
   const std::shared_ptr<const RegisteredTensor> registered =
-      rank.registry().Find(info.tensor_id());
+      rank.registry().Resolve(info.tensor_id()).tensor;
   const std::shared_ptr<const RegisteredTensor> copies =
-      rank.registry().Find(ReplicaTensorId(info.tensor_id()));
+      rank.registry().Resolve(ReplicaTensorId(info.tensor_id())).tensor;
   return StagedBytes(metadata, box, [&](size_t shard) {
     return Mine(registered, shard) == nullptr && Mine(copies, shard) == nullptr;
   });
@@ -192,9 +209,9 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
                          int parallelism, absl::Time deadline,
                          absl::string_view op) {
   const std::shared_ptr<const RegisteredTensor> registered =
-      rank.registry().Find(info.tensor_id());
+      rank.registry().Resolve(info.tensor_id()).tensor;
   const std::shared_ptr<const RegisteredTensor> copies =
-      rank.registry().Find(ReplicaTensorId(info.tensor_id()));
+      rank.registry().Resolve(ReplicaTensorId(info.tensor_id())).tensor;
   return ForEachRegionPiece(
       metadata.shards_metadata, box.shard_offsets(), destination, parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
@@ -286,7 +303,8 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
     // the shards of the id this read resolved: say so, rather than the
     // NOT_FOUND of some holder.
     absl::StatusOr<v1::TensorInfo> now = env.resolve(request.name());
-    if (now.ok() && now->tensor_id() != resolved.info.tensor_id()) {
+    if (now.ok() &&
+        now->tensor_id() != VersionBase(resolved.info.tensor_id())) {
       return absl::FailedPreconditionError(
           absl::StrCat("ReadRegion: tensor ", request.name(), " is now ",
                        now->tensor_id(), ", not ", resolved.info.tensor_id(),
@@ -300,6 +318,7 @@ absl::StatusOr<PreparedFetch> PrepareRegionRead(
                        region.shard_offsets(), region.shard_sizes(),
                        RemoteDevice::ForRank(env.rank->rank(), Device::Cpu())));
   ASSIGN_OR_RETURN(PreparedFetch prepared, PrepareTensorFetch(box, where));
+  prepared.header.set_version(resolved.version);
   prepared.keepalive = std::move(staged);
   return prepared;
 }
@@ -464,12 +483,16 @@ class WriteRegionReactor final
 
   absl::Status Apply() {
     const ResolvedRegion& resolved = *resolved_;
+    if (!env_.rank->registry().Resolve(resolved.info.tensor_id()).writable) {
+      return ReadOnlyVersionError(resolved.info.tensor_id(), What());
+    }
     const ShardMetadata& region = resolved.region;
     const auto& shards = resolved.metadata.shards_metadata;
     const std::shared_ptr<const RegisteredTensor> registered =
-        env_.rank->registry().Find(resolved.info.tensor_id());
-    copies_ =
-        env_.rank->registry().Find(ReplicaTensorId(resolved.info.tensor_id()));
+        env_.rank->registry().Resolve(resolved.info.tensor_id()).tensor;
+    copies_ = env_.rank->registry()
+                  .Resolve(ReplicaTensorId(resolved.info.tensor_id()))
+                  .tensor;
     refill_ =
         env_.refilling ? env_.refilling(resolved.info.tensor_id()) : nullptr;
     if (replica_) {
@@ -560,7 +583,9 @@ class WriteRegionReactor final
     const std::string& id = resolved_->info.tensor_id();
     for (int attempt = 0; attempt < 2; ++attempt) {
       const std::shared_ptr<const RegisteredTensor> target =
-          env_.rank->registry().Find(replica ? ReplicaTensorId(id) : id);
+          env_.rank->registry()
+              .Resolve(replica ? ReplicaTensorId(id) : id)
+              .tensor;
       if (const LocalShard* mine = Mine(target, piece.shard)) {
         return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
                        mine->tensor, piece.offsets_in_shard,

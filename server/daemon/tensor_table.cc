@@ -88,7 +88,9 @@ absl::StatusOr<v1::TensorInfo> TensorTable::Info(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return UnknownTensor(name);
-  return it->second.info;
+  v1::TensorInfo info = it->second.info;
+  if (it->second.versions != nullptr) it->second.versions->Describe(&info);
+  return info;
 }
 
 absl::StatusOr<v1::TensorInfo> TensorTable::Describe(
@@ -196,6 +198,7 @@ void TensorTable::FailRefill(const std::string& name,
 
 v1::TensorInfo TensorTable::InfoWithState(const TableEntry& entry) const {
   v1::TensorInfo info = entry.info;
+  if (entry.versions != nullptr) entry.versions->Describe(&info);
   if (entry.refill == nullptr || entry.refill->complete()) return info;
   for (const LocalShard& local : entry.refill->own()) {
     if (local.index < info.replicas_size()) {

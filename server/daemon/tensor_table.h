@@ -36,6 +36,7 @@
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/refill.h"
 #include "server/daemon/replica_copies.h"
+#include "server/daemon/version_set.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control.pb.h"
@@ -57,6 +58,9 @@ struct TableEntry {
   std::shared_ptr<Refill> refill;
   // Why the refill failed ("" unless it did).
   std::string refill_error;
+  // A versioned tensor's versions (null for an unversioned one); `tensor`
+  // is then its latest published version.
+  std::shared_ptr<VersionSet> versions;
 };
 
 // NOT_FOUND for a name the table does not hold.

@@ -230,6 +230,11 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
     return SendReply(stream, WriteError(Annotate(target.status(), what)),
                      deadline);
   }
+  if (!target->writable) {
+    return SendReply(
+        stream, WriteError(ReadOnlyVersionError(request.tensor_id(), what)),
+        deadline);
+  }
   const Tensor& box = target->view;
   const int64_t total = static_cast<int64_t>(box.nbytes());
   if (absl::Status checked =

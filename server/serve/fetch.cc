@@ -92,6 +92,14 @@ absl::StatusOr<v1::FetchShardRequest> ParseFetchRequest(
   return request;
 }
 
+absl::Status ReadOnlyVersionError(absl::string_view tensor_id,
+                                  absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": ", tensor_id,
+      " is a published version of a versioned tensor, which is read-only: "
+      "write into a new version (begin, then publish; docs/versions.md)"));
+}
+
 absl::Status UnknownTensorError(absl::string_view tensor_id) {
   return absl::NotFoundError(absl::StrCat("unknown tensor ", tensor_id));
 }
@@ -100,7 +108,9 @@ absl::StatusOr<FetchView> PrepareFetchView(
     const ShardRegistry& registry, const v1::FetchShardRequest& request) {
   RETURN_IF_ERROR(ValidateRequest(request));
   FetchView found;
-  found.tensor = registry.Find(request.tensor_id());
+  ShardRegistry::Resolved resolved = registry.Resolve(request.tensor_id());
+  found.tensor = std::move(resolved.tensor);
+  found.writable = resolved.writable;
   if (found.tensor == nullptr) return UnknownTensorError(request.tensor_id());
   const LocalShard* local = found.tensor->FindShard(request.shard_index());
   if (local == nullptr) {
@@ -113,6 +123,7 @@ absl::StatusOr<FetchView> PrepareFetchView(
   found.header =
       HeaderOf(found.view,
                ToProto(found.tensor->metadata->shards_metadata[local->index]));
+  found.header.set_version(resolved.version);
   return found;
 }
 

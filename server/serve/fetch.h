@@ -80,8 +80,16 @@ struct PreparedFetch {
 struct FetchView {
   std::shared_ptr<const RegisteredTensor> tensor;
   Tensor view;
+  // Its version in header.version (ShardRegistry::Resolve).
   v1::ShardHeader header;
+  // False for a published version (or a versioned tensor's own id): it
+  // must not be written.
+  bool writable = true;
 };
+// FAILED_PRECONDITION for a write (`what`) of a versioned tensor's id or
+// of one of its published versions: they are read-only (docs/versions.md).
+absl::Status ReadOnlyVersionError(absl::string_view tensor_id,
+                                  absl::string_view what);
 absl::StatusOr<FetchView> PrepareFetchView(
     const ShardRegistry& registry, const v1::FetchShardRequest& request);
 

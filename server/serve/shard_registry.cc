@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -149,11 +151,70 @@ size_t ShardRegistry::ReleaseRetired(uint64_t mark) {
 std::shared_ptr<const RegisteredTensor> ShardRegistry::Find(
     absl::string_view tensor_id) const {
   absl::MutexLock lock(&mu_);
+  return FindLocked(tensor_id);
+}
+
+std::shared_ptr<const RegisteredTensor> ShardRegistry::FindLocked(
+    absl::string_view tensor_id) const {
   if (auto it = tensors_.find(tensor_id); it != tensors_.end()) {
     return it->second;
   }
   auto r = retired_.find(tensor_id);
   return r == retired_.end() ? nullptr : r->second.tensor;
+}
+
+ShardRegistry::Resolved ShardRegistry::Resolve(absl::string_view id) const {
+  Resolved resolved;
+  absl::MutexLock lock(&mu_);
+  if (!versions_.empty()) {
+    // The tensor's own id: its latest version.
+    if (auto it = versions_.find(id); it != versions_.end()) {
+      resolved.writable = false;
+      auto latest = it->second.registrations.find(it->second.latest);
+      if (latest == it->second.registrations.end()) return resolved;
+      resolved.tensor = FindLocked(latest->second);
+      resolved.version = latest->first;
+      return resolved;
+    }
+    // A version id: a published one is read-only.
+    const size_t at = id.rfind('@');
+    int64_t number = 0;
+    if (at != absl::string_view::npos &&
+        absl::SimpleAtoi(id.substr(at + 1), &number)) {
+      if (auto it = versions_.find(id.substr(0, at)); it != versions_.end()) {
+        if (auto published = it->second.registrations.find(number);
+            published != it->second.registrations.end()) {
+          resolved.tensor = FindLocked(published->second);
+          resolved.version = number;
+          resolved.writable = false;
+          return resolved;
+        }
+      }
+    }
+  }
+  resolved.tensor = FindLocked(id);
+  return resolved;
+}
+
+void ShardRegistry::PublishVersion(const std::string& tensor_id, int64_t number,
+                                   const std::string& registration_id) {
+  absl::MutexLock lock(&mu_);
+  VersionIndex& index = versions_[tensor_id];
+  index.registrations[number] = registration_id;
+  index.latest = std::max(index.latest, number);
+}
+
+void ShardRegistry::ForgetVersion(const std::string& tensor_id,
+                                  int64_t number) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = versions_.find(tensor_id); it != versions_.end()) {
+    it->second.registrations.erase(number);
+  }
+}
+
+void ShardRegistry::DropVersions(const std::string& tensor_id) {
+  absl::MutexLock lock(&mu_);
+  versions_.erase(tensor_id);
 }
 
 ShardRegistry::Holdings ShardRegistry::Held() const {

@@ -14,11 +14,21 @@
 // next synchronisation of all ranks releases it (Rank::Barrier passes the
 // RetirementMark taken before the barrier to ReleaseRetired afterwards).
 //
+// Versions (docs/versions.md): a versioned tensor's published versions are
+// each registered under an id of their own (the first under the tensor's
+// id, version n > 1 under "<tensor id>@<n>", VersionId), and the registry
+// maps the tensor's id to its latest published version: Resolve(tensor id)
+// finds that version, Resolve(VersionId(id, n)) a kept one. Published
+// versions are read-only (Resolved::writable), and so is the tensor id of
+// a versioned tensor; a version begun but not yet published is an
+// ordinary registration under its version id, writable.
+//
 // Thread-safety: all methods are safe to call concurrently.
 #ifndef TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_
 #define TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +42,7 @@
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/tensor/tensor.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 
@@ -60,6 +71,16 @@ struct RegisteredTensor {
 
 class ShardRegistry {
  public:
+  // What Resolve finds for an id.
+  struct Resolved {
+    // Null when the id names nothing registered.
+    std::shared_ptr<const RegisteredTensor> tensor;
+    // The published version it is (0: unversioned, or not yet published).
+    int64_t version = 0;
+    // False for a published version and for a versioned tensor's own id.
+    bool writable = true;
+  };
+
   // ALREADY_EXISTS when `tensor_id` is registered; INVALID_ARGUMENT when a
   // local shard's index is out of range or repeated, or its tensor does not
   // match its metadata's sizes.
@@ -77,6 +98,21 @@ class ShardRegistry {
   // Live or retired; null when unknown.
   std::shared_ptr<const RegisteredTensor> Find(
       absl::string_view tensor_id) const;
+  // What a fetch or a write of `id` reaches: a versioned tensor's id
+  // resolves to its latest published version, VersionId(id, n) to version
+  // n while it is kept, any other id as Find does.
+  Resolved Resolve(absl::string_view id) const;
+  // Version `number` of versioned tensor `tensor_id`, registered under
+  // `registration_id`, is published: read-only from now on, and the latest
+  // unless a higher number was published before.
+  void PublishVersion(const std::string& tensor_id, int64_t number,
+                      const std::string& registration_id);
+  // Version `number` of `tensor_id` is no longer kept (its registration is
+  // dropped by its owner).
+  void ForgetVersion(const std::string& tensor_id, int64_t number);
+  // `tensor_id` is no longer a versioned tensor (it was deleted).
+  void DropVersions(const std::string& tensor_id);
+
   // Live tensors only.
   size_t size() const;
   size_t retired_size() const;
@@ -94,6 +130,16 @@ class ShardRegistry {
   Holdings Held() const;
 
  private:
+  // The registration of `id`, live or retired (Find, under the lock).
+  std::shared_ptr<const RegisteredTensor> FindLocked(absl::string_view id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A versioned tensor's published versions: number -> registration id.
+  struct VersionIndex {
+    int64_t latest = 0;
+    std::map<int64_t, std::string> registrations;
+  };
+
   struct Retired {
     uint64_t sequence;
     std::shared_ptr<const RegisteredTensor> tensor;
@@ -104,6 +150,7 @@ class ShardRegistry {
       tensors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Retired> retired_ ABSL_GUARDED_BY(mu_);
   uint64_t retirements_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, VersionIndex> versions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -58,7 +58,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::DescribeTensor(
     return reactor;
   }
   std::shared_ptr<const RegisteredTensor> tensor =
-      registry_->Find(request->tensor_id());
+      registry_->Resolve(request->tensor_id()).tensor;
   if (tensor == nullptr) {
     reactor->Finish(ToGrpcStatus(UnknownTensorError(request->tensor_id())));
     return reactor;

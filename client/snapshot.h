@@ -1,0 +1,43 @@
+// Snapshot: pinned versions of versioned tensors (docs/versions.md), from
+// Client::Pin.
+//
+// Thread-safety: safe to use from many threads at once. A snapshot not
+// released ends with its lease (pins are leases: a dead reader's pin
+// expires).
+#ifndef TESSERA_CLIENT_SNAPSHOT_H_
+#define TESSERA_CLIENT_SNAPSHOT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera {
+
+// Pinned versions (Client::Pin): each view(name) reads its pinned
+// version until Release() or the lease ends. Cheap to copy.
+class Snapshot {
+ public:
+  // The pin's id.
+  const std::string& id() const { return group_.id(); }
+  const v1::VersionGroup& group() const { return group_; }
+  // The version pinned for `name` (0 when it is not in the snapshot).
+  int64_t version(const std::string& name) const;
+  absl::StatusOr<ShardedTensorView> view(const std::string& name) const;
+  // Ends the pin (the versions it alone kept are freed).
+  absl::Status Release() const;
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal_client::Cluster> cluster_;
+  v1::VersionGroup group_;
+  std::vector<ShardedTensorView> views_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_SNAPSHOT_H_

@@ -1,0 +1,47 @@
+// VersionWriter: open versions of versioned tensors (docs/versions.md),
+// from Client::Begin or Client::Join.
+//
+// Thread-safety: safe to use from many threads at once. Failure: the
+// daemons' errors, as Client's logged calls give them (a publish or abort
+// is retried under one request id).
+#ifndef TESSERA_CLIENT_VERSION_WRITER_H_
+#define TESSERA_CLIENT_VERSION_WRITER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera {
+
+// Open versions of one or more tensors (Client::Begin or Join): written
+// through view(name), then published together or aborted. Cheap to copy;
+// safe to use from many threads. Publishing or aborting twice, or from
+// two processes, is harmless: the second finds the versions no longer
+// open (FAILED_PRECONDITION for a publish, nothing for an abort).
+class VersionWriter {
+ public:
+  // Names the group for Client::Join: "a@5,b@3".
+  const std::string& id() const { return group_.id(); }
+  const v1::VersionGroup& group() const { return group_; }
+  // The view of `name`'s open version (NOT_FOUND for a name not in it).
+  absl::StatusOr<ShardedTensorView> view(const std::string& name) const;
+  // Makes every version of the group the latest, at once on every daemon.
+  absl::StatusOr<v1::VersionGroup> Publish() const;
+  // Drops the versions (their memory is freed).
+  absl::Status Abort() const;
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal_client::Cluster> cluster_;
+  v1::VersionGroup group_;
+  std::vector<ShardedTensorView> views_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_VERSION_WRITER_H_

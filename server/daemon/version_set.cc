@@ -1,0 +1,180 @@
+#include "server/daemon/version_set.h"
+
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/serve/shard_registry.h"
+
+namespace tessera::control_internal {
+
+VersionSet::VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id,
+                       int kept)
+    : rank_(std::move(rank)),
+      tensor_id_(std::move(tensor_id)),
+      kept_(std::max(kept, 1)) {}
+
+VersionSet::~VersionSet() { rank_->registry().DropVersions(tensor_id_); }
+
+int64_t VersionSet::latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+int64_t VersionSet::next() const {
+  absl::MutexLock lock(&mu_);
+  return next_;
+}
+
+ShardedTensor VersionSet::Latest() const {
+  absl::MutexLock lock(&mu_);
+  return published_.at(latest_).tensor;
+}
+
+absl::StatusOr<ShardedTensor> VersionSet::Published(const std::string& name,
+                                                    int64_t number) const {
+  absl::MutexLock lock(&mu_);
+  auto it = published_.find(number);
+  if (it == published_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("version ", number, " of tensor ", name,
+                     " is not kept (kept: ", KeptListLocked(), ")"));
+  }
+  return it->second.tensor;
+}
+
+void VersionSet::AddFirst(ShardedTensor tensor,
+                          MemoryBudget::Reservation held) {
+  absl::MutexLock lock(&mu_);
+  published_.insert_or_assign(1, Version{std::move(tensor), std::move(held)});
+  latest_ = 1;
+  next_ = 2;
+  rank_->registry().PublishVersion(tensor_id_, 1, tensor_id_);
+}
+
+int64_t VersionSet::Open(ShardedTensor tensor, MemoryBudget::Reservation held,
+                         absl::Time lease_end) {
+  absl::MutexLock lock(&mu_);
+  const int64_t number = next_++;
+  open_.insert_or_assign(
+      number, Version{std::move(tensor), std::move(held), lease_end});
+  return number;
+}
+
+absl::Status VersionSet::CheckOpen(const std::string& name,
+                                   int64_t number) const {
+  absl::MutexLock lock(&mu_);
+  if (open_.count(number) > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("version ", number, " of tensor ", name, " is not open: ",
+                   number <= 0 || number >= next_
+                       ? "it was never begun"
+                       : "it was published or aborted, or its lease ended",
+                   " (latest published: ", latest_, ")"));
+}
+
+void VersionSet::Publish(int64_t number) {
+  std::vector<Version> freed;
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(number);
+  if (it == open_.end()) return;
+  Version version = std::move(it->second);
+  open_.erase(it);
+  version.lease_end = absl::InfiniteFuture();
+  const std::string id = VersionId(tensor_id_, number);
+  published_.insert_or_assign(number, std::move(version));
+  rank_->registry().PublishVersion(tensor_id_, number, id);
+  latest_ = std::max(latest_, number);
+  TrimLocked(&freed);
+}
+
+void VersionSet::Abort(int64_t number) {
+  std::optional<Version> dropped;
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(number);
+  if (it == open_.end()) return;
+  dropped = std::move(it->second);
+  open_.erase(it);
+}
+
+void VersionSet::Pin(const std::string& pin, int64_t number, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  pins_[pin] = PinEntry{number, until};
+}
+
+bool VersionSet::Unpin(const std::string& pin) {
+  std::vector<Version> freed;
+  absl::MutexLock lock(&mu_);
+  if (pins_.erase(pin) == 0) return false;
+  TrimLocked(&freed);
+  return true;
+}
+
+void VersionSet::Expire(absl::Time now) {
+  std::vector<Version> freed;
+  absl::MutexLock lock(&mu_);
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    it = it->second.until <= now ? pins_.erase(it) : std::next(it);
+  }
+  for (auto it = open_.begin(); it != open_.end();) {
+    if (it->second.lease_end <= now) {
+      freed.push_back(std::move(it->second));
+      it = open_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  TrimLocked(&freed);
+}
+
+void VersionSet::TrimLocked(std::vector<Version>* freed) {
+  // The kept newest, by number, stay; so does every pinned one.
+  int64_t keep_from = latest_;
+  int count = 0;
+  for (auto it = published_.rbegin(); it != published_.rend(); ++it) {
+    if (++count > kept_) break;
+    keep_from = it->first;
+  }
+  for (auto it = published_.begin(); it != published_.end();) {
+    const int64_t number = it->first;
+    const bool pinned = std::any_of(
+        pins_.begin(), pins_.end(),
+        [&](const auto& pin) { return pin.second.number == number; });
+    if (number >= keep_from || number == latest_ || pinned) {
+      ++it;
+      continue;
+    }
+    rank_->registry().ForgetVersion(tensor_id_, number);
+    freed->push_back(std::move(it->second));
+    it = published_.erase(it);
+  }
+}
+
+std::string VersionSet::KeptListLocked() const {
+  std::vector<int64_t> kept;
+  for (const auto& [number, version] : published_) kept.push_back(number);
+  return absl::StrJoin(kept, ", ");
+}
+
+void VersionSet::Describe(v1::TensorInfo* info) const {
+  absl::MutexLock lock(&mu_);
+  info->set_versions_kept(kept_);
+  info->set_version(latest_);
+  info->clear_kept_versions();
+  info->clear_pinned_versions();
+  info->clear_open_versions();
+  for (const auto& [number, version] : published_) {
+    info->add_kept_versions(number);
+  }
+  std::vector<int64_t> pinned;
+  for (const auto& [pin, entry] : pins_) pinned.push_back(entry.number);
+  std::sort(pinned.begin(), pinned.end());
+  pinned.erase(std::unique(pinned.begin(), pinned.end()), pinned.end());
+  for (int64_t number : pinned) info->add_pinned_versions(number);
+  for (const auto& [number, version] : open_) info->add_open_versions(number);
+}
+
+}  // namespace tessera::control_internal

@@ -1,0 +1,129 @@
+// VersionSet: the versions of one versioned tensor on one daemon
+// (docs/versions.md): its published versions still kept, the versions
+// begun and not yet published (open), and the pins that keep old versions
+// readable.
+//
+// Every version is a ShardedTensor of its own, registered under its own id
+// (version 1, the tensor as created, under the tensor's id; version n
+// under VersionId(tensor id, n)), holding this daemon's shards of it and
+// their share of the memory budget. Publishing a version copies nothing:
+// it tells the registry that the tensor's id now reads that version
+// (ShardRegistry::PublishVersion), then frees the published versions
+// beyond the `kept` newest that no pin holds. Freeing a version drops its
+// registration; a fetch already serving it keeps its bytes alive until it
+// ends.
+//
+// Numbers: the control ops (control_ops.h) change a set only from the
+// executor thread, after every daemon agreed, so every daemon numbers the
+// versions alike: version 1 at create, then next() for each Open. Leases
+// (open versions and pins) expire on each daemon by its own clock
+// (Expire): an expired open version can no longer be published (a publish
+// naming it fails on every daemon, since one of them refuses it), and an
+// expired pin stops keeping its version.
+//
+// Thread-safety: every method may be called from any thread (one lock).
+// Ownership: shared by the tensor's table entry (tensor_table.h) and the
+// op running on it; destroying the set forgets the tensor's versions in
+// the registry and frees every version it holds.
+#ifndef TESSERA_SERVER_DAEMON_VERSION_SET_H_
+#define TESSERA_SERVER_DAEMON_VERSION_SET_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/daemon/memory_budget.h"
+#include "server/rank/rank.h"
+#include "server/sharded/sharded_tensor.h"
+#include "tessera/v1/control.pb.h"
+
+namespace tessera::control_internal {
+
+// The most published versions a tensor may keep.
+inline constexpr int kMaxKeptVersions = 64;
+
+class VersionSet {
+ public:
+  // The versions of the tensor registered as `tensor_id`, keeping the
+  // `kept` newest published ones (at least 1).
+  VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id, int kept);
+  ~VersionSet();
+  VersionSet(const VersionSet&) = delete;
+  VersionSet& operator=(const VersionSet&) = delete;
+
+  const std::string& tensor_id() const { return tensor_id_; }
+  // The latest published version's number.
+  int64_t latest() const;
+  // The number the next Open takes.
+  int64_t next() const;
+  // The latest published version's tensor.
+  ShardedTensor Latest() const;
+  // Version `number`'s tensor, published and kept: NOT_FOUND naming the
+  // kept ones otherwise (`name` is the tensor's, for the message).
+  absl::StatusOr<ShardedTensor> Published(const std::string& name,
+                                          int64_t number) const;
+
+  // Version 1: the tensor as created (registered under tensor_id()).
+  void AddFirst(ShardedTensor tensor, MemoryBudget::Reservation held);
+  // Opens version next() with `tensor` (registered under its version id),
+  // until `lease_end`; returns its number.
+  int64_t Open(ShardedTensor tensor, MemoryBudget::Reservation held,
+               absl::Time lease_end);
+  // OK when version `number` is open: FAILED_PRECONDITION otherwise,
+  // saying whether it was published, dropped or never begun.
+  absl::Status CheckOpen(const std::string& name, int64_t number) const;
+  // Publishes open version `number` (CheckOpen passed): the latest from
+  // now on, read-only; frees what it pushes beyond the kept versions.
+  void Publish(int64_t number);
+  // Drops open version `number`, if open.
+  void Abort(int64_t number);
+  // Keeps published version `number` readable until `until` or Unpin.
+  void Pin(const std::string& pin, int64_t number, absl::Time until);
+  // Releases `pin`; false when this set holds no such pin.
+  bool Unpin(const std::string& pin);
+  // Drops the pins and open versions whose lease ended by `now`, and
+  // frees the published versions that only they kept.
+  void Expire(absl::Time now);
+
+  // Writes the version fields of `info` (versions_kept, version,
+  // kept_versions, pinned_versions, open_versions).
+  void Describe(v1::TensorInfo* info) const;
+
+ private:
+  struct Version {
+    ShardedTensor tensor;
+    MemoryBudget::Reservation held;
+    absl::Time lease_end = absl::InfiniteFuture();
+  };
+  struct PinEntry {
+    int64_t number = 0;
+    absl::Time until;
+  };
+
+  // Removes the published versions beyond the kept newest that no pin
+  // holds (never the latest), handing them to `freed` to be destroyed
+  // outside the lock.
+  void TrimLocked(std::vector<Version>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string KeptListLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<Rank> rank_;
+  const std::string tensor_id_;
+  const int kept_;
+  mutable absl::Mutex mu_;
+  std::map<int64_t, Version> published_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Version> open_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PinEntry> pins_ ABSL_GUARDED_BY(mu_);
+  int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace tessera::control_internal
+
+#endif  // TESSERA_SERVER_DAEMON_VERSION_SET_H_

@@ -1,0 +1,424 @@
+// Versions (docs/versions.md) on real `tessera-server` processes on
+// loopback (tests/testing/daemon_cluster.h), through the client library.
+//
+// Covered: writers in two clients joined to one version publish versions
+// in a loop, each filling the whole tensor with its number in several
+// boxes, while readers on every transport (the local path, the data plane,
+// gRPC streams) read the whole tensor and random boxes: no read ever mixes
+// two versions, the version a read reports is the one its values say, and
+// a reader's versions never go backwards. A group of three tensors
+// published together is never seen at two versions through a snapshot.
+// Kept versions: K = 2 frees the older ones (a read of one is NOT_FOUND
+// naming the kept ones) unless a pin holds them, until it is released or
+// its lease ends. Published versions and a versioned tensor's own id are
+// read-only; an unversioned tensor has no versions; a begin beyond the
+// memory budget is refused before anything is allocated; an aborted
+// version gives its budget back.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/snapshot.h"
+#include "client/version_writer.h"
+#include "common/sharding_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+constexpr int64_t kRows = 64;
+constexpr int64_t kCols = 512;
+
+// Rows in chunks over every daemon, twice over: 8 shards.
+ShardingSpec Rows() {
+  std::vector<std::string> placements;
+  for (int i = 0; i < 2 * kWorld; ++i) {
+    placements.push_back(absl::StrCat("rank:", i % kWorld, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+// Whether every element of `t` (float32) equals the first; the first.
+bool Uniform(const Tensor& t, float* value) {
+  const float* data = t.data<float>();
+  const int64_t n = t.numel();
+  *value = n > 0 ? data[0] : 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (data[i] != data[0]) return false;
+  }
+  return true;
+}
+
+class VersionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::DaemonClusterOptions options =
+        testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
+    options.extra_args.push_back("--memory-limit");
+    options.extra_args.push_back("64MiB");
+    ASSERT_OK_AND_ASSIGN(cluster_, DaemonCluster::Start(options));
+  }
+
+  std::shared_ptr<Client> Connect(int rank, ClientOptions options = {}) {
+    auto client = Client::Connect(cluster_->address(rank), options);
+    EXPECT_OK(client.status());
+    return client.ok() ? *client : nullptr;
+  }
+
+  // Creates `name` [kRows, kCols] float32, zeros, keeping `versions`.
+  ShardedTensorView Create(Client& client, const std::string& name,
+                           int versions) {
+    CreateOptions options;
+    options.init = TensorInit::kZeros;
+    options.versions = versions;
+    auto view = client.Create(name, {kRows, kCols}, Rows(), options);
+    EXPECT_OK(view.status());
+    return *view;
+  }
+
+  // Writes `value` into rows [begin, end) of `view` (an open version), in
+  // boxes of 8 rows.
+  static absl::Status Fill(const ShardedTensorView& view, int64_t begin,
+                           int64_t end, float value) {
+    for (int64_t row = begin; row < end; row += 8) {
+      const int64_t rows = std::min<int64_t>(8, end - row);
+      absl::StatusOr<Tensor> box = Tensor::Full({rows, kCols}, value);
+      if (!box.ok()) return box.status();
+      if (absl::Status s = view.Write({row, 0}, *box); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<DaemonCluster> cluster_;
+};
+
+TEST_F(VersionsTest, ReadsSeeExactlyOneVersionWhileJoinedWritersPublish) {
+  auto writer_a = Connect(0);
+  auto writer_b = Connect(3);
+  ASSERT_NE(writer_a, nullptr);
+  ASSERT_NE(writer_b, nullptr);
+  Create(*writer_a, "w", 3);
+
+  // Readers: one per transport, each on its own connection.
+  struct Reader {
+    const char* transport;
+    ClientOptions options;
+  };
+  std::vector<Reader> readers(3);
+  readers[0].transport = "local path";
+  readers[0].options.local_min_bytes = 0;
+  readers[1].transport = "data plane";
+  readers[1].options.use_local_path = false;
+  readers[2].transport = "gRPC";
+  readers[2].options.use_local_path = false;
+  readers[2].options.data_plane = false;
+
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> mixed{0};
+  std::atomic<int64_t> backwards{0};
+  std::atomic<int64_t> mismatched{0};
+  std::vector<int64_t> reads(readers.size(), 0);
+  std::vector<int64_t> highest(readers.size(), 0);
+  std::vector<absl::Status> reader_errors(readers.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < readers.size(); ++r) {
+    threads.emplace_back([&, r] {
+      auto client = Client::Connect(cluster_->address(static_cast<int>(r)),
+                                    readers[r].options);
+      if (!client.ok()) {
+        reader_errors[r] = client.status();
+        return;
+      }
+      auto view = (*client)->Open("w");
+      if (!view.ok()) {
+        reader_errors[r] = view.status();
+        return;
+      }
+      std::mt19937_64 random(r + 1);
+      int64_t last = 0;
+      while (!done.load()) {
+        // Whole tensor one read in eight; else a random box.
+        std::vector<int64_t> offsets = {0, 0};
+        std::vector<int64_t> sizes = {kRows, kCols};
+        if (random() % 8 != 0) {
+          offsets = {static_cast<int64_t>(random() % kRows),
+                     static_cast<int64_t>(random() % kCols)};
+          sizes = {1 + static_cast<int64_t>(random() % (kRows - offsets[0])),
+                   1 + static_cast<int64_t>(random() % (kCols - offsets[1]))};
+        }
+        int64_t version = 0;
+        TransferOptions options;
+        options.version = &version;
+        absl::StatusOr<Tensor> box = view->ReadRegion(offsets, sizes, options);
+        if (!box.ok()) {
+          reader_errors[r] = box.status();
+          return;
+        }
+        float value = 0;
+        if (!Uniform(*box, &value)) ++mixed;
+        // Version 1 is the zeros the tensor was created with.
+        if (static_cast<int64_t>(value) != (version == 1 ? 0 : version)) {
+          ++mismatched;
+        }
+        if (version < last) ++backwards;
+        last = version;
+        ++reads[r];
+      }
+      highest[r] = last;
+    });
+  }
+
+  // Writers: A begins (empty: every element is written), B joins by id,
+  // each fills half the rows, then A publishes.
+  // TESSERA_VERSIONS_TEST_SECONDS runs it longer (for the 10^5 reads of
+  // docs/versions.md); 8 s by default.
+  const char* seconds = std::getenv("TESSERA_VERSIONS_TEST_SECONDS");
+  const absl::Time end =
+      absl::Now() + absl::Seconds(seconds != nullptr ? std::atoi(seconds) : 8);
+  int64_t published = 1;
+  while (absl::Now() < end) {
+    BeginOptions begin;
+    begin.empty = true;
+    ASSERT_OK_AND_ASSIGN(VersionWriter a, writer_a->Begin({"w"}, begin));
+    ASSERT_OK_AND_ASSIGN(VersionWriter b, writer_b->Join(a.id()));
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView va, a.view("w"));
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView vb, b.view("w"));
+    const float number = static_cast<float>(va.at_version());
+    std::thread other([&] { EXPECT_OK(Fill(vb, kRows / 2, kRows, number)); });
+    EXPECT_OK(Fill(va, 0, kRows / 2, number));
+    other.join();
+    ASSERT_OK_AND_ASSIGN(v1::VersionGroup group, a.Publish());
+    ASSERT_EQ(group.versions_size(), 1);
+    EXPECT_GT(group.versions(0).number(), published);
+    published = group.versions(0).number();
+  }
+  done = true;
+  for (std::thread& thread : threads) thread.join();
+
+  int64_t total = 0;
+  for (size_t r = 0; r < readers.size(); ++r) {
+    EXPECT_OK(reader_errors[r]) << readers[r].transport;
+    EXPECT_GT(reads[r], 0) << readers[r].transport;
+    std::cout << "versions: " << readers[r].transport << ": " << reads[r]
+              << " reads, last version " << highest[r] << "\n";
+    total += reads[r];
+  }
+  std::cout << "versions: " << published << " published, " << total
+            << " reads, " << mixed.load() << " mixed\n";
+  EXPECT_GE(published, 5);
+  EXPECT_EQ(mixed.load(), 0);
+  EXPECT_EQ(mismatched.load(), 0);
+  EXPECT_EQ(backwards.load(), 0);
+
+  // The published versions are read-only, and so is the tensor's own id.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView w, writer_a->Open("w"));
+  ASSERT_OK_AND_ASSIGN(Tensor one, Tensor::Full({1, kCols}, 1.0));
+  EXPECT_THAT(
+      w.Write({0, 0}, one),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("read-only")));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView latest, w.AtVersion(published));
+  EXPECT_THAT(
+      latest.Write({0, 0}, one),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("read-only")));
+}
+
+TEST_F(VersionsTest, AGroupIsPublishedAtOnceForSnapshots) {
+  auto writer = Connect(1);
+  ASSERT_NE(writer, nullptr);
+  const std::vector<std::string> names = {"a", "b", "c"};
+  for (const std::string& name : names) Create(*writer, name, 2);
+
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> snapshots{0};
+  std::atomic<int64_t> torn{0};
+  absl::Status reader_error;
+  std::thread reader([&] {
+    auto client = Client::Connect(cluster_->address(2));
+    if (!client.ok()) {
+      reader_error = client.status();
+      return;
+    }
+    while (!done.load()) {
+      absl::StatusOr<Snapshot> snapshot = (*client)->Pin(names);
+      if (!snapshot.ok()) {
+        reader_error = snapshot.status();
+        return;
+      }
+      std::vector<float> values;
+      for (const std::string& name : names) {
+        absl::StatusOr<ShardedTensorView> view = snapshot->view(name);
+        absl::StatusOr<Tensor> box =
+            view.ok() ? view->ReadRegion({kRows - 1, 0}, {1, kCols})
+                      : absl::StatusOr<Tensor>(view.status());
+        if (!box.ok()) {
+          reader_error = box.status();
+          return;
+        }
+        float value = 0;
+        if (!Uniform(*box, &value)) ++torn;
+        values.push_back(value);
+      }
+      if (values[0] != values[1] || values[1] != values[2]) ++torn;
+      if (!snapshot->Release().ok()) ++torn;
+      ++snapshots;
+    }
+  });
+  for (int step = 1; step <= 12; ++step) {
+    ASSERT_OK_AND_ASSIGN(VersionWriter group, writer->Begin(names));
+    for (const std::string& name : names) {
+      ASSERT_OK_AND_ASSIGN(ShardedTensorView view, group.view(name));
+      ASSERT_OK(Fill(view, 0, kRows, static_cast<float>(step)));
+    }
+    ASSERT_OK(group.Publish().status());
+  }
+  done = true;
+  reader.join();
+  EXPECT_OK(reader_error);
+  EXPECT_GT(snapshots.load(), 0);
+  EXPECT_EQ(torn.load(), 0);
+}
+
+TEST_F(VersionsTest, OldVersionsAreFreedUnlessPinned) {
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  Create(*client, "k", 2);
+  const auto publish = [&](float value) -> int64_t {
+    absl::StatusOr<VersionWriter> writer = client->Begin({"k"});
+    EXPECT_OK(writer.status());
+    if (!writer.ok()) return 0;
+    EXPECT_OK(Fill(*writer->view("k"), 0, kRows, value));
+    absl::StatusOr<v1::VersionGroup> group = writer->Publish();
+    EXPECT_OK(group.status());
+    return group.ok() ? group->versions(0).number() : 0;
+  };
+  EXPECT_EQ(publish(2), 2);
+  EXPECT_EQ(publish(3), 3);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView k, client->Open("k"));
+  EXPECT_EQ(k.version(), 3);
+  EXPECT_THAT(k.info().kept_versions(), ::testing::ElementsAre(2, 3));
+  // Version 1 is gone: K = 2.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView v1, k.AtVersion(1));
+  EXPECT_THAT(v1.Read().status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not kept")));
+
+  // A pinned version outlives K newer ones, until released.
+  ASSERT_OK_AND_ASSIGN(Snapshot pin, client->Pin({"k"}));
+  EXPECT_EQ(pin.version("k"), 3);
+  EXPECT_EQ(publish(4), 4);
+  EXPECT_EQ(publish(5), 5);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView pinned, pin.view("k"));
+  int64_t read_version = 0;
+  TransferOptions options;
+  options.version = &read_version;
+  ASSERT_OK_AND_ASSIGN(Tensor three, pinned.Read(options));
+  float value = 0;
+  EXPECT_TRUE(Uniform(three, &value));
+  EXPECT_EQ(value, 3);
+  EXPECT_EQ(read_version, 3);
+  ASSERT_OK(pin.Release());
+  EXPECT_EQ(publish(6), 6);
+  EXPECT_THAT(pinned.Read().status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not kept")));
+
+  // A pin's lease ends by itself.
+  ASSERT_OK_AND_ASSIGN(Snapshot brief,
+                       client->Pin({"k"}, absl::Milliseconds(300)));
+  EXPECT_EQ(brief.version("k"), 6);
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(publish(7), 7);
+  EXPECT_EQ(publish(8), 8);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView six, k.AtVersion(6));
+  EXPECT_THAT(six.Read().status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+
+  // The latest read through a view made before all this.
+  ASSERT_OK_AND_ASSIGN(Tensor latest, k.Read(options));
+  EXPECT_TRUE(Uniform(latest, &value));
+  EXPECT_EQ(value, 8);
+  EXPECT_EQ(read_version, 8);
+}
+
+TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {
+  auto client = Connect(2);
+  ASSERT_NE(client, nullptr);
+  // An unversioned tensor has no versions, and keeps being written in
+  // place.
+  Create(*client, "plain", 0);
+  EXPECT_THAT(client->Begin({"plain"}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("has no versions")));
+  EXPECT_THAT(client->Begin({"nothing"}).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(client->Begin({}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  CreateOptions bad;
+  bad.versions = 65;
+  EXPECT_THAT(client->Create("bad", {4, 4}, Rows(), bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+
+  // 3 MiB per daemon's share at most: each version of "big" holds 4 MiB
+  // per daemon (64 MiB budget), so versions beyond the budget are refused
+  // before anything is allocated, and an abort gives its share back.
+  CreateOptions options;
+  options.versions = 8;
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensorView big,
+      client->Create("big", {2 * kWorld * 512, 1024}, Rows(), options));
+  std::vector<VersionWriter> open;
+  absl::Status refused;
+  for (int i = 0; i < 32 && refused.ok(); ++i) {
+    absl::StatusOr<VersionWriter> writer = client->Begin({"big"});
+    if (writer.ok()) {
+      open.push_back(*writer);
+    } else {
+      refused = writer.status();
+    }
+  }
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("BeginVersion")));
+  ASSERT_FALSE(open.empty());
+  const size_t fitted = open.size();
+  for (const VersionWriter& writer : open) ASSERT_OK(writer.Abort());
+  // Aborting again, or publishing an aborted version, changes nothing.
+  ASSERT_OK(open[0].Abort());
+  EXPECT_THAT(
+      open[0].Publish().status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not open")));
+  open.clear();
+  for (size_t i = 0; i < fitted; ++i) {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"big"}));
+    open.push_back(writer);
+  }
+  for (const VersionWriter& writer : open) ASSERT_OK(writer.Abort());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView now, client->Open("big"));
+  EXPECT_EQ(now.version(), 1);
+  EXPECT_TRUE(now.info().open_versions().empty());
+  // Joining an aborted version is refused by name.
+  EXPECT_THAT(client->Join(open[0].id()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is not open")));
+  EXPECT_THAT(client->Join("no-at-sign").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,36 @@
+#include "wire/version_id.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+std::string VersionId(absl::string_view tensor_id, int64_t number) {
+  return absl::StrCat(tensor_id, "@", number);
+}
+
+bool IsVersionOf(absl::string_view id, absl::string_view tensor_id) {
+  int64_t number = 0;
+  return id.size() > tensor_id.size() + 1 && absl::StartsWith(id, tensor_id) &&
+         id[tensor_id.size()] == '@' &&
+         absl::SimpleAtoi(id.substr(tensor_id.size() + 1), &number) &&
+         number >= 1;
+}
+
+int64_t VersionNumber(absl::string_view id) {
+  const size_t at = id.rfind('@');
+  int64_t number = 0;
+  if (at == absl::string_view::npos ||
+      !absl::SimpleAtoi(id.substr(at + 1), &number) || number < 1) {
+    return 0;
+  }
+  return number;
+}
+
+absl::string_view VersionBase(absl::string_view id) {
+  const size_t at = id.rfind('@');
+  return at == absl::string_view::npos ? id : id.substr(0, at);
+}
+
+}  // namespace tessera
