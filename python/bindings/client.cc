@@ -28,6 +28,7 @@
 #include "python/bindings/specs.h"
 #include "python/bindings/support.h"
 #include "python/bindings/tensor.h"
+#include "python/bindings/versions.h"
 #include "wire/request_id.h"
 
 namespace tessera::python {
@@ -113,13 +114,14 @@ class PyClient {
   PyView Create(const std::string& name, const std::vector<int64_t>& sizes,
                 const PySpec& spec, const std::string& dtype,
                 const std::string& init, double fill_value, uint64_t seed,
-                int copies) {
+                int copies, int versions) {
     CreateOptions options;
     options.dtype = DTypeFromName(dtype);
     options.init = InitFromName(init);
     options.fill_value = fill_value;
     options.seed = seed;
     options.copies = copies;
+    options.versions = versions;
     return PyView(Check(WithoutGil(
         [&] { return client_->Create(name, sizes, spec.spec, options); })));
   }
@@ -144,6 +146,28 @@ class PyClient {
             status.log_entry(),
             status.code(),
             status.message()};
+  }
+
+  // Versions (docs/versions.md).
+  PyVersionGroup Begin(const std::vector<std::string>& names, bool empty,
+                       double lease) {
+    BeginOptions options;
+    options.empty = empty;
+    if (lease > 0) options.lease = absl::Seconds(lease);
+    return PyVersionGroup(
+        Check(WithoutGil([&] { return client_->Begin(names, options); })));
+  }
+
+  PyVersionGroup Join(const std::string& id) {
+    return PyVersionGroup(Check(WithoutGil([&] { return client_->Join(id); })));
+  }
+
+  PySnapshot Pin(const std::vector<std::string>& names, double lease,
+                 const std::vector<int64_t>& numbers) {
+    const absl::Duration duration =
+        lease > 0 ? absl::Seconds(lease) : absl::Minutes(5);
+    return PySnapshot(Check(
+        WithoutGil([&] { return client_->Pin(names, duration, numbers); })));
   }
 
   void Delete(const std::string& name) {
@@ -199,6 +223,11 @@ void BindClient(py::module_& m) {
       .def("list", &PyClient::List)
       .def("open", &PyClient::Open)
       .def("delete", &PyClient::Delete)
+      .def("begin", &PyClient::Begin, py::arg("names"),
+           py::arg("empty") = false, py::arg("lease") = 0.0)
+      .def("join", &PyClient::Join, py::arg("id"))
+      .def("pin", &PyClient::Pin, py::arg("names"), py::arg("lease") = 0.0,
+           py::arg("numbers") = std::vector<int64_t>())
       .def("operation", &PyClient::Operation)
       .def("reshard", &PyClient::Reshard)
       .def("gather", &PyClient::Gather, py::arg("name"),

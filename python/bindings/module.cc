@@ -9,5 +9,6 @@ PYBIND11_MODULE(_tessera, m) {
   tessera::python::BindBuffers(m);
   tessera::python::BindSecurity(m);
   tessera::python::BindTensor(m);
+  tessera::python::BindVersions(m);
   tessera::python::BindClient(m);
 }

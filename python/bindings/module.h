@@ -25,6 +25,7 @@ void BindSecurity(pybind11::module_& m);
 void BindTensor(pybind11::module_& m);
 // Client: connect, cluster, tensors' lifecycle, checkpoints (client.cc).
 void BindClient(pybind11::module_& m);
+void BindVersions(pybind11::module_& m);
 
 }  // namespace tessera::python
 

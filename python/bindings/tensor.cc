@@ -134,11 +134,19 @@ void PyView::ReadInto(const std::vector<int64_t>& offsets,
                       const py::object& progress) const {
   PyTransfer transfer(timeout, static_cast<int64_t>(destination.nbytes()),
                       progress);
+  int64_t version = 0;
   Check(transfer.Run(
       [&](const TransferOptions& options) {
-        return view_.ReadRegionInto(offsets, destination, options);
+        TransferOptions with_version = options;
+        with_version.version = &version;
+        return view_.ReadRegionInto(offsets, destination, with_version);
       },
       /*idempotent=*/true));
+  last_version_->store(version);
+}
+
+PyView PyView::At(int64_t number) const {
+  return PyView(Check(view_.AtVersion(number)));
 }
 
 void BindTensor(py::module_& m) {
@@ -159,7 +167,17 @@ void BindTensor(py::module_& m) {
       .def("write", &PyView::Write, py::arg("offsets"), py::arg("data"),
            py::arg("timeout") = 0.0, py::arg("progress") = py::none())
       .def("to_here", &PyView::ToHere, py::arg("index"),
-           py::arg("timeout") = 0.0);
+           py::arg("timeout") = 0.0)
+      .def_property_readonly("versioned", &PyView::versioned)
+      .def_property_readonly("version", &PyView::version)
+      .def_property_readonly("at_version", &PyView::at_version)
+      .def_property_readonly("open_version", &PyView::open_version)
+      .def_property_readonly("versions_kept", &PyView::versions_kept)
+      .def_property_readonly("last_version", &PyView::last_version)
+      .def("kept_versions", &PyView::kept_versions)
+      .def("pinned_versions", &PyView::pinned_versions)
+      .def("open_versions", &PyView::open_versions)
+      .def("at", &PyView::At, py::arg("number"));
 }
 
 }  // namespace tessera::python

@@ -17,6 +17,9 @@
 #ifndef TESSERA_PYTHON_BINDINGS_TENSOR_H_
 #define TESSERA_PYTHON_BINDINGS_TENSOR_H_
 
+#include <atomic>
+#include <memory>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -74,6 +77,30 @@ class PyView {
   std::tuple<std::vector<int64_t>, std::vector<int64_t>, py::array> ToHere(
       size_t index, double timeout) const;
 
+  // Versions (docs/versions.md; client/client.h ShardedTensorView).
+  bool versioned() const { return view_.versioned(); }
+  int64_t version() const { return view_.version(); }
+  int64_t at_version() const { return view_.at_version(); }
+  bool open_version() const { return view_.open_version(); }
+  std::vector<int64_t> kept_versions() const {
+    return {view_.info().kept_versions().begin(),
+            view_.info().kept_versions().end()};
+  }
+  std::vector<int64_t> pinned_versions() const {
+    return {view_.info().pinned_versions().begin(),
+            view_.info().pinned_versions().end()};
+  }
+  std::vector<int64_t> open_versions() const {
+    return {view_.info().open_versions().begin(),
+            view_.info().open_versions().end()};
+  }
+  int versions_kept() const { return view_.info().versions_kept(); }
+  // This tensor at published version `number` (ShardedTensorView::AtVersion).
+  PyView At(int64_t number) const;
+  // The published version the last read through this view returned (0
+  // before one; with reads from several threads, one of theirs).
+  int64_t last_version() const { return last_version_->load(); }
+
   const ShardedTensorView& view() const { return view_; }
 
  private:
@@ -83,6 +110,8 @@ class PyView {
                 double timeout, const py::object& progress) const;
 
   ShardedTensorView view_;
+  std::shared_ptr<std::atomic<int64_t>> last_version_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   // Null until the first read (building a numpy dtype costs microseconds,
   // which a 4 KiB read notices).
   mutable py::object numpy_dtype_;

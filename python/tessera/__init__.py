@@ -16,11 +16,14 @@ tessera.errors classes (tessera.Error and its subclasses).
 from __future__ import annotations
 
 import os as _os
+import time as _time
 import warnings as _warnings
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence
+from typing import (TYPE_CHECKING, Any, Iterable, Iterator, List, Optional,
+                    Sequence, Union)
 
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
+from ._versions import Snapshot, Version, VersionGroup
 from . import errors
 from .errors import *  # noqa: F401,F403  (Error and its subclasses)
 
@@ -36,6 +39,9 @@ __all__ = [
     "Shard",
     "RemoteShard",
     "ShardingSpec",
+    "Version",
+    "VersionGroup",
+    "Snapshot",
     *errors.__all__,
 ]
 
@@ -126,21 +132,29 @@ class Client:
     def create(self, name: str, shape: Sequence[int], spec: ShardingSpec,
                dtype: Any = "float32", init: str = "empty",
                fill_value: Optional[float] = 0.0, seed: int = 0,
-               copies: int = 1, *, replicas: Optional[int] = None) -> Tensor:
+               copies: int = 1, *, replicas: Optional[int] = None,
+               versions: Optional[int] = None) -> Tensor:
         """Creates a named tensor laid out by ``spec``, filled by ``init``
         (empty, zeros, ones, full with ``fill_value``, rand, randn from
         ``seed``), with ``copies`` copies of every shard, the owner's
         included (1 to the number of daemons; C > 1 keeps C - 1 replicas on
         other daemons: docs/control_log.md, "Replicas"). ``replicas`` is an
-        older name of ``copies``."""
+        older name of ``copies``. ``versions=K`` (2 to 64) makes it a
+        versioned tensor keeping K published versions, written through
+        ``begin`` and read one published version at a time
+        (docs/versions.md); None or 1 writes it in place."""
         copies = _copies(copies, replicas)
+        kept = 0 if versions is None else int(versions)
+        if kept < 0 or kept > 64:
+            raise errors.InvalidArgumentError(
+                3, f"versions must be between 1 and 64, not {kept}")
         if fill_value is None:
             fill_value = 0.0
         elif init == "empty" and fill_value != 0.0:
             init = "full"
         return Tensor(self, self._native.create(
             name, [int(s) for s in shape], spec, _dtype_name(dtype), init,
-            float(fill_value), int(seed), copies))
+            float(fill_value), int(seed), copies, kept))
 
     def put(self, name: str, array: Any, spec: ShardingSpec,
             copies: int = 1, timeout: Optional[float] = None, *,
@@ -183,6 +197,62 @@ class Client:
         return {"request_id": request_id, "state": state, "method": method,
                 "tensor": tensor, "log_entry": entry, "code": code,
                 "message": message}
+
+    # ---- Versions (docs/versions.md).
+    def begin(self, names: Union[str, Sequence[str]], empty: bool = False,
+              lease: Optional[float] = None) -> Any:
+        """Opens one new version of each named tensor (versioned ones):
+        a tessera.Version for one name, a tessera.VersionGroup for a list
+        (``group["a"][...] = x``, then ``group.publish()`` makes all of
+        them the latest together). The new versions start from the latest
+        values unless ``empty``; they are dropped unless published within
+        ``lease`` seconds (10 minutes)."""
+        single = isinstance(names, str)
+        listed = [names] if single else list(names)
+        native = self._native.begin(listed, bool(empty), _seconds(lease))
+        return (Version if single else VersionGroup)(self, native)
+
+    def join(self, id: str) -> Any:
+        """The open versions another process began (its ``.id``), to write
+        into them too: a tessera.Version for one tensor, else a
+        tessera.VersionGroup. Publishing from any one of them publishes
+        the group."""
+        native = self._native.join(id)
+        return (Version if len(native.versions()) == 1 else VersionGroup)(
+            self, native)
+
+    def snapshot(self, names: Union[str, Sequence[str]],
+                 lease: Optional[float] = None,
+                 versions: Optional[Sequence[int]] = None) -> Snapshot:
+        """Pins the latest version of each named tensor, all taken at one
+        point (or ``versions``, by position), until released (``with``)
+        or ``lease`` seconds (5 minutes): ``snapshot["a"]`` reads it."""
+        listed = [names] if isinstance(names, str) else list(names)
+        return Snapshot(self, self._native.pin(
+            listed, _seconds(lease), [int(v) for v in versions or []]))
+
+    def watch(self, name: str, interval: float = 0.05,
+              timeout: Optional[float] = None) -> Iterator[int]:
+        """Yields each version of ``name`` published from now on, in
+        order (one that was published and freed between two looks is
+        skipped). It asks the connected daemon every ``interval`` seconds;
+        ``timeout`` ends the iteration after that many seconds without a
+        new version (None: never)."""
+        seen = self._native.open(name).version
+        idle = 0.0
+        while True:
+            now = self._native.open(name)
+            kept = [v for v in now.kept_versions() if v > seen]
+            for number in kept:
+                yield number
+            if now.version > seen:
+                seen = now.version
+                idle = 0.0
+                continue
+            if timeout is not None and idle >= timeout:
+                return
+            _time.sleep(interval)
+            idle += interval
 
     def delete(self, name: str) -> None:
         """Deletes the tensor (NotFoundError when there is none)."""

@@ -272,6 +272,53 @@ class Tensor:
     def remote_shards(self) -> list[RemoteShard]:
         return [RemoteShard(self, shard) for shard in self.shards]
 
+    # ---- Versions (docs/versions.md).
+    @property
+    def versioned(self) -> bool:
+        """Whether the tensor keeps versions (created with versions >= 2)."""
+        return self._native.versioned
+
+    @property
+    def version(self) -> int:
+        """The latest published version now (asks the daemon); for a view
+        of a given version (``at``, a snapshot's), that version."""
+        if self._native.at_version:
+            return self._native.at_version
+        return self._client._native.open(self.name).version
+
+    def versions(self) -> list[int]:
+        """The published versions kept now (asks the daemon)."""
+        return list(self._client._native.open(self.name).kept_versions())
+
+    @property
+    def last_version(self) -> int:
+        """The version the last read through this object returned."""
+        return self._native.last_version
+
+    def at(self, version: int) -> Tensor:
+        """This tensor at published ``version``: its reads return exactly
+        that version (NotFoundError once it is no longer kept)."""
+        return Tensor(self._client, self._native.at(int(version)))
+
+    def begin(self, empty: bool = False,
+              lease: Optional[float] = None) -> Any:
+        """Opens a new version (a tessera.Version), starting from the
+        latest version's values unless ``empty``; it is dropped unless
+        published within ``lease`` seconds (10 minutes by default)."""
+        return self._client.begin(self.name, empty=empty, lease=lease)
+
+    def snapshot(self, lease: Optional[float] = None) -> Any:
+        """Pins the latest version (a tessera.Snapshot) until released or
+        ``lease`` seconds (5 minutes by default)."""
+        return self._client.snapshot([self.name], lease=lease)
+
+    def watch(self, interval: float = 0.05,
+              timeout: Optional[float] = None) -> Any:
+        """Yields each newly published version number (see
+        Client.watch)."""
+        return self._client.watch(self.name, interval=interval,
+                                  timeout=timeout)
+
     # ---- Bytes.
     def read_region(self, offsets: Sequence[int], sizes: Sequence[int],
                     out: ArrayLike = None, timeout: Optional[float] = None,
@@ -350,12 +397,16 @@ class Tensor:
         return values.astype(numpy.dtype(cast), copy=False)
 
     def read(self, out: ArrayLike = None, timeout: Optional[float] = None,
-             progress: bool = False, cast: DTypeLike = None) -> Any:
+             progress: bool = False, cast: DTypeLike = None,
+             version: Optional[int] = None) -> Any:
         """The whole tensor (into ``out`` in place when given, which
-        read_region describes; as ``cast`` when given)."""
-        return self.read_region((0,) * self.ndim, self._shape, out=out,
-                                timeout=timeout, progress=progress,
-                                cast=cast)
+        read_region describes; as ``cast`` when given). A versioned tensor
+        reads its latest published version, or ``version``
+        (docs/versions.md)."""
+        source = self if version is None else self.at(version)
+        return source.read_region((0,) * self.ndim, self._shape, out=out,
+                                  timeout=timeout, progress=progress,
+                                  cast=cast)
 
     def write(self, offsets: Sequence[int], data: ArrayLike,
               timeout: Optional[float] = None,
@@ -403,6 +454,8 @@ class Tensor:
         return array if dtype is None else array.astype(dtype)
 
     def __repr__(self) -> str:
+        at = self._native.at_version
         return (f"tessera.Tensor({self.name!r}, shape={self._shape}, "
                 f"dtype={self.dtype_name}, shards={len(self.shards)}, "
-                f"id={self.tensor_id!r})")
+                f"id={self.tensor_id!r}"
+                f"{f', version={at}' if at else ''})")

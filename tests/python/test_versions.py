@@ -1,0 +1,129 @@
+"""Versions from Python (docs/versions.md) on the session's real daemons:
+begin / join / publish / abort, snapshots, reading a given version, the
+kept versions, and a writer process joined by id."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import tessera
+
+
+def test_begin_write_publish_and_read_versions(client, rows4):
+    w = client.create("vw", (8, 4), rows4, init="zeros", versions=3)
+    assert w.versioned and w.version == 1 and w.versions() == [1]
+    with w.begin() as v:
+        v[0:8] = np.full((8, 4), 2, np.float32)
+        # Readers still see version 1 until it is published.
+        assert (w.read() == 0).all()
+        assert w.last_version == 1
+    assert w.version == 2
+    assert (w.read() == 2).all() and w.last_version == 2
+    v = w.begin(empty=True)
+    v.write((0, 0), np.full((8, 4), 3, np.float32))
+    assert v.publish() == 3
+    assert w.versions() == [1, 2, 3]
+    assert (w.read(version=2) == 2).all()
+    assert (w[2:4, 1:3] == 3).all()
+    # An exception in the block aborts the version: nothing published.
+    with pytest.raises(RuntimeError):
+        with w.begin() as v:
+            v[0] = np.ones(4, np.float32)
+            raise RuntimeError("trainer step failed")
+    assert w.version == 3
+    assert client.open("vw").versions() == [1, 2, 3]
+    # The aborted version's number (4) is not reused.
+    with client.begin("vw") as v:
+        v[...] = 4
+    assert v.number == 5
+    assert w.versions() == [2, 3, 5]
+    with pytest.raises(tessera.NotFoundError, match="not kept"):
+        w.read(version=1)
+    # Published versions and the tensor itself are read-only.
+    with pytest.raises(tessera.FailedPreconditionError, match="read-only"):
+        w[0:1] = np.zeros((1, 4), np.float32)
+
+
+def test_snapshots_pin_versions(client, rows4):
+    w = client.create("vs", (8, 4), rows4, init="zeros", versions=2)
+    with w.snapshot() as s:
+        assert s.version == 1
+        for value in (1, 2, 3):
+            with w.begin() as v:
+                v[...] = value
+        # Beyond the 2 kept, still readable while pinned.
+        assert (s.read() == 0).all()
+        assert (s[0:2] == 0).all()
+    with pytest.raises(tessera.NotFoundError):
+        w.read(version=1)
+
+
+def test_a_group_is_published_together(client, rows4):
+    for name in ("ga", "gb", "gc"):
+        client.create(name, (8, 4), rows4, init="zeros", versions=2)
+    group = client.begin(["ga", "gb", "gc"])
+    for i, name in enumerate(group):
+        group[name][...] = i + 1
+    assert group.publish() == {"ga": 2, "gb": 2, "gc": 2}
+    with client.snapshot(["ga", "gb", "gc"]) as s:
+        assert s.versions == {"ga": 2, "gb": 2, "gc": 2}
+        assert [float(s[n].read()[0, 0]) for n in ("ga", "gb", "gc")] == [
+            1.0, 2.0, 3.0]
+
+
+def test_a_writer_process_joins_by_id(daemons, client, rows4):
+    w = client.create("vj", (8, 4), rows4, init="zeros", versions=2)
+    v = w.begin(empty=True)
+    v[0:4] = 5
+    # Another process writes the other half into the same version.
+    code = (
+        "import sys, tessera\n"
+        "c = tessera.connect(sys.argv[1])\n"
+        "v = c.join(sys.argv[2])\n"
+        "v[4:8] = 6\n")
+    subprocess.run([sys.executable, "-c", code, daemons.addresses[2], v.id],
+                   check=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert v.publish() == 2
+    got = w.read()
+    assert (got[0:4] == 5).all() and (got[4:8] == 6).all()
+
+
+def test_refusals(client, rows4):
+    plain = client.create("plain", (8, 4), rows4)
+    with pytest.raises(tessera.FailedPreconditionError, match="no versions"):
+        plain.begin()
+    with pytest.raises(tessera.InvalidArgumentError):
+        client.create("bad", (8, 4), rows4, versions=65)
+    with pytest.raises(tessera.NotFoundError):
+        client.begin("nothing")
+    w = client.create("va", (8, 4), rows4, versions=2)
+    v = w.begin()
+    v.abort()
+    with pytest.raises(tessera.FailedPreconditionError, match="not open"):
+        v.publish()
+    with pytest.raises(tessera.FailedPreconditionError, match="not open"):
+        client.join(v.id)
+
+
+def test_watch_sees_each_published_version(client, rows4):
+    w = client.create("vwatch", (8, 4), rows4, versions=4)
+    seen = []
+
+    def watch():
+        for number in w.watch(interval=0.01, timeout=5):
+            seen.append(number)
+            if number == 4:
+                return
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    for _ in range(3):
+        with w.begin() as v:
+            v[...] = 1
+    thread.join(timeout=30)
+    assert seen == [2, 3, 4]
