@@ -1,5 +1,6 @@
 #include "client/client.h"
 #include "client/snapshot.h"
+#include "client/version_watcher.h"
 #include "client/version_writer.h"
 
 #include <algorithm>
@@ -895,6 +896,24 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
                           /*logged=*/true));
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
   return snapshot;
+}
+
+absl::StatusOr<std::unique_ptr<VersionWatcher>> Client::Watch(
+    const std::string& name, int64_t after) const {
+  ASSIGN_OR_RETURN(const ShardedTensorView view, Open(name));
+  if (!view.versioned()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "watching tensor ", name,
+        ": it has no versions (it was created without versions >= 2)"));
+  }
+  if (after < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("watching tensor ", name, ": negative after ", after));
+  }
+  std::shared_ptr<v1::ControlService::Stub> stub =
+      v1::ControlService::NewStub(cluster_->coordinator().channel);
+  return std::make_unique<VersionWatcher>(std::move(stub), cluster_, name,
+                                          after > 0 ? after : view.version());
 }
 
 absl::Status Client::Delete(const std::string& name) {

@@ -148,6 +148,7 @@ struct BeginOptions {
 
 class ProgressCounter;
 class Snapshot;
+class VersionWatcher;
 class VersionWriter;
 
 // A named sharded tensor of the cluster: its metadata and where each shard
@@ -331,6 +332,13 @@ class Client {
   absl::StatusOr<Snapshot> Pin(const std::vector<std::string>& names,
                                absl::Duration lease = absl::Minutes(5),
                                const std::vector<int64_t>& numbers = {});
+
+  // The versions of `name` published from now on (after `after`, when
+  // given: those still kept come first), over a server stream of the
+  // connected daemon (client/version_watcher.h). NOT_FOUND for an unknown
+  // tensor, FAILED_PRECONDITION for an unversioned one.
+  absl::StatusOr<std::unique_ptr<VersionWatcher>> Watch(
+      const std::string& name, int64_t after = 0) const;
 
   // The health (grpc.health.v1) of every daemon: OK when SERVING,
   // UNAVAILABLE otherwise, with the daemon's address in the message.

@@ -47,6 +47,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/Gather", Role::kRead},
     {"tessera.v1.ControlService/PinVersions", Role::kRead},
     {"tessera.v1.ControlService/UnpinVersions", Role::kRead},
+    {"tessera.v1.ControlService/WatchVersions", Role::kRead},
     {"tessera.v1.ControlService/CreateTensor", Role::kWrite},
     {"tessera.v1.ControlService/WriteRegion", Role::kWrite},
     {"tessera.v1.ControlService/Reshard", Role::kWrite},

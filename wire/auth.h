@@ -12,7 +12,8 @@
 // Roles are ordered, each holding the rights of those before it:
 //   read     GetCluster, GetStats, GetOperation, ListTensors,
 //            DescribeTensor, ReadRegion, Gather, PinVersions,
-//            UnpinVersions, ShardService (FetchShard, DescribeTensor)
+//            UnpinVersions, WatchVersions, ShardService (FetchShard,
+//            DescribeTensor)
 //   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor,
 //            BeginVersion, PublishVersion, AbortVersion
 //   admin    + SaveCheckpoint, LoadCheckpoint, reading the store (Get,

@@ -170,6 +170,11 @@ class PyClient {
         WithoutGil([&] { return client_->Pin(names, duration, numbers); })));
   }
 
+  PyWatcher Watch(const std::string& name, int64_t after) const {
+    return PyWatcher(
+        Check(WithoutGil([&] { return client_->Watch(name, after); })));
+  }
+
   void Delete(const std::string& name) {
     Check(WithoutGil([&] { return client_->Delete(name); }));
   }
@@ -226,6 +231,7 @@ void BindClient(py::module_& m) {
       .def("begin", &PyClient::Begin, py::arg("names"),
            py::arg("empty") = false, py::arg("lease") = 0.0)
       .def("join", &PyClient::Join, py::arg("id"))
+      .def("watch", &PyClient::Watch, py::arg("name"), py::arg("after") = 0)
       .def("pin", &PyClient::Pin, py::arg("names"), py::arg("lease") = 0.0,
            py::arg("numbers") = std::vector<int64_t>())
       .def("operation", &PyClient::Operation)

@@ -3,6 +3,10 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
+#include "absl/time/time.h"
+
 #include "python/bindings/module.h"
 #include "python/bindings/support.h"
 
@@ -52,7 +56,16 @@ void PySnapshot::Release() const {
   Check(WithoutGil([&] { return snapshot_.Release(); }));
 }
 
+std::optional<int64_t> PyWatcher::Next(double timeout) const {
+  absl::StatusOr<int64_t> next = WithoutGil(
+      [&] { return watcher_->Next(absl::Seconds(std::max(timeout, 0.0))); });
+  if (absl::IsDeadlineExceeded(next.status())) return std::nullopt;
+  return Check(std::move(next));
+}
+
 void BindVersions(py::module_& m) {
+  py::class_<PyWatcher>(m, "Watcher")
+      .def("next", &PyWatcher::Next, py::arg("timeout"));
   py::class_<PyVersionGroup>(m, "VersionGroup")
       .def_property_readonly("id", &PyVersionGroup::id)
       .def("versions", &PyVersionGroup::versions)

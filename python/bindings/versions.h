@@ -11,12 +11,15 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "client/snapshot.h"
+#include "client/version_watcher.h"
 #include "client/version_writer.h"
 #include "python/bindings/tensor.h"
 
@@ -49,6 +52,18 @@ class PySnapshot {
 
  private:
   Snapshot snapshot_;
+};
+
+// Client.watch's source: the next version, waiting up to `timeout`
+// seconds with the GIL released; None when none came in that time.
+class PyWatcher {
+ public:
+  explicit PyWatcher(std::unique_ptr<VersionWatcher> watcher)
+      : watcher_(std::move(watcher)) {}
+  std::optional<int64_t> Next(double timeout) const;
+
+ private:
+  std::shared_ptr<VersionWatcher> watcher_;
 };
 
 }  // namespace tessera::python

@@ -16,7 +16,6 @@ tessera.errors classes (tessera.Error and its subclasses).
 from __future__ import annotations
 
 import os as _os
-import time as _time
 import warnings as _warnings
 from typing import (TYPE_CHECKING, Any, Iterable, Iterator, List, Optional,
                     Sequence, Union)
@@ -231,28 +230,31 @@ class Client:
         return Snapshot(self, self._native.pin(
             listed, _seconds(lease), [int(v) for v in versions or []]))
 
-    def watch(self, name: str, interval: float = 0.05,
-              timeout: Optional[float] = None) -> Iterator[int]:
-        """Yields each version of ``name`` published from now on, in
-        order (one that was published and freed between two looks is
-        skipped). It asks the connected daemon every ``interval`` seconds;
+    def watch(self, name: str, timeout: Optional[float] = None,
+              after: int = 0) -> Iterator[int]:
+        """Yields each version of ``name`` published from now on (or after
+        ``after``: those still kept first), in increasing order, over a
+        server stream of the connected daemon that reconnects by itself.
         ``timeout`` ends the iteration after that many seconds without a
-        new version (None: never)."""
-        seen = self._native.open(name).version
-        idle = 0.0
-        while True:
-            now = self._native.open(name)
-            kept = [v for v in now.kept_versions() if v > seen]
-            for number in kept:
-                yield number
-            if now.version > seen:
-                seen = now.version
-                idle = 0.0
-                continue
-            if timeout is not None and idle >= timeout:
-                return
-            _time.sleep(interval)
-            idle += interval
+        new version (None: never); Ctrl-C stops it. NotFoundError once the
+        tensor is deleted."""
+        # The stream starts now, not at the first next().
+        watcher = self._native.watch(name, int(after))
+
+        def versions() -> Iterator[int]:
+            idle = 0.0
+            while True:
+                wait = 0.25 if timeout is None else min(0.25, timeout - idle)
+                number = watcher.next(max(wait, 0.0))
+                if number is not None:
+                    idle = 0.0
+                    yield number
+                    continue
+                idle += wait
+                if timeout is not None and idle >= timeout:
+                    return
+
+        return versions()
 
     def delete(self, name: str) -> None:
         """Deletes the tensor (NotFoundError when there is none)."""

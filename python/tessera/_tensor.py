@@ -312,12 +312,9 @@ class Tensor:
         ``lease`` seconds (5 minutes by default)."""
         return self._client.snapshot([self.name], lease=lease)
 
-    def watch(self, interval: float = 0.05,
-              timeout: Optional[float] = None) -> Any:
-        """Yields each newly published version number (see
-        Client.watch)."""
-        return self._client.watch(self.name, interval=interval,
-                                  timeout=timeout)
+    def watch(self, timeout: Optional[float] = None) -> Any:
+        """Yields each newly published version number (Client.watch)."""
+        return self._client.watch(self.name, timeout=timeout)
 
     # ---- Bytes.
     def read_region(self, offsets: Sequence[int], sizes: Sequence[int],

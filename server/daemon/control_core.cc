@@ -52,7 +52,7 @@ Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
       membership_(rank_, rank_->default_group(), store_, options_, &table_,
                   &replication_, &outcomes_),
       ops_(rank_, rank_->default_group(), options_, budget_, &table_,
-           &replication_, &membership_),
+           &replication_, &membership_, &watch_),
       log_(rank_, rank_->default_group(), store_, options_, incarnation_,
            &membership_, &ops_, &outcomes_) {}
 
@@ -90,6 +90,7 @@ absl::Status Core::Start() {
     }
     membership_.Start();
     log_.Start(resumed.next);
+    version_leases_.Start();
     state_ = State::kRunning;
   }
   // Outside mu_: a scrape holds the gauges' lock, then mu_.
@@ -109,6 +110,7 @@ void Core::Shutdown() {
   membership_.Stop();
   log_.Join();
   membership_.Join();
+  version_leases_.Stop();
   replication_.Shutdown();
   log_.FailWaiting();
   absl::MutexLock lock(&mu_);

@@ -8,6 +8,8 @@
 //   Membership   (membership.h)    leases, generations, re-forming, rejoin
 //   Replication  (replication.h)   replicas of shards and their refill
 //   OpOutcomes   (op_outcomes.h)   what became of each request id
+//   VersionLeases (version_leases.h) ends pins and open versions on time
+//   VersionWatch (version_watch.h)  who watches which tensor's versions
 //
 // Core owns them, starts them in order (the log position, then the
 // daemons joining in step, then the lease and log threads) and stops
@@ -43,6 +45,8 @@
 #include "server/daemon/region_io.h"
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
+#include "server/daemon/version_leases.h"
+#include "server/daemon/version_watch.h"
 #include "server/metrics/metrics.h"
 #include "server/rank/rank.h"
 #include "server/serve/shard_service.h"
@@ -93,6 +97,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // How ReadRegion and Gather streams are cut.
   ShardServiceOptions Chunks() const;
   int rank() const { return rank_->rank(); }
+  // The watchers of versioned tensors (WatchVersions).
+  VersionWatch& watch() { return watch_; }
   int64_t applied_ops() const;
 
  private:
@@ -115,6 +121,7 @@ class Core : public std::enable_shared_from_this<Core> {
   mutable std::atomic<int> settling_{0};
   TensorTable table_;
   OpOutcomes outcomes_;
+  VersionWatch watch_;
 
   // One per concern, in this order (each points at the ones before),
   // destroyed in reverse; their threads run from Start() to Shutdown().
@@ -122,6 +129,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Membership membership_;
   ControlOps ops_;
   OpLog log_;
+  VersionLeases version_leases_{&table_};
 
   absl::Mutex shutdown_mu_;  // Serialises Start() and Shutdown().
   std::vector<std::unique_ptr<GaugeSource>> gauges_

@@ -184,14 +184,16 @@ ControlOps::ControlOps(std::shared_ptr<Rank> rank,
                        std::shared_ptr<ProcessGroup> group,
                        const ControlOptions& options,
                        std::shared_ptr<MemoryBudget> budget, TensorTable* table,
-                       Replication* replication, const Membership* membership)
+                       Replication* replication, const Membership* membership,
+                       VersionWatch* watch)
     : rank_(std::move(rank)),
       group_(std::move(group)),
       options_(options),
       budget_(std::move(budget)),
       table_(table),
       replication_(replication),
-      membership_(membership) {}
+      membership_(membership),
+      watch_(watch) {}
 
 absl::Status ControlOps::Agree(const absl::Status& local, bool* agreed) {
   return control_internal::Agree(*group_, local, agreed);
@@ -443,7 +445,12 @@ OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
       table_->Holds(name) ? CheckDeadline(op) : UnknownTensor(name);
   OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
-  if (outcome.status.ok()) table_->Remove(name);
+  if (outcome.status.ok()) {
+    const std::optional<TableEntry> removed = table_->Remove(name);
+    if (removed.has_value() && removed->versions != nullptr) {
+      watch_->Deleted(name);
+    }
+  }
   return outcome;
 }
 
@@ -1052,6 +1059,7 @@ OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
   // at this log entry; none of these steps can fail.
   for (int i = 0; i < handles.size(); ++i) {
     sets[i]->Publish(handles[i].number());
+    watch_->Published(handles[i].name(), handles[i].number());
     const ShardedTensor latest = sets[i]->Latest();
     table_
         ->Update(handles[i].name(),

@@ -53,6 +53,7 @@
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
 #include "server/daemon/version_set.h"
+#include "server/daemon/version_watch.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control.pb.h"
@@ -90,7 +91,8 @@ class ControlOps {
   ControlOps(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
              const ControlOptions& options,
              std::shared_ptr<MemoryBudget> budget, TensorTable* table,
-             Replication* replication, const Membership* membership);
+             Replication* replication, const Membership* membership,
+             VersionWatch* watch);
   ControlOps(const ControlOps&) = delete;
   ControlOps& operator=(const ControlOps&) = delete;
 
@@ -147,6 +149,7 @@ class ControlOps {
   TensorTable* const table_;
   Replication* const replication_;
   const Membership* const membership_;
+  VersionWatch* const watch_;
 };
 
 }  // namespace tessera::control_internal

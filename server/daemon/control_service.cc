@@ -1,5 +1,9 @@
 #include "server/daemon/control_service.h"
 
+#include <atomic>
+#include <deque>
+#include <memory>
+
 #include <functional>
 #include <utility>
 #include <vector>
@@ -276,6 +280,172 @@ grpc::ServerUnaryReactor* ControlServiceImpl::UnpinVersions(
                                         *request,
                                         &v1::ControlOp::mutable_unpin_versions,
                                         /*response=*/nullptr);
+}
+
+namespace control_internal {
+namespace {
+
+// A WatchVersions stream: the kept versions after the request's first,
+// then each one this daemon publishes, one write at a time. Ends OK when
+// the client cancels or its deadline passes, NOT_FOUND when the tensor is
+// deleted. gRPC may run OnWriteDone and OnDone on the thread that starts a
+// write or finishes, so no lock is held across StartWrite or Finish; the
+// reactor owns itself (self_) until OnDone, and the watch's listener holds
+// it only while it runs (a weak pointer otherwise).
+class WatchReactor final : public grpc::ServerWriteReactor<v1::VersionEvent> {
+ public:
+  static WatchReactor* New(std::shared_ptr<Core> core, std::string name) {
+    auto reactor = std::shared_ptr<WatchReactor>(
+        new WatchReactor(std::move(core), std::move(name)));
+    reactor->self_ = reactor;
+    return reactor.get();
+  }
+
+  // Registers with the watch and queues the kept versions after `after`;
+  // the stream fails at once when `name` is no versioned tensor.
+  void Begin(int64_t after) {
+    absl::StatusOr<v1::TensorInfo> info = core_->Describe(name_);
+    if (info.ok() && info->versions_kept() < 2) {
+      info = absl::FailedPreconditionError(absl::StrCat(
+          "WatchVersions: tensor ", name_,
+          " has no versions (it was created without versions >= 2)"));
+    }
+    if (!info.ok()) {
+      Fail(info.status());
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      last_ = after > 0 ? after : info->version();
+      for (int64_t number : info->kept_versions()) {
+        if (number > last_) pending_.push_back(number);
+      }
+      if (!pending_.empty()) last_ = pending_.back();
+    }
+    // Registered after the kept ones are queued: a version published in
+    // between comes through the listener, and Queue drops repeats.
+    std::weak_ptr<WatchReactor> weak = self_;
+    id_.store(core_->watch().Add(name_, [weak](int64_t number) {
+      if (std::shared_ptr<WatchReactor> reactor = weak.lock()) {
+        reactor->Queue(number);
+      }
+    }));
+    // One published between Describe and Add: catch up.
+    absl::StatusOr<v1::TensorInfo> now = core_->Describe(name_);
+    if (now.ok()) {
+      for (int64_t number : now->kept_versions()) Queue(number);
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) {
+      Fail(absl::CancelledError("the watch stream broke"));
+      return;
+    }
+    Next();
+  }
+
+  void OnCancel() override { End(grpc::Status::OK); }
+
+  void OnDone() override {
+    if (const uint64_t id = id_.load(); id != 0) core_->watch().Remove(id);
+    // Freed once the last listener call holding it returns.
+    std::shared_ptr<WatchReactor> self = std::move(self_);
+  }
+
+ private:
+  WatchReactor(std::shared_ptr<Core> core, std::string name)
+      : core_(std::move(core)), name_(std::move(name)) {}
+
+  // A number published (0: the tensor was deleted).
+  void Queue(int64_t number) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (number == 0) {
+        deleted_ = true;
+      } else if (number > last_) {
+        pending_.push_back(number);
+        last_ = number;
+      } else {
+        return;
+      }
+    }
+    Next();
+  }
+
+  // Starts the next write, or ends the stream of a deleted tensor.
+  void Next() {
+    bool end = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (pending_.empty()) {
+        if (!deleted_) return;
+        end = true;
+      } else {
+        event_.set_name(name_);
+        event_.set_number(pending_.front());
+        pending_.pop_front();
+        writing_ = true;
+      }
+    }
+    if (end) {
+      Fail(absl::NotFoundError(
+          absl::StrCat("WatchVersions: tensor ", name_, " was deleted")));
+      return;
+    }
+    StartWrite(&event_);
+  }
+
+  void Fail(const absl::Status& status) { End(ToGrpcStatus(status)); }
+
+  void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  const std::shared_ptr<Core> core_;
+  const std::string name_;
+  std::shared_ptr<WatchReactor> self_;
+  std::atomic<uint64_t> id_{0};
+  absl::Mutex mu_;
+  int64_t last_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool deleted_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Written only while no write is in flight.
+  v1::VersionEvent event_;
+};
+
+}  // namespace
+}  // namespace control_internal
+
+grpc::ServerWriteReactor<v1::VersionEvent>* ControlServiceImpl::WatchVersions(
+    grpc::CallbackServerContext* context,
+    const v1::WatchVersionsRequest* request) {
+  auto* reactor = control_internal::WatchReactor::New(core_, request->name());
+  absl::Status allowed = control_internal::Authorize(*context, "WatchVersions");
+  if (allowed.ok()) allowed = core_->Accepting();
+  if (allowed.ok() && request->after() < 0) {
+    allowed = absl::InvalidArgumentError(
+        absl::StrCat("WatchVersions: negative after ", request->after()));
+  }
+  if (!allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
+  reactor->Begin(request->after());
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ControlServiceImpl::Reshard(

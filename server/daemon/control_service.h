@@ -51,28 +51,29 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of server/serve/shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_BeginVersion<
-    v1::ControlService::WithCallbackMethod_PublishVersion<
-        v1::ControlService::WithCallbackMethod_AbortVersion<
-            v1::ControlService::WithCallbackMethod_PinVersions<
-                v1::ControlService::WithCallbackMethod_UnpinVersions<
-                    v1::ControlService::WithCallbackMethod_GetOperation<
-                        v1::ControlService::WithCallbackMethod_GetStats<
-                            v1::ControlService::WithCallbackMethod_GetCluster<
-                                v1::ControlService::WithCallbackMethod_CreateTensor<
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_WatchVersions<
+    v1::ControlService::WithCallbackMethod_BeginVersion<
+        v1::ControlService::WithCallbackMethod_PublishVersion<
+            v1::ControlService::WithCallbackMethod_AbortVersion<
+                v1::ControlService::WithCallbackMethod_PinVersions<
+                    v1::ControlService::WithCallbackMethod_UnpinVersions<
+                        v1::ControlService::WithCallbackMethod_GetOperation<
+                            v1::ControlService::WithCallbackMethod_GetStats<
+                                v1::ControlService::WithCallbackMethod_GetCluster<
                                     v1::ControlService::
-                                        WithCallbackMethod_ListTensors<
-                                            v1::ControlService::
-                                                WithCallbackMethod_DescribeTensor<
-                                                    v1::ControlService::WithCallbackMethod_DeleteTensor<
-                                                        v1::ControlService::WithCallbackMethod_WriteRegion<
-                                                            v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                                                                v1::ControlService::WithRawCallbackMethod_Gather<
-                                                                    v1::ControlService::WithCallbackMethod_Reshard<
-                                                                        v1::ControlService::WithCallbackMethod_SaveCheckpoint<
-                                                                            v1::ControlService::WithCallbackMethod_LoadCheckpoint<
-                                                                                v1::ControlService::
-                                                                                    Service>>>>>>>>>>>>>>>>>>;
+                                        WithCallbackMethod_CreateTensor<
+                                            v1::ControlService::WithCallbackMethod_ListTensors<
+                                                v1::ControlService::
+                                                    WithCallbackMethod_DescribeTensor<
+                                                        v1::ControlService::WithCallbackMethod_DeleteTensor<
+                                                            v1::ControlService::WithCallbackMethod_WriteRegion<
+                                                                v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                                                    v1::ControlService::WithRawCallbackMethod_Gather<
+                                                                        v1::ControlService::WithCallbackMethod_Reshard<
+                                                                            v1::ControlService::WithCallbackMethod_SaveCheckpoint<
+                                                                                v1::ControlService::WithCallbackMethod_LoadCheckpoint<
+                                                                                    v1::ControlService::
+                                                                                        Service>>>>>>>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -148,6 +149,10 @@ class ControlServiceImpl final : public ControlServiceBase {
   grpc::ServerUnaryReactor* PinVersions(grpc::CallbackServerContext* context,
                                         const v1::PinVersionsRequest* request,
                                         v1::VersionGroup* response) override;
+  // Streams the versions `request` names as this daemon publishes them.
+  grpc::ServerWriteReactor<v1::VersionEvent>* WatchVersions(
+      grpc::CallbackServerContext* context,
+      const v1::WatchVersionsRequest* request) override;
   grpc::ServerUnaryReactor* UnpinVersions(
       grpc::CallbackServerContext* context,
       const v1::UnpinVersionsRequest* request,

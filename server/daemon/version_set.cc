@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "server/serve/shard_registry.h"
 
 namespace tessera::control_internal {
@@ -67,6 +68,11 @@ int64_t VersionSet::Open(ShardedTensor tensor, MemoryBudget::Reservation held,
 absl::Status VersionSet::CheckOpen(const std::string& name,
                                    int64_t number) const {
   absl::MutexLock lock(&mu_);
+  return CheckOpenLocked(name, number);
+}
+
+absl::Status VersionSet::CheckOpenLocked(const std::string& name,
+                                         int64_t number) const {
   if (open_.count(number) > 0) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("version ", number, " of tensor ", name, " is not open: ",
@@ -74,6 +80,22 @@ absl::Status VersionSet::CheckOpen(const std::string& name,
                        ? "it was never begun"
                        : "it was published or aborted, or its lease ended",
                    " (latest published: ", latest_, ")"));
+}
+
+absl::Status VersionSet::Claim(const std::string& name, int64_t number) {
+  RETURN_IF_ERROR(CheckOpen(name, number));
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(number);
+  if (it == open_.end()) return CheckOpenLocked(name, number);
+  it->second.claimed = true;
+  return absl::OkStatus();
+}
+
+void VersionSet::Unclaim(int64_t number) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = open_.find(number); it != open_.end()) {
+    it->second.claimed = false;
+  }
 }
 
 void VersionSet::Publish(int64_t number) {
@@ -120,7 +142,7 @@ void VersionSet::Expire(absl::Time now) {
     it = it->second.until <= now ? pins_.erase(it) : std::next(it);
   }
   for (auto it = open_.begin(); it != open_.end();) {
-    if (it->second.lease_end <= now) {
+    if (it->second.lease_end <= now && !it->second.claimed) {
       freed.push_back(std::move(it->second));
       it = open_.erase(it);
     } else {

@@ -78,8 +78,13 @@ class VersionSet {
   // OK when version `number` is open: FAILED_PRECONDITION otherwise,
   // saying whether it was published, dropped or never begun.
   absl::Status CheckOpen(const std::string& name, int64_t number) const;
-  // Publishes open version `number` (CheckOpen passed): the latest from
-  // now on, read-only; frees what it pushes beyond the kept versions.
+  // CheckOpen, and on success keeps `number` from expiring until Publish
+  // or Unclaim: a publish op claims what it checked before the daemons
+  // agree, so that no daemon drops a version the others publish.
+  absl::Status Claim(const std::string& name, int64_t number);
+  void Unclaim(int64_t number);
+  // Publishes open version `number` (claimed): the latest from now on,
+  // read-only; frees what it pushes beyond the kept versions.
   void Publish(int64_t number);
   // Drops open version `number`, if open.
   void Abort(int64_t number);
@@ -100,6 +105,8 @@ class VersionSet {
     ShardedTensor tensor;
     MemoryBudget::Reservation held;
     absl::Time lease_end = absl::InfiniteFuture();
+    // Claimed by a publish in progress: not expired.
+    bool claimed = false;
   };
   struct PinEntry {
     int64_t number = 0;
@@ -112,6 +119,8 @@ class VersionSet {
   void TrimLocked(std::vector<Version>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string KeptListLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckOpenLocked(const std::string& name, int64_t number) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<Rank> rank_;
   const std::string tensor_id_;

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,9 +114,10 @@ def test_refusals(client, rows4):
 def test_watch_sees_each_published_version(client, rows4):
     w = client.create("vwatch", (8, 4), rows4, versions=4)
     seen = []
+    versions = w.watch(timeout=10)  # from now on
 
     def watch():
-        for number in w.watch(interval=0.01, timeout=5):
+        for number in versions:
             seen.append(number)
             if number == 4:
                 return
@@ -127,3 +129,43 @@ def test_watch_sees_each_published_version(client, rows4):
             v[...] = 1
     thread.join(timeout=30)
     assert seen == [2, 3, 4]
+
+
+def test_watch_ends_when_the_tensor_is_deleted(client, rows4):
+    w = client.create("vgone", (8, 4), rows4, versions=2)
+    watching = w.watch(timeout=10)
+    with w.begin() as v:
+        v[...] = 1
+    assert next(watching) == 2
+    client.delete("vgone")
+    with pytest.raises(tessera.NotFoundError, match="deleted"):
+        next(watching)
+    with pytest.raises(tessera.FailedPreconditionError):
+        next(client.create("vplain", (8, 4), rows4).watch(timeout=1))
+
+
+def test_an_abandoned_version_is_dropped_when_its_lease_ends(daemons, client,
+                                                            rows4):
+    w = client.create("vlease", (8, 4), rows4, versions=2)
+    code = (
+        "import sys, time, tessera\n"
+        "c = tessera.connect(sys.argv[1])\n"
+        "v = c.open('vlease').begin(lease=1)\n"
+        "v[0:2] = 7\n"
+        "print(v.number, flush=True)\n"
+        "time.sleep(60)\n")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", code, daemons.addresses[1]],
+        stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    number = int(writer.stdout.readline())
+    assert client.open("vlease")._native.open_versions() == [number]
+    writer.kill()
+    writer.wait()
+    deadline = time.monotonic() + 10
+    while client.open("vlease")._native.open_versions():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with pytest.raises(tessera.FailedPreconditionError, match="not open"):
+        client.join(f"vlease@{number}")
+    assert (w.read() == 0).all() or w.version == 1
