@@ -56,6 +56,7 @@ int RunCreate(const CreateCommandOptions& options,
   create.dtype = *dtype;
   create.seed = options.seed;
   create.copies = options.copies;
+  create.versions = options.versions;
   create.fill_value = options.fill;
   if (options.init.empty()) {
     create.init = options.fill_given ? TensorInit::kFull : TensorInit::kEmpty;
@@ -143,6 +144,14 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str()
       ->type_name("C");
+  create
+      ->add_option("--versions", options->versions,
+                   "Published versions kept (docs/versions.md): 1 (default), "
+                   "written in place; K from 2 to 64, a versioned tensor, "
+                   "written by versions that are published atomically and "
+                   "read one published version at a time")
+      ->check(CLI::Range(1, 64))
+      ->type_name("K");
   AddConnectionFlags(app, create, &options->connection, /*transfers=*/false);
   create->add_flag("--json", options->json,
                    "Print the shard table as JSON (as 'tessera describe "

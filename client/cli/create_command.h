@@ -38,6 +38,7 @@ struct CreateCommandOptions {
   bool fill_given = false;
   uint64_t seed = 0;
   int copies = 1;
+  int versions = 0;  // 0 or 1: unversioned
   bool json = false;
 };
 

@@ -62,6 +62,17 @@ std::string HolderState(const ShardedTensorView& view, const Refilling& marks,
 
 }  // namespace
 
+std::string FormatVersions(const v1::TensorInfo& info) {
+  const auto list = [](const auto& numbers) {
+    return numbers.empty() ? std::string("none") : absl::StrJoin(numbers, ", ");
+  };
+  return absl::StrCat("Versions: latest ", info.version(), ", kept ",
+                      list(info.kept_versions()), " (keeps ",
+                      info.versions_kept(), "), pinned ",
+                      list(info.pinned_versions()), ", open ",
+                      list(info.open_versions()), "\n");
+}
+
 std::string FormatShardTable(const ShardedTensorView& view,
                              const v1::ClusterInfo& cluster,
                              const Refilling& refilling) {
@@ -75,7 +86,7 @@ std::string FormatShardTable(const ShardedTensorView& view,
       CopiesOf(view.info()) > 1
           ? absl::StrCat(", ", CopiesOf(view.info()), " copies of each")
           : "",
-      "\n");
+      "\n", view.versioned() ? FormatVersions(view.info()) : "");
   std::vector<std::vector<std::string>> rows = {{"SHARD", "OFFSETS", "SIZES",
                                                  "PLACEMENT", "RANK", "ADDRESS",
                                                  "STATE", "REPLICAS"}};

@@ -36,6 +36,11 @@ int RunDescribe(const DescribeOptions& options, const CommandContext& context);
 // every daemon's description; empty: as `view` says.
 using Refilling = std::vector<std::set<int>>;
 
+// "Versions: latest 5, kept 3, 4, 5 (keeps 3), pinned 3, open 6\n": a
+// versioned tensor's versions (docs/versions.md), as describe and
+// `tessera versions` print them.
+std::string FormatVersions(const v1::TensorInfo& info);
+
 // A title line ("Tensor w: float32 [10, 20], 4 shards, 800 B, id ...") and
 // one aligned row per shard: its owner, the owner's state ("ok", "lost",
 // "refilling") and its replicas with theirs. Addresses come from `cluster`

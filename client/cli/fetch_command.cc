@@ -52,6 +52,11 @@ int RunFetch(const FetchCommandOptions& options,
   absl::StatusOr<ShardedTensorView> view =
       OpenTensor(options.connection, options.name);
   if (!view.ok()) return context.ReportUserError(kFetchCommand, view.status());
+  if (options.version > 0) {
+    view = view->AtVersion(options.version);
+    if (!view.ok())
+      return context.ReportUserError(kFetchCommand, view.status());
+  }
   absl::StatusOr<DType> dtype = NpyOutputDType(view->dtype(), options.cast);
   if (!dtype.ok()) {
     return context.ReportUserError(
@@ -128,6 +133,12 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
                    "Convert to this dtype before writing (bfloat16 tensors "
                    "need one: .npy has no bfloat16)")
       ->type_name("DTYPE");
+  fetch
+      ->add_option("--version", options->version,
+                   "A versioned tensor's published version to read (default: "
+                   "the latest)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
   AddConnectionFlags(app, fetch, &options->connection, /*transfers=*/true);
   fetch->footer(
       "Examples:\n"

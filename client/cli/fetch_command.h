@@ -31,7 +31,9 @@ struct FetchCommandOptions {
   std::string name;
   std::string output;
   int64_t shard = -1;  // -1: the whole tensor
-  std::string cast;    // empty: keep the tensor's dtype
+  std::string cast;
+  int64_t version = 0;  // 0: the latest published (or unversioned)    // empty:
+                        // keep the tensor's dtype
 };
 
 void AddFetchCommand(CLI::App& app, CommandContext& context);

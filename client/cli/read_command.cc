@@ -123,6 +123,10 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
   absl::StatusOr<ShardedTensorView> view =
       OpenTensor(options.connection, options.name);
   if (!view.ok()) return context.ReportUserError(kReadCommand, view.status());
+  if (options.version > 0) {
+    view = view->AtVersion(options.version);
+    if (!view.ok()) return context.ReportUserError(kReadCommand, view.status());
+  }
   DType dtype = view->dtype();
   if (!options.output.empty()) {
     absl::StatusOr<DType> npy_dtype =
@@ -189,6 +193,11 @@ void AddReadCommand(CLI::App& app, CommandContext& context) {
   read->add_option("--cast", options->cast,
                    "Convert to this dtype first (bfloat16 needs one for -o)")
       ->type_name("DTYPE");
+  read->add_option("--version", options->version,
+                   "A versioned tensor's published version to read (default: "
+                   "the latest)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
   AddConnectionFlags(app, read, &options->connection, /*transfers=*/true);
   read->footer(
       "Examples:\n"

@@ -34,6 +34,7 @@ struct ReadCommandOptions {
   std::string sizes;
   std::string output;  // empty: print
   std::string cast;
+  int64_t version = 0;  // 0: the latest published (or unversioned)
 };
 
 void AddReadCommand(CLI::App& app, CommandContext& context);

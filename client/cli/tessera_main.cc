@@ -16,19 +16,21 @@
 #include "client/cli/rm_command.h"
 #include "client/cli/save_command.h"
 #include "client/cli/top_command.h"
+#include "client/cli/versions_command.h"
 #include "client/cli/write_command.h"
 
 namespace {
 
 // In the order `tessera --help` lists them.
 constexpr tessera::cli::AddCommandFn kCommands[] = {
-    &tessera::cli::AddLaunchCommand, &tessera::cli::AddHealthCommand,
-    &tessera::cli::AddLsCommand,     &tessera::cli::AddDescribeCommand,
-    &tessera::cli::AddCreateCommand, &tessera::cli::AddFetchCommand,
-    &tessera::cli::AddReadCommand,   &tessera::cli::AddWriteCommand,
-    &tessera::cli::AddRmCommand,     &tessera::cli::AddSaveCommand,
-    &tessera::cli::AddLoadCommand,   &tessera::cli::AddPlanCommand,
-    &tessera::cli::AddTopCommand,    &tessera::cli::AddOpCommand,
+    &tessera::cli::AddLaunchCommand,   &tessera::cli::AddHealthCommand,
+    &tessera::cli::AddLsCommand,       &tessera::cli::AddDescribeCommand,
+    &tessera::cli::AddCreateCommand,   &tessera::cli::AddFetchCommand,
+    &tessera::cli::AddReadCommand,     &tessera::cli::AddWriteCommand,
+    &tessera::cli::AddRmCommand,       &tessera::cli::AddSaveCommand,
+    &tessera::cli::AddLoadCommand,     &tessera::cli::AddPlanCommand,
+    &tessera::cli::AddTopCommand,      &tessera::cli::AddOpCommand,
+    &tessera::cli::AddVersionsCommand, &tessera::cli::AddWatchCommand,
 };
 
 }  // namespace

@@ -14,6 +14,8 @@
 // read-only; an unversioned tensor has no versions; a begin beyond the
 // memory budget is refused before anything is allocated; an aborted
 // version gives its budget back.
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -30,6 +32,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/snapshot.h"
+#include "client/version_watcher.h"
 #include "client/version_writer.h"
 #include "common/sharding_spec.h"
 #include "gmock/gmock.h"
@@ -187,6 +190,19 @@ TEST_F(VersionsTest, ReadsSeeExactlyOneVersionWhileJoinedWritersPublish) {
     });
   }
 
+  // A watcher of the connected daemon sees every number, in order.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionWatcher> watcher,
+                       writer_b->Watch("w"));
+  std::vector<int64_t> watched;
+  std::thread watching([&] {
+    while (true) {
+      absl::StatusOr<int64_t> next = watcher->Next(absl::Seconds(2));
+      if (!next.ok()) return;
+      watched.push_back(*next);
+    }
+  });
+  std::vector<int64_t> numbers;
+
   // Writers: A begins (empty: every element is written), B joins by id,
   // each fills half the rows, then A publishes.
   // TESSERA_VERSIONS_TEST_SECONDS runs it longer (for the 10^5 reads of
@@ -210,9 +226,12 @@ TEST_F(VersionsTest, ReadsSeeExactlyOneVersionWhileJoinedWritersPublish) {
     ASSERT_EQ(group.versions_size(), 1);
     EXPECT_GT(group.versions(0).number(), published);
     published = group.versions(0).number();
+    numbers.push_back(published);
   }
   done = true;
   for (std::thread& thread : threads) thread.join();
+  watching.join();
+  EXPECT_EQ(watched, numbers);
 
   int64_t total = 0;
   for (size_t r = 0; r < readers.size(); ++r) {
@@ -239,6 +258,41 @@ TEST_F(VersionsTest, ReadsSeeExactlyOneVersionWhileJoinedWritersPublish) {
   EXPECT_THAT(
       latest.Write({0, 0}, one),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("read-only")));
+}
+
+TEST_F(VersionsTest, ADaemonStalledDuringPublishLeavesOneVersionEverywhere) {
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  Create(*client, "s", 2);
+  ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"s"}));
+  ASSERT_OK(Fill(*writer.view("s"), 0, kRows, 5));
+  // Rank 2 (rows 16-24 and 48-56) stops; the publish waits for it (a stall
+  // shorter than --timeout), and until then every daemon serves version 1.
+  ASSERT_EQ(kill(cluster_->daemon(2).pid(), SIGSTOP), 0);
+  absl::StatusOr<v1::VersionGroup> published;
+  std::thread publish([&] { published = writer.Publish(); });
+  absl::SleepFor(absl::Milliseconds(1500));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView s, client->Open("s"));
+  int64_t version = 0;
+  TransferOptions options;
+  options.version = &version;
+  options.timeout = absl::Seconds(5);
+  for (int64_t row : {0, 8, 32, 40, 56}) {
+    ASSERT_OK_AND_ASSIGN(Tensor rows,
+                         s.ReadRegion({row, 0}, {8, kCols}, options));
+    float value = -1;
+    EXPECT_TRUE(Uniform(rows, &value));
+    EXPECT_EQ(value, 0) << "row " << row;
+    EXPECT_EQ(version, 1);
+  }
+  ASSERT_EQ(kill(cluster_->daemon(2).pid(), SIGCONT), 0);
+  publish.join();
+  ASSERT_OK(published.status());
+  ASSERT_OK_AND_ASSIGN(Tensor all, s.Read(options));
+  float value = -1;
+  EXPECT_TRUE(Uniform(all, &value));
+  EXPECT_EQ(value, 5);
+  EXPECT_EQ(version, 2);
 }
 
 TEST_F(VersionsTest, AGroupIsPublishedAtOnceForSnapshots) {

@@ -21,7 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "client/npy.h"
+#include "client/version_writer.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -165,6 +167,59 @@ TEST_F(CliDaemonTest, CreateDescribeWriteReadFetchRemove) {
   ASSERT_OK_AND_ASSIGN(Tensor reloaded, ReadNpy(Path("again.npy")));
   EXPECT_TRUE(Equal(reloaded, iota));
   EXPECT_EQ(Run({"rm", "cli_t"}).exit_code, 0);
+}
+
+TEST_F(CliDaemonTest, VersionsReadAndWatch) {
+  ASSERT_NE(cluster_, nullptr);
+  CliResult created = Run({"create", "cli_v", "--size", "8,4", "--spec", kRows,
+                           "--init", "ones", "--versions", "2"});
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  CliResult described = Run({"describe", "cli_v"});
+  EXPECT_THAT(described.output, HasSubstr("Versions: latest 1, kept 1"));
+
+  // `watch` runs while a writer publishes version 2 (as 3 in a file).
+  SpawnOptions spawn;
+  spawn.program = TESSERA_CLI_PATH;
+  spawn.args = {"watch", "cli_v", "--count", "1", "--idle-timeout", "30"};
+  spawn.env = {{"TESSERA_ADDRESS", cluster_->address(1)}};
+  spawn.log_path = Path("watch.log");
+  ASSERT_OK_AND_ASSIGN(Subprocess watch, Subprocess::Spawn(spawn));
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(cluster_->address(0)));
+  ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"cli_v"}));
+  ASSERT_OK_AND_ASSIGN(Tensor threes, Tensor::Full({8, 4}, 3.0));
+  ASSERT_THAT(writer.view("cli_v")->Write({0, 0}, threes), IsOk());
+  ASSERT_THAT(writer.Publish().status(), IsOk());
+  const std::optional<int> status = watch.WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << watch.LogTail(4096);
+  EXPECT_EQ(watch.LogTail(4096), "2\n");
+
+  CliResult versions = Run({"versions", "cli_v"});
+  ASSERT_EQ(versions.exit_code, 0) << versions.output;
+  EXPECT_THAT(versions.output,
+              HasSubstr("cli_v: Versions: latest 2, kept 1, 2 (keeps 2)"));
+  CliResult old = Run({"read", "cli_v", "--offsets", "0,0", "--sizes", "1,4",
+                       "--version", "1"});
+  ASSERT_EQ(old.exit_code, 0) << old.output;
+  EXPECT_THAT(old.output, HasSubstr("[[1, 1, 1, 1]]"));
+  CliResult latest =
+      Run({"read", "cli_v", "--offsets", "0,0", "--sizes", "1,4"});
+  EXPECT_THAT(latest.output, HasSubstr("[[3, 3, 3, 3]]"));
+  // A write to a published version is refused, naming why.
+  ASSERT_THAT(WriteNpy(Path("v.npy"), threes), IsOk());
+  CliResult written =
+      Run({"write", "cli_v", "--offsets", "0,0", "-i", Path("v.npy")});
+  EXPECT_NE(written.exit_code, 0);
+  EXPECT_THAT(written.output, HasSubstr("read-only"));
+  // An unversioned tensor has no versions: a usage error.
+  ASSERT_EQ(Run({"create", "cli_nv", "--size", "4", "--spec",
+                 "chunk:dim=0:rank:0/cpu"})
+                .exit_code,
+            0);
+  EXPECT_EQ(Run({"versions", "cli_nv"}).exit_code, 2);
+  EXPECT_EQ(Run({"watch", "cli_nv", "--idle-timeout", "1"}).exit_code, 2);
 }
 
 TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
