@@ -549,7 +549,16 @@ absl::Status ShardedTensorView::ReadRegionInto(
         std::max(*std::max_element(versions.begin(), versions.end()),
                  cluster_->SeenVersion(tensor_id()));
     const std::vector<int64_t> first = versions;
-    // Pieces outside the region are skipped by ReadPieces itself.
+    // Shards outside the region kept 0 (a read piece is version 1 or more).
+    const bool uniform =
+        std::all_of(first.begin(), first.end(),
+                    [&](int64_t v) { return v == 0 || v == newest; });
+    if (uniform) {
+      cluster_->SawVersion(tensor_id(), newest);
+      if (options.version != nullptr) *options.version = newest;
+      progress.Finish();
+      return absl::OkStatus();
+    }
     status = ReadPieces(
         offsets, destination, options, VersionId(tensor_id(), newest),
         [&](size_t shard) { return first[shard] != newest; }, &versions,
