@@ -1157,13 +1157,7 @@ OpOutcome ControlOps::RunUnpinVersions(const v1::ControlOp& op) {
   outcome.status = Agree(local, &outcome.agreed);
   if (!outcome.status.ok()) return outcome;
   // A pin that already expired is released alike: nothing to do.
-  std::vector<std::shared_ptr<VersionSet>> sets;
-  table_
-      ->ForEach([&](const std::string&, const TableEntry& entry) {
-        if (entry.versions != nullptr) sets.push_back(entry.versions);
-        return absl::OkStatus();
-      })
-      .IgnoreError();
+  const std::vector<std::shared_ptr<VersionSet>> sets = table_->VersionSets();
   for (const auto& versions : sets) {
     versions->Unpin(pin);
     versions->Expire(absl::Now());

@@ -196,6 +196,15 @@ void TensorTable::FailRefill(const std::string& name,
   }
 }
 
+std::vector<std::shared_ptr<VersionSet>> TensorTable::VersionSets() const {
+  std::vector<std::shared_ptr<VersionSet>> sets;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, entry] : entries_) {
+    if (entry.versions != nullptr) sets.push_back(entry.versions);
+  }
+  return sets;
+}
+
 v1::TensorInfo TensorTable::InfoWithState(const TableEntry& entry) const {
   v1::TensorInfo info = entry.info;
   if (entry.versions != nullptr) entry.versions->Describe(&info);

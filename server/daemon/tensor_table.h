@@ -113,6 +113,9 @@ class TensorTable {
   absl::Status ForEach(
       const std::function<absl::Status(const std::string&, const TableEntry&)>&
           visit) const;
+  // The versions of every versioned tensor (docs/versions.md), to work on
+  // outside the table's lock.
+  std::vector<std::shared_ptr<VersionSet>> VersionSets() const;
   // Removes the entries `keep` says no to; their names, in order.
   std::vector<std::string> RemoveUnless(
       const std::function<bool(const std::string&, const TableEntry&)>& keep);

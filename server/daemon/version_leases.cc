@@ -26,15 +26,9 @@ void VersionLeases::Stop() {
 }
 
 void VersionLeases::ExpireNow() const {
-  // The sets are taken under the table's lock and expired outside it
-  // (freeing a version may take a while).
-  std::vector<std::shared_ptr<VersionSet>> sets;
-  table_
-      ->ForEach([&](const std::string&, const TableEntry& entry) {
-        if (entry.versions != nullptr) sets.push_back(entry.versions);
-        return absl::OkStatus();
-      })
-      .IgnoreError();
+  // Taken under the table's lock, expired outside it (freeing a version
+  // may take a while).
+  const std::vector<std::shared_ptr<VersionSet>> sets = table_->VersionSets();
   const absl::Time now = absl::Now();
   for (const std::shared_ptr<VersionSet>& versions : sets) {
     versions->Expire(now);
