@@ -1045,16 +1045,21 @@ OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
             "): was it deleted and created again?"));
       }
       versions->Expire(absl::Now());
-      RETURN_IF_ERROR(
-          Annotate(versions->CheckOpen(handle.name(), handle.number()),
-                   "PublishVersion"));
+      // Claimed: the lease thread leaves it until this op ends.
+      RETURN_IF_ERROR(Annotate(versions->Claim(handle.name(), handle.number()),
+                               "PublishVersion"));
       sets.push_back(std::move(versions));
     }
     return CheckDeadline(op);
   }();
   OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
+  if (!outcome.status.ok()) {
+    for (size_t i = 0; i < sets.size(); ++i) {
+      sets[i]->Unclaim(handles[static_cast<int>(i)].number());
+    }
+    return outcome;
+  }
   // Every daemon agreed: each makes every named version the latest now,
   // at this log entry; none of these steps can fail.
   for (int i = 0; i < handles.size(); ++i) {
