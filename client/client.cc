@@ -9,7 +9,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -553,16 +552,12 @@ absl::Status ShardedTensorView::ReadRegionInto(
     const bool uniform =
         std::all_of(first.begin(), first.end(),
                     [&](int64_t v) { return v == 0 || v == newest; });
-    if (uniform) {
-      cluster_->SawVersion(tensor_id(), newest);
-      if (options.version != nullptr) *options.version = newest;
-      progress.Finish();
-      return absl::OkStatus();
-    }
-    status = ReadPieces(
-        offsets, destination, options, VersionId(tensor_id(), newest),
-        [&](size_t shard) { return first[shard] != newest; }, &versions,
-        &progress);
+    status = uniform ? absl::OkStatus()
+                     : ReadPieces(
+                           offsets, destination, options,
+                           VersionId(tensor_id(), newest),
+                           [&](size_t shard) { return first[shard] != newest; },
+                           &versions, &progress);
     if (status.ok()) {
       cluster_->SawVersion(tensor_id(), newest);
       if (options.version != nullptr) *options.version = newest;
@@ -861,15 +856,14 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
   writer.cluster_ = cluster_;
   writer.group_.set_id(id);
   for (absl::string_view part : absl::StrSplit(id, ',')) {
-    const size_t at = part.rfind('@');
-    int64_t number = 0;
-    if (at == absl::string_view::npos || at == 0 ||
-        !absl::SimpleAtoi(part.substr(at + 1), &number) || number < 1) {
+    // Each part is a version id of a name (wire/version_id.h).
+    const int64_t number = VersionNumber(part);
+    if (number < 1 || VersionBase(part).empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("joining versions ", id,
                        ": not a version group id (\"name@number,...\")"));
     }
-    const std::string name(part.substr(0, at));
+    const std::string name(VersionBase(part));
     ASSIGN_OR_RETURN(ShardedTensorView view, Open(name));
     const bool open = std::find(view.info().open_versions().begin(),
                                 view.info().open_versions().end(),

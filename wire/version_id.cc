@@ -1,6 +1,5 @@
 #include "wire/version_id.h"
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -11,11 +10,7 @@ std::string VersionId(absl::string_view tensor_id, int64_t number) {
 }
 
 bool IsVersionOf(absl::string_view id, absl::string_view tensor_id) {
-  int64_t number = 0;
-  return id.size() > tensor_id.size() + 1 && absl::StartsWith(id, tensor_id) &&
-         id[tensor_id.size()] == '@' &&
-         absl::SimpleAtoi(id.substr(tensor_id.size() + 1), &number) &&
-         number >= 1;
+  return VersionNumber(id) >= 1 && VersionBase(id) == tensor_id;
 }
 
 int64_t VersionNumber(absl::string_view id) {

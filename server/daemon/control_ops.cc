@@ -928,6 +928,15 @@ std::string GroupIdOf(const v1::VersionGroup& group) {
   return absl::StrJoin(parts, ",");
 }
 
+// Adds version `number` of `name` (registered as `tensor_id`) to `group`.
+void AddHandle(v1::VersionGroup* group, const std::string& name, int64_t number,
+               const std::string& tensor_id) {
+  v1::VersionHandle* handle = group->add_versions();
+  handle->set_name(name);
+  handle->set_number(number);
+  handle->set_tensor_id(VersionId(tensor_id, number));
+}
+
 }  // namespace
 
 std::string VersionHandleNames(
@@ -1018,10 +1027,8 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
   for (Begun& one : begun) {
     const int64_t number = one.versions->Open(*std::move(one.tensor),
                                               std::move(one.held), lease_end);
-    v1::VersionHandle* handle = outcome.result.group.add_versions();
-    handle->set_name(one.name);
-    handle->set_number(number);
-    handle->set_tensor_id(VersionId(one.versions->tensor_id(), number));
+    AddHandle(&outcome.result.group, one.name, number,
+              one.versions->tensor_id());
   }
   outcome.result.group.set_id(GroupIdOf(outcome.result.group));
   return outcome;
@@ -1070,10 +1077,8 @@ OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
         ->Update(handles[i].name(),
                  [&](TableEntry& entry) { entry.tensor = latest; })
         .IgnoreError();
-    v1::VersionHandle* handle = outcome.result.group.add_versions();
-    handle->set_name(handles[i].name());
-    handle->set_number(handles[i].number());
-    handle->set_tensor_id(VersionId(sets[i]->tensor_id(), handles[i].number()));
+    AddHandle(&outcome.result.group, handles[i].name(), handles[i].number(),
+              sets[i]->tensor_id());
   }
   outcome.result.group.set_id(GroupIdOf(outcome.result.group));
   return outcome;
@@ -1144,10 +1149,8 @@ OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
       absl::Now() + LeaseOf(request.lease_ms(), kDefaultPinLease);
   for (size_t i = 0; i < sets.size(); ++i) {
     sets[i]->Pin(pin, numbers[i], until);
-    v1::VersionHandle* handle = outcome.result.group.add_versions();
-    handle->set_name(names[i]);
-    handle->set_number(numbers[i]);
-    handle->set_tensor_id(VersionId(sets[i]->tensor_id(), numbers[i]));
+    AddHandle(&outcome.result.group, names[i], numbers[i],
+              sets[i]->tensor_id());
   }
   outcome.result.group.set_id(pin);
   return outcome;

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -177,11 +175,8 @@ ShardRegistry::Resolved ShardRegistry::Resolve(absl::string_view id) const {
       return resolved;
     }
     // A version id: a published one is read-only.
-    const size_t at = id.rfind('@');
-    int64_t number = 0;
-    if (at != absl::string_view::npos &&
-        absl::SimpleAtoi(id.substr(at + 1), &number)) {
-      if (auto it = versions_.find(id.substr(0, at)); it != versions_.end()) {
+    if (const int64_t number = VersionNumber(id); number >= 1) {
+      if (auto it = versions_.find(VersionBase(id)); it != versions_.end()) {
         if (auto published = it->second.registrations.find(number);
             published != it->second.registrations.end()) {
           resolved.tensor = FindLocked(published->second);
