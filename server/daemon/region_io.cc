@@ -483,13 +483,14 @@ class WriteRegionReactor final
 
   absl::Status Apply() {
     const ResolvedRegion& resolved = *resolved_;
-    if (!env_.rank->registry().Resolve(resolved.info.tensor_id()).writable) {
+    const ShardRegistry::Resolved target =
+        env_.rank->registry().Resolve(resolved.info.tensor_id());
+    if (!target.writable) {
       return ReadOnlyVersionError(resolved.info.tensor_id(), What());
     }
     const ShardMetadata& region = resolved.region;
     const auto& shards = resolved.metadata.shards_metadata;
-    const std::shared_ptr<const RegisteredTensor> registered =
-        env_.rank->registry().Resolve(resolved.info.tensor_id()).tensor;
+    const std::shared_ptr<const RegisteredTensor>& registered = target.tensor;
     copies_ = env_.rank->registry()
                   .Resolve(ReplicaTensorId(resolved.info.tensor_id()))
                   .tensor;
