@@ -130,6 +130,10 @@ int Run(int argc, char** argv) {
     PrintDaemonError(std::cerr, daemon.status().message());
     return kExitFailure;
   }
+  // From here a stop signal drains: the address file tells launchers (and
+  // tests) that the daemon serves, and a SIGTERM sent the moment it appears
+  // must stop it cleanly, not as a daemon that never started.
+  started->store(true);
   // The metrics file first: once the address file is there, both are.
   for (const auto& [file, address] :
        {std::pair(options.metrics_address_file, (*daemon)->metrics_address()),
@@ -142,7 +146,6 @@ int Run(int argc, char** argv) {
       return kExitFailure;
     }
   }
-  started->store(true);
   spdlog::info(
       "rank {}/{} serving on {} (data {}, device {})", options.rank,
       options.world_size, (*daemon)->address(),
