@@ -20,7 +20,9 @@
 # benchmarks) compile at -O0 (TESSERA_TEST_OPTIMIZE): most of their
 # compile time was the optimizer on gtest and gRPC templates (-O0 took a
 # third less than -O1), and they spend their run time in the code they
-# test. The libraries are unity builds (8 sources a
+# test. The test binaries reuse one precompiled header of the headers
+# they share (TESSERA_TEST_PCH, tests/CMakeLists.txt). The libraries are
+# unity builds (8 sources a
 # compile, CMAKE_UNITY_BUILD; tests/ and the generated protobuf code are
 # not), which parses their shared headers once a batch: so file-local
 # names in one library's .cc files must differ. Build Tessera yourself
