@@ -965,20 +965,43 @@ absl::StatusOr<Tensor> Client::Gather(const std::string& name,
   return assembler.destination();
 }
 
-absl::StatusOr<std::vector<std::string>> Client::Save(
-    const std::string& path, const std::vector<std::string>& names,
-    bool overwrite) {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> SaveCheckpoint(
+    internal_client::Cluster& cluster, const std::string& path,
+    const std::vector<std::string>& names, bool overwrite,
+    const std::map<std::string, int64_t>& versions) {
   v1::SaveCheckpointRequest request;
   request.set_path(path);
   request.set_overwrite(overwrite);
   for (const std::string& name : names) request.add_names(name);
+  request.mutable_versions()->insert(versions.begin(), versions.end());
   v1::SaveCheckpointResponse response;
-  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::SaveCheckpoint,
+  RETURN_IF_ERROR(Control(cluster, &v1::ControlService::Stub::SaveCheckpoint,
                           request, &response,
                           absl::StrCat("saving a checkpoint to ", path),
                           /*logged=*/true));
   return std::vector<std::string>(response.names().begin(),
                                   response.names().end());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> Client::Save(
+    const std::string& path, const std::vector<std::string>& names,
+    bool overwrite, const std::map<std::string, int64_t>& versions) {
+  return SaveCheckpoint(*cluster_, path, names, overwrite, versions);
+}
+
+absl::StatusOr<std::vector<std::string>> Snapshot::Save(const std::string& path,
+                                                        bool overwrite) const {
+  std::vector<std::string> names;
+  std::map<std::string, int64_t> versions;
+  for (const v1::VersionHandle& handle : group_.versions()) {
+    names.push_back(handle.name());
+    versions[handle.name()] = handle.number();
+  }
+  return SaveCheckpoint(*cluster_, path, names, overwrite, versions);
 }
 
 absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(

@@ -307,10 +307,14 @@ class Client {
   // Saves tensors (empty: all) into `path`, a directory every daemon can
   // write, relative to the daemons' checkpoint root or inside one
   // (proto/tessera/v1/control.proto). A checkpoint already there is
-  // ALREADY_EXISTS unless `overwrite`. Returns the names saved.
+  // ALREADY_EXISTS unless `overwrite`. `versions` saves a kept older
+  // version of versioned tensors (by name; the others save their latest):
+  // NOT_FOUND for a version no longer kept. Snapshot::Save saves pinned
+  // versions. Returns the names saved.
   absl::StatusOr<std::vector<std::string>> Save(
       const std::string& path, const std::vector<std::string>& names = {},
-      bool overwrite = false);
+      bool overwrite = false,
+      const std::map<std::string, int64_t>& versions = {});
   // Loads a checkpoint (request.path; names, as_names, replace, spec as in
   // proto/tessera/v1/control.proto).
   absl::StatusOr<std::vector<ShardedTensorView>> Load(

@@ -28,6 +28,11 @@ class Snapshot {
   // The version pinned for `name` (0 when it is not in the snapshot).
   int64_t version(const std::string& name) const;
   absl::StatusOr<ShardedTensorView> view(const std::string& name) const;
+  // Saves the pinned versions of every tensor of the snapshot into a
+  // checkpoint at `path` (as Client::Save): one consistent state of them,
+  // whatever was published since.
+  absl::StatusOr<std::vector<std::string>> Save(const std::string& path,
+                                                bool overwrite = false) const;
   // Ends the pin (the versions it alone kept are freed).
   absl::Status Release() const;
 

@@ -50,6 +50,7 @@ int RunLoad(const LoadOptions& options, const CommandContext& context) {
   }
   for (const std::string& name : names) request.add_names(name);
   request.set_replace(options.replace);
+  request.set_versions(options.versions);
   if (!options.spec.empty()) {
     absl::StatusOr<ShardingSpec> spec = ParseShardingSpec(options.spec);
     if (!spec.ok()) return context.ReportUserError(kLoadCommand, spec.status());
@@ -97,6 +98,12 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
                    "Reshard every loaded tensor to this spec (text form, as "
                    "for 'tessera plan')")
       ->type_name("SPEC");
+  load->add_option("--versions", options->versions,
+                   "Load versioned tensors keeping this many published "
+                   "versions (2 to 64; docs/versions.md): the checkpoint's "
+                   "values are their version 1")
+      ->check(CLI::Range(1, 64))
+      ->type_name("K");
   load->add_flag("--json", options->json,
                  "Print the loaded tensors as JSON (as 'tessera ls --json')");
   AddConnectionFlags(app, load, &options->connection, /*transfers=*/false);

@@ -2,6 +2,8 @@
 // a checkpoint directory that every daemon writes its own shards into.
 //
 //   tessera save [--overwrite] step100 [w x ...]
+//   tessera save --version 7 step100 w        # a kept older version of w
+//   tessera save --version w=7 --version b=3 step100 w b
 //
 // PATH is the daemons' to resolve: relative to their first
 // --checkpoint-root, or an absolute path inside one (never through ".." or
@@ -13,6 +15,8 @@
 #ifndef TESSERA_CLIENT_CLI_SAVE_COMMAND_H_
 #define TESSERA_CLIENT_CLI_SAVE_COMMAND_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,7 +32,16 @@ struct SaveOptions {
   std::string path;
   std::vector<std::string> names;
   bool overwrite = false;
+  // --version: "N" (one tensor named) or "NAME=N" per versioned tensor.
+  std::vector<std::string> versions;
 };
+
+// The versions map of `tessera save --version ...` for the tensors
+// `names`: INVALID_ARGUMENT for a malformed entry, a bare N with other
+// than one tensor named, or a name given twice or not among `names`.
+absl::StatusOr<std::map<std::string, int64_t>> ParseSaveVersions(
+    const std::vector<std::string>& versions,
+    const std::vector<std::string>& names);
 
 void AddSaveCommand(CLI::App& app, CommandContext& context);
 

@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -189,18 +190,20 @@ class PyClient {
         WithoutGil([&] { return client_->Gather(name, Transfer(timeout)); })));
   }
 
-  std::vector<std::string> Save(const std::string& path,
-                                const std::vector<std::string>& names,
-                                bool overwrite) {
-    return Check(
-        WithoutGil([&] { return client_->Save(path, names, overwrite); }));
+  std::vector<std::string> Save(
+      const std::string& path, const std::vector<std::string>& names,
+      bool overwrite, const std::map<std::string, int64_t>& versions) {
+    return Check(WithoutGil(
+        [&] { return client_->Save(path, names, overwrite, versions); }));
   }
 
   std::vector<PyView> Load(const std::string& path,
                            const std::vector<std::string>& names,
                            const std::vector<std::string>& as_names,
-                           std::optional<PySpec> spec, bool replace) {
+                           std::optional<PySpec> spec, bool replace,
+                           int versions) {
     v1::LoadCheckpointRequest request;
+    request.set_versions(versions);
     request.set_path(path);
     for (const std::string& name : names) request.add_names(name);
     for (const std::string& name : as_names) request.add_as_names(name);

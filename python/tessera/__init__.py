@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os as _os
 import warnings as _warnings
-from typing import (TYPE_CHECKING, Any, Iterable, Iterator, List, Optional,
-                    Sequence, Union)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
+                    Optional, Sequence, Union)
 
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
@@ -270,19 +270,28 @@ class Client:
         return self._native.gather(name, _seconds(timeout))
 
     def save(self, path: str, names: Optional[Iterable[str]] = None,
-             overwrite: bool = False) -> List[str]:
+             overwrite: bool = False,
+             versions: Optional[Dict[str, int]] = None) -> List[str]:
         """Saves tensors (None: all) under the daemons' checkpoint root;
-        returns the names saved."""
-        return self._native.save(path, list(names or []), bool(overwrite))
+        returns the names saved. ``versions`` saves a kept older version
+        of versioned tensors, by name (the others save their latest);
+        ``Snapshot.save`` saves a snapshot's pinned versions."""
+        return self._native.save(path, list(names or []), bool(overwrite),
+                                 {str(k): int(v)
+                                  for k, v in (versions or {}).items()})
 
     def load(self, path: str, names: Optional[Iterable[str]] = None,
              as_names: Optional[Iterable[str]] = None,
              spec: Optional[ShardingSpec] = None,
-             replace: bool = False) -> List[Tensor]:
+             replace: bool = False,
+             versions: Optional[int] = None) -> List[Tensor]:
         """Loads a checkpoint (entries ``names``, renamed ``as_names``,
-        resharded to ``spec``); returns the loaded tensors."""
+        resharded to ``spec``); returns the loaded tensors. ``versions``
+        (2 to 64) loads them as versioned tensors, as ``create`` does,
+        the checkpoint's values being their version 1."""
         views = self._native.load(path, list(names or []),
-                                  list(as_names or []), spec, bool(replace))
+                                  list(as_names or []), spec, bool(replace),
+                                  int(versions or 0))
         return [Tensor(self, v) for v in views]
 
     def __repr__(self) -> str:

@@ -3,7 +3,7 @@ and then published atomically, and snapshots that pin published ones."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 from . import _tessera, errors
 from ._tensor import Tensor
@@ -163,6 +163,13 @@ class Snapshot:
     def read(self, **kwargs: Any) -> Any:
         """The pinned version of the (first) tensor, whole."""
         return next(iter(self._tensors.values())).read(**kwargs)
+
+    def save(self, path: str, overwrite: bool = False) -> List[str]:
+        """Saves the pinned version of every tensor of the snapshot into a
+        checkpoint at ``path`` (as ``Client.save``): one consistent state
+        of them, whatever was published since."""
+        return self._client.save(path, list(self.versions), overwrite,
+                                 versions=self.versions)
 
     def release(self) -> None:
         self._native.release()

@@ -677,8 +677,6 @@ OpOutcome ControlOps::RunSave(const v1::ControlOp& op) {
     if (request.path().empty()) {
       return absl::InvalidArgumentError("SaveCheckpoint: path is required");
     }
-    ASSIGN_OR_RETURN(dir, options_.checkpoint_roots.Resolve(request.path(),
-                                                            /*create=*/true));
     if (request.names().empty()) {
       std::vector<std::string> degraded;
       RETURN_IF_ERROR(table_->ForEach(
@@ -711,6 +709,25 @@ OpOutcome ControlOps::RunSave(const v1::ControlOp& op) {
       ASSIGN_OR_RETURN(ShardedTensor tensor, table_->Lookup(name));
       dict.emplace_back(name, std::move(tensor));
     }
+    // Older versions: the ShardedTensor this daemon keeps for each (its
+    // bytes stay alive while the save holds it, even if its pin ends).
+    for (const auto& [name, number] : request.versions()) {
+      auto saved = std::find_if(
+          dict.begin(), dict.end(),
+          [&name = name](const auto& entry) { return entry.first == name; });
+      if (saved == dict.end()) {
+        if (!table_->Holds(name)) return UnknownTensor(name);
+        return absl::InvalidArgumentError(
+            absl::StrCat("SaveCheckpoint: a version is given for \"", name,
+                         "\", which is not among the tensors saved"));
+      }
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       VersionsOf(name, "SaveCheckpoint"));
+      ASSIGN_OR_RETURN(saved->second, versions->Published(name, number));
+    }
+    // Last: a refused save creates no directory.
+    ASSIGN_OR_RETURN(dir, options_.checkpoint_roots.Resolve(request.path(),
+                                                            /*create=*/true));
     return absl::OkStatus();
   }();
   if (ready.ok()) ready = CheckDeadline(op);
@@ -747,6 +764,11 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
     }
     if (request.has_spec()) {
       ASSIGN_OR_RETURN(spec, SpecOf(true, request.spec(), "LoadCheckpoint"));
+    }
+    if (request.versions() < 0 || request.versions() > kMaxKeptVersions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadCheckpoint: versions must be between 1 and ",
+                       kMaxKeptVersions, ", not ", request.versions()));
     }
     return absl::OkStatus();
   }();
@@ -859,7 +881,15 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       TableEntry entry;
       entry.tensor = loaded[i].second;
       entry.info = infos[i];
-      entry.held = std::move(held[i]);
+      if (request.versions() >= 2) {
+        // Version 1 is the checkpoint's values (version_set.h).
+        entry.versions = std::make_shared<VersionSet>(
+            rank_, infos[i].tensor_id(), request.versions());
+        entry.versions->AddFirst(loaded[i].second, std::move(held[i]));
+        entry.versions->Describe(&infos[i]);
+      } else {
+        entry.held = std::move(held[i]);
+      }
       table_->Put(loaded[i].first, std::move(entry));
     }
     outcome.result.infos = std::move(infos);

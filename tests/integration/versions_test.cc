@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -44,7 +46,10 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
@@ -409,6 +414,110 @@ TEST_F(VersionsTest, OldVersionsAreFreedUnlessPinned) {
   EXPECT_TRUE(Uniform(latest, &value));
   EXPECT_EQ(value, 8);
   EXPECT_EQ(read_version, 8);
+}
+
+// Checkpoints of versions: a save writes the latest version, a kept older
+// one (Save's versions) or a snapshot's pinned versions of several tensors
+// (Snapshot::Save), whatever is published meanwhile; a load can make the
+// saved values version 1 of a versioned tensor. A version no longer kept,
+// one of an unversioned tensor or of a tensor not saved is refused before
+// anything is written.
+TEST_F(VersionsTest, SavesTheLatestAKeptOrAPinnedVersion) {
+  auto client = Connect(3);
+  ASSERT_NE(client, nullptr);
+  Create(*client, "s", 3);
+  Create(*client, "t", 3);
+  Create(*client, "plain", 0);
+  const auto publish = [&](float value) {
+    absl::StatusOr<VersionWriter> group = client->Begin({"s", "t"});
+    ASSERT_OK(group.status());
+    ASSERT_OK(Fill(*group->view("s"), 0, kRows, value));
+    ASSERT_OK(Fill(*group->view("t"), 0, kRows, 10 * value));
+    ASSERT_OK(group->Publish().status());
+  };
+  // The value every element of `name` holds (NaN when they differ).
+  const auto value_of = [&](const std::string& name) -> float {
+    absl::StatusOr<ShardedTensorView> view = client->Open(name);
+    EXPECT_OK(view.status());
+    if (!view.ok()) return -1;
+    absl::StatusOr<Tensor> all = view->Read();
+    EXPECT_OK(all.status());
+    float value = -1;
+    if (!all.ok() || !Uniform(*all, &value)) return std::nanf("");
+    return value;
+  };
+  publish(2);  // s, t: version 2.
+  ASSERT_OK_AND_ASSIGN(Snapshot pin, client->Pin({"s", "t"}));
+  EXPECT_EQ(pin.version("s"), 2);
+  publish(3);
+  publish(4);  // Keeps 2 (pinned), 3 and 4; version 1 is freed.
+
+  EXPECT_THAT(client->Save("latest", {"s"}), IsOkAndHolds(ElementsAre("s")));
+  EXPECT_THAT(client->Save("three", {"s"}, false, {{"s", 3}}),
+              IsOkAndHolds(ElementsAre("s")));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> saved, pin.Save("pinned"));
+  EXPECT_THAT(saved, ::testing::UnorderedElementsAre("s", "t"));
+  publish(5);  // The pin still holds version 2 while it is loaded below.
+
+  const auto load = [&](const std::string& path,
+                        const std::vector<std::string>& names,
+                        const std::vector<std::string>& as, int versions) {
+    v1::LoadCheckpointRequest request;
+    request.set_path(path);
+    for (const std::string& name : names) request.add_names(name);
+    for (const std::string& name : as) request.add_as_names(name);
+    request.set_versions(versions);
+    return client->Load(request);
+  };
+  ASSERT_OK(load("latest", {"s"}, {"s_latest"}, 0).status());
+  EXPECT_EQ(value_of("s_latest"), 4);
+  ASSERT_OK(load("three", {"s"}, {"s_three"}, 0).status());
+  EXPECT_EQ(value_of("s_three"), 3);
+  ASSERT_OK_AND_ASSIGN(std::vector<ShardedTensorView> loaded,
+                       load("pinned", {"s", "t"}, {"s_pin", "t_pin"}, 4));
+  EXPECT_EQ(value_of("s_pin"), 2);
+  EXPECT_EQ(value_of("t_pin"), 20);
+  // Loaded with versions: version 1 of a versioned tensor, written by
+  // versions from here.
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded[0].info().versions_kept(), 4);
+  EXPECT_EQ(loaded[0].version(), 1);
+  ASSERT_OK_AND_ASSIGN(VersionWriter next, client->Begin({"s_pin"}));
+  ASSERT_OK(Fill(*next.view("s_pin"), 0, 8, 7));
+  ASSERT_OK_AND_ASSIGN(v1::VersionGroup published, next.Publish());
+  EXPECT_EQ(published.versions(0).number(), 2);
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView s_pin, client->Open("s_pin"));
+  ASSERT_OK_AND_ASSIGN(Tensor head, s_pin.ReadRegion({0, 0}, {8, kCols}));
+  ASSERT_OK_AND_ASSIGN(Tensor tail, s_pin.ReadRegion({8, 0}, {8, kCols}));
+  float value = 0;
+  EXPECT_TRUE(Uniform(head, &value));
+  EXPECT_EQ(value, 7);
+  EXPECT_TRUE(Uniform(tail, &value));
+  EXPECT_EQ(value, 2);
+  ASSERT_OK(pin.Release());
+
+  // Refusals write nothing: no directory appears.
+  const std::string root = cluster_->scratch_dir();
+  EXPECT_THAT(client->Save("gone", {"s"}, false, {{"s", 1}}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("version 1 of tensor s is not kept"),
+                             HasSubstr("3, 4, 5"))));
+  EXPECT_THAT(client->Save("plain_v", {"plain"}, false, {{"plain", 1}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("has no versions")));
+  EXPECT_THAT(client->Save("other", {"s"}, false, {{"t", 4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not among the tensors saved")));
+  EXPECT_THAT(client->Save("unknown", {"s"}, false, {{"nothing", 4}}),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  for (const char* refused : {"gone", "plain_v", "other", "unknown"}) {
+    EXPECT_FALSE(std::filesystem::exists(root + "/" + refused)) << refused;
+  }
+  EXPECT_THAT(load("latest", {"s"}, {"s_bad"}, 65).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("versions must be between")));
+  EXPECT_THAT(client->Open("s_bad").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 }
 
 TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {

@@ -169,3 +169,28 @@ def test_an_abandoned_version_is_dropped_when_its_lease_ends(daemons, client,
     with pytest.raises(tessera.FailedPreconditionError, match="not open"):
         client.join(f"vlease@{number}")
     assert (w.read() == 0).all() or w.version == 1
+
+
+def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
+    w = client.create("vsave", (8, 4), rows4, init="zeros", versions=3)
+    for value in (1, 2):
+        with w.begin() as v:
+            v[...] = value
+    with w.snapshot() as s:
+        assert s.version == 3
+        with w.begin() as v:
+            v[...] = 3
+        assert client.save("vsave_two", ["vsave"], versions={"vsave": 2}) \
+            == ["vsave"]
+        assert s.save("vsave_pinned") == ["vsave"]
+    with pytest.raises(tessera.NotFoundError, match="not kept"):
+        client.save("vsave_gone", ["vsave"], versions={"vsave": 1})
+    (two,) = client.load("vsave_two", as_names=["vsave_2"], names=["vsave"])
+    assert (two.read() == 1).all() and two.version == 0
+    (pinned,) = client.load("vsave_pinned", names=["vsave"],
+                            as_names=["vsave_p"], versions=2)
+    assert (pinned.read() == 2).all() and pinned.version == 1
+    with pinned.begin() as v:
+        v[0:2] = 9
+    assert pinned.version == 2
+    assert (pinned[0:2] == 9).all() and (pinned[2:8] == 2).all()

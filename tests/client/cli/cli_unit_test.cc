@@ -39,6 +39,7 @@ namespace tessera::cli {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -190,6 +191,31 @@ TEST(FlagHelpersTest, CheckpointPathsAreTheDaemonsToResolve) {
   EXPECT_OK(CheckCheckpointPath("/shared/ckpt"));
   EXPECT_THAT(CheckCheckpointPath(""),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(FlagHelpersTest, SaveVersionsAreNumbersOfNamedTensors) {
+  EXPECT_THAT(ParseSaveVersions({"7"}, {"w"}),
+              IsOkAndHolds(ElementsAre(Pair("w", 7))));
+  EXPECT_THAT(ParseSaveVersions({"w=7", "b=3"}, {"w", "b"}),
+              IsOkAndHolds(ElementsAre(Pair("b", 3), Pair("w", 7))));
+  EXPECT_THAT(ParseSaveVersions({}, {}), IsOkAndHolds(IsEmpty()));
+  // A bare number needs exactly one tensor named.
+  EXPECT_THAT(ParseSaveVersions({"7"}, {"w", "b"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--version NAME=N")));
+  EXPECT_THAT(ParseSaveVersions({"7"}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  for (const char* bad : {"w=0", "w=-1", "w=x", "w=", "=3", "w=7=8"}) {
+    EXPECT_THAT(ParseSaveVersions({bad}, {"w"}),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_))
+        << bad;
+  }
+  EXPECT_THAT(ParseSaveVersions({"b=3"}, {"w"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not among the tensors named")));
+  EXPECT_THAT(
+      ParseSaveVersions({"w=3", "w=4"}, {"w"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("given twice")));
 }
 
 TEST(FlagHelpersTest, HealthStates) {
