@@ -118,6 +118,15 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
              : sum;
 }
 
+// A request's versions field (CreateTensor, LoadCheckpoint): 0 and 1 mean
+// in place, 2 to kMaxKeptVersions a versioned tensor.
+absl::Status CheckVersionsKept(int32_t versions, absl::string_view what) {
+  if (versions >= 0 && versions <= kMaxKeptVersions) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": versions must be between 1 and ", kMaxKeptVersions,
+                   ", not ", versions));
+}
+
 }  // namespace
 
 const char* OpName(const v1::ControlOp& op) {
@@ -340,11 +349,7 @@ OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("CreateTensor: unknown init kind ", request.init()));
     }
-    if (request.versions() < 0 || request.versions() > kMaxKeptVersions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CreateTensor: versions must be between 1 and ",
-                       kMaxKeptVersions, ", not ", request.versions()));
-    }
+    RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "CreateTensor"));
     if (request.versions() >= 2 && request.copies() > 1) {
       return absl::InvalidArgumentError(
           "CreateTensor: a versioned tensor (versions >= 2) with copies > 1 "
@@ -765,11 +770,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
     if (request.has_spec()) {
       ASSIGN_OR_RETURN(spec, SpecOf(true, request.spec(), "LoadCheckpoint"));
     }
-    if (request.versions() < 0 || request.versions() > kMaxKeptVersions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoadCheckpoint: versions must be between 1 and ",
-                       kMaxKeptVersions, ", not ", request.versions()));
-    }
+    RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "LoadCheckpoint"));
     return absl::OkStatus();
   }();
   // Then what depends on the files and the daemon: the entries, the names
