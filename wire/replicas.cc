@@ -4,10 +4,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 
 std::string ReplicaTensorId(absl::string_view tensor_id) {
+  if (const int64_t number = VersionNumber(tensor_id); number >= 1) {
+    return VersionId(absl::StrCat(VersionBase(tensor_id), "/replicas"), number);
+  }
   return absl::StrCat(tensor_id, "/replicas");
 }
 

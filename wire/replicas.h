@@ -20,7 +20,10 @@ namespace tessera {
 
 // The id under which a daemon's ShardRegistry serves its replicas of the
 // tensor with id `tensor_id` ("0/7" -> "0/7/replicas"). Tensor ids end in
-// their number, so the two never meet.
+// their number, so the two never meet. The copies of version n of a
+// versioned tensor (wire/version_id.h) are version n of its replicas' id
+// ("0/7@3" -> "0/7/replicas@3"), so that a daemon's registry maps the
+// replicas' id to their latest published version as it does the tensor's.
 std::string ReplicaTensorId(absl::string_view tensor_id);
 
 // The R - 1 daemons that hold a copy of each shard besides its owner

@@ -1,12 +1,15 @@
 #include "client/cli/describe_command.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/table.h"
+#include "common/proto_convert.h"
 #include "nlohmann/json.hpp"
 #include "wire/replicas.h"
 
@@ -62,15 +65,42 @@ std::string HolderState(const ShardedTensorView& view, const Refilling& marks,
 
 }  // namespace
 
+int64_t BytesPerVersion(const v1::TensorInfo& info) {
+  absl::StatusOr<ShardedTensorMetadata> metadata = FromProto(info.metadata());
+  if (!metadata.ok()) return 0;
+  const std::optional<int64_t> numel = CheckedProduct(metadata->size);
+  const int64_t element =
+      static_cast<int64_t>(ElementSize(metadata->tensor_properties.dtype));
+  const int64_t copies = CopiesOf(info);
+  if (element <= 0 || copies <= 0) return 0;
+  if (!numel.has_value() ||
+      *numel > std::numeric_limits<int64_t>::max() / element / copies) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return *numel * element * copies;
+}
+
+int64_t VersionsHeld(const v1::TensorInfo& info) {
+  return info.kept_versions_size() + info.open_versions_size();
+}
+
 std::string FormatVersions(const v1::TensorInfo& info) {
   const auto list = [](const auto& numbers) {
     return numbers.empty() ? std::string("none") : absl::StrJoin(numbers, ", ");
   };
-  return absl::StrCat("Versions: latest ", info.version(), ", kept ",
-                      list(info.kept_versions()), " (keeps ",
-                      info.versions_kept(), "), pinned ",
-                      list(info.pinned_versions()), ", open ",
-                      list(info.open_versions()), "\n");
+  const int64_t per_version = BytesPerVersion(info);
+  const int64_t held = VersionsHeld(info);
+  return absl::StrCat(
+      "Versions: latest ", info.version(), ", kept ",
+      list(info.kept_versions()), " (keeps ", info.versions_kept(),
+      "), pinned ", list(info.pinned_versions()), ", open ",
+      list(info.open_versions()), "; ", FormatBytes(per_version),
+      " per version", CopiesOf(info) > 1 ? " (all copies)" : "", ", ",
+      FormatBytes(held > 0 && per_version >
+                                  std::numeric_limits<int64_t>::max() / held
+                      ? std::numeric_limits<int64_t>::max()
+                      : per_version * held),
+      " held by ", held, held == 1 ? " version" : " versions", "\n");
 }
 
 std::string FormatShardTable(const ShardedTensorView& view,
@@ -144,6 +174,15 @@ std::string ShardTableToJson(const ShardedTensorView& view,
       {"dtype", std::string(DTypeName(view.dtype()))},
       {"sizes", view.sizes()},
       {"shards", shards}};
+  if (view.versioned()) {
+    const v1::TensorInfo& info = view.info();
+    json["versions"] = {{"latest", info.version()},
+                        {"keeps", info.versions_kept()},
+                        {"kept", info.kept_versions()},
+                        {"pinned", info.pinned_versions()},
+                        {"open", info.open_versions()},
+                        {"bytes_per_version", BytesPerVersion(info)}};
+  }
   return json.dump();
 }
 

@@ -10,6 +10,7 @@
 #ifndef TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
 #define TESSERA_CLIENT_CLI_DESCRIBE_COMMAND_H_
 
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -36,10 +37,15 @@ int RunDescribe(const DescribeOptions& options, const CommandContext& context);
 // every daemon's description; empty: as `view` says.
 using Refilling = std::vector<std::set<int>>;
 
-// "Versions: latest 5, kept 3, 4, 5 (keeps 3), pinned 3, open 6\n": a
-// versioned tensor's versions (docs/versions.md), as describe and
-// `tessera versions` print them.
+// "Versions: latest 5, kept 3, 4, 5 (keeps 3), pinned 3, open 6; 4.0 MiB
+// per version, 16.0 MiB held by 4 versions\n": a versioned tensor's
+// versions (docs/versions.md) and the memory they hold in the cluster (a
+// version's bytes, times its copies, for each kept and open one), as
+// describe and `tessera versions` print them.
 std::string FormatVersions(const v1::TensorInfo& info);
+// The bytes one version of `info` holds in the cluster: the tensor's,
+// times its copies (INT64_MAX when that overflows).
+int64_t BytesPerVersion(const v1::TensorInfo& info);
 
 // A title line ("Tensor w: float32 [10, 20], 4 shards, 800 B, id ...") and
 // one aligned row per shard: its owner, the owner's state ("ok", "lost",

@@ -22,6 +22,7 @@
 #include "server/checkpoint/checkpoint.h"
 #include "server/daemon/agreement.h"
 #include "server/daemon/region_io.h"
+#include "server/daemon/replica_copies.h"
 #include "server/daemon/version_set.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
@@ -350,11 +351,6 @@ OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
           absl::StrCat("CreateTensor: unknown init kind ", request.init()));
     }
     RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "CreateTensor"));
-    if (request.versions() >= 2 && request.copies() > 1) {
-      return absl::InvalidArgumentError(
-          "CreateTensor: a versioned tensor (versions >= 2) with copies > 1 "
-          "is not supported yet");
-    }
     // 0 is the field's default: one copy.
     if (request.copies() < 0 || request.copies() > rank_->world_size()) {
       return absl::InvalidArgumentError(
@@ -990,6 +986,42 @@ absl::StatusOr<std::shared_ptr<VersionSet>> ControlOps::VersionsOf(
   return versions;
 }
 
+absl::Status ControlOps::CopyLatest(const std::string& name,
+                                    const ShardedTensor& latest,
+                                    const ShardedTensor& to,
+                                    const std::string& tensor_id,
+                                    const RegisteredTensor* copies) const {
+  const std::vector<Shard>& from = latest.local_shards();
+  const std::vector<Shard>& into = to.local_shards();
+  if (from.size() != into.size()) {
+    return absl::InternalError(
+        absl::StrCat("BeginVersion of ", name, ": the new version has ",
+                     into.size(), " local shards, the latest ", from.size()));
+  }
+  for (size_t i = 0; i < from.size(); ++i) {
+    const std::vector<int64_t> origin(from[i].tensor.dim(), 0);
+    RETURN_IF_ERROR(CopyBox(from[i].tensor, origin, into[i].tensor, origin,
+                            from[i].tensor.sizes()));
+  }
+  if (copies == nullptr) return absl::OkStatus();
+  const std::shared_ptr<const RegisteredTensor> latest_copies =
+      rank_->registry().Resolve(ReplicaTensorId(tensor_id)).tensor;
+  for (const LocalShard& copy : copies->local_shards) {
+    const LocalShard* source = latest_copies == nullptr
+                                   ? nullptr
+                                   : latest_copies->FindShard(copy.index);
+    if (source == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "BeginVersion of ", name, ": rank ", rank(),
+          " holds no copy of shard ", copy.index, " of the latest version"));
+    }
+    const std::vector<int64_t> origin(copy.tensor.dim(), 0);
+    RETURN_IF_ERROR(CopyBox(source->tensor, origin, copy.tensor, origin,
+                            copy.tensor.sizes()));
+  }
+  return absl::OkStatus();
+}
+
 OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
   const v1::BeginVersionRequest& request = op.begin_version();
   const std::vector<std::string> names(request.names().begin(),
@@ -998,6 +1030,8 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     std::string name;
     std::shared_ptr<VersionSet> versions;
     std::optional<ShardedTensor> tensor;
+    // This daemon's copies of others' shards of it (replicas), or null.
+    std::shared_ptr<ReplicaCopies> copies;
     MemoryBudget::Reservation held;
   };
   std::vector<Begun> begun;
@@ -1010,7 +1044,8 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     for (const std::string& name : names) {
       ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
                        VersionsOf(name, "BeginVersion"));
-      begun.push_back(Begun{name, std::move(versions), std::nullopt, {}});
+      begun.push_back(
+          Begun{name, std::move(versions), std::nullopt, nullptr, {}});
     }
     RETURN_IF_ERROR(CheckDeadline(op));
     // This daemon's part: each new version's shards, in the budget first.
@@ -1034,18 +1069,29 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
       ASSIGN_OR_RETURN(
           one.tensor,
           ShardedTensor::Empty(latest.sharding_spec(), latest.size(), options));
-      if (request.empty()) continue;
-      const std::vector<Shard>& from = latest.local_shards();
-      const std::vector<Shard>& to = one.tensor->local_shards();
-      if (from.size() != to.size()) {
-        return absl::InternalError(
-            absl::StrCat("BeginVersion of ", one.name, ": the new version has ",
-                         to.size(), " local shards, the latest ", from.size()));
+      ASSIGN_OR_RETURN(const v1::TensorInfo info, table_->Info(one.name));
+      std::shared_ptr<RegisteredTensor> copies;
+      MemoryBudget::Reservation copies_held;
+      if (info.replicas_size() > 0) {
+        // Its copies of others' shards, each version with its own.
+        ASSIGN_OR_RETURN(
+            Replication::PlacedCopies placed,
+            replication_->CopiesFor(
+                info, latest.metadata(),
+                absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
+                             number, ": its replicas on rank ", rank(), ")")));
+        copies = std::move(placed.mine);
+        copies_held = std::move(placed.held);
       }
-      for (size_t i = 0; i < from.size(); ++i) {
-        const std::vector<int64_t> origin(from[i].tensor.dim(), 0);
-        RETURN_IF_ERROR(CopyBox(from[i].tensor, origin, to[i].tensor, origin,
-                                from[i].tensor.sizes()));
+      if (!request.empty()) {
+        RETURN_IF_ERROR(CopyLatest(one.name, latest, *one.tensor,
+                                   one.versions->tensor_id(), copies.get()));
+      }
+      if (copies != nullptr && !copies->local_shards.empty()) {
+        ASSIGN_OR_RETURN(
+            one.copies, ReplicaCopies::Register(
+                            rank_, VersionId(one.versions->tensor_id(), number),
+                            std::move(copies), std::move(copies_held)));
       }
     }
     return absl::OkStatus();
@@ -1056,8 +1102,9 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
   const absl::Time lease_end =
       absl::Now() + LeaseOf(request.lease_ms(), kDefaultVersionLease);
   for (Begun& one : begun) {
-    const int64_t number = one.versions->Open(*std::move(one.tensor),
-                                              std::move(one.held), lease_end);
+    const int64_t number =
+        one.versions->Open(*std::move(one.tensor), std::move(one.copies),
+                           std::move(one.held), lease_end);
     AddHandle(&outcome.result.group, one.name, number,
               one.versions->tensor_id());
   }

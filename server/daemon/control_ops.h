@@ -117,6 +117,13 @@ class ControlOps {
   // refilling as Lookup says; FAILED_PRECONDITION for an unversioned one.
   absl::StatusOr<std::shared_ptr<VersionSet>> VersionsOf(
       const std::string& name, absl::string_view what) const;
+  // BeginVersion's copy of tensor `name`'s latest version into the new
+  // one `to`: this daemon's shards, and its `copies` of others' shards
+  // (null: none) from the latest copies of `tensor_id`. INTERNAL when the
+  // two do not match.
+  absl::Status CopyLatest(const std::string& name, const ShardedTensor& latest,
+                          const ShardedTensor& to, const std::string& tensor_id,
+                          const RegisteredTensor* copies) const;
   // CreateTensor's tensor (this daemon's shards), filled by its init kind.
   absl::StatusOr<ShardedTensor> NewTensor(
       const v1::CreateTensorRequest& request, DType dtype,

@@ -411,8 +411,22 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
   mine.set_device(options_.device);
   mine.set_starting(starting);
   table_
-      ->ForEach([&](const std::string&, const TableEntry& entry) {
-        *mine.add_infos() = entry.info;
+      ->ForEach([&](const std::string& name, const TableEntry& entry) {
+        v1::TensorInfo* info = mine.add_infos();
+        *info = entry.info;
+        if (entry.versions != nullptr) {
+          // Its versions, for a starting daemon to refill, and their pins.
+          entry.versions->Describe(info);
+          const absl::Time now = absl::Now();
+          for (const VersionSet::PinState& pin : entry.versions->Pins()) {
+            v1::VersionPin* held = mine.add_pins();
+            held->set_tensor(name);
+            held->set_id(pin.id);
+            held->set_number(pin.number);
+            held->set_lease_left_ms(absl::ToInt64Milliseconds(
+                std::max(pin.until - now, absl::ZeroDuration())));
+          }
+        }
         // Degraded entries of a daemon that restarted have no tensor; their
         // layout is the metadata's.
         *mine.add_specs() = entry.tensor.has_value()
@@ -519,8 +533,12 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
         degraded.push_back(info.name());
       }
       if (starting) {
+        std::vector<v1::VersionPin> pins;
+        for (const v1::VersionPin& pin : from.pins()) {
+          if (pin.tensor() == info.name()) pins.push_back(pin);
+        }
         RETURN_IF_ERROR(replication_->Rebuild(std::move(updated), from.specs(i),
-                                              starting_ranks));
+                                              starting_ranks, std::move(pins)));
       } else {
         table_
             ->Update(

@@ -19,6 +19,7 @@
 #include "server/daemon/agreement.h"
 #include "spdlog/spdlog.h"
 #include "wire/replicas.h"
+#include "wire/version_id.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -161,10 +162,18 @@ absl::StatusOr<Replication::PlacedCopies> Replication::PlaceCopies(
   for (const std::vector<int>& ranks : placed) {
     info->add_replicas()->mutable_ranks()->Add(ranks.begin(), ranks.end());
   }
+  return CopiesFor(
+      *info, metadata,
+      absl::StrCat("replicas of \"", info->name(), "\" on rank ", rank()));
+}
+
+absl::StatusOr<Replication::PlacedCopies> Replication::CopiesFor(
+    const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
+    const std::string& what) const {
   // Reserved before anything is allocated.
   int64_t host_bytes = 0;
-  for (int shard = 0; shard < info->replicas_size(); ++shard) {
-    const auto& ranks = info->replicas(shard).ranks();
+  for (int shard = 0; shard < info.replicas_size(); ++shard) {
+    const auto& ranks = info.replicas(shard).ranks();
     if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end()) continue;
     const int64_t numel =
         CheckedProduct(metadata.shards_metadata[shard].shard_sizes())
@@ -177,12 +186,9 @@ absl::StatusOr<Replication::PlacedCopies> Replication::PlaceCopies(
             : host_bytes + numel * element;
   }
   PlacedCopies result;
-  ASSIGN_OR_RETURN(
-      result.held,
-      budget_->Reserve(host_bytes, absl::StrCat("replicas of \"", info->name(),
-                                                "\" on rank ", rank())));
+  ASSIGN_OR_RETURN(result.held, budget_->Reserve(host_bytes, what));
   int64_t allocated = 0;
-  ASSIGN_OR_RETURN(result.mine, AllocateCopies(*info, metadata, &allocated));
+  ASSIGN_OR_RETURN(result.mine, AllocateCopies(info, metadata, &allocated));
   return result;
 }
 
@@ -231,64 +237,111 @@ absl::Status Replication::Replicate(const std::string& name, int copies,
         ->Update(name,
                  [&](TableEntry& entry) {
                    entry.info = std::move(info);
-                   entry.replicas = std::move(registered);
+                   // A versioned tensor's copies are version 1's: freed
+                   // with it (version_set.h).
+                   if (entry.versions != nullptr) {
+                     entry.versions->SetCopies(1, std::move(registered));
+                   } else {
+                     entry.replicas = std::move(registered);
+                   }
                  })
         .IgnoreError();  // Only the executor removes entries.
   }
   return status;
 }
 
+absl::StatusOr<std::shared_ptr<Refill>> Replication::RefillBuffers(
+    const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
+    int64_t* host_bytes) const {
+  // The shards it owns (they survive on replicas: else they would be lost)
+  // and its replicas of others', to refill.
+  std::vector<LocalShard> own;
+  for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
+    if (info.shard_ranks(shard) != rank_->rank()) continue;
+    const ShardMetadata& where = metadata.shards_metadata[shard];
+    TensorOptions tensor_options =
+        TensorOptions().WithDType(metadata.tensor_properties.dtype);
+    if (where.placement().has_value()) {
+      tensor_options = tensor_options.WithDevice(where.placement()->device());
+    }
+    ASSIGN_OR_RETURN(Tensor tensor,
+                     Tensor::Empty(where.shard_sizes(), tensor_options));
+    if (tensor.device().is_cpu()) {
+      *host_bytes += static_cast<int64_t>(tensor.nbytes());
+    }
+    own.push_back(LocalShard{shard, std::move(tensor)});
+  }
+  std::shared_ptr<RegisteredTensor> copies;
+  if (info.replicas_size() > 0) {
+    int64_t copy_bytes = 0;
+    ASSIGN_OR_RETURN(copies, AllocateCopies(info, metadata, &copy_bytes));
+    *host_bytes += copy_bytes;
+    if (copies->local_shards.empty()) copies.reset();
+  }
+  if (own.empty() && copies == nullptr) return nullptr;
+  return std::make_shared<Refill>(std::move(own), std::move(copies));
+}
+
 absl::Status Replication::Rebuild(v1::TensorInfo info,
                                   const v1::ShardingSpec& spec_proto,
-                                  const std::set<int>& starting) {
+                                  const std::set<int>& starting,
+                                  std::vector<v1::VersionPin> pins) {
   TableEntry entry;
   const bool mine_lost = std::any_of(
       info.lost_shards().begin(), info.lost_shards().end(), [&](int shard) {
         return shard < info.shard_ranks_size() &&
                info.shard_ranks(shard) == rank_->rank();
       });
+  // What to refill: the tensor, or each kept version of a versioned one
+  // (docs/versions.md; open versions are not: their publish fails).
+  std::vector<RefillPart> parts;
   if (!mine_lost) {
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      FromProto(info.metadata()));
-    // The shards it owns (they survive on replicas: else they would be
-    // lost) and its replicas of others', to refill.
-    std::vector<LocalShard> own;
-    int64_t host_bytes = 0;
-    for (int shard = 0; shard < info.shard_ranks_size(); ++shard) {
-      if (info.shard_ranks(shard) != rank_->rank()) continue;
-      const ShardMetadata& where = metadata.shards_metadata[shard];
-      TensorOptions tensor_options =
-          TensorOptions().WithDType(metadata.tensor_properties.dtype);
-      if (where.placement().has_value()) {
-        tensor_options = tensor_options.WithDevice(where.placement()->device());
-      }
-      ASSIGN_OR_RETURN(Tensor tensor,
-                       Tensor::Empty(where.shard_sizes(), tensor_options));
-      if (tensor.device().is_cpu()) {
-        host_bytes += static_cast<int64_t>(tensor.nbytes());
-      }
-      own.push_back(LocalShard{shard, std::move(tensor)});
+    std::vector<int64_t> numbers = {0};
+    if (info.versions_kept() >= 2) {
+      numbers.assign(info.kept_versions().begin(), info.kept_versions().end());
     }
-    std::shared_ptr<RegisteredTensor> copies;
-    if (info.replicas_size() > 0) {
-      int64_t copy_bytes = 0;
-      ASSIGN_OR_RETURN(copies, AllocateCopies(info, metadata, &copy_bytes));
-      host_bytes += copy_bytes;
-      if (copies->local_shards.empty()) copies.reset();
+    for (const int64_t number : numbers) {
+      RefillPart part;
+      part.number = number;
+      int64_t host_bytes = 0;
+      ASSIGN_OR_RETURN(part.refill, RefillBuffers(info, metadata, &host_bytes));
+      if (part.refill != nullptr) {
+        ASSIGN_OR_RETURN(
+            part.held,
+            budget_->Reserve(
+                host_bytes,
+                number == 0
+                    ? absl::StrCat("refilling \"", info.name(), "\" on rank ",
+                                   rank())
+                    : absl::StrCat("refilling version ", number, " of \"",
+                                   info.name(), "\" on rank ", rank())));
+      }
+      parts.push_back(std::move(part));
     }
-    if (own.empty() && copies == nullptr) {
-      // Nothing of it here: it takes part in the tensor's collectives with
-      // nothing of its own.
-      ASSIGN_OR_RETURN(
-          entry.tensor,
-          RebuiltTensor(rank_, info, std::move(metadata), spec_proto, {}));
+    const bool nothing_here = std::all_of(
+        parts.begin(), parts.end(),
+        [](const RefillPart& part) { return part.refill == nullptr; });
+    if (nothing_here) {
+      // Nothing of it here: it takes part in the tensor's collectives (and
+      // version ops) with nothing of its own.
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       CompleteParts(info, spec_proto, pins, &parts));
+      if (versions != nullptr) {
+        entry.tensor = versions->Latest();
+        entry.versions = std::move(versions);
+      } else {
+        entry.tensor = *std::move(parts[0].tensor);
+      }
+      parts.clear();
     } else {
-      ASSIGN_OR_RETURN(
-          entry.held,
-          budget_->Reserve(host_bytes, absl::StrCat("refilling \"", info.name(),
-                                                    "\" on rank ", rank())));
-      entry.refill =
-          std::make_shared<Refill>(std::move(own), std::move(copies));
+      // The latest version's refill marks the entry as refilling (ops on it
+      // are UNAVAILABLE, reads skip this daemon's shards) until every part
+      // completes.
+      // (Every version has the same shards here.)
+      entry.refill = parts.back().refill;
+      if (info.versions_kept() < 2) entry.held = std::move(parts[0].held);
     }
   }
   const std::shared_ptr<Refill> refill = entry.refill;
@@ -298,44 +351,112 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
   table_->Put(info.name(), std::move(entry));
   if (refill != nullptr) {
     absl::MutexLock lock(&mu_);
-    refilling_[info.tensor_id()] = refill;
+    if (info.versions_kept() < 2) refilling_[info.tensor_id()] = refill;
     refills_.emplace_back(&Replication::RunRefill, this, info, spec_proto,
-                          starting, refill);
+                          starting, refill, std::move(parts), std::move(pins));
   }
   return absl::OkStatus();
 }
 
-void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
-                            std::set<int> starting,
-                            std::shared_ptr<Refill> refill) {
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + op_timeout_;
-  absl::Status status =
-      FetchFromHolders(info, refill->own(), starting, deadline);
-  if (status.ok() && refill->copies() != nullptr) {
-    status = FetchFromHolders(info, refill->copies()->local_shards, starting,
-                              deadline);
+absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
+    const v1::TensorInfo& info, const v1::ShardingSpec& spec,
+    const std::vector<v1::VersionPin>& pins,
+    std::vector<RefillPart>* parts) const {
+  const bool versioned = info.versions_kept() >= 2;
+  std::shared_ptr<VersionSet> versions;
+  if (versioned) {
+    versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
+                                            info.versions_kept());
   }
-  if (status.ok()) {
-    status = refill->Complete([&]() -> absl::Status {
-      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
-                       FromProto(info.metadata()));
-      std::vector<Shard> shards;
-      for (const LocalShard& local : refill->own()) {
+  for (RefillPart& part : *parts) {
+    // Each version under its own id (version_set.h).
+    v1::TensorInfo of = info;
+    if (part.number > 1)
+      of.set_tensor_id(VersionId(info.tensor_id(), part.number));
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, FromProto(of.metadata()));
+    std::vector<Shard> shards;
+    std::shared_ptr<ReplicaCopies> copies;
+    if (part.refill != nullptr) {
+      for (const LocalShard& local : part.refill->own()) {
         shards.push_back(
             Shard{local.tensor, metadata.shards_metadata[local.index]});
       }
-      ASSIGN_OR_RETURN(ShardedTensor tensor,
-                       RebuiltTensor(rank_, info, std::move(metadata), spec,
-                                     std::move(shards)));
-      std::shared_ptr<ReplicaCopies> copies;
-      if (refill->copies() != nullptr) {
-        ASSIGN_OR_RETURN(copies, ReplicaCopies::Register(
-                                     rank_, info.tensor_id(), refill->copies(),
-                                     MemoryBudget::Reservation()));
+      if (part.refill->copies() != nullptr) {
+        ASSIGN_OR_RETURN(copies,
+                         ReplicaCopies::Register(rank_, of.tensor_id(),
+                                                 part.refill->copies(),
+                                                 MemoryBudget::Reservation()));
       }
-      table_->CompleteRefill(info.name(), refill, std::move(tensor),
-                             std::move(copies));
+    }
+    ASSIGN_OR_RETURN(
+        ShardedTensor tensor,
+        RebuiltTensor(rank_, of, std::move(metadata), spec, std::move(shards)));
+    if (versioned) {
+      versions->AddPublished(part.number, std::move(tensor), std::move(copies),
+                             std::move(part.held), info.next_version());
+    } else {
+      part.tensor = std::move(tensor);
+      part.copies = std::move(copies);
+    }
+  }
+  if (versions != nullptr) {
+    const absl::Time now = absl::Now();
+    for (const v1::VersionPin& pin : pins) {
+      versions->Pin(pin.id(), pin.number(),
+                    now + absl::Milliseconds(pin.lease_left_ms()));
+    }
+  }
+  return versions;
+}
+
+void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
+                            std::set<int> starting,
+                            std::shared_ptr<Refill> refill,
+                            std::vector<RefillPart> parts,
+                            std::vector<v1::VersionPin> pins) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + op_timeout_;
+  const bool versioned = info.versions_kept() >= 2;
+  absl::Status status;
+  int64_t shards = 0;
+  int64_t copies = 0;
+  for (const RefillPart& part : parts) {
+    if (!status.ok() || part.refill == nullptr) continue;
+    // A version's shards and copies are fetched by its id.
+    v1::TensorInfo of = info;
+    if (versioned) of.set_tensor_id(VersionId(info.tensor_id(), part.number));
+    status = FetchFromHolders(of, part.refill->own(), starting, deadline);
+    if (status.ok() && part.refill->copies() != nullptr) {
+      status = FetchFromHolders(of, part.refill->copies()->local_shards,
+                                starting, deadline);
+    }
+    shards += static_cast<int64_t>(part.refill->own().size());
+    if (part.refill->copies() != nullptr) {
+      copies +=
+          static_cast<int64_t>(part.refill->copies()->local_shards.size());
+    }
+  }
+  if (status.ok()) {
+    // Writes (of an unversioned tensor: a published version takes none)
+    // that arrived meanwhile are replayed before the buffers are
+    // registered.
+    status = refill->Complete([&]() -> absl::Status {
+      for (RefillPart& part : parts) {
+        if (part.refill != nullptr && part.refill != refill) {
+          RETURN_IF_ERROR(
+              part.refill->Complete([] { return absl::OkStatus(); }));
+        }
+      }
+      ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
+                       CompleteParts(info, spec, pins, &parts));
+      if (versions != nullptr) {
+        ShardedTensor latest = versions->Latest();
+        table_->CompleteRefill(info.name(), refill, std::move(latest), nullptr,
+                               std::move(versions));
+      } else {
+        table_->CompleteRefill(info.name(), refill, *std::move(parts[0].tensor),
+                               std::move(parts[0].copies), nullptr);
+      }
       return absl::OkStatus();
     });
   }
@@ -348,9 +469,9 @@ void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
   }
   if (status.ok()) {
     spdlog::info(
-        "control: refilled tensor {} ({} shards, {} replicas) in {}",
-        info.name(), refill->own().size(),
-        refill->copies() == nullptr ? 0 : refill->copies()->local_shards.size(),
+        "control: refilled tensor {} ({} versions, {} shards, {} "
+        "replicas) in {}",
+        info.name(), versioned ? parts.size() : 0, shards, copies,
         absl::FormatDuration(absl::Now() - start));
     return;
   }

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -40,10 +41,13 @@
 #include "server/collective/process_group.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/refill.h"
+#include "server/daemon/replica_copies.h"
 #include "server/daemon/tensor_table.h"
+#include "server/daemon/version_set.h"
 #include "server/rank/rank.h"
 #include "server/serve/shard_registry.h"
 #include "tessera/v1/control.pb.h"
+#include "tessera/v1/control_internal.pb.h"
 #include "tessera/v1/sharding.pb.h"
 
 namespace tessera::control_internal {
@@ -84,15 +88,27 @@ class Replication {
   absl::StatusOr<PlacedCopies> PlaceCopies(
       v1::TensorInfo* info, const ShardedTensorMetadata& metadata,
       int copies) const;
+  // This daemon's copies of the shards that `info.replicas` (placed
+  // already) gives it, reserved in the budget (a refusal is
+  // RESOURCE_EXHAUSTED naming `what`), then allocated in host memory,
+  // unfilled: a new version's copies (BeginVersion), or PlaceCopies'.
+  absl::StatusOr<PlacedCopies> CopiesFor(const v1::TensorInfo& info,
+                                         const ShardedTensorMetadata& metadata,
+                                         const std::string& what) const;
 
   // A starting daemon's entry for a tensor of the running cluster: its
   // ShardedTensor with no shards of this daemon, or none when this
   // daemon's shards of it were lost. `spec` is the layout it was made by
   // (empty: the metadata's). Shards it owns that survive on replicas, and
   // its own replicas, are refilled in the background from the other
-  // holders (not in `starting`).
+  // holders (not in `starting`): of a versioned tensor, those of every
+  // kept version (info.kept_versions, each fetched by its version id),
+  // which then form its VersionSet, numbered on from info.next_version.
+  // Its open versions are not refilled (a publish of one fails); its
+  // `pins` are taken on with the lease they had left.
   absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec,
-                       const std::set<int>& starting);
+                       const std::set<int>& starting,
+                       std::vector<v1::VersionPin> pins = {});
 
   // The refill in progress of the tensor with this id, or null (writes to
   // its shards go into it: RegionEnv::refilling).
@@ -103,9 +119,36 @@ class Replication {
 
  private:
   int rank() const { return rank_->rank(); }
-  // The refill thread's body for the tensor `info` (Rebuild).
+  // What Rebuild refills of one tensor: the tensor, or one kept version.
+  struct RefillPart {
+    // The version; 0 for an unversioned tensor.
+    int64_t number = 0;
+    // Its buffers here (null: this daemon holds nothing of it).
+    std::shared_ptr<Refill> refill;
+    // Their share of the budget.
+    MemoryBudget::Reservation held;
+    // An unversioned tensor's, once complete (CompleteParts).
+    std::optional<ShardedTensor> tensor;
+    std::shared_ptr<ReplicaCopies> copies;
+  };
+  // A refill's buffers for `info` (own shards, copies of others'), counted
+  // in *host_bytes; null when this daemon holds none of its shards.
+  absl::StatusOr<std::shared_ptr<Refill>> RefillBuffers(
+      const v1::TensorInfo& info, const ShardedTensorMetadata& metadata,
+      int64_t* host_bytes) const;
+  // Registers the filled `parts` of `info`: a versioned tensor's
+  // VersionSet, or (null) the unversioned tensor and its copies in
+  // parts[0].
+  absl::StatusOr<std::shared_ptr<VersionSet>> CompleteParts(
+      const v1::TensorInfo& info, const v1::ShardingSpec& spec,
+      const std::vector<v1::VersionPin>& pins,
+      std::vector<RefillPart>* parts) const;
+  // The refill thread's body for the tensor `info` (Rebuild): fetches
+  // every part, then completes `refill` (the entry's) and the others.
   void RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
-                 std::set<int> starting, std::shared_ptr<Refill> refill);
+                 std::set<int> starting, std::shared_ptr<Refill> refill,
+                 std::vector<RefillPart> parts,
+                 std::vector<v1::VersionPin> pins);
   // Each daemon's host, for PlaceReplicas: the host of its address.
   std::vector<std::string> WorkerHosts() const;
   // This daemon's copies of `info`'s shards (as info.replicas says), in

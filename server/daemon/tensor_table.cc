@@ -175,7 +175,8 @@ std::vector<std::string> TensorTable::RemoveUnless(
 void TensorTable::CompleteRefill(const std::string& name,
                                  const std::shared_ptr<Refill>& refill,
                                  ShardedTensor tensor,
-                                 std::shared_ptr<ReplicaCopies> copies) {
+                                 std::shared_ptr<ReplicaCopies> copies,
+                                 std::shared_ptr<VersionSet> versions) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   // Deleted or replaced meanwhile: what was refilled goes with the
@@ -183,6 +184,7 @@ void TensorTable::CompleteRefill(const std::string& name,
   if (it == entries_.end() || it->second.refill != refill) return;
   it->second.tensor = std::move(tensor);
   it->second.replicas = std::move(copies);
+  it->second.versions = std::move(versions);
   it->second.refill.reset();
 }
 

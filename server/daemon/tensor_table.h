@@ -120,13 +120,15 @@ class TensorTable {
   std::vector<std::string> RemoveUnless(
       const std::function<bool(const std::string&, const TableEntry&)>& keep);
 
-  // A refill that completed: `name` gets `tensor` and `copies` unless it
-  // was deleted or replaced meanwhile (its refill is no longer `refill`),
-  // in which case they are dropped.
+  // A refill that completed: `name` gets `tensor` and `copies` (an
+  // unversioned tensor) or `versions` (a versioned one: `tensor` is its
+  // latest) unless it was deleted or replaced meanwhile (its refill is no
+  // longer `refill`), in which case they are dropped.
   void CompleteRefill(const std::string& name,
                       const std::shared_ptr<Refill>& refill,
                       ShardedTensor tensor,
-                      std::shared_ptr<ReplicaCopies> copies);
+                      std::shared_ptr<ReplicaCopies> copies,
+                      std::shared_ptr<VersionSet> versions);
   // A refill that failed: `name` remembers why (RefillingError), unless it
   // was replaced meanwhile.
   void FailRefill(const std::string& name,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/serve/shard_registry.h"
+#include "wire/replicas.h"
 
 namespace tessera::control_internal {
 
@@ -18,7 +19,19 @@ VersionSet::VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id,
       tensor_id_(std::move(tensor_id)),
       kept_(std::max(kept, 1)) {}
 
-VersionSet::~VersionSet() { rank_->registry().DropVersions(tensor_id_); }
+VersionSet::~VersionSet() {
+  rank_->registry().DropVersions(tensor_id_);
+  rank_->registry().DropVersions(ReplicaTensorId(tensor_id_));
+}
+
+void VersionSet::RegisterPublishedLocked(int64_t number, const std::string& id,
+                                         const Version& version) {
+  rank_->registry().PublishVersion(tensor_id_, number, id);
+  if (version.copies != nullptr) {
+    rank_->registry().PublishVersion(ReplicaTensorId(tensor_id_), number,
+                                     ReplicaTensorId(id));
+  }
+}
 
 int64_t VersionSet::latest() const {
   absl::MutexLock lock(&mu_);
@@ -50,18 +63,44 @@ absl::StatusOr<ShardedTensor> VersionSet::Published(const std::string& name,
 void VersionSet::AddFirst(ShardedTensor tensor,
                           MemoryBudget::Reservation held) {
   absl::MutexLock lock(&mu_);
-  published_.insert_or_assign(1, Version{std::move(tensor), std::move(held)});
+  auto [it, inserted] = published_.insert_or_assign(
+      1, Version{std::move(tensor), nullptr, std::move(held)});
   latest_ = 1;
   next_ = 2;
-  rank_->registry().PublishVersion(tensor_id_, 1, tensor_id_);
+  RegisterPublishedLocked(1, tensor_id_, it->second);
 }
 
-int64_t VersionSet::Open(ShardedTensor tensor, MemoryBudget::Reservation held,
-                         absl::Time lease_end) {
+void VersionSet::AddPublished(int64_t number, ShardedTensor tensor,
+                              std::shared_ptr<ReplicaCopies> copies,
+                              MemoryBudget::Reservation held, int64_t next) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = published_.insert_or_assign(
+      number, Version{std::move(tensor), std::move(copies), std::move(held)});
+  latest_ = std::max(latest_, number);
+  next_ = std::max({next_, number + 1, next});
+  RegisterPublishedLocked(
+      number, number == 1 ? tensor_id_ : VersionId(tensor_id_, number),
+      it->second);
+}
+
+void VersionSet::SetCopies(int64_t number,
+                           std::shared_ptr<ReplicaCopies> copies) {
+  absl::MutexLock lock(&mu_);
+  auto it = published_.find(number);
+  if (it == published_.end()) return;
+  it->second.copies = std::move(copies);
+  RegisterPublishedLocked(
+      number, number == 1 ? tensor_id_ : VersionId(tensor_id_, number),
+      it->second);
+}
+
+int64_t VersionSet::Open(ShardedTensor tensor,
+                         std::shared_ptr<ReplicaCopies> copies,
+                         MemoryBudget::Reservation held, absl::Time lease_end) {
   absl::MutexLock lock(&mu_);
   const int64_t number = next_++;
-  open_.insert_or_assign(
-      number, Version{std::move(tensor), std::move(held), lease_end});
+  open_.insert_or_assign(number, Version{std::move(tensor), std::move(copies),
+                                         std::move(held), lease_end});
   return number;
 }
 
@@ -106,9 +145,10 @@ void VersionSet::Publish(int64_t number) {
   Version version = std::move(it->second);
   open_.erase(it);
   version.lease_end = absl::InfiniteFuture();
-  const std::string id = VersionId(tensor_id_, number);
-  published_.insert_or_assign(number, std::move(version));
-  rank_->registry().PublishVersion(tensor_id_, number, id);
+  auto [published, inserted] =
+      published_.insert_or_assign(number, std::move(version));
+  RegisterPublishedLocked(number, VersionId(tensor_id_, number),
+                          published->second);
   latest_ = std::max(latest_, number);
   TrimLocked(&freed);
 }
@@ -125,6 +165,15 @@ void VersionSet::Abort(int64_t number) {
 void VersionSet::Pin(const std::string& pin, int64_t number, absl::Time until) {
   absl::MutexLock lock(&mu_);
   pins_[pin] = PinEntry{number, until};
+}
+
+std::vector<VersionSet::PinState> VersionSet::Pins() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<PinState> pins;
+  for (const auto& [id, entry] : pins_) {
+    pins.push_back(PinState{id, entry.number, entry.until});
+  }
+  return pins;
 }
 
 bool VersionSet::Unpin(const std::string& pin) {
@@ -170,6 +219,7 @@ void VersionSet::TrimLocked(std::vector<Version>* freed) {
       continue;
     }
     rank_->registry().ForgetVersion(tensor_id_, number);
+    rank_->registry().ForgetVersion(ReplicaTensorId(tensor_id_), number);
     freed->push_back(std::move(it->second));
     it = published_.erase(it);
   }
@@ -185,6 +235,7 @@ void VersionSet::Describe(v1::TensorInfo* info) const {
   absl::MutexLock lock(&mu_);
   info->set_versions_kept(kept_);
   info->set_version(latest_);
+  info->set_next_version(next_);
   info->clear_kept_versions();
   info->clear_pinned_versions();
   info->clear_open_versions();

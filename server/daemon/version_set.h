@@ -11,7 +11,11 @@
 // (ShardRegistry::PublishVersion), then frees the published versions
 // beyond the `kept` newest that no pin holds. Freeing a version drops its
 // registration; a fetch already serving it keeps its bytes alive until it
-// ends.
+// ends. A replicated tensor's versions each hold this daemon's copies of
+// other daemons' shards too (ReplicaCopies, registered under
+// ReplicaTensorId(version id)), published and freed with the version: the
+// registry maps ReplicaTensorId(tensor id) to the latest published copies
+// as it maps the tensor's id.
 //
 // Numbers: the control ops (control_ops.h) change a set only from the
 // executor thread, after every daemon agreed, so every daemon numbers the
@@ -39,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/replica_copies.h"
 #include "server/rank/rank.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control.pb.h"
@@ -71,10 +76,22 @@ class VersionSet {
 
   // Version 1: the tensor as created (registered under tensor_id()).
   void AddFirst(ShardedTensor tensor, MemoryBudget::Reservation held);
-  // Opens version next() with `tensor` (registered under its version id),
-  // until `lease_end`; returns its number.
-  int64_t Open(ShardedTensor tensor, MemoryBudget::Reservation held,
-               absl::Time lease_end);
+  // Published version `number`, kept (a restarted daemon's refill of the
+  // versions the others hold: `tensor` is registered under tensor_id() for
+  // 1, VersionId otherwise); the latest when it is the highest so far.
+  // Numbers from then on start at `next` or above.
+  void AddPublished(int64_t number, ShardedTensor tensor,
+                    std::shared_ptr<ReplicaCopies> copies,
+                    MemoryBudget::Reservation held, int64_t next);
+  // Hands published version `number` this daemon's copies of others'
+  // shards (registered under ReplicaTensorId of its id): version 1's,
+  // replicated after create. Dropped when that version is not kept.
+  void SetCopies(int64_t number, std::shared_ptr<ReplicaCopies> copies);
+  // Opens version next() with `tensor` (registered under its version id)
+  // and this daemon's `copies` of others' shards of it (null when it holds
+  // none), until `lease_end`; returns its number.
+  int64_t Open(ShardedTensor tensor, std::shared_ptr<ReplicaCopies> copies,
+               MemoryBudget::Reservation held, absl::Time lease_end);
   // OK when version `number` is open: FAILED_PRECONDITION otherwise,
   // saying whether it was published, dropped or never begun.
   absl::Status CheckOpen(const std::string& name, int64_t number) const;
@@ -92,17 +109,26 @@ class VersionSet {
   void Pin(const std::string& pin, int64_t number, absl::Time until);
   // Releases `pin`; false when this set holds no such pin.
   bool Unpin(const std::string& pin);
+  // The pins held, by id: the version each keeps and until when.
+  struct PinState {
+    std::string id;
+    int64_t number = 0;
+    absl::Time until;
+  };
+  std::vector<PinState> Pins() const;
   // Drops the pins and open versions whose lease ended by `now`, and
   // frees the published versions that only they kept.
   void Expire(absl::Time now);
 
   // Writes the version fields of `info` (versions_kept, version,
-  // kept_versions, pinned_versions, open_versions).
+  // kept_versions, pinned_versions, open_versions, next_version).
   void Describe(v1::TensorInfo* info) const;
 
  private:
   struct Version {
     ShardedTensor tensor;
+    // This daemon's copies of other daemons' shards of it, or null.
+    std::shared_ptr<ReplicaCopies> copies;
     MemoryBudget::Reservation held;
     absl::Time lease_end = absl::InfiniteFuture();
     // Claimed by a publish in progress: not expired.
@@ -119,6 +145,11 @@ class VersionSet {
   void TrimLocked(std::vector<Version>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string KeptListLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the registry that published version `number` (registered under
+  // `id`) and its copies, if any, are readable.
+  void RegisterPublishedLocked(int64_t number, const std::string& id,
+                               const Version& version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckOpenLocked(const std::string& name, int64_t number) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 namespace {
@@ -62,6 +63,10 @@ TEST(HoldersOfTest, OwnerThenReplicas) {
   EXPECT_THAT(HoldersOf(info, 7), ElementsAre());
   EXPECT_EQ(CopiesOf(info), 2);
   EXPECT_EQ(ReplicaTensorId("0/7"), "0/7/replicas");
+  // Version 3's copies are version 3 of the replicas.
+  EXPECT_EQ(ReplicaTensorId(VersionId("0/7", 3)), "0/7/replicas@3");
+  EXPECT_EQ(VersionNumber(ReplicaTensorId("0/7@3")), 3);
+  EXPECT_EQ(VersionBase(ReplicaTensorId("0/7@3")), ReplicaTensorId("0/7"));
 }
 
 }  // namespace

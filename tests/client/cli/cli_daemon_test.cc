@@ -176,6 +176,9 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
   ASSERT_EQ(created.exit_code, 0) << created.output;
   CliResult described = Run({"describe", "cli_v"});
   EXPECT_THAT(described.output, HasSubstr("Versions: latest 1, kept 1"));
+  // 8 x 4 float32: 128 bytes per version.
+  EXPECT_THAT(described.output,
+              HasSubstr("128 B per version, 128 B held by 1 version"));
 
   // `watch` runs while a writer publishes version 2 (as 3 in a file).
   SpawnOptions spawn;
@@ -200,6 +203,8 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
   ASSERT_EQ(versions.exit_code, 0) << versions.output;
   EXPECT_THAT(versions.output,
               HasSubstr("cli_v: Versions: latest 2, kept 1, 2 (keeps 2)"));
+  EXPECT_THAT(versions.output,
+              HasSubstr("128 B per version, 256 B held by 2 versions"));
   CliResult old = Run({"read", "cli_v", "--offsets", "0,0", "--sizes", "1,4",
                        "--version", "1"});
   ASSERT_EQ(old.exit_code, 0) << old.output;
