@@ -49,6 +49,20 @@ def test_begin_write_publish_and_read_versions(client, rows4):
         w[0:1] = np.zeros((1, 4), np.float32)
 
 
+def test_versions_with_copies(client, rows4):
+    # Every version has its copies: the owners' and the replicas' agree.
+    w = client.create("vc", (8, 4), rows4, init="zeros", versions=2,
+                      copies=2)
+    with w.begin() as v:
+        v[...] = 5
+    with w.begin() as v:
+        v[0:4] = 6
+    assert w.versions() == [2, 3]
+    assert (w.read(version=2) == 5).all()
+    latest = w.read()
+    assert (latest[0:4] == 6).all() and (latest[4:8] == 5).all()
+
+
 def test_snapshots_pin_versions(client, rows4):
     w = client.create("vs", (8, 4), rows4, init="zeros", versions=2)
     with w.snapshot() as s:
