@@ -3,6 +3,7 @@ begin / join / publish / abort, snapshots, reading a given version, the
 kept versions, and a writer process joined by id."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -183,6 +184,83 @@ def test_an_abandoned_version_is_dropped_when_its_lease_ends(daemons, client,
     with pytest.raises(tessera.FailedPreconditionError, match="not open"):
         client.join(f"vlease@{number}")
     assert (w.read() == 0).all() or w.version == 1
+
+
+def _held(client):
+    """Each daemon's reserved memory budget and bytes of shards held."""
+    held = []
+    for s in client.stats():
+        metrics = s["metrics"]
+        used = re.search(r"^tessera_memory_budget_used_bytes (\S+)$", metrics,
+                         re.M)
+        cpu = re.search(r'^tessera_shard_bytes\{device="cpu"\} (\S+)$',
+                        metrics, re.M)
+        held.append((float(used.group(1)), float(cpu.group(1))))
+    return held
+
+
+def _spawn(daemons, code):
+    """A client process on rank 1 running ``code``; its first line."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, daemons.addresses[1]],
+        stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    return process, process.stdout.readline().strip()
+
+
+def _until(condition, seconds=10, what=lambda: None):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.1)
+
+
+def test_killed_writers_and_readers_leave_nothing_behind(daemons, client,
+                                                         rows4):
+    # A writer killed holding an open version and a reader killed holding a
+    # pin, of a tensor with two copies of each shard: once their leases
+    # end, every daemon holds and reserves what it did before they came.
+    w = client.create("vkill", (64, 64), rows4, init="zeros", versions=2,
+                      copies=2)
+    with w.begin() as v:
+        v[...] = 1
+    before = _held(client)
+    writer, number = _spawn(daemons, (
+        "import sys, time, tessera\n"
+        "c = tessera.connect(sys.argv[1])\n"
+        "v = c.open('vkill').begin(lease=1)\n"
+        "v[0:2] = 7\n"
+        "print(v.number, flush=True)\n"
+        "time.sleep(60)\n"))
+    reader, pinned = _spawn(daemons, (
+        "import sys, time, tessera\n"
+        "c = tessera.connect(sys.argv[1])\n"
+        "s = c.open('vkill').snapshot(lease=1)\n"
+        "print(s.version, flush=True)\n"
+        "time.sleep(60)\n"))
+    assert int(pinned) == 2
+    assert client.open("vkill")._native.open_versions() == [int(number)]
+    for value in (3, 4, 5):
+        with w.begin() as v:
+            v[...] = value
+    # The pinned version outlives the 2 kept, and the open one holds its
+    # bytes, while their processes live.
+    assert 2 in w.versions()
+    assert all(now[0] > then[0] for now, then in zip(_held(client), before))
+    writer.kill()
+    reader.kill()
+    writer.wait()
+    reader.wait()
+    _until(lambda: not client.open("vkill")._native.open_versions()
+           and w.versions() == [5, 6],
+           what=lambda: f"versions {w.versions()}")
+    with pytest.raises(tessera.NotFoundError, match="not kept"):
+        w.read(version=2)
+    # Two versions kept (5 and 6; the writer's took 3), as versions 1 and 2
+    # were before: the same bytes.
+    _until(lambda: _held(client) == before,
+           what=lambda: f"held {_held(client)}, before {before}")
+    assert (w.read() == 5).all()
 
 
 def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
