@@ -2,15 +2,18 @@
 // (tests/testing/netns.h), joined by a bridge, dialled by this test over
 // it. Cross-host reads and writes, the advertised host (each daemon listens
 // on its host's address, and rank 0's is the master), the local path's
-// fallback between hosts, a resharding checkpoint, and a partition: one
-// host's link down, then up.
+// fallback between hosts, a resharding checkpoint, a partition (one
+// host's link down, then up), and versions read whole across hosts and
+// from a cut-off host's copies.
 //
 // Skipped, with the reason, where network namespaces cannot be made (not
 // root, or no iproute2: the message says what to install).
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -18,8 +21,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/version_writer.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
+#include "common/status_macros.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -249,6 +254,90 @@ TEST_F(HostsTest, ReplicasLiveOnTheOtherHostAndServeAPartitionedOnesShards) {
   for (int64_t i = 0; i < before.numel(); ++i) {
     ASSERT_EQ(during.data<float>()[i], before.data<float>()[i]) << i;
   }
+}
+
+// Versions across hosts: a writer on host 0's side publishes versions of a
+// tensor with its copies on the other host while a reader of host 1's
+// daemons reads it whole; no read mixes two versions, and the versions it
+// sees never go back. With host 1 cut off, the latest version is read
+// whole from its shards' copies on host 0.
+TEST_F(HostsTest, VersionsAreReadWholeAcrossHostsAndFromTheOtherHostsCopies) {
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto writer_client,
+                       Client::Connect(cluster_->address(0), client_options));
+  ASSERT_OK_AND_ASSIGN(auto reader_client,
+                       Client::Connect(cluster_->address(2), client_options));
+  CreateOptions versioned;
+  versioned.init = TensorInit::kOnes;  // version 1 holds 1
+  versioned.versions = 2;
+  versioned.copies = 2;
+  constexpr int64_t kRows = 64;
+  constexpr int64_t kCols = 256;
+  ASSERT_OK(
+      writer_client->Create("v", {kRows, kCols}, Rows(), versioned).status());
+  // Whether every element of `t` is `version` (float32).
+  const auto whole = [](const Tensor& t, int64_t version) {
+    const float* data = t.data<float>();
+    return std::all_of(data, data + t.numel(), [&](float value) {
+      return value == static_cast<float>(version);
+    });
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> published{1};
+  absl::Status wrote;
+  std::thread writer([&] {
+    for (float value = 2; !stop.load() && wrote.ok(); ++value) {
+      wrote = [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(VersionWriter version, writer_client->Begin({"v"}));
+        for (const int64_t begin : {int64_t{0}, kRows / 2}) {
+          ASSIGN_OR_RETURN(Tensor half,
+                           Tensor::Full({kRows / 2, kCols}, value));
+          RETURN_IF_ERROR(version.view("v")->Write({begin, 0}, half));
+        }
+        ASSIGN_OR_RETURN(v1::VersionGroup group, version.Publish());
+        published = group.versions(0).number();
+        return absl::OkStatus();
+      }();
+    }
+  });
+  int64_t reads = 0;
+  int64_t last = 0;
+  absl::Status read_status;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view, reader_client->Open("v"));
+  for (const absl::Time until = absl::Now() + absl::Seconds(3);
+       absl::Now() < until && read_status.ok(); ++reads) {
+    int64_t version = 0;
+    TransferOptions options;
+    options.version = &version;
+    absl::StatusOr<Tensor> read = view.Read(options);
+    if (!read.ok()) {
+      read_status = read.status();
+    } else if (!whole(*read, version) || version < last) {
+      read_status = absl::DataLossError(
+          absl::StrCat("read ", reads, " as version ", version, " after ", last,
+                       " is not that version throughout"));
+    }
+    last = version;
+  }
+  stop = true;
+  writer.join();
+  ASSERT_OK(wrote);
+  ASSERT_OK(read_status);
+  std::cout << "[ hosts ] " << reads << " reads across hosts under "
+            << published.load() - 1 << " publishes, 0 mixed\n";
+  EXPECT_GT(published.load(), 2);
+
+  ASSERT_OK(hosts_->SetLink(1, false));
+  absl::Cleanup heal = [&] { hosts_->SetLink(1, true).IgnoreError(); };
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView latest, writer_client->Open("v"));
+  int64_t version = 0;
+  TransferOptions quick;
+  quick.timeout = absl::Seconds(6);
+  quick.version = &version;
+  ASSERT_OK_AND_ASSIGN(Tensor during, latest.Read(quick));
+  EXPECT_EQ(version, published.load());
+  EXPECT_TRUE(whole(during, version));
 }
 
 }  // namespace
