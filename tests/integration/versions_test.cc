@@ -553,6 +553,15 @@ TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(client->Begin({}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  // A hostile name of 100,000 characters, which the errors quote: each
+  // keeps its code (the daemons cut the message to what gRPC carries).
+  const std::string huge(100000, 'x');
+  EXPECT_THAT(client->Begin({huge}).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("bytes cut")));
+  EXPECT_THAT(client->Open(huge).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(client->Save("huge", {"plain"}, false, {{huge, 2}}).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   CreateOptions bad;
   bad.versions = 65;
   EXPECT_THAT(client->Create("bad", {4, 4}, Rows(), bad).status(),
