@@ -179,6 +179,12 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
   // 8 x 4 float32: 128 bytes per version.
   EXPECT_THAT(described.output,
               HasSubstr("128 B per version, 128 B held by 1 version"));
+  CliResult json = Run({"describe", "cli_v", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(
+      json.output,
+      HasSubstr("\"versions\":{\"latest\":1,\"keeps\":2,\"kept\":[1],"
+                "\"pinned\":[],\"open\":[],\"bytes_per_version\":128}"));
 
   // `watch` runs while a writer publishes version 2 (as 3 in a file).
   SpawnOptions spawn;
