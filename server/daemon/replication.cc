@@ -1,6 +1,7 @@
 #include "server/daemon/replication.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <set>
@@ -420,21 +421,37 @@ void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
   absl::Status status;
   int64_t shards = 0;
   int64_t copies = 0;
-  for (const RefillPart& part : parts) {
-    if (!status.ok() || part.refill == nullptr) continue;
+  for (auto it = parts.begin(); it != parts.end() && status.ok();) {
+    const RefillPart& part = *it;
+    if (part.refill == nullptr) {
+      ++it;
+      continue;
+    }
     // A version's shards and copies are fetched by its id.
     v1::TensorInfo of = info;
     if (versioned) of.set_tensor_id(VersionId(info.tensor_id(), part.number));
-    status = FetchFromHolders(of, part.refill->own(), starting, deadline);
-    if (status.ok() && part.refill->copies() != nullptr) {
-      status = FetchFromHolders(of, part.refill->copies()->local_shards,
-                                starting, deadline);
+    absl::Status fetched =
+        FetchFromHolders(of, part.refill->own(), starting, deadline);
+    if (fetched.ok() && part.refill->copies() != nullptr) {
+      fetched = FetchFromHolders(of, part.refill->copies()->local_shards,
+                                 starting, deadline);
     }
+    if (!fetched.ok() && versioned && std::next(it) != parts.end()) {
+      // An older version the others may have freed meanwhile (its pin
+      // ended): this daemon goes on without it, its readers read it from
+      // the other holders while it is kept.
+      spdlog::warn("control: version {} of tensor {} is not refilled: {}",
+                   part.number, info.name(), fetched.ToString());
+      it = parts.erase(it);
+      continue;
+    }
+    status = fetched;
     shards += static_cast<int64_t>(part.refill->own().size());
     if (part.refill->copies() != nullptr) {
       copies +=
           static_cast<int64_t>(part.refill->copies()->local_shards.size());
     }
+    ++it;
   }
   if (status.ok()) {
     // Writes (of an unversioned tensor: a published version takes none)

@@ -104,8 +104,9 @@ class Replication {
   // holders (not in `starting`): of a versioned tensor, those of every
   // kept version (info.kept_versions, each fetched by its version id),
   // which then form its VersionSet, numbered on from info.next_version.
-  // Its open versions are not refilled (a publish of one fails); its
-  // `pins` are taken on with the lease they had left.
+  // Its open versions are not refilled (a publish of one fails), nor an
+  // older version no holder gives any more (freed meanwhile); its `pins`
+  // are taken on with the lease they had left.
   absl::Status Rebuild(v1::TensorInfo info, const v1::ShardingSpec& spec,
                        const std::set<int>& starting,
                        std::vector<v1::VersionPin> pins = {});
