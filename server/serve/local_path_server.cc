@@ -191,6 +191,16 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
     RETURN_IF_ERROR(SendError(fd, refused, deadline));
     return nullptr;
   }
+  if (request.write() && !found->writable) {
+    // A published version (or a versioned tensor's own id) is never lent
+    // writable: the data plane and WriteRegion refuse it alike.
+    RETURN_IF_ERROR(
+        SendError(fd,
+                  ReadOnlyVersionError(request.request().tensor_id(),
+                                       "WriteRegion over the local path"),
+                  deadline));
+    return nullptr;
+  }
   v1::LocalFetchReply reply;
   auto lent = std::make_shared<const FetchView>(*std::move(found));
   *reply.mutable_header() = lent->header;

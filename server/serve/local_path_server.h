@@ -39,6 +39,8 @@
 // do not apply to them for the same reason. Anyone else's write, a CUDA
 // shard's or a box that is no dense run of its memory file is answered
 // FAILED_PRECONDITION (use a stream: the data plane, where tokens apply).
+// A write to a published version, or to a versioned tensor's own id, is
+// FAILED_PRECONDITION (read-only) for everyone, as on every transport.
 //
 // Thread-safety: Start/Shutdown from one owner thread; address() and
 // active_leases() from any. Shutdown(grace) (idempotent; also run by the

@@ -553,6 +553,34 @@ TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(client->Begin({}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  // Published versions are read-only on every transport: a write big
+  // enough for the local path (a 512 KiB box of one shard) is refused as
+  // a small one over the data plane is, and changes nothing.
+  {
+    CreateOptions versioned;
+    versioned.init = TensorInit::kOnes;
+    versioned.versions = 2;
+    ASSERT_OK_AND_ASSIGN(
+        ShardedTensorView large,
+        client->Create("large", {8 * 128, 1024}, Rows(), versioned));
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView first, large.AtVersion(1));
+    for (const int64_t rows : {1, 128}) {
+      ASSERT_OK_AND_ASSIGN(Tensor sevens, Tensor::Full({rows, 1024}, 7.0));
+      EXPECT_THAT(first.Write({128, 0}, sevens),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr("read-only")))
+          << rows << " rows";
+      EXPECT_THAT(large.Write({128, 0}, sevens),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr("read-only")))
+          << rows << " rows";
+    }
+    ASSERT_OK_AND_ASSIGN(Tensor still, large.Read());
+    float value = 0;
+    EXPECT_TRUE(Uniform(still, &value));
+    EXPECT_EQ(value, 1);
+    ASSERT_OK(client->Delete("large"));
+  }
   // A hostile name of 100,000 characters, which the errors quote: each
   // keeps its code (the daemons cut the message to what gRPC carries).
   const std::string huge(100000, 'x');
