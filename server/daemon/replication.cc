@@ -369,7 +369,12 @@ absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
     versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
                                             info.versions_kept());
   }
-  for (RefillPart& part : *parts) {
+  // The newest first: the registry maps the tensor's id to the highest
+  // version published, so from the first AddPublished on, reads of the
+  // latest find the latest (oldest first, they found each older version
+  // in turn while the others were being added).
+  for (auto it = parts->rbegin(); it != parts->rend(); ++it) {
+    RefillPart& part = *it;
     // Each version under its own id (version_set.h).
     v1::TensorInfo of = info;
     if (part.number > 1)

@@ -785,7 +785,9 @@ TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
             << (published.ok() ? "committed" : published.status().ToString())
             << "; every daemon serves " << after_kill << "\n";
   EXPECT_TRUE(after_kill == 6 || after_kill == 7) << after_kill;
-  if (published.ok()) EXPECT_EQ(after_kill, 7);
+  if (published.ok()) {
+    EXPECT_EQ(after_kill, 7);
+  }
   ASSERT_OK(cluster->Restart(3)) << cluster->Log(3);
   own = absl::UnavailableError("not asked");
   for (const absl::Time until = absl::Now() + absl::Seconds(30);
