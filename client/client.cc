@@ -1,4 +1,6 @@
 #include "client/client.h"
+#include "client/cluster.h"
+#include "client/read_plan.h"
 #include "client/snapshot.h"
 #include "client/version_watcher.h"
 #include "client/version_writer.h"
@@ -27,197 +29,6 @@
 #include "wire/version_id.h"
 
 namespace tessera {
-namespace internal_client {
-
-// One daemon: a channel shared by its control stub, its health stub and
-// its shard client.
-struct Worker {
-  v1::WorkerAddress address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::ControlService::Stub> control;
-  std::unique_ptr<grpc::health::v1::Health::Stub> health;
-  std::shared_ptr<ShardClient> shards;
-};
-
-// The connections of a Client and its views, safe to share between threads
-// (stubs and channels are thread-safe). A daemon that restarted elsewhere
-// (a new port or host) is found again by Reconnect.
-class Cluster {
- public:
-  static absl::StatusOr<std::shared_ptr<Cluster>> Connect(
-      const std::string& address, const ClientOptions& options) {
-    if (!options.request_id.empty() &&
-        (!IsValidRequestId(options.request_id) ||
-         options.request_id.size() > kMaxClientRequestIdBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request id ", QuotedRequestId(options.request_id), ": 1 to ",
-          kMaxClientRequestIdBytes, " of A-Z a-z 0-9 . _ : -"));
-    }
-    auto cluster = std::shared_ptr<Cluster>(new Cluster(options));
-    const std::shared_ptr<grpc::Channel> channel = NewShardChannel(address);
-    const std::unique_ptr<v1::ControlService::Stub> stub =
-        v1::ControlService::NewStub(channel);
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
-    RETURN_IF_ERROR(
-        Annotate(FromGrpcStatus(stub->GetCluster(
-                     &context, v1::GetClusterRequest(), &cluster->info_)),
-                 absl::StrCat("connecting to ", address)));
-    const v1::ClusterInfo& info = cluster->info_;
-    RETURN_IF_ERROR(Check(info, address));
-    for (int r = 0; r < info.workers_size(); ++r) {
-      // The daemon answering is reached where the caller reached it; the
-      // others where they advertise themselves.
-      cluster->workers_.push_back(cluster->MakeWorker(
-          info.workers(r), r == info.rank()
-                               ? channel
-                               : NewShardChannel(info.workers(r).address())));
-    }
-    cluster->coordinator_ = cluster->workers_[info.rank()];
-    return cluster;
-  }
-
-  const v1::ClusterInfo& info() const { return info_; }
-  const ClientOptions& options() const { return options_; }
-  // The daemon Connect talked to: control calls go there.
-  const Worker& coordinator() const { return *coordinator_; }
-  std::vector<std::shared_ptr<const Worker>> workers() const {
-    absl::MutexLock lock(&mu_);
-    return workers_;
-  }
-  absl::StatusOr<std::shared_ptr<const Worker>> worker(int rank) const {
-    absl::MutexLock lock(&mu_);
-    if (rank < 0 || rank >= static_cast<int>(workers_.size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank, " is not in the cluster of ", workers_.size()));
-    }
-    return workers_[rank];
-  }
-  // Asks the coordinator where the daemons are now; true when `rank`'s
-  // connection is no longer `tried` (it restarted elsewhere, and a new
-  // connection is in place, made now or by another caller meanwhile).
-  // Every caller asks: a daemon skipped as dead while it serves elsewhere
-  // would keep a stale copy.
-  bool Reconnect(int rank, const std::shared_ptr<const Worker>& tried) const {
-    absl::MutexLock serial(&reconnect_mu_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (rank < 0 || rank >= static_cast<int>(workers_.size())) return false;
-      if (workers_[rank] != tried) return true;
-    }
-    v1::ClusterInfo now;
-    // A short deadline: the caller waits for this on its failure path, and
-    // the coordinator itself may be the daemon that is gone.
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(
-        absl::Now() + std::min(options_.timeout, kReconnectTimeout)));
-    if (!coordinator_->control
-             ->GetCluster(context.get(), v1::GetClusterRequest(), &now)
-             .ok() ||
-        !Check(now, "").ok() || now.world_size() != info_.world_size() ||
-        rank < 0 || rank >= now.workers_size()) {
-      return false;
-    }
-    absl::MutexLock lock(&mu_);
-    for (int r = 0; r < now.workers_size(); ++r) {
-      const v1::WorkerAddress& there = now.workers(r);
-      const v1::WorkerAddress& known = workers_[r]->address;
-      if (r == info_.rank() ||
-          (there.address() == known.address() &&
-           there.data_address() == known.data_address() &&
-           there.local_address() == known.local_address())) {
-        continue;
-      }
-      workers_[r] = MakeWorker(there, NewShardChannel(there.address()));
-    }
-    return workers_[rank] != tried;
-  }
-
-  // A context whose deadline is the control timeout from now.
-  std::unique_ptr<grpc::ClientContext> ControlContext() const {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-    SetRequestId(*context, CallId());
-    return context;
-  }
-  // The newest published version of `tensor_id` a read through this
-  // client returned (0: none yet): later reads return no older one.
-  int64_t SeenVersion(const std::string& tensor_id) const {
-    absl::MutexLock lock(&versions_mu_);
-    auto it = seen_versions_.find(tensor_id);
-    return it == seen_versions_.end() ? 0 : it->second;
-  }
-  void SawVersion(const std::string& tensor_id, int64_t version) const {
-    absl::MutexLock lock(&versions_mu_);
-    int64_t& seen = seen_versions_[tensor_id];
-    seen = std::max(seen, version);
-  }
-
-  // The request id of a new control call: the options', else a new one.
-  std::string CallId() const {
-    return options_.request_id.empty() ? NewRequestId() : options_.request_id;
-  }
-  // The request id of the next logged call: a new one, or the options' for
-  // the first and "<id>.N" for the N-th (ClientOptions::request_id).
-  std::string LoggedCallId() const {
-    if (options_.request_id.empty()) return NewRequestId();
-    const int64_t n = logged_calls_.fetch_add(1) + 1;
-    return n == 1 ? options_.request_id
-                  : absl::StrCat(options_.request_id, ".", n);
-  }
-
- private:
-  explicit Cluster(ClientOptions options) : options_(std::move(options)) {}
-
-  static absl::Status Check(const v1::ClusterInfo& info,
-                            const std::string& address) {
-    if (info.world_size() <= 0 || info.workers_size() != info.world_size() ||
-        info.rank() < 0 || info.rank() >= info.world_size()) {
-      return absl::DataLossError(absl::StrCat(
-          "connecting to ", address, ": malformed cluster description (",
-          info.workers_size(), " workers, world size ", info.world_size(),
-          ", rank ", info.rank(), ")"));
-    }
-    for (int r = 0; r < info.workers_size(); ++r) {
-      if (info.workers(r).rank() != r) {
-        return absl::DataLossError(
-            absl::StrCat("connecting to ", address, ": worker ", r,
-                         " says it is rank ", info.workers(r).rank()));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  std::shared_ptr<const Worker> MakeWorker(
-      const v1::WorkerAddress& address,
-      std::shared_ptr<grpc::Channel> channel) const {
-    auto connection = std::make_shared<Worker>();
-    connection->address = address;
-    connection->channel = std::move(channel);
-    connection->control = v1::ControlService::NewStub(connection->channel);
-    connection->health = grpc::health::v1::Health::NewStub(connection->channel);
-    connection->shards = std::make_shared<ShardClient>(
-        connection->channel,
-        options_.data_plane ? address.data_address() : std::string(),
-        options_.use_local_path ? address.local_address() : std::string());
-    return connection;
-  }
-
-  const ClientOptions options_;
-  mutable std::atomic<int64_t> logged_calls_{0};
-  v1::ClusterInfo info_;  // As Connect found it.
-  std::shared_ptr<const Worker> coordinator_;
-  static constexpr absl::Duration kReconnectTimeout = absl::Seconds(2);
-  mutable absl::Mutex reconnect_mu_;
-  mutable absl::Mutex mu_;
-  mutable std::vector<std::shared_ptr<const Worker>> workers_
-      ABSL_GUARDED_BY(mu_);
-  mutable absl::Mutex versions_mu_;
-  mutable absl::flat_hash_map<std::string, int64_t> seen_versions_
-      ABSL_GUARDED_BY(versions_mu_);
-};
-
-}  // namespace internal_client
 
 namespace {
 
@@ -454,45 +265,14 @@ absl::Status ShardedTensorView::ReadPieces(
       metadata_.shards_metadata, offsets, destination, options.parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
         if (!wanted(piece.shard)) return absl::OkStatus();
-        // The owner first; when it is dead, stalled or not yet refilled
-        // after a restart, each replica in turn. With replicas, each try
-        // gets an even share of the time left, so that a stalled owner
-        // leaves time for the others.
-        const std::vector<int> holders =
-            HoldersOf(info_, static_cast<int>(piece.shard));
-        absl::Status status;
-        bool reconnected = false;
-        for (size_t k = 0; k < holders.size(); ++k) {
-          ASSIGN_OR_RETURN(std::shared_ptr<const Worker> worker,
-                           cluster_->worker(holders[k]));
-          FetchOptions fetch;
-          fetch.chunk_bytes = options.chunk_bytes;
-          fetch.local_min_bytes = cluster_->options().local_min_bytes;
-          fetch.timeout = (deadline - absl::Now()) /
-                          static_cast<int64_t>(holders.size() - k);
-          fetch.on_chunk = [progress](int64_t bytes) { progress->Add(bytes); };
-          fetch.cancel = options.cancel;
-          fetch.served_version = &(*versions)[piece.shard];
-          const std::string from = k == 0 ? id : ReplicaTensorId(id);
-          status = Annotate(
-              worker->shards->FetchRegionInto(
-                  from, static_cast<int64_t>(piece.shard),
-                  piece.offsets_in_shard, piece.view, fetch),
-              absl::StrCat(what, " from ", k == 0 ? "rank " : "replica rank ",
-                           holders[k], " (", worker->address.address(), ")"));
-          if (status.ok() ||
-              !(absl::IsUnavailable(status) ||
-                absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {
-            return status;
-          }
-          // A holder that restarted elsewhere is asked again where it is now.
-          if (absl::IsUnavailable(status) && !reconnected &&
-              cluster_->Reconnect(holders[k], worker)) {
-            reconnected = true;
-            --k;
-          }
-        }
-        return status;
+        FetchOptions fetch;
+        fetch.chunk_bytes = options.chunk_bytes;
+        fetch.on_chunk = [progress](int64_t bytes) { progress->Add(bytes); };
+        fetch.cancel = options.cancel;
+        fetch.served_version = &(*versions)[piece.shard];
+        return internal_client::FetchFromHolders(
+            *cluster_, info_, id, piece.shard, piece.offsets_in_shard,
+            piece.view, std::move(fetch), deadline, what);
       });
 }
 
@@ -899,6 +679,73 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
                           /*logged=*/true));
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
   return snapshot;
+}
+
+absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
+    std::vector<ReadItem> items) const {
+  // Up to this many tensors are opened one by one; more, by one list.
+  constexpr size_t kOpenEach = 2;
+  // The lease of a run's pin (ReadPlan releases it when the run ends).
+  constexpr int64_t kPinLeaseMs = 60'000;
+  std::shared_ptr<Cluster> cluster = cluster_;
+  ReadPlan::Control control;
+  control.open = [cluster](const std::vector<std::string>& names)
+      -> absl::StatusOr<std::vector<ShardedTensorView>> {
+    std::vector<ShardedTensorView> views;
+    if (names.size() <= kOpenEach) {
+      for (const std::string& name : names) {
+        v1::DescribeNamedTensorRequest request;
+        request.set_name(name);
+        ASSIGN_OR_RETURN(
+            Described opened,
+            Describe(*cluster, &v1::ControlService::Stub::DescribeTensor,
+                     request, absl::StrCat("opening tensor ", name)));
+        views.push_back(ShardedTensorView(cluster, std::move(opened.info),
+                                          std::move(opened.metadata)));
+      }
+      return views;
+    }
+    v1::ListTensorsResponse response;
+    RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::ListTensors,
+                            v1::ListTensorsRequest(), &response,
+                            "listing tensors"));
+    absl::flat_hash_map<std::string, v1::TensorInfo*> index;
+    for (v1::TensorInfo& info : *response.mutable_tensors()) {
+      index[info.name()] = &info;
+    }
+    for (const std::string& name : names) {
+      auto it = index.find(name);
+      if (it == index.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("opening tensor ", name, ": no tensor named ", name));
+      }
+      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(*it->second));
+      views.push_back(
+          ShardedTensorView(cluster, *it->second, std::move(metadata)));
+    }
+    return views;
+  };
+  control.pin = [cluster](const std::vector<std::string>& names)
+      -> absl::StatusOr<v1::VersionGroup> {
+    v1::PinVersionsRequest request;
+    for (const std::string& name : names) request.add_names(name);
+    request.set_lease_ms(kPinLeaseMs);
+    v1::VersionGroup group;
+    RETURN_IF_ERROR(
+        Control(*cluster, &v1::ControlService::Stub::PinVersions, request,
+                &group, absl::StrCat("pinning ", absl::StrJoin(names, ", ")),
+                /*logged=*/true));
+    return group;
+  };
+  control.unpin = [cluster](const v1::VersionGroup& group) {
+    v1::UnpinVersionsRequest request;
+    request.set_id(group.id());
+    v1::UnpinVersionsResponse response;
+    return Control(*cluster, &v1::ControlService::Stub::UnpinVersions, request,
+                   &response, absl::StrCat("releasing pin ", group.id()),
+                   /*logged=*/true);
+  };
+  return ReadPlan::Make(cluster_, std::move(control), std::move(items));
 }
 
 absl::StatusOr<std::unique_ptr<VersionWatcher>> Client::Watch(

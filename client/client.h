@@ -147,6 +147,8 @@ struct BeginOptions {
 };
 
 class ProgressCounter;
+class ReadPlan;
+struct ReadItem;
 class Snapshot;
 class VersionWatcher;
 class VersionWriter;
@@ -336,6 +338,16 @@ class Client {
   absl::StatusOr<Snapshot> Pin(const std::vector<std::string>& names,
                                absl::Duration lease = absl::Minutes(5),
                                const std::vector<int64_t>& numbers = {});
+
+  // Plans reads of boxes of named tensors into destinations
+  // (client/read_plan.h): opens the tensors (one control call for any
+  // number of them) and cuts every box into the pieces their shards hold;
+  // ReadPlan::Run then reads them every step with no control call.
+  // NOT_FOUND for an unknown tensor; INVALID_ARGUMENT / OUT_OF_RANGE for
+  // boxes that leave their tensor or out, overlapping sources, or dtypes
+  // that do not convert.
+  absl::StatusOr<std::shared_ptr<ReadPlan>> PlanReads(
+      std::vector<ReadItem> items) const;
 
   // The versions of `name` published from now on (after `after`, when
   // given: those still kept come first), over a server stream of the

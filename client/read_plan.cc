@@ -1,0 +1,533 @@
+#include "client/read_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cluster.h"
+#include "client/region_transfer.h"
+#include "common/region.h"
+#include "common/status_macros.h"
+#include "wire/version_id.h"
+
+namespace tessera {
+namespace {
+
+// Boxes of up to this many dimensions are cut without allocating.
+constexpr size_t kMaxPlanRank = 8;
+// Runs of a plan that planned again before giving up.
+constexpr int kRunAttempts = 3;
+// The lease of a run's pin: it is released as soon as the run ends.
+constexpr int64_t kRunPinLeaseMs = 60'000;
+
+bool Floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 ||
+         dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+
+std::string Dims(absl::Span<const int64_t> dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+// Whether boxes a and b (offsets, sizes) share an element.
+bool BoxesOverlap(absl::Span<const int64_t> a_offsets,
+                  absl::Span<const int64_t> a_sizes,
+                  absl::Span<const int64_t> b_offsets,
+                  absl::Span<const int64_t> b_sizes) {
+  for (size_t d = 0; d < a_sizes.size(); ++d) {
+    if (a_sizes[d] == 0 || b_sizes[d] == 0) return false;
+    if (a_offsets[d] + a_sizes[d] <= b_offsets[d] ||
+        b_offsets[d] + b_sizes[d] <= a_offsets[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Retryable(const absl::Status& status) {
+  return absl::IsNotFound(status) || absl::IsFailedPrecondition(status) ||
+         absl::IsUnavailable(status);
+}
+
+}  // namespace
+
+bool PlanCastAllowed(DType from, DType to) {
+  return from == to || (Floating(from) && Floating(to));
+}
+
+ReadItem ReadItem::Box(std::string name, std::vector<int64_t> offsets,
+                       Tensor out) {
+  ReadItem item;
+  ReadSource source;
+  source.name = std::move(name);
+  source.sizes = out.sizes();
+  source.offsets = std::move(offsets);
+  item.sources.push_back(std::move(source));
+  item.out = std::move(out);
+  return item;
+}
+
+absl::StatusOr<std::vector<PlanPiece>> PlanPieces(
+    absl::Span<const PlannedTensor> tensors,
+    absl::Span<const PlanTarget> targets) {
+  std::vector<PlanPiece> pieces;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const PlanTarget& target = targets[t];
+    const size_t rank = target.out_sizes.size();
+    for (size_t s = 0; s < target.sources.size(); ++s) {
+      const PlanSource& source = target.sources[s];
+      if (source.tensor >= tensors.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "item ", t, " source ", s, ": no tensor ", source.tensor));
+      }
+      const PlannedTensor& tensor = tensors[source.tensor];
+      const std::string what =
+          absl::StrCat("item ", t, ": box ", Dims(source.offsets), " + ",
+                       Dims(source.sizes), " of tensor ", tensor.name);
+      RETURN_IF_ERROR(ValidateRegion(source.offsets, source.sizes, tensor.sizes,
+                                     absl::StrCat("tensor ", tensor.name),
+                                     "tensor"));
+      const std::vector<int64_t> out_offsets =
+          source.out_offsets.empty() ? std::vector<int64_t>(rank, 0)
+                                     : source.out_offsets;
+      if (source.sizes.size() != rank || out_offsets.size() != rank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": ", source.sizes.size(), " dims and ", out_offsets.size(),
+            " out offsets for an out of ", rank, " dims"));
+      }
+      RETURN_IF_ERROR(ValidateRegion(out_offsets, source.sizes,
+                                     target.out_sizes,
+                                     absl::StrCat("out of item ", t), "out"));
+      if (!PlanCastAllowed(tensor.dtype, target.out_dtype)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": tensor of ", DTypeName(tensor.dtype),
+                         " into an out of ", DTypeName(target.out_dtype),
+                         " (only floating types convert to one another)"));
+      }
+      for (size_t o = 0; o < s; ++o) {
+        const PlanSource& other = target.sources[o];
+        const std::vector<int64_t> other_offsets =
+            other.out_offsets.empty() ? std::vector<int64_t>(rank, 0)
+                                      : other.out_offsets;
+        if (BoxesOverlap(out_offsets, source.sizes, other_offsets,
+                         other.sizes)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "item ", t, ": sources ", o, " and ", s, " overlap in out (at ",
+              Dims(other_offsets), " and ", Dims(out_offsets), ")"));
+        }
+      }
+      const int64_t element = static_cast<int64_t>(ElementSize(tensor.dtype));
+      for (size_t k = 0; k < tensor.shards.size(); ++k) {
+        const ShardMetadata& shard = tensor.shards[k];
+        const absl::Span<const int64_t> shard_offsets = shard.shard_offsets();
+        const absl::Span<const int64_t> shard_sizes = shard.shard_sizes();
+        if (shard_sizes.size() != rank) continue;
+        int64_t lo[kMaxPlanRank];
+        int64_t hi[kMaxPlanRank];
+        bool empty = rank > kMaxPlanRank;
+        for (size_t d = 0; d < rank && !empty; ++d) {
+          lo[d] = std::max(shard_offsets[d], source.offsets[d]);
+          hi[d] = std::min(shard_offsets[d] + shard_sizes[d],
+                           source.offsets[d] + source.sizes[d]);
+          empty = hi[d] <= lo[d];
+        }
+        if (empty && rank <= kMaxPlanRank) continue;
+        PlanPiece& piece = pieces.emplace_back();
+        piece.target = static_cast<uint32_t>(t);
+        piece.tensor = source.tensor;
+        piece.shard = static_cast<uint32_t>(k);
+        piece.bytes = element;
+        if (rank > kMaxPlanRank) {
+          // Rare: more dimensions than the fast path holds.
+          for (size_t d = 0; d < rank; ++d) {
+            const int64_t l = std::max(shard_offsets[d], source.offsets[d]);
+            const int64_t h = std::min(shard_offsets[d] + shard_sizes[d],
+                                       source.offsets[d] + source.sizes[d]);
+            if (h <= l) {
+              pieces.pop_back();
+              break;
+            }
+            piece.offsets_in_shard.push_back(l - shard_offsets[d]);
+            piece.out_offsets.push_back(out_offsets[d] + l - source.offsets[d]);
+            piece.sizes.push_back(h - l);
+            piece.bytes *= h - l;
+          }
+          continue;
+        }
+        piece.offsets_in_shard.resize(rank);
+        piece.out_offsets.resize(rank);
+        piece.sizes.resize(rank);
+        for (size_t d = 0; d < rank; ++d) {
+          piece.offsets_in_shard[d] = lo[d] - shard_offsets[d];
+          piece.out_offsets[d] = out_offsets[d] + lo[d] - source.offsets[d];
+          piece.sizes[d] = hi[d] - lo[d];
+          piece.bytes *= hi[d] - lo[d];
+        }
+      }
+    }
+  }
+  return pieces;
+}
+
+absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
+    std::shared_ptr<internal_client::Cluster> cluster, Control control,
+    std::vector<ReadItem> items) {
+  if (items.empty()) {
+    return absl::InvalidArgumentError("planning reads: no items");
+  }
+  std::shared_ptr<ReadPlan> plan(new ReadPlan());
+  plan->cluster_ = std::move(cluster);
+  plan->control_ = std::move(control);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ReadItem& item = items[i];
+    if (!item.out.defined() || !item.out.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("planning reads: item ", i, ": out ",
+                       item.out.DebugString(), " is not a CPU tensor"));
+    }
+    if (item.sources.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("planning reads: item ", i, " has no source"));
+    }
+    for (const ReadSource& source : item.sources) {
+      if (std::find(plan->names_.begin(), plan->names_.end(), source.name) ==
+          plan->names_.end()) {
+        plan->names_.push_back(source.name);
+      }
+    }
+  }
+  plan->items_ = std::move(items);
+  absl::MutexLock lock(&plan->mu_);
+  RETURN_IF_ERROR(plan->Plan());
+  return plan;
+}
+
+absl::Status ReadPlan::Plan() {
+  ASSIGN_OR_RETURN(views_, control_.open(names_));
+  absl::flat_hash_map<std::string, uint32_t> index;
+  std::vector<PlannedTensor> tensors(views_.size());
+  for (size_t t = 0; t < views_.size(); ++t) {
+    index[views_[t].name()] = static_cast<uint32_t>(t);
+    tensors[t].name = views_[t].name();
+    tensors[t].dtype = views_[t].dtype();
+    tensors[t].sizes = views_[t].sizes();
+    tensors[t].shards = views_[t].metadata().shards_metadata;
+  }
+  std::vector<PlanTarget> targets(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) {
+    targets[i].out_sizes = items_[i].out.sizes();
+    targets[i].out_dtype = items_[i].out.dtype();
+    for (const ReadSource& source : items_[i].sources) {
+      targets[i].sources.push_back({index.at(source.name), source.offsets,
+                                    source.sizes, source.out_offsets});
+    }
+  }
+  absl::StatusOr<std::vector<PlanPiece>> planned = PlanPieces(tensors, targets);
+  RETURN_IF_ERROR(Annotate(planned.status(), "planning reads"));
+  std::vector<PlanPiece> pieces = *std::move(planned);
+  // Lost shards (their owner restarted, no replica) cannot be read.
+  for (const PlanPiece& piece : pieces) {
+    const ShardedTensorView& view = views_[piece.tensor];
+    if (!view.degraded()) continue;
+    const auto& lost = view.info().lost_shards();
+    if (std::find(lost.begin(), lost.end(), static_cast<int>(piece.shard)) !=
+        lost.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          "planning reads: tensor ", view.name(), " is degraded: shard ",
+          piece.shard, " of rank ", view.owner_rank(piece.shard),
+          " was lost when its owner restarted; load it from a checkpoint (with "
+          "replace) or delete it"));
+    }
+  }
+  std::vector<Tensor> out_views;
+  out_views.reserve(pieces.size());
+  for (const PlanPiece& piece : pieces) {
+    ASSIGN_OR_RETURN(Tensor view, RegionView(items_[piece.target].out,
+                                             piece.out_offsets, piece.sizes));
+    out_views.push_back(std::move(view));
+  }
+  // Fetch order: the owners' pieces interleaved, so that the first ones
+  // started reach every daemon.
+  std::map<int, std::vector<size_t>> by_owner;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    by_owner[views_[pieces[p].tensor].owner_rank(pieces[p].shard)].push_back(p);
+  }
+  std::vector<size_t> order;
+  order.reserve(pieces.size());
+  for (size_t k = 0; order.size() < pieces.size(); ++k) {
+    for (const auto& [rank, list] : by_owner) {
+      if (k < list.size()) order.push_back(list[k]);
+    }
+  }
+  // Versioned tensors numbered alike: a group begun and published
+  // together.
+  bool aligned = true;
+  const ShardedTensorView* first = nullptr;
+  for (const ShardedTensorView& view : views_) {
+    if (!view.versioned()) continue;
+    if (first == nullptr) {
+      first = &view;
+    } else if (view.version() != first->version() ||
+               view.info().next_version() != first->info().next_version()) {
+      aligned = false;
+    }
+  }
+  pieces_ = std::move(pieces);
+  out_views_ = std::move(out_views);
+  order_ = std::move(order);
+  aligned_ = aligned;
+  stale_ = false;
+  ++plans_;
+  return absl::OkStatus();
+}
+
+absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
+                             const std::vector<std::string>& ids,
+                             const TransferOptions& options,
+                             absl::Time deadline,
+                             std::vector<int64_t>* versions,
+                             int64_t* bytes) const {
+  std::atomic<int64_t> moved{0};
+  ProgressCounter progress(0, options.progress);
+  int64_t total = 0;
+  for (size_t p : which) total += pieces_[p].bytes;
+  progress.SetTotal(total);
+  RETURN_IF_ERROR(RunInParallel(
+      which.size(), options.parallelism, [&](size_t k) -> absl::Status {
+        const size_t p = which[k];
+        const PlanPiece& piece = pieces_[p];
+        const ShardedTensorView& view = views_[piece.tensor];
+        const Tensor& out = out_views_[p];
+        Tensor landing = out;
+        if (out.dtype() != view.dtype()) {
+          ASSIGN_OR_RETURN(
+              landing,
+              Tensor::Empty(out.sizes(),
+                            TensorOptions().WithDType(view.dtype()).Private()));
+        }
+        FetchOptions fetch;
+        fetch.chunk_bytes = options.chunk_bytes;
+        fetch.cancel = options.cancel;
+        fetch.on_chunk = [&progress](int64_t n) { progress.Add(n); };
+        fetch.served_version = &(*versions)[p];
+        RETURN_IF_ERROR(internal_client::FetchFromHolders(
+            *cluster_, view.info(), ids[piece.tensor], piece.shard,
+            piece.offsets_in_shard, landing, std::move(fetch), deadline,
+            absl::StrCat("reading tensor ", view.name(), " box ",
+                         Dims(piece.out_offsets), " of item ", piece.target)));
+        moved += piece.bytes;
+        if (landing.storage() != out.storage()) {
+          ASSIGN_OR_RETURN(const Tensor converted,
+                           landing.ToDType(out.dtype()));
+          const std::vector<int64_t> origin(out.dim(), 0);
+          RETURN_IF_ERROR(CopyBox(converted, origin, out, origin, out.sizes()));
+        }
+        return absl::OkStatus();
+      }));
+  *bytes += moved.load();
+  progress.Finish();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
+                                              int64_t version) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  ReadPlanRun run;
+  const size_t tensors = views_.size();
+  std::vector<std::string> ids(tensors);
+  for (size_t t = 0; t < tensors; ++t) {
+    const ShardedTensorView& view = views_[t];
+    if (version > 0 && view.versioned()) {
+      ids[t] = VersionId(view.tensor_id(), version);
+    } else {
+      ids[t] = view.tensor_id();
+    }
+  }
+  std::vector<int64_t> versions(pieces_.size(), 0);
+  RETURN_IF_ERROR(Fetch(order_, ids, options, deadline, &versions, &run.bytes));
+  std::vector<int64_t> read(tensors, 0);
+  const auto finish = [&]() -> absl::StatusOr<ReadPlanRun> {
+    for (size_t t = 0; t < tensors; ++t) {
+      if (!views_[t].versioned()) continue;
+      cluster_->SawVersion(views_[t].tensor_id(), read[t]);
+      run.version = std::max(run.version, read[t]);
+    }
+    for (size_t t = 0; t < tensors; ++t) {
+      run.versions.emplace_back(views_[t].name(), read[t]);
+    }
+    return run;
+  };
+  if (version > 0) {
+    for (size_t t = 0; t < tensors; ++t) {
+      if (views_[t].versioned()) read[t] = version;
+    }
+    return finish();
+  }
+  // The newest version any piece (or an earlier read) came from.
+  int64_t newest = 0;
+  bool any = false;
+  for (size_t t = 0; t < tensors; ++t) {
+    if (!views_[t].versioned()) continue;
+    any = true;
+    newest = std::max(newest, cluster_->SeenVersion(views_[t].tensor_id()));
+  }
+  if (!any) return finish();
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    if (views_[pieces_[p].tensor].versioned()) {
+      newest = std::max(newest, versions[p]);
+    }
+  }
+  const auto behind = [&](const std::vector<int64_t>& want) {
+    std::vector<size_t> which;
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      const uint32_t t = pieces_[p].tensor;
+      if (views_[t].versioned() && versions[p] != want[t]) which.push_back(p);
+    }
+    return which;
+  };
+  std::vector<int64_t> want(tensors, newest);
+  if (aligned_) {
+    std::vector<size_t> which = behind(want);
+    if (which.empty()) {
+      read = want;
+      return finish();
+    }
+    // A publish was being applied: the pieces of older versions again at
+    // the newest, which every holder serves once any has published it.
+    std::vector<std::string> at(tensors);
+    for (size_t t = 0; t < tensors; ++t) {
+      at[t] = VersionId(views_[t].tensor_id(), newest);
+    }
+    const absl::Status again =
+        Fetch(which, at, options, deadline, &versions, &run.bytes);
+    if (again.ok()) {
+      read = want;
+      return finish();
+    }
+    if (!absl::IsNotFound(again)) return again;
+    // Not every tensor has that version: they are numbered apart.
+    aligned_ = false;
+  }
+  // One point of the log: pin the latest of each, read again what is not
+  // of the pinned versions, unpin.
+  std::vector<std::string> versioned;
+  for (const ShardedTensorView& view : views_) {
+    if (view.versioned()) versioned.push_back(view.name());
+  }
+  ASSIGN_OR_RETURN(const v1::VersionGroup group, control_.pin(versioned));
+  run.pinned = true;
+  absl::flat_hash_map<std::string, int64_t> pinned;
+  for (const v1::VersionHandle& handle : group.versions()) {
+    pinned[handle.name()] = handle.number();
+  }
+  std::vector<std::string> at(tensors);
+  bool alike = true;
+  int64_t common = 0;
+  for (size_t t = 0; t < tensors; ++t) {
+    if (!views_[t].versioned()) continue;
+    auto it = pinned.find(views_[t].name());
+    want[t] = it == pinned.end() ? 0 : it->second;
+    if (common == 0) common = want[t];
+    alike = alike && want[t] == common;
+    at[t] = VersionId(views_[t].tensor_id(), want[t]);
+  }
+  const absl::Status again =
+      Fetch(behind(want), at, options, deadline, &versions, &run.bytes);
+  const absl::Status released = control_.unpin(group);
+  RETURN_IF_ERROR(again);
+  (void)released;  // The pin's lease ends it anyway.
+  aligned_ = alike;
+  read = want;
+  return finish();
+}
+
+absl::StatusOr<ReadPlanRun> ReadPlan::Run(const TransferOptions& options,
+                                          int64_t version) {
+  if (version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("running a read plan: negative version ", version));
+  }
+  absl::MutexLock lock(&mu_);
+  if (version > 0) {
+    for (const ShardedTensorView& view : views_) {
+      if (!view.versioned()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "running a read plan at version ", version, ": tensor ",
+            view.name(),
+            " has no versions (it was created without versions >= 2)"));
+      }
+    }
+  }
+  bool replanned = false;
+  absl::Status status;
+  for (int attempt = 0; attempt < kRunAttempts; ++attempt) {
+    if (stale_) {
+      RETURN_IF_ERROR(Plan());
+      replanned = attempt > 0 || plans_ > 1;
+    }
+    absl::StatusOr<ReadPlanRun> run = RunOnce(options, version);
+    if (run.ok()) {
+      run->replanned = replanned;
+      return run;
+    }
+    status = run.status();
+    if (!Retryable(status) ||
+        (options.cancel != nullptr && options.cancel->cancelled())) {
+      return status;
+    }
+    // A tensor resharded, deleted or re-created, or a daemon restarted:
+    // plan again from fresh metadata.
+    stale_ = true;
+  }
+  if (absl::IsNotFound(status) && version > 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "running a read plan at version ", version,
+        ": it is not kept by every tensor (freed, or never published; "
+        "`tessera versions NAME` lists the kept ones): ",
+        status.message()));
+  }
+  return status;
+}
+
+int64_t ReadPlan::bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const PlanPiece& piece : pieces_) total += piece.bytes;
+  return total;
+}
+
+size_t ReadPlan::pieces() const {
+  absl::MutexLock lock(&mu_);
+  return pieces_.size();
+}
+
+std::vector<std::string> ReadPlan::names() const { return names_; }
+
+std::vector<std::tuple<int, size_t, int64_t>> ReadPlan::sources() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int, std::pair<size_t, int64_t>> by_rank;
+  for (const PlanPiece& piece : pieces_) {
+    auto& [count, bytes] =
+        by_rank[views_[piece.tensor].owner_rank(piece.shard)];
+    ++count;
+    bytes += piece.bytes;
+  }
+  std::vector<std::tuple<int, size_t, int64_t>> sources;
+  for (const auto& [rank, entry] : by_rank) {
+    sources.emplace_back(rank, entry.first, entry.second);
+  }
+  return sources;
+}
+
+int ReadPlan::plans() const {
+  absl::MutexLock lock(&mu_);
+  return plans_;
+}
+
+}  // namespace tessera
