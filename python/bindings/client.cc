@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "common/proto_convert.h"
 #include "python/bindings/module.h"
+#include "python/bindings/read_plan.h"
 #include "python/bindings/specs.h"
 #include "python/bindings/support.h"
 #include "python/bindings/tensor.h"
@@ -163,6 +164,10 @@ class PyClient {
     return PyVersionGroup(Check(WithoutGil([&] { return client_->Join(id); })));
   }
 
+  PyReadPlan PlanReads(const std::vector<PyItem>& items) const {
+    return PyReadPlan(client_, items);
+  }
+
   PySnapshot Pin(const std::vector<std::string>& names, double lease,
                  const std::vector<int64_t>& numbers) {
     const absl::Duration duration =
@@ -235,6 +240,7 @@ void BindClient(py::module_& m) {
            py::arg("empty") = false, py::arg("lease") = 0.0)
       .def("join", &PyClient::Join, py::arg("id"))
       .def("watch", &PyClient::Watch, py::arg("name"), py::arg("after") = 0)
+      .def("plan_reads", &PyClient::PlanReads, py::arg("items"))
       .def("pin", &PyClient::Pin, py::arg("names"), py::arg("lease") = 0.0,
            py::arg("numbers") = std::vector<int64_t>())
       .def("operation", &PyClient::Operation)

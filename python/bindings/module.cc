@@ -10,5 +10,6 @@ PYBIND11_MODULE(_tessera, m) {
   tessera::python::BindSecurity(m);
   tessera::python::BindTensor(m);
   tessera::python::BindVersions(m);
+  tessera::python::BindReadPlan(m);
   tessera::python::BindClient(m);
 }

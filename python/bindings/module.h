@@ -26,6 +26,8 @@ void BindTensor(pybind11::module_& m);
 // Client: connect, cluster, tensors' lifecycle, checkpoints (client.cc).
 void BindClient(pybind11::module_& m);
 void BindVersions(pybind11::module_& m);
+// ReadPlan, Client.plan_reads' plans (read_plan.cc).
+void BindReadPlan(pybind11::module_& m);
 
 }  // namespace tessera::python
 

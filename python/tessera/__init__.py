@@ -23,6 +23,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
 from ._versions import Snapshot, Version, VersionGroup
+from ._plans import ReadPlan
+from . import _plans
 from . import errors
 from .errors import *  # noqa: F401,F403  (Error and its subclasses)
 
@@ -41,6 +43,7 @@ __all__ = [
     "Version",
     "VersionGroup",
     "Snapshot",
+    "ReadPlan",
     *errors.__all__,
 ]
 
@@ -219,6 +222,20 @@ class Client:
         native = self._native.join(id)
         return (Version if len(native.versions()) == 1 else VersionGroup)(
             self, native)
+
+    def plan_reads(self, items: Sequence[Any]) -> ReadPlan:
+        """Plans reads of boxes of named tensors into destinations, once
+        (docs/weight_sync.md); ``plan.run()`` then reads them every step
+        with no metadata call. Each item is ``(name, offsets, sizes, out)``
+        or ``(sources, out)`` with ``sources`` a list of ``(name, offsets,
+        sizes, out_offsets)`` (several boxes into one ``out``: q, k and v
+        into a fused qkv). ``out``: a C-contiguous numpy array or CPU torch
+        tensor, of the tensor's dtype or another floating one (converted
+        as torch rounds). NotFoundError for an unknown tensor,
+        InvalidArgumentError / OutOfRangeError for boxes that leave their
+        tensor or ``out``, overlapping sources, or dtypes that do not
+        convert."""
+        return _plans.plan_reads(self, items)
 
     def snapshot(self, names: Union[str, Sequence[str]],
                  lease: Optional[float] = None,

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from . import Client, ShardingSpec, Tensor
 
 __all__ = ["spec_from_torch", "spec_to_torch", "read", "put_state_dict",
-           "get_state_dict", "default_layout", "CHUNK_BYTES"]
+           "get_state_dict", "publish_state_dict", "plan_state_dict",
+           "default_layout", "CHUNK_BYTES"]
 
 # A layout for put_state_dict: (name, tensor) -> the spec to create it with.
 Layout = Callable[[str, Any], "ShardingSpec"]
@@ -182,3 +183,97 @@ def get_state_dict(
         read(client.open(prefix + name), out=tensor, offsets=offsets,
              timeout=timeout)
     return like
+
+
+def _full_like(value: Any, shape: Optional[Sequence[int]]) -> Any:
+    """A tensor of ``value``'s dtype and the full ``shape`` that holds no
+    memory (for a layout function to look at), or ``value`` itself."""
+    if shape is None or tuple(shape) == tuple(value.shape):
+        return value
+    if isinstance(value, torch.Tensor):
+        return torch.empty((), dtype=value.dtype).expand(*shape)
+    import numpy
+    return numpy.broadcast_to(numpy.empty((), dtype=value.dtype), shape)
+
+
+def publish_state_dict(client: Client, prefix: str,
+                       state_dict: Mapping[str, Any],
+                       spec_fn: Optional[Layout] = None, *,
+                       shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                       offsets: Optional[Mapping[str, Sequence[int]]] = None,
+                       join: Optional[str] = None, publish: bool = True,
+                       versions: int = 2, copies: int = 1,
+                       timeout: Optional[float] = None) -> Any:
+    """Publishes ``state_dict`` as one version of the versioned tensors
+    ``prefix + name`` (docs/weight_sync.md): readers (a read plan, or
+    ``get_state_dict``) see all of it or none of it.
+
+    The tensors are created on first use, keeping ``versions`` published
+    versions (``copies`` of each shard), laid out by ``spec_fn(name,
+    tensor)`` or :func:`default_layout`. A rank that holds only its part of
+    each parameter (row chunks, as FSDP keeps them) gives the full
+    ``shapes`` and its part's ``offsets`` by name; it writes only its part.
+
+    One process: ``publish_state_dict(c, "model/", sd)`` begins a version of
+    every tensor, writes, publishes and returns the version number. Several
+    ranks: rank 0 calls it with ``publish=False`` and gets the open
+    tessera.VersionGroup; the others call it with ``join=group.id`` (sent
+    them as the caller likes, e.g. torch.distributed.broadcast_object_list)
+    and ``publish=False``; once every rank has written (a barrier), rank 0
+    calls ``group.publish()``. The tensors of one call are begun and
+    published together, so their version numbers stay alike and a read
+    plan reads them with no metadata call."""
+    names = [prefix + name for name in state_dict]
+    if join is None:
+        layout = spec_fn if spec_fn is not None else default_layout(client)
+        # One control call for the names already there (every call after
+        # the first): only missing tensors are created.
+        existing = {t.name for t in client.list()}
+        for name, value in state_dict.items():
+            if prefix + name in existing:
+                continue
+            shape = None if shapes is None else shapes.get(name)
+            full = _full_like(value, shape)
+            data, bits = _source(value)
+            try:
+                client.create(prefix + name,
+                              tuple(shape) if shape is not None else data.shape,
+                              layout(name, full),
+                              dtype="bfloat16" if bits else data.dtype.name,
+                              copies=copies, versions=versions)
+            except errors.AlreadyExistsError:
+                pass
+        group = client.begin(names, empty=offsets is None and shapes is None)
+    else:
+        group = client.join(join)
+    try:
+        for name, value in state_dict.items():
+            data, _ = _source(value)
+            at = ((0,) * data.ndim if offsets is None or name not in offsets
+                  else tuple(offsets[name]))
+            group[prefix + name].write(at, value, timeout=timeout)
+    except BaseException:
+        if join is None:
+            group.abort()
+        raise
+    if not publish:
+        return group
+    numbers = group.publish()
+    return max(numbers.values()) if numbers else 0
+
+
+def plan_state_dict(client: Client, prefix: str,
+                    like: Mapping[str, Union[torch.Tensor,
+                                             Tuple[torch.Tensor,
+                                                   Sequence[int]]]]) -> Any:
+    """A read plan (tessera.ReadPlan) that fills the tensors of ``like`` in
+    place from ``prefix + name`` on every ``run()``: a value is a tensor
+    (the whole tensor is read into it) or a pair (tensor, offsets): only
+    the box of its shape at ``offsets``. Its dtype may be another floating
+    one (converted as torch rounds)."""
+    items = []
+    for name, value in like.items():
+        tensor, at = value if isinstance(value, tuple) else (value, None)
+        origin = (0,) * tensor.dim() if at is None else tuple(at)
+        items.append((prefix + name, origin, tuple(tensor.shape), tensor))
+    return client.plan_reads(items)

@@ -1,0 +1,58 @@
+// Read plans from Python (client/read_plan.h): Client.plan_reads gives a
+// ReadPlan whose run() reads every destination, the GIL released.
+//
+// Memory: the plan keeps the numpy arrays it writes (its items' outs)
+// alive as long as it lives; no byte is copied between Python and the
+// client library (support.h, Wrap).
+#ifndef TESSERA_PYTHON_BINDINGS_READ_PLAN_H_
+#define TESSERA_PYTHON_BINDINGS_READ_PLAN_H_
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "client/client.h"
+#include "client/read_plan.h"
+
+namespace tessera::python {
+
+namespace py = pybind11;
+
+// (name, offsets, sizes, out_offsets).
+using PySource = std::tuple<std::string, std::vector<int64_t>,
+                            std::vector<int64_t>, std::vector<int64_t>>;
+// (sources, out, out's dtype name: "bfloat16" for uint16 bits).
+using PyItem = std::tuple<std::vector<PySource>, py::array, std::string>;
+
+class PyReadPlan {
+ public:
+  // Plans `items` through `client` (errors raised as tessera.errors).
+  PyReadPlan(const std::shared_ptr<Client>& client,
+             const std::vector<PyItem>& items);
+
+  // (version, {name: version}, replanned, pinned, bytes).
+  py::tuple Run(int64_t version, double timeout) const;
+  int64_t bytes() const { return plan_->bytes(); }
+  size_t pieces() const { return plan_->pieces(); }
+  int plans() const { return plan_->plans(); }
+  std::vector<std::string> names() const { return plan_->names(); }
+  std::vector<std::tuple<int, size_t, int64_t>> sources() const {
+    return plan_->sources();
+  }
+
+ private:
+  std::shared_ptr<ReadPlan> plan_;
+  py::list outs_;  // Kept alive: the plan writes into them.
+};
+
+// ReadPlan (read_plan.cc).
+void BindReadPlan(py::module_& m);
+
+}  // namespace tessera::python
+
+#endif  // TESSERA_PYTHON_BINDINGS_READ_PLAN_H_

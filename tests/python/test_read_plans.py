@@ -1,0 +1,124 @@
+"""Read plans and state-dict publishing from Python (docs/weight_sync.md) on
+the session's real daemons: boxes into numpy and torch outs, casts as torch
+rounds, fused destinations, a reshard between runs, runs of a group being
+published never mixed, and the refusals."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tessera
+import tessera.torch as tt
+
+
+def test_plan_reads_boxes_casts_and_fused_outs(client, rows4):
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((16, 12)).astype(np.float32)
+               for _ in range(3))
+    for name, value in (("pq", q), ("pk", k), ("pv", v)):
+        client.put(name, value, rows4)
+    half = np.empty((16, 6), np.float32)
+    as16 = torch.empty((16, 12), dtype=torch.float16)
+    asbf = torch.empty((16, 12), dtype=torch.bfloat16)
+    qkv = np.empty((48, 6), np.float32)
+    plan = client.plan_reads([
+        ("pq", (0, 6), (16, 6), half),
+        ("pq", (0, 0), (16, 12), as16),
+        ("pk", (0, 0), (16, 12), asbf),
+        ([("pq", (0, 6), (16, 6), (0, 0)), ("pk", (0, 6), (16, 6), (16, 0)),
+          ("pv", (0, 6), (16, 6), (32, 0))], qkv),
+    ])
+    assert isinstance(plan, tessera.ReadPlan)
+    assert plan.bytes == 4 * (16 * 6 + 2 * 16 * 12 + 48 * 6)
+    assert sorted(plan.names) == ["pk", "pq", "pv"]
+    assert sum(s["bytes"] for s in plan.sources()) == plan.bytes
+    assert plan.run() == 0  # unversioned
+    assert (half == q[:, 6:]).all()
+    assert torch.equal(as16, torch.from_numpy(q).to(torch.float16))
+    assert torch.equal(asbf, torch.from_numpy(k).to(torch.bfloat16))
+    assert (qkv == np.concatenate([q[:, 6:], k[:, 6:], v[:, 6:]])).all()
+    assert plan.plans == 1 and not plan.replanned
+
+
+def test_plan_replans_after_a_reshard(client, rows4):
+    value = np.arange(32 * 8, dtype=np.float32).reshape(32, 8)
+    client.put("pr", value, rows4)
+    out = np.zeros((10, 8), np.float32)
+    plan = client.plan_reads([("pr", (11, 0), (10, 8), out)])
+    plan.run()
+    assert (out == value[11:21]).all()
+    client.reshard("pr", tessera.chunk(1, ["rank:3/cpu", "rank:1/cpu"]))
+    out[:] = 0
+    plan.run()
+    assert plan.replanned and plan.plans == 2
+    assert (out == value[11:21]).all()
+
+
+def test_plan_refusals(client, rows4):
+    client.put("pf", np.zeros((8, 8), np.float32), rows4)
+    with pytest.raises(tessera.NotFoundError, match="nope"):
+        client.plan_reads([("nope", (0, 0), (2, 2), np.empty((2, 2)))])
+    with pytest.raises(tessera.OutOfRangeError):
+        client.plan_reads([("pf", (7, 0), (2, 2), np.empty((2, 2),
+                                                           np.float32))])
+    with pytest.raises(tessera.InvalidArgumentError, match="floating"):
+        client.plan_reads([("pf", (0, 0), (2, 2), np.empty((2, 2),
+                                                           np.int32))])
+    with pytest.raises(tessera.InvalidArgumentError, match="overlap"):
+        client.plan_reads([([("pf", (0, 0), (2, 2), (0, 0)),
+                             ("pf", (2, 2), (2, 2), (1, 1))],
+                            np.empty((4, 4), np.float32))])
+    with pytest.raises(tessera.InvalidArgumentError, match="contiguous"):
+        client.plan_reads([("pf", (0, 0), (2, 2),
+                            np.empty((2, 4), np.float32)[:, ::2])])
+    with pytest.raises(tessera.InvalidArgumentError, match="item 0"):
+        client.plan_reads([("pf", (0, 0))])
+    with pytest.raises(TypeError):
+        client.plan_reads("pf")
+
+
+def test_published_state_dicts_are_read_whole_by_plans(client):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(),
+                                torch.nn.Linear(96, 32))
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    first = tt.publish_state_dict(client, "ws.", sd)
+    assert first >= 2
+    # A TP=2 reader: column halves of the weights, biases whole, in bf16.
+    like = {}
+    for name, value in sd.items():
+        if value.dim() == 2:
+            cols = value.shape[1] // 2
+            like[name] = (torch.empty(value.shape[0], cols,
+                                      dtype=torch.bfloat16), (0, cols))
+        else:
+            like[name] = torch.empty(value.shape, dtype=torch.float32)
+    plan = tt.plan_state_dict(client, "ws.", like)
+    stop = threading.Event()
+    published = []
+
+    def trainer():
+        for step in range(12):
+            for value in sd.values():
+                value.fill_(float(step + 10))
+            published.append(tt.publish_state_dict(client, "ws.", sd))
+        stop.set()
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    runs = 0
+    while not stop.is_set() or runs < 3:
+        n = plan.run(timeout=30)
+        runs += 1
+        values = set()
+        for name, value in like.items():
+            t = value[0] if isinstance(value, tuple) else value
+            values.update(t.float().unique().tolist())
+        if n != first:
+            # Every tensor of the run holds the one value of its version.
+            assert values == {float(n - first - 1 + 10)}, (n, values)
+    thread.join()
+    assert published == sorted(published)
+    assert plan.run() == published[-1]
+    assert plan.plans == 1 and not plan.pinned
