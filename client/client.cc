@@ -438,15 +438,18 @@ Client::~Client() = default;
 
 const v1::ClusterInfo& Client::cluster() const { return cluster_->info(); }
 
-absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
-                                                 std::vector<int64_t> sizes,
-                                                 const ShardingSpec& spec,
-                                                 const CreateOptions& options) {
-  // 0 would read as the default (one copy) on the daemons.
+namespace {
+
+// The request that creates `name`; INVALID_ARGUMENT for copies below 1
+// (0 would read as the default, one copy, on the daemons).
+absl::StatusOr<v1::CreateTensorRequest> CreateRequestOf(
+    const Cluster& cluster, const std::string& name,
+    absl::Span<const int64_t> sizes, const ShardingSpec& spec,
+    const CreateOptions& options) {
   if (options.copies < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "creating tensor ", name, ": copies must be between 1 and the ",
-        cluster_->info().world_size(), " daemons of the cluster, not ",
+        cluster.info().world_size(), " daemons of the cluster, not ",
         options.copies));
   }
   v1::CreateTensorRequest request;
@@ -459,6 +462,49 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
   request.set_seed(options.seed);
   request.set_copies(options.copies);
   request.set_versions(options.versions);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShardedTensorView>> Client::CreateMany(
+    const std::vector<TensorToCreate>& tensors) {
+  v1::CreateTensorsRequest request;
+  std::vector<std::string> names;
+  for (const TensorToCreate& tensor : tensors) {
+    ASSIGN_OR_RETURN(*request.add_tensors(),
+                     CreateRequestOf(*cluster_, tensor.name, tensor.sizes,
+                                     tensor.spec, tensor.options));
+    names.push_back(tensor.name);
+  }
+  std::string what = absl::StrCat(
+      "creating ", tensors.size(), " tensors (",
+      absl::StrJoin(names.begin(),
+                    names.begin() + std::min<size_t>(names.size(), 3), ", "),
+      names.size() > 3 ? ", ..." : "", ")");
+  v1::ListTensorsResponse response;
+  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::CreateTensors,
+                          request, &response, what, /*logged=*/true));
+  if (response.tensors_size() != request.tensors_size()) {
+    return absl::DataLossError(absl::StrCat(what, ": ", response.tensors_size(),
+                                            " tensors in the answer"));
+  }
+  std::vector<ShardedTensorView> views;
+  views.reserve(tensors.size());
+  for (v1::TensorInfo& info : *response.mutable_tensors()) {
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(info));
+    views.push_back(
+        ShardedTensorView(cluster_, std::move(info), std::move(metadata)));
+  }
+  return views;
+}
+
+absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
+                                                 std::vector<int64_t> sizes,
+                                                 const ShardingSpec& spec,
+                                                 const CreateOptions& options) {
+  ASSIGN_OR_RETURN(const v1::CreateTensorRequest request,
+                   CreateRequestOf(*cluster_, name, sizes, spec, options));
   ASSIGN_OR_RETURN(Described created,
                    Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
                             request, absl::StrCat("creating tensor ", name),

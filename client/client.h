@@ -137,6 +137,14 @@ struct CreateOptions {
   int versions = 0;
 };
 
+// One tensor of Client::CreateMany.
+struct TensorToCreate {
+  std::string name;
+  std::vector<int64_t> sizes;
+  ShardingSpec spec;
+  CreateOptions options;
+};
+
 // Client::Begin's options.
 struct BeginOptions {
   // Leave the new versions' bytes unset instead of copying the latest
@@ -280,6 +288,13 @@ class Client {
                                            std::vector<int64_t> sizes,
                                            const ShardingSpec& spec,
                                            const CreateOptions& options = {});
+  // Creates every tensor of `tensors` as one logged call (the cost of one
+  // Create, whatever their number: a model's state dict): all of them, or
+  // none, the error naming the first refused (Create's errors; and
+  // INVALID_ARGUMENT for none, more than 4096, or a name given twice).
+  // Returns their views, in order.
+  absl::StatusOr<std::vector<ShardedTensorView>> CreateMany(
+      const std::vector<TensorToCreate>& tensors);
   // What became of the logged call that carried `request_id` (any
   // client's): STATE_COMMITTED, STATE_FAILED (nothing applied; a retry runs
   // it again), STATE_PENDING (waiting on a daemon) or STATE_UNKNOWN (no

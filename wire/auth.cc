@@ -49,6 +49,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/UnpinVersions", Role::kRead},
     {"tessera.v1.ControlService/WatchVersions", Role::kRead},
     {"tessera.v1.ControlService/CreateTensor", Role::kWrite},
+    {"tessera.v1.ControlService/CreateTensors", Role::kWrite},
     {"tessera.v1.ControlService/WriteRegion", Role::kWrite},
     {"tessera.v1.ControlService/Reshard", Role::kWrite},
     {"tessera.v1.ControlService/DeleteTensor", Role::kWrite},

@@ -113,6 +113,32 @@ class PyClient {
     return out;
   }
 
+  // (name, sizes, spec, dtype, init, fill_value, seed, copies, versions).
+  using PyCreate =
+      std::tuple<std::string, std::vector<int64_t>, PySpec, std::string,
+                 std::string, double, uint64_t, int, int>;
+  std::vector<PyView> CreateMany(const std::vector<PyCreate>& tensors) {
+    std::vector<TensorToCreate> requests;
+    requests.reserve(tensors.size());
+    for (const auto& [name, sizes, spec, dtype, init, fill_value, seed, copies,
+                      versions] : tensors) {
+      CreateOptions options;
+      options.dtype = DTypeFromName(dtype);
+      options.init = InitFromName(init);
+      options.fill_value = fill_value;
+      options.seed = seed;
+      options.copies = copies;
+      options.versions = versions;
+      requests.push_back({name, sizes, spec.spec, options});
+    }
+    const std::vector<ShardedTensorView> views =
+        Check(WithoutGil([&] { return client_->CreateMany(requests); }));
+    std::vector<PyView> out;
+    out.reserve(views.size());
+    for (const ShardedTensorView& view : views) out.emplace_back(view);
+    return out;
+  }
+
   PyView Create(const std::string& name, const std::vector<int64_t>& sizes,
                 const PySpec& spec, const std::string& dtype,
                 const std::string& init, double fill_value, uint64_t seed,
@@ -241,6 +267,7 @@ void BindClient(py::module_& m) {
       .def("join", &PyClient::Join, py::arg("id"))
       .def("watch", &PyClient::Watch, py::arg("name"), py::arg("after") = 0)
       .def("plan_reads", &PyClient::PlanReads, py::arg("items"))
+      .def("create_many", &PyClient::CreateMany, py::arg("tensors"))
       .def("pin", &PyClient::Pin, py::arg("names"), py::arg("lease") = 0.0,
            py::arg("numbers") = std::vector<int64_t>())
       .def("operation", &PyClient::Operation)

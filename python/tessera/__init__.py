@@ -18,7 +18,7 @@ from __future__ import annotations
 import os as _os
 import warnings as _warnings
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
-                    Optional, Sequence, Union)
+                    Mapping, Optional, Sequence, Union)
 
 from . import _tessera
 from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
@@ -157,6 +157,40 @@ class Client:
         return Tensor(self, self._native.create(
             name, [int(s) for s in shape], spec, _dtype_name(dtype), init,
             float(fill_value), int(seed), copies, kept))
+
+    def create_many(self, tensors: Sequence[Mapping[str, Any]]
+                    ) -> List[Tensor]:
+        """Creates every tensor of ``tensors`` in one logged call: the cost
+        of one :meth:`create`, whatever their number (a model's state
+        dict). Each is a dict of :meth:`create`'s arguments (``name``,
+        ``shape``, ``spec``; optional ``dtype``, ``init``, ``fill_value``,
+        ``seed``, ``copies``, ``versions``). All of them are created, or
+        none: the error names the first refused."""
+        native = []
+        for i, t in enumerate(tensors):
+            try:
+                name, shape, spec = t["name"], t["shape"], t["spec"]
+            except (KeyError, TypeError):
+                raise errors.InvalidArgumentError(
+                    3, f"tensor {i}: a dict with name, shape and spec, not "
+                       f"{t!r:.80}") from None
+            kept = t.get("versions")
+            kept = 0 if kept is None else int(kept)
+            if kept < 0 or kept > 64:
+                raise errors.InvalidArgumentError(
+                    3, f"tensor {name}: versions must be between 1 and 64, "
+                       f"not {kept}")
+            init = t.get("init", "empty")
+            fill_value = t.get("fill_value")
+            if fill_value is None:
+                fill_value = 0.0
+            elif init == "empty" and fill_value != 0.0:
+                init = "full"
+            native.append((str(name), [int(s) for s in shape], spec,
+                           _dtype_name(t.get("dtype", "float32")), init,
+                           float(fill_value), int(t.get("seed", 0)),
+                           _copies(t.get("copies", 1), None), kept))
+        return [Tensor(self, v) for v in self._native.create_many(native)]
 
     def put(self, name: str, array: Any, spec: ShardingSpec,
             copies: int = 1, timeout: Optional[float] = None, *,

@@ -119,6 +119,9 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
              : sum;
 }
 
+// The most tensors one CreateTensors call may create.
+constexpr int kMaxCreateTensors = 4096;
+
 // A request's versions field (CreateTensor, LoadCheckpoint): 0 and 1 mean
 // in place, 2 to kMaxKeptVersions a versioned tensor.
 absl::Status CheckVersionsKept(int32_t versions, absl::string_view what) {
@@ -134,6 +137,8 @@ const char* OpName(const v1::ControlOp& op) {
   switch (op.request_case()) {
     case v1::ControlOp::kCreateTensor:
       return "CreateTensor";
+    case v1::ControlOp::kCreateTensors:
+      return "CreateTensors";
     case v1::ControlOp::kDeleteTensor:
       return "DeleteTensor";
     case v1::ControlOp::kReshard:
@@ -164,6 +169,14 @@ std::string OpTensor(const v1::ControlOp& op) {
   switch (op.request_case()) {
     case v1::ControlOp::kCreateTensor:
       return op.create_tensor().name();
+    case v1::ControlOp::kCreateTensors: {
+      std::vector<std::string> names;
+      for (const v1::CreateTensorRequest& request :
+           op.create_tensors().tensors()) {
+        names.push_back(request.name());
+      }
+      return absl::StrJoin(names, ",");
+    }
     case v1::ControlOp::kDeleteTensor:
       return op.delete_tensor().name();
     case v1::ControlOp::kReshard:
@@ -218,6 +231,9 @@ OpOutcome ControlOps::Run(const v1::ControlOp& op) {
   switch (op.request_case()) {
     case v1::ControlOp::kCreateTensor:
       outcome = RunCreate(op);
+      break;
+    case v1::ControlOp::kCreateTensors:
+      outcome = RunCreateMany(op);
       break;
     case v1::ControlOp::kDeleteTensor:
       outcome = RunDelete(op);
@@ -329,73 +345,66 @@ absl::Status ControlOps::CheckPlacement(
   return absl::OkStatus();
 }
 
-OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
-  const v1::CreateTensorRequest& request = op.create_tensor();
+absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
+    const v1::ControlOp& op, const v1::CreateTensorRequest& request,
+    bool* checked) {
   const std::vector<int64_t> sizes(request.sizes().begin(),
                                    request.sizes().end());
   // Deterministic checks: they pass or fail alike on every daemon.
-  struct Plan {
-    DType dtype;
-    ShardingSpec spec;
-    int64_t host_bytes;  // Of this daemon's CPU shards.
-  };
-  auto plan = [&]() -> absl::StatusOr<Plan> {
-    RETURN_IF_ERROR(ValidateName(request.name()));
-    if (table_->Holds(request.name())) return NameTaken(request.name());
-    ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
-    RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
-    ASSIGN_OR_RETURN(ShardingSpec spec, SpecOf(request.has_spec(),
-                                               request.spec(), "CreateTensor"));
-    if (!v1::InitKind_IsValid(request.init())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CreateTensor: unknown init kind ", request.init()));
-    }
-    RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "CreateTensor"));
-    // 0 is the field's default: one copy.
-    if (request.copies() < 0 || request.copies() > rank_->world_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CreateTensor: copies must be between 1 and the ",
-                       rank_->world_size(), " daemons of the cluster, not ",
-                       request.copies()));
-    }
-    TensorProperties properties;
-    properties.dtype = dtype;
-    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
-                     BuildMetadata(spec, sizes, properties));
-    ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
-    return Plan{dtype, std::move(spec), host_bytes};
-  }();
-  std::optional<TableEntry> made;
-  absl::Status local = plan.status();
-  if (plan.ok()) {
-    local = [&]() -> absl::Status {
-      RETURN_IF_ERROR(CheckDeadline(op));
-      ASSIGN_OR_RETURN(
-          MemoryBudget::Reservation held,
-          budget_->Reserve(
-              plan->host_bytes,
-              absl::StrCat("CreateTensor \"", request.name(),
-                           "\" (its shards on rank ", rank(), ")")));
-      ASSIGN_OR_RETURN(ShardedTensor tensor,
-                       NewTensor(request, plan->dtype, plan->spec, sizes));
-      ASSIGN_OR_RETURN(v1::TensorInfo info,
-                       TensorInfoOf(*rank_, request.name(), tensor));
-      made.emplace();
-      if (request.versions() >= 2) {
-        // Version 1 is the tensor as created (version_set.h).
-        made->versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
-                                                      request.versions());
-        made->versions->AddFirst(tensor, std::move(held));
-      } else {
-        made->held = std::move(held);
-      }
-      made->tensor = std::move(tensor);
-      made->info = std::move(info);
-      return absl::OkStatus();
-    }();
+  RETURN_IF_ERROR(ValidateName(request.name()));
+  if (table_->Holds(request.name())) return NameTaken(request.name());
+  ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
+  RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
+  ASSIGN_OR_RETURN(ShardingSpec spec,
+                   SpecOf(request.has_spec(), request.spec(), "CreateTensor"));
+  if (!v1::InitKind_IsValid(request.init())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateTensor: unknown init kind ", request.init()));
   }
+  RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "CreateTensor"));
+  // 0 is the field's default: one copy.
+  if (request.copies() < 0 || request.copies() > rank_->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CreateTensor: copies must be between 1 and the ", rank_->world_size(),
+        " daemons of the cluster, not ", request.copies()));
+  }
+  TensorProperties properties;
+  properties.dtype = dtype;
+  ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
+                   BuildMetadata(spec, sizes, properties));
+  ASSIGN_OR_RETURN(const int64_t host_bytes, LocalHostBytes(metadata));
+  *checked = true;
+  // This daemon's own work: it may fail here alone.
+  RETURN_IF_ERROR(CheckDeadline(op));
+  ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation held,
+      budget_->Reserve(host_bytes,
+                       absl::StrCat("CreateTensor \"", request.name(),
+                                    "\" (its shards on rank ", rank(), ")")));
+  ASSIGN_OR_RETURN(ShardedTensor tensor,
+                   NewTensor(request, dtype, spec, sizes));
+  ASSIGN_OR_RETURN(v1::TensorInfo info,
+                   TensorInfoOf(*rank_, request.name(), tensor));
+  TableEntry made;
+  if (request.versions() >= 2) {
+    // Version 1 is the tensor as created (version_set.h).
+    made.versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
+                                                 request.versions());
+    made.versions->AddFirst(tensor, std::move(held));
+  } else {
+    made.held = std::move(held);
+  }
+  made.tensor = std::move(tensor);
+  made.info = std::move(info);
+  return made;
+}
+
+OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
+  const v1::CreateTensorRequest& request = op.create_tensor();
+  bool checked = false;
+  absl::StatusOr<TableEntry> made = PrepareCreate(op, request, &checked);
   OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
+  outcome.status = Agree(made.status(), &outcome.agreed);
   if (outcome.status.ok()) {
     table_->Put(request.name(), *std::move(made));
     if (request.copies() > 1) {
@@ -409,8 +418,75 @@ OpOutcome ControlOps::RunCreate(const v1::ControlOp& op) {
     } else {
       table_->Remove(request.name());
     }
-  } else if (plan.ok()) {
+  } else if (checked) {
     ResyncTensorIds();
+  }
+  return outcome;
+}
+
+OpOutcome ControlOps::RunCreateMany(const v1::ControlOp& op) {
+  const auto& requests = op.create_tensors().tensors();
+  std::vector<TableEntry> made;
+  bool checked = false;
+  absl::Status local;
+  if (requests.empty()) {
+    local =
+        absl::InvalidArgumentError("CreateTensors: name at least one tensor");
+  } else if (requests.size() > kMaxCreateTensors) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat("CreateTensors: ", requests.size(), " tensors; at most ",
+                     kMaxCreateTensors, " per call"));
+  } else {
+    std::set<std::string> seen;
+    for (const v1::CreateTensorRequest& request : requests) {
+      if (!seen.insert(request.name()).second) {
+        local = absl::InvalidArgumentError(absl::StrCat(
+            "CreateTensors: tensor ", request.name(), " is named twice"));
+        break;
+      }
+    }
+  }
+  // Every tensor made here first: all of them are created, or none.
+  for (int i = 0; local.ok() && i < requests.size(); ++i) {
+    bool this_checked = false;
+    absl::StatusOr<TableEntry> entry =
+        PrepareCreate(op, requests[i], &this_checked);
+    checked = checked || this_checked;
+    if (!entry.ok()) {
+      local = Annotate(entry.status(),
+                       absl::StrCat("CreateTensors: tensor ", i, " (",
+                                    requests[i].name(), "); none created"));
+      break;
+    }
+    made.push_back(*std::move(entry));
+  }
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) {
+    if (checked) ResyncTensorIds();
+    return outcome;
+  }
+  for (int i = 0; i < requests.size(); ++i) {
+    table_->Put(requests[i].name(), std::move(made[i]));
+  }
+  for (const v1::CreateTensorRequest& request : requests) {
+    if (!outcome.status.ok()) break;
+    if (request.copies() > 1) {
+      outcome.status = replication_->Replicate(request.name(), request.copies(),
+                                               &request, &outcome.agreed);
+    }
+  }
+  for (const v1::CreateTensorRequest& request : requests) {
+    if (!outcome.status.ok()) break;
+    absl::StatusOr<v1::TensorInfo> info = table_->Info(request.name());
+    outcome.status = info.status();
+    if (info.ok()) outcome.result.infos.push_back(*std::move(info));
+  }
+  if (!outcome.status.ok()) {
+    outcome.result.infos.clear();
+    for (const v1::CreateTensorRequest& request : requests) {
+      table_->Remove(request.name());
+    }
   }
   return outcome;
 }

@@ -101,7 +101,16 @@ class ControlOps {
 
  private:
   int rank() const { return rank_->rank(); }
+  // CreateTensor's work on this daemon before the daemons agree: the
+  // deterministic checks (*checked says they passed, so that a failure
+  // after them is this daemon's alone and the tensor ids must be
+  // resynchronized) and its shards, reserved in the budget.
+  absl::StatusOr<TableEntry> PrepareCreate(
+      const v1::ControlOp& op, const v1::CreateTensorRequest& request,
+      bool* checked);
   OpOutcome RunCreate(const v1::ControlOp& op);
+  // CreateTensors: every tensor of the request, or none.
+  OpOutcome RunCreateMany(const v1::ControlOp& op);
   OpOutcome RunDelete(const v1::ControlOp& op);
   OpOutcome RunReshard(const v1::ControlOp& op);
   OpOutcome RunGather(const v1::ControlOp& op);

@@ -201,6 +201,26 @@ grpc::ServerUnaryReactor* ControlServiceImpl::CreateTensor(
       [response](OpResult& result) { *response = std::move(result.info); });
 }
 
+grpc::ServerUnaryReactor* ControlServiceImpl::CreateTensors(
+    grpc::CallbackServerContext* context,
+    const v1::CreateTensorsRequest* request,
+    v1::ListTensorsResponse* response) {
+  if (absl::Status allowed =
+          control_internal::Authorize(*context, "CreateTensors");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
+  v1::ControlOp op;
+  *op.mutable_create_tensors() = *request;
+  return control_internal::RunLogged(
+      core_, context, "CreateTensors", std::move(op),
+      [response](OpResult& result) {
+        for (v1::TensorInfo& info : result.infos) {
+          *response->add_tensors() = std::move(info);
+        }
+      });
+}
+
 grpc::ServerUnaryReactor* ControlServiceImpl::DeleteTensor(
     grpc::CallbackServerContext* context,
     const v1::DeleteTensorRequest* request,

@@ -62,18 +62,19 @@ using ControlServiceBase = v1::ControlService::WithCallbackMethod_WatchVersions<
                                 v1::ControlService::WithCallbackMethod_GetCluster<
                                     v1::ControlService::
                                         WithCallbackMethod_CreateTensor<
-                                            v1::ControlService::WithCallbackMethod_ListTensors<
+                                            v1::ControlService::WithCallbackMethod_CreateTensors<
                                                 v1::ControlService::
-                                                    WithCallbackMethod_DescribeTensor<
-                                                        v1::ControlService::WithCallbackMethod_DeleteTensor<
-                                                            v1::ControlService::WithCallbackMethod_WriteRegion<
-                                                                v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                                                                    v1::ControlService::WithRawCallbackMethod_Gather<
-                                                                        v1::ControlService::WithCallbackMethod_Reshard<
-                                                                            v1::ControlService::WithCallbackMethod_SaveCheckpoint<
-                                                                                v1::ControlService::WithCallbackMethod_LoadCheckpoint<
-                                                                                    v1::ControlService::
-                                                                                        Service>>>>>>>>>>>>>>>>>>>;
+                                                    WithCallbackMethod_ListTensors<
+                                                        v1::ControlService::WithCallbackMethod_DescribeTensor<
+                                                            v1::ControlService::WithCallbackMethod_DeleteTensor<
+                                                                v1::ControlService::WithCallbackMethod_WriteRegion<
+                                                                    v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                                                        v1::ControlService::WithRawCallbackMethod_Gather<
+                                                                            v1::ControlService::WithCallbackMethod_Reshard<
+                                                                                v1::ControlService::WithCallbackMethod_SaveCheckpoint<
+                                                                                    v1::ControlService::WithCallbackMethod_LoadCheckpoint<
+                                                                                        v1::ControlService::
+                                                                                            Service>>>>>>>>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -119,6 +120,10 @@ class ControlServiceImpl final : public ControlServiceBase {
       grpc::CallbackServerContext* context,
       const v1::GetOperationRequest* request,
       v1::OperationStatus* response) override;
+  grpc::ServerUnaryReactor* CreateTensors(
+      grpc::CallbackServerContext* context,
+      const v1::CreateTensorsRequest* request,
+      v1::ListTensorsResponse* response) override;
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
                                          v1::TensorInfo* response) override;
