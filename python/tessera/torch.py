@@ -31,6 +31,10 @@ Layout = Callable[[str, Any], "ShardingSpec"]
 #: over every daemon; smaller ones stay whole on one daemon.
 CHUNK_BYTES = 1 << 20
 
+#: publish_state_dict creates missing tensors this many per call (the
+#: daemons' limit of one CreateTensors call).
+CREATE_BATCH = 4096
+
 
 def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
@@ -202,6 +206,7 @@ def publish_state_dict(client: Client, prefix: str,
                        shapes: Optional[Mapping[str, Sequence[int]]] = None,
                        offsets: Optional[Mapping[str, Sequence[int]]] = None,
                        join: Optional[str] = None, publish: bool = True,
+                       empty: Optional[bool] = None,
                        versions: int = 2, copies: int = 1,
                        timeout: Optional[float] = None) -> Any:
     """Publishes ``state_dict`` as one version of the versioned tensors
@@ -220,7 +225,10 @@ def publish_state_dict(client: Client, prefix: str,
     tessera.VersionGroup; the others call it with ``join=group.id`` (sent
     them as the caller likes, e.g. torch.distributed.broadcast_object_list)
     and ``publish=False``; once every rank has written (a barrier), rank 0
-    calls ``group.publish()``. The tensors of one call are begun and
+    calls ``group.publish()``. The new version starts as a copy of the
+    latest unless ``empty`` (by default: when the call writes whole
+    tensors; ranks that together write every row pass ``empty=True``).
+    The tensors of one call are begun and
     published together, so their version numbers stay alike and a read
     plan reads them with no metadata call."""
     names = [prefix + name for name in state_dict]
@@ -229,21 +237,33 @@ def publish_state_dict(client: Client, prefix: str,
         # One control call for the names already there (every call after
         # the first): only missing tensors are created.
         existing = {t.name for t in client.list()}
+        missing = []
         for name, value in state_dict.items():
             if prefix + name in existing:
                 continue
             shape = None if shapes is None else shapes.get(name)
             full = _full_like(value, shape)
             data, bits = _source(value)
+            missing.append({
+                "name": prefix + name,
+                "shape": tuple(shape) if shape is not None else data.shape,
+                "spec": layout(name, full),
+                "dtype": "bfloat16" if bits else data.dtype.name,
+                "copies": copies, "versions": versions})
+        # One logged call per CREATE_BATCH of them. Another process may
+        # have made some meanwhile: those are left out and the rest made.
+        for first in range(0, len(missing), CREATE_BATCH):
+            batch = missing[first:first + CREATE_BATCH]
             try:
-                client.create(prefix + name,
-                              tuple(shape) if shape is not None else data.shape,
-                              layout(name, full),
-                              dtype="bfloat16" if bits else data.dtype.name,
-                              copies=copies, versions=versions)
+                client.create_many(batch)
             except errors.AlreadyExistsError:
-                pass
-        group = client.begin(names, empty=offsets is None and shapes is None)
+                there = {t.name for t in client.list()}
+                rest = [t for t in batch if t["name"] not in there]
+                if rest:
+                    client.create_many(rest)
+        if empty is None:
+            empty = offsets is None and shapes is None
+        group = client.begin(names, empty=empty)
     else:
         group = client.join(join)
     try:
