@@ -803,7 +803,9 @@ TEST_F(DaemonTest, CheckpointPathsStayInsideTheRoot) {
   for (const std::string& name : survivors) {
     EXPECT_TRUE(Exists(ckpt + "/" + name)) << name;
   }
-  if (root_user) EXPECT_TRUE(Exists(ckpt + "/" + foreign));
+  if (root_user) {
+    EXPECT_TRUE(Exists(ckpt + "/" + foreign));
+  }
   for (const std::string& name : leftovers) {
     EXPECT_FALSE(Exists(ckpt + "/" + name)) << name;
   }
@@ -866,7 +868,7 @@ TEST_F(DaemonTest, CheckpointPathsStayInsideTheRoot) {
   const absl::Status stolen = client_->Load(steal).status();
   EXPECT_FALSE(stolen.ok());
   EXPECT_THAT(stolen.message(), HasSubstr("stolen"));
-  for (const std::string& name : {"../x", "/etc/passwd", "."}) {
+  for (const char* name : {"../x", "/etc/passwd", "."}) {
     for (v1::CheckpointEntry& entry : *manifest.mutable_entries()) {
       for (v1::SavedShard& shard : *entry.mutable_sharded()->mutable_shards()) {
         shard.mutable_data()->set_file(name);

@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""Weight sync, side by side (docs/weight_sync.md): the example's model
+(examples/weight_sync: GPT-2-small shape, 4 trainers holding row chunks, 2
+readers of a TP=2 engine) moved every step by
+
+- **tessera**: 4 daemons on this host; the trainers publish one version,
+  both readers `plan.run()` (the transports the fetches pick: the local
+  path for pieces of 256 KiB or more, the data plane for smaller ones);
+- **gloo**: no store: the trainer ranks all-gather each parameter and rank
+  0 broadcasts the full state dict to the readers over Gloo
+  (torch.distributed, TCP on loopback); the readers slice their boxes.
+
+Per step: the time from the start of the publish (tessera) or of the
+all-gather (gloo) to the last reader done. Tessera's bytes moved are the
+daemons' read counters (tessera_transfer_bytes_total{direction="read"})
+over the steps, against the bytes the readers' plans need.
+
+Prints one JSON object per line; the last holds tessera_step_s, gloo_step_s
+(medians), their ratio, bytes_moved and bytes_needed (per step), and the
+plan build time (paid once).
+
+    python3 tests/bench/weight_sync_bench.py --build BUILD_DIR [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLE = os.path.join(ROOT, "examples", "weight_sync")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_bytes(client) -> int:
+    """Bytes every daemon served to readers so far."""
+    total = 0
+    for entry in client.stats():
+        for line in (entry["metrics"] or "").splitlines():
+            if (line.startswith("tessera_transfer_bytes_total{") and
+                    'direction="read"' in line):
+                total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def tessera_run(args, build: str) -> dict:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    os.environ.setdefault("TESSERA_SERVER_PATH",
+                          os.path.join(build, "bin", "tessera-server"))
+    import conftest  # the real daemons of the Python tests
+    import tessera
+    daemons = conftest.Daemons()
+    try:
+        client = tessera.connect(daemons.addresses[0], timeout=60)
+        events = tempfile.NamedTemporaryFile(prefix="tessera-ws-",
+                                             suffix=".jsonl", delete=False)
+        events.close()
+        # A first run creates the tensors and warms every path; the
+        # measured one starts from there.
+        command = [sys.executable, os.path.join(EXAMPLE, "weight_sync.py"),
+                   "all", "--address", daemons.addresses[0],
+                   "--interval", str(args.interval)] + (
+                       ["--tiny"] if args.tiny else [])
+        subprocess.run(command + ["--steps", "1"], check=True,
+                       stdout=subprocess.DEVNULL, timeout=900)
+        before = read_bytes(client)
+        subprocess.run(command + ["--steps", str(args.steps), "--events",
+                                  events.name], check=True,
+                       stdout=subprocess.DEVNULL, timeout=1800)
+        after = read_bytes(client)
+        with open(events.name) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        os.unlink(events.name)
+    finally:
+        daemons.stop()
+    publishes = {e["version"]: e for e in lines if e["event"] == "publish"}
+    reads: dict = {}
+    for e in lines:
+        if e["event"] == "read" and e["new"]:
+            reads.setdefault(e["version"], []).append(e)
+    steps = []
+    for version, publish in sorted(publishes.items()):
+        done = reads.get(version, [])
+        if len(done) == 2:  # both readers read this very version
+            steps.append(max(r["done"] for r in done) - publish["start"])
+    runs = [r["run_s"] for rs in reads.values() for r in rs]
+    per_read = {r["reader"]: r["bytes"] for rs in reads.values() for r in rs}
+    needed = sum(per_read.values())
+    read_count = sum(1 for e in lines if e["event"] == "read")
+    return {"steps": steps, "runs": runs,
+            "publish_s": [p["end"] - p["start"] for p in publishes.values()],
+            "bytes_moved": (after - before) / max(1, read_count / 2),
+            "bytes_needed": needed}
+
+
+GLOO_WORKER = r'''
+import os, sys, time, json
+import torch, torch.distributed as dist
+sys.path.insert(0, os.environ["EXAMPLE"])
+import gpt2
+rank, world = int(sys.argv[1]), 6
+steps, tiny = int(sys.argv[3]), sys.argv[4] == "1"
+s = gpt2.TINY if tiny else gpt2.GPT2_SMALL
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank,
+                        world_size=world)
+trainers = dist.new_group([0, 1, 2, 3])
+fanout = dist.new_group([0, 4, 5])
+shapes = gpt2.shapes(s)
+if rank < 4:
+    torch.manual_seed(0)
+    model = gpt2.GPT2(s)
+    chunks = {}
+    for name, value in model.state_dict().items():
+        begin, rows = gpt2.row_chunk(value.shape, 4, rank)
+        chunks[name] = value[begin:begin + rows].clone()
+    del model
+else:
+    boxes = gpt2.reader_boxes(s, 2, rank - 4)
+    outs = gpt2.reader_outs(boxes)
+times = []
+for step in range(steps + 1):  # the first one warms up
+    dist.barrier()
+    start = time.time()
+    if rank < 4:
+        for name, shape in shapes.items():
+            parts = [torch.empty((shape[0] // 4,) + tuple(shape[1:]))
+                     for _ in range(4)]
+            dist.all_gather(parts, chunks[name].contiguous(), group=trainers)
+            if rank == 0:
+                dist.broadcast(torch.cat(parts), src=0, group=fanout)
+    else:
+        full = {}
+        for name, shape in shapes.items():
+            t = torch.empty(shape)
+            dist.broadcast(t, src=0, group=fanout)
+            full[name] = t
+        for name, at, sizes, out, where in boxes:
+            src = full[name][tuple(slice(a, a + n) for a, n in zip(at, sizes))]
+            outs[out][tuple(slice(w, w + n)
+                            for w, n in zip(where, sizes))].copy_(src)
+    done = [None] * world
+    dist.all_gather_object(done, time.time())
+    if rank == 0 and step > 0:
+        times.append(max(done[4:]) - start)
+if rank == 0:
+    print(json.dumps({"gloo_steps": times}))
+dist.destroy_process_group()
+'''
+
+
+def gloo_run(args) -> list:
+    rendezvous = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, EXAMPLE=EXAMPLE)
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_WORKER, str(r),
+                               rendezvous, str(args.steps),
+                               "1" if args.tiny else "0"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+             for r in range(6)]
+    out = ""
+    for p in procs:
+        text, _ = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise SystemExit(f"gloo worker failed: {p.returncode}")
+        out += text
+    return json.loads(re.findall(r"\{.*\}", out)[-1])["gloo_steps"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between the trainers' steps, so that "
+                             "each step is measured alone")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the example's 2-layer model (a smoke run)")
+    args = parser.parse_args()
+    build = os.path.abspath(args.build)
+    sys.path.insert(0, os.path.join(build, "python"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(build, "python")] +
+        ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    model = "tiny" if args.tiny else "gpt2-small"
+    t = tessera_run(args, build)
+    print(json.dumps({"bench": "weight_sync_tessera", "model": model,
+                      "transport": "local path / data plane (one host)",
+                      "step_s": t["steps"], "plan_run_s": t["runs"],
+                      "publish_s": t["publish_s"]}), flush=True)
+    g = gloo_run(args)
+    print(json.dumps({"bench": "weight_sync_gloo", "model": model,
+                      "transport": "gloo tcp (loopback)", "step_s": g}),
+          flush=True)
+    tessera_step = statistics.median(t["steps"]) if t["steps"] else None
+    gloo_step = statistics.median(g)
+    print(json.dumps({
+        "bench": "weight_sync", "model": model, "steps": args.steps,
+        "tessera_step_s": tessera_step, "gloo_step_s": gloo_step,
+        "ratio": (tessera_step / gloo_step) if tessera_step else None,
+        "goal_ratio": 0.5,
+        "bytes_moved": t["bytes_moved"], "bytes_needed": t["bytes_needed"],
+        "bytes_ratio": (t["bytes_moved"] / t["bytes_needed"]
+                        if t["bytes_needed"] else None),
+        "goal_bytes_ratio": 1.05}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
