@@ -186,10 +186,11 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
   plan->control_ = std::move(control);
   for (size_t i = 0; i < items.size(); ++i) {
     const ReadItem& item = items[i];
-    if (!item.out.defined() || !item.out.device().is_cpu()) {
+    if (!item.out.defined() ||
+        !(item.out.device().is_cpu() || item.out.device().is_cuda())) {
       return absl::InvalidArgumentError(
           absl::StrCat("planning reads: item ", i, ": out ",
-                       item.out.DebugString(), " is not a CPU tensor"));
+                       item.out.DebugString(), " is not a CPU or CUDA tensor"));
     }
     if (item.sources.empty()) {
       return absl::InvalidArgumentError(
@@ -304,8 +305,11 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
         const PlanPiece& piece = pieces_[p];
         const ShardedTensorView& view = views_[piece.tensor];
         const Tensor& out = out_views_[p];
+        // Straight into `out` when it is host memory of the tensor's
+        // dtype; else into host staging, converted and copied into it after
+        // the fetch (to the device for a CUDA out).
         Tensor landing = out;
-        if (out.dtype() != view.dtype()) {
+        if (out.dtype() != view.dtype() || !out.device().is_cpu()) {
           ASSIGN_OR_RETURN(
               landing,
               Tensor::Empty(out.sizes(),
@@ -323,10 +327,15 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
                          Dims(piece.out_offsets), " of item ", piece.target)));
         moved += piece.bytes;
         if (landing.storage() != out.storage()) {
-          ASSIGN_OR_RETURN(const Tensor converted,
-                           landing.ToDType(out.dtype()));
+          Tensor converted = landing;
+          if (out.dtype() != landing.dtype()) {
+            ASSIGN_OR_RETURN(converted, landing.ToDType(out.dtype()));
+          }
           const std::vector<int64_t> origin(out.dim(), 0);
-          RETURN_IF_ERROR(CopyBox(converted, origin, out, origin, out.sizes()));
+          RETURN_IF_ERROR(
+              Annotate(CopyBox(converted, origin, out, origin, out.sizes()),
+                       absl::StrCat("reading tensor ", view.name(),
+                                    " into item ", piece.target)));
         }
         return absl::OkStatus();
       }));
@@ -336,8 +345,8 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
 }
 
 absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
-                                              int64_t version) {
-  const absl::Time deadline = absl::Now() + options.timeout;
+                                              int64_t version,
+                                              absl::Time deadline) {
   ReadPlanRun run;
   const size_t tensors = views_.size();
   std::vector<std::string> ids(tensors);
@@ -464,14 +473,22 @@ absl::StatusOr<ReadPlanRun> ReadPlan::Run(const TransferOptions& options,
       }
     }
   }
+  // One deadline for the run, its attempts and re-plans included.
+  const absl::Time deadline = absl::Now() + options.timeout;
   bool replanned = false;
   absl::Status status;
   for (int attempt = 0; attempt < kRunAttempts; ++attempt) {
+    if (attempt > 0 && absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "running a read plan: the deadline passed while planning again "
+          "after: ",
+          status.message()));
+    }
     if (stale_) {
       RETURN_IF_ERROR(Plan());
       replanned = attempt > 0 || plans_ > 1;
     }
-    absl::StatusOr<ReadPlanRun> run = RunOnce(options, version);
+    absl::StatusOr<ReadPlanRun> run = RunOnce(options, version, deadline);
     if (run.ok()) {
       run->replanned = replanned;
       return run;

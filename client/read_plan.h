@@ -14,8 +14,9 @@
 // then cuts every source box into the pieces that the tensors' shards hold
 // (PlanPieces, which needs the metadata only). Run fetches every piece
 // from its shard's holder straight into its place in `out` (a piece whose
-// tensor has another dtype than `out` through a staging buffer, converted
-// as torch converts: round to nearest even), pieces of different daemons
+// tensor has another dtype than `out`, or whose `out` is on a GPU, through
+// a host staging buffer, converted as torch converts: round to nearest
+// even), pieces of different daemons
 // at once: it makes no control call when nothing changed.
 //
 // Versions: Run() reads, for every versioned tensor, one published version,
@@ -39,8 +40,9 @@
 //
 // Failure: errors name the tensor, the piece's box and the holder; a
 // failed run leaves the destinations partly written. Every run has
-// TransferOptions::timeout as its deadline (a stalled daemon's pieces are
-// read from a replica when the tensor has copies).
+// TransferOptions::timeout as its one deadline, its re-plans included (a
+// stalled daemon's pieces are read from a replica when the tensor has
+// copies; a re-plan's control calls have ClientOptions::timeout).
 //
 // Thread-safety: a ReadPlan may be shared; runs are serialized (one at a
 // time, in call order). The `out` tensors must stay valid, and not be
@@ -82,9 +84,12 @@ struct ReadSource {
 // they are.
 struct ReadItem {
   std::vector<ReadSource> sources;
-  // A CPU tensor of the sources' rank, any strides. Its dtype may differ
-  // from the tensors': floating types convert to one another (float32,
-  // float64, float16, bfloat16); others must match (INVALID_ARGUMENT).
+  // A CPU or CUDA tensor of the sources' rank, any strides. Its dtype may
+  // differ from the tensors': floating types convert to one another
+  // (float32, float64, float16, bfloat16); others must match
+  // (INVALID_ARGUMENT). A CUDA out's pieces land in host staging and are
+  // copied to the device after they arrive (in a build without CUDA the
+  // run fails with that copy's error).
   Tensor out;
 
   // The box [offsets, offsets + out.sizes()) of `name` into all of `out`.
@@ -204,7 +209,7 @@ class ReadPlan {
   absl::Status Plan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One attempt of Run on the current plan.
   absl::StatusOr<ReadPlanRun> RunOnce(const TransferOptions& options,
-                                      int64_t version)
+                                      int64_t version, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fetches pieces `which` of tensor ids `ids` (by tensor), into
   // versions[piece] the version each was.

@@ -4,20 +4,51 @@
 
 #include <utility>
 
+#include "common/tensor/storage.h"
 #include "python/bindings/module.h"
 #include "python/bindings/support.h"
 
 namespace tessera::python {
+namespace {
+
+// The tensor an item's `out` names (see PyItem), sharing its memory.
+Tensor Out(const py::object& out, DType dtype) {
+  if (py::isinstance<py::array>(out)) {
+    const py::array array = py::reinterpret_borrow<py::array>(out);
+    if (!array.writeable()) {
+      Raise(absl::InvalidArgumentError("out is not writeable"));
+    }
+    return Wrap(array, dtype);
+  }
+  const auto [data, shape, device, owner] =
+      out.cast<std::tuple<uintptr_t, std::vector<int64_t>, int, py::object>>();
+  int64_t count = 1;
+  for (const int64_t size : shape) {
+    if (size < 0) Raise(absl::InvalidArgumentError("out: a negative size"));
+    count *= size;
+  }
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) {
+    strides[d - 1] = strides[d] * shape[d];
+  }
+  // The owner (kept in the plan's outs) holds the memory.
+  std::shared_ptr<Storage> storage =
+      Storage::Wrap(reinterpret_cast<void*>(data),
+                    static_cast<size_t>(count) * ElementSize(dtype),
+                    Device::Cuda(device), [] {});
+  return Check(
+      Tensor::FromStorage(std::move(storage), dtype, 0, shape, strides));
+}
+
+}  // namespace
 
 PyReadPlan::PyReadPlan(const std::shared_ptr<Client>& client,
                        const std::vector<PyItem>& items) {
   std::vector<ReadItem> planned;
   planned.reserve(items.size());
   for (const auto& [sources, out, dtype] : items) {
-    if (!out.writeable())
-      Raise(absl::InvalidArgumentError("out is not writeable"));
     ReadItem item;
-    item.out = Wrap(out, DTypeFromName(dtype));
+    item.out = Out(out, DTypeFromName(dtype));
     for (const auto& [name, offsets, sizes, out_offsets] : sources) {
       item.sources.push_back({name, offsets, sizes, out_offsets});
     }

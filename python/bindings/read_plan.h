@@ -26,8 +26,10 @@ namespace py = pybind11;
 // (name, offsets, sizes, out_offsets).
 using PySource = std::tuple<std::string, std::vector<int64_t>,
                             std::vector<int64_t>, std::vector<int64_t>>;
-// (sources, out, out's dtype name: "bfloat16" for uint16 bits).
-using PyItem = std::tuple<std::vector<PySource>, py::array, std::string>;
+// (sources, out, out's dtype name: "bfloat16" for uint16 bits). `out` is
+// a numpy array, or for GPU memory a tuple (data pointer, shape, CUDA
+// device index, the object owning the memory: a torch tensor), C-contiguous.
+using PyItem = std::tuple<std::vector<PySource>, py::object, std::string>;
 
 class PyReadPlan {
  public:

@@ -10,8 +10,8 @@ tensors, planned once from the metadata and run every step.
     n = plan.run()            # every step: the latest version, no metadata call
     plan.run(version=n)       # a kept version
 
-``out`` is a numpy array or a CPU torch tensor (C-contiguous), written in
-place; its dtype may differ from the tensor's between floating types
+``out`` is a numpy array or a torch tensor (C-contiguous; on the CPU, or a
+GPU: pieces land in host memory and are copied there), written in place; its dtype may differ from the tensor's between floating types
 (float32 to float16 or bfloat16, bfloat16 to float32...), converted as torch
 rounds.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _tessera
-from ._tensor import _invalid, _seconds, _target
+from ._tensor import _invalid, _is_torch, _seconds, _target
 
 if TYPE_CHECKING:
     from . import Client
@@ -48,10 +48,21 @@ def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
         if isinstance(sources, str) or not isinstance(sources, (tuple, list)):
             raise _invalid(f"item {index}: sources must be a list of (name, "
                            f"offsets, sizes, out_offsets)")
-    array, bits = _target(out)
-    if not array.flags.c_contiguous:
-        raise _invalid(f"item {index}: out must be C-contiguous")
-    dtype = "bfloat16" if bits else str(array.dtype)
+    target: Any
+    if _is_torch(out) and out.device.type == "cuda":
+        # GPU memory: its pointer, kept alive by the plan (pieces land in
+        # host staging and are copied to the device).
+        if not out.is_contiguous():
+            raise _invalid(f"item {index}: out must be C-contiguous")
+        dtype = str(out.dtype).replace("torch.", "")
+        target = (int(out.data_ptr()), list(out.shape),
+                  int(out.device.index or 0), out)
+    else:
+        array, bits = _target(out)
+        if not array.flags.c_contiguous:
+            raise _invalid(f"item {index}: out must be C-contiguous")
+        dtype = "bfloat16" if bits else str(array.dtype)
+        target = array
     planned = []
     for k, source in enumerate(sources):
         if not isinstance(source, (tuple, list)) or len(source) not in (3, 4):
@@ -64,7 +75,7 @@ def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
         planned.append((name, _ints(offsets, "offsets"),
                         _ints(sizes, "sizes"),
                         _ints(out_offsets, "out_offsets")))
-    return planned, array, dtype
+    return planned, target, dtype
 
 
 class ReadPlan:

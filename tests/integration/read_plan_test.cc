@@ -4,7 +4,8 @@
 // Covered: every placement kind (row chunks with two shards per daemon,
 // enumerable uneven boxes, replicas) read into boxes of other layouts, the
 // values checked against the tensor's own; casts (float32 to float16 and
-// bfloat16, bfloat16 to float32) rounded as Tensor::ToDType rounds;
+// bfloat16, bfloat16 to float32) rounded as Tensor::ToDType rounds; CUDA
+// outs (where a device is);
 // fused destinations (q, k and v into one qkv, at their out offsets); a
 // plan re-planning by itself after a reshard, a delete and re-create, and
 // a daemon restarted between runs; a stalled owner within the deadline
@@ -33,6 +34,7 @@
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "common/tensor/random.h"
+#include "common/tensor/storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_cluster.h"
@@ -93,6 +95,14 @@ Tensor Empty(std::vector<int64_t> sizes, DType dtype = DType::kFloat32) {
   return *Tensor::Empty(sizes, TensorOptions().WithDType(dtype));
 }
 
+// A plan of columns 8-24 of "r" [40, 32], 2 copies of each shard, run
+// once: its out and the values it must hold.
+struct ReplicatedPlan {
+  std::shared_ptr<ReadPlan> plan;
+  Tensor out;
+  Tensor want;
+};
+
 class ReadPlanTest : public ::testing::Test {
  protected:
   void SetUp() override { StartCluster(10); }
@@ -122,6 +132,22 @@ class ReadPlanTest : public ::testing::Test {
     Tensor values = *(*Tensor::Randn(sizes, {}, &generator)).ToDType(dtype);
     EXPECT_OK(view->Write(std::vector<int64_t>(sizes.size(), 0), values));
     return values;
+  }
+
+  // ReplicatedPlan, its values from `seed`.
+  absl::StatusOr<ReplicatedPlan> PlanReplicated(uint64_t seed) {
+    const Tensor values = Make("r", {40, 32}, Rows(), seed, /*copies=*/2);
+    ReplicatedPlan planned;
+    planned.out = Empty({40, 16});
+    planned.want = BoxOf(values, {0, 8}, {40, 16});
+    ASSIGN_OR_RETURN(
+        planned.plan,
+        client_->PlanReads({ReadItem::Box("r", {0, 8}, planned.out)}));
+    RETURN_IF_ERROR(planned.plan->Run().status());
+    if (!Same(planned.out, planned.want)) {
+      return absl::InternalError("the first run read other values");
+    }
+    return planned;
   }
 
   std::unique_ptr<DaemonCluster> cluster_;
@@ -209,6 +235,27 @@ TEST_F(ReadPlanTest, CastsRoundAsTorchAndFusedDestinationsTakeEveryBox) {
   EXPECT_TRUE(Same(b32, *b.ToDType(DType::kFloat32)));
 }
 
+// A CUDA out (on a machine with a device): pieces land in host staging and
+// are copied to the GPU, cast included.
+TEST_F(ReadPlanTest, CudaOutsAreFilledOnTheDevice) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  const Tensor q = Make("q", {16, 12}, Rows(), 14);
+  ASSERT_OK_AND_ASSIGN(
+      Tensor on_gpu, Tensor::Empty({16, 6}, TensorOptions()
+                                                .WithDType(DType::kBFloat16)
+                                                .WithDevice(Device::Cuda(0))));
+  const Tensor whole =
+      *Tensor::Empty({16, 12}, TensorOptions().WithDevice(Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ReadPlan> plan,
+                       client_->PlanReads({ReadItem::Box("q", {0, 6}, on_gpu),
+                                           ReadItem::Box("q", {0, 0}, whole)}));
+  ASSERT_OK(plan->Run().status());
+  ASSERT_OK_AND_ASSIGN(const Tensor back, on_gpu.To(Device::Cpu()));
+  EXPECT_TRUE(Same(back, *BoxOf(q, {0, 6}, {16, 6}).ToDType(DType::kBFloat16)));
+  ASSERT_OK_AND_ASSIGN(const Tensor all, whole.To(Device::Cpu()));
+  EXPECT_TRUE(Same(all, q));
+}
+
 TEST_F(ReadPlanTest, RefusalsAreClear) {
   Make("t", {16, 12}, Rows(), 8);
   Make("i", {16, 12}, Rows(), 9, 1, DType::kInt32);
@@ -278,13 +325,8 @@ TEST_F(ReadPlanTest, AReshardOrARecreateMakesTheNextRunPlanAgain) {
 }
 
 TEST_F(ReadPlanTest, AStalledDaemonIsReadAroundWithinTheDeadline) {
-  const Tensor values = Make("r", {40, 32}, Rows(), 12, /*copies=*/2);
-  const Tensor out = Empty({40, 16});
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ReadPlan> plan,
-                       client_->PlanReads({ReadItem::Box("r", {0, 8}, out)}));
-  ASSERT_OK(plan->Run().status());
-  const Tensor want = BoxOf(values, {0, 8}, {40, 16});
-  EXPECT_TRUE(Same(out, want));
+  ASSERT_OK_AND_ASSIGN(const ReplicatedPlan planned, PlanReplicated(12));
+  const auto& [plan, out, want] = planned;
   // Rank 1 stalled (shorter than --timeout): its pieces come from the
   // replicas, within the run's deadline.
   cluster_->daemon(1).Signal(SIGSTOP);
@@ -305,12 +347,8 @@ TEST_F(ReadPlanTest, AStalledDaemonIsReadAroundWithinTheDeadline) {
 TEST_F(ReadPlanTest, ADaemonRestartedBetweenRunsIsReadAround) {
   cluster_.reset();
   StartCluster(/*timeout_s=*/3);  // A dead daemon is noticed soon.
-  const Tensor values = Make("r", {40, 32}, Rows(), 13, /*copies=*/2);
-  const Tensor out = Empty({40, 16});
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ReadPlan> plan,
-                       client_->PlanReads({ReadItem::Box("r", {0, 8}, out)}));
-  ASSERT_OK(plan->Run().status());
-  const Tensor want = BoxOf(values, {0, 8}, {40, 16});
+  ASSERT_OK_AND_ASSIGN(const ReplicatedPlan planned, PlanReplicated(13));
+  const auto& [plan, out, want] = planned;
   TransferOptions bounded;
   bounded.timeout = absl::Seconds(10);
   // Rank 2 killed: its pieces come from the replicas.

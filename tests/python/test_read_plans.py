@@ -43,6 +43,20 @@ def test_plan_reads_boxes_casts_and_fused_outs(client, rows4):
     assert plan.plans == 1 and not plan.replanned
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_plan_reads_into_cuda_tensors(client, rows4):
+    value = np.arange(16 * 12, dtype=np.float32).reshape(16, 12)
+    client.put("pc", value, rows4)
+    half = torch.empty((16, 6), dtype=torch.bfloat16, device="cuda")
+    whole = torch.empty((16, 12), dtype=torch.float32, device="cuda")
+    plan = client.plan_reads([("pc", (0, 6), (16, 6), half),
+                              ("pc", (0, 0), (16, 12), whole)])
+    plan.run()
+    assert torch.equal(half.cpu(),
+                       torch.from_numpy(value[:, 6:]).to(torch.bfloat16))
+    assert torch.equal(whole.cpu(), torch.from_numpy(value))
+
+
 def test_plan_replans_after_a_reshard(client, rows4):
     value = np.arange(32 * 8, dtype=np.float32).reshape(32, 8)
     client.put("pr", value, rows4)
