@@ -113,6 +113,20 @@ class PyClient {
     return out;
   }
 
+  // Create's options from Python's arguments (unknown names raise).
+  static CreateOptions OptionsOf(const std::string& dtype,
+                                 const std::string& init, double fill_value,
+                                 uint64_t seed, int copies, int versions) {
+    CreateOptions options;
+    options.dtype = DTypeFromName(dtype);
+    options.init = InitFromName(init);
+    options.fill_value = fill_value;
+    options.seed = seed;
+    options.copies = copies;
+    options.versions = versions;
+    return options;
+  }
+
   // (name, sizes, spec, dtype, init, fill_value, seed, copies, versions).
   using PyCreate =
       std::tuple<std::string, std::vector<int64_t>, PySpec, std::string,
@@ -122,14 +136,9 @@ class PyClient {
     requests.reserve(tensors.size());
     for (const auto& [name, sizes, spec, dtype, init, fill_value, seed, copies,
                       versions] : tensors) {
-      CreateOptions options;
-      options.dtype = DTypeFromName(dtype);
-      options.init = InitFromName(init);
-      options.fill_value = fill_value;
-      options.seed = seed;
-      options.copies = copies;
-      options.versions = versions;
-      requests.push_back({name, sizes, spec.spec, options});
+      requests.push_back(
+          {name, sizes, spec.spec,
+           OptionsOf(dtype, init, fill_value, seed, copies, versions)});
     }
     const std::vector<ShardedTensorView> views =
         Check(WithoutGil([&] { return client_->CreateMany(requests); }));
@@ -143,13 +152,8 @@ class PyClient {
                 const PySpec& spec, const std::string& dtype,
                 const std::string& init, double fill_value, uint64_t seed,
                 int copies, int versions) {
-    CreateOptions options;
-    options.dtype = DTypeFromName(dtype);
-    options.init = InitFromName(init);
-    options.fill_value = fill_value;
-    options.seed = seed;
-    options.copies = copies;
-    options.versions = versions;
+    const CreateOptions options =
+        OptionsOf(dtype, init, fill_value, seed, copies, versions);
     return PyView(Check(WithoutGil(
         [&] { return client_->Create(name, sizes, spec.spec, options); })));
   }
