@@ -187,6 +187,12 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
     create.set_dtype(v1::DTYPE_FLOAT32);
     create.set_init(v1::INIT_KIND_ZEROS);
     *create.mutable_spec() = Spec(0);
+    v1::CreateTensorsRequest create_many;
+    for (const char* name : {"fuzz-m0", "fuzz-m1"}) {
+      v1::CreateTensorRequest* one = create_many.add_tensors();
+      *one = create;
+      one->set_name(name);
+    }
     v1::DescribeNamedTensorRequest describe;
     describe.set_name("fuzz-w");
     v1::DeleteTensorRequest remove;
@@ -222,6 +228,11 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
         {control + "CreateTensor",
          Method::kUnary,
          {Bytes(create)},
+         false,
+         true},
+        {control + "CreateTensors",
+         Method::kUnary,
+         {Bytes(create_many)},
          false,
          true},
         {control + "ListTensors", Method::kUnary, {""}},
