@@ -54,19 +54,10 @@ echo "\$ tessera launch --nproc 4 --cpu ${secure_flag[*]}"
   --master-port "$master_port" --base-port "$base_port" \
   --checkpoint-root "$checkpoint" >"$log" 2>&1 &
 launcher=$!
-for _ in $(seq 1 600); do
-  grep -q '^ready' "$log" && break
-  if ! kill -0 "$launcher" 2>/dev/null; then
-    cat "$log" >&2
-    echo "demo: the daemons did not start (see above)" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-grep -q '^ready' "$log" || { cat "$log" >&2; echo "demo: timeout" >&2; exit 1; }
-grep -v '^\[' "$log"
 # TESSERA_ADDRESS, and with --secure the client's certificate and token.
-eval "$(sed -n 's/^ready: //p' "$log")"
+source deploy/launch-wait.sh
+launch_wait demo "$launcher" "$log"
+grep -v '^\[' "$log"
 
 run() {
   echo

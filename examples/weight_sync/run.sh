@@ -43,17 +43,8 @@ echo "\$ tessera launch --nproc 4 --cpu"
 "$bin/tessera" launch --nproc 4 --cpu --host 127.0.0.1 \
   --master-port "$master_port" --base-port "$base_port" >"$log" 2>&1 &
 launcher=$!
-for _ in $(seq 1 600); do
-  grep -q '^ready' "$log" && break
-  if ! kill -0 "$launcher" 2>/dev/null; then
-    cat "$log" >&2
-    echo "weight sync: the daemons did not start (see above)" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-grep -q '^ready' "$log" || { cat "$log" >&2; echo "timeout" >&2; exit 1; }
-eval "$(sed -n 's/^ready: //p' "$log")"
+source deploy/launch-wait.sh
+launch_wait "weight sync" "$launcher" "$log"
 
 echo "\$ examples/weight_sync/weight_sync.py all $*"
 /usr/bin/python3 examples/weight_sync/weight_sync.py all "$@"
