@@ -18,7 +18,7 @@ packages=(
   libeigen3-dev libspdlog-dev
   prometheus-cpp-dev
   golang-etcd-server-dev etcd-server
-  iproute2
+  iproute2 iperf3
   slurm-wlm munge
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   python3-tqdm

@@ -202,9 +202,15 @@ def run_all(args: argparse.Namespace) -> None:
                   ["--tiny"] if args.tiny else []) + (
                   ["--events", args.events] if args.events else [])
     rendezvous = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, me, "reader", "--rank", str(r)]
+
+    def inside(netns: str) -> List[str]:
+        return ["ip", "netns", "exec", netns] if netns else []
+
+    procs = [subprocess.Popen(inside(args.reader_netns) +
+                              [sys.executable, me, "reader", "--rank", str(r)]
                               + common) for r in range(TP)]
-    procs += [subprocess.Popen([sys.executable, me, "trainer", "--rank",
+    procs += [subprocess.Popen(inside(args.trainer_netns) +
+                               [sys.executable, me, "trainer", "--rank",
                                 str(r), "--rendezvous", rendezvous] + common)
               for r in range(TRAINERS)]
     failed = 0
@@ -236,6 +242,11 @@ def main() -> None:
                         help="seconds the trainers wait between steps")
     parser.add_argument("--events", default="",
                         help="append JSON events (publishes, reads) here")
+    parser.add_argument("--trainer-netns", default="",
+                        help="all: run the trainers in this network "
+                             "namespace (ip netns exec)")
+    parser.add_argument("--reader-netns", default="",
+                        help="all: run the readers in this one")
     parser.add_argument("--tiny", action="store_true",
                         help="a 2-layer model of the same structure")
     args = parser.parse_args()

@@ -19,7 +19,14 @@ Prints one JSON object per line; the last holds tessera_step_s, gloo_step_s
 (medians), their ratio, bytes_moved and bytes_needed (per step), and the
 plan build time (paid once).
 
+With --hosts (root and iproute2; iperf3): the same Tessera run across two
+network-namespace hosts joined by one veth pair, the daemons and trainers
+on one, the readers on the other (every reader byte over the data plane
+across the link), against `iperf3 -R -P 2` between the same two hosts
+(the bytes flowing the same way, two streams as the two readers).
+
     python3 tests/bench/weight_sync_bench.py --build BUILD_DIR [--steps 5]
+    python3 tests/bench/weight_sync_bench.py --build BUILD_DIR --hosts
 """
 
 from __future__ import annotations
@@ -107,6 +114,112 @@ def tessera_run(args, build: str) -> dict:
             "bytes_needed": needed}
 
 
+class NetnsPair:
+    """Two network namespaces joined by one veth pair (10.214.N.1 and .2),
+    loopback up in each; removed by close()."""
+
+    def __init__(self) -> None:
+        n = os.getpid() % 200 + 20
+        self.names = [f"tws{os.getpid()}a", f"tws{os.getpid()}b"]
+        self.addresses = [f"10.214.{n}.1", f"10.214.{n}.2"]
+        ends = [f"twsa{os.getpid() % 100000}", f"twsb{os.getpid() % 100000}"]
+        self._ip("link", "add", ends[0], "type", "veth", "peer", "name",
+                 ends[1])
+        for ns, end, address in zip(self.names, ends, self.addresses):
+            self._ip("netns", "add", ns)
+            self._ip("link", "set", end, "netns", ns)
+            self._ip("-n", ns, "addr", "add", f"{address}/24", "dev", end)
+            self._ip("-n", ns, "link", "set", end, "up")
+            self._ip("-n", ns, "link", "set", "lo", "up")
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def exec(self, host: int) -> list:
+        return ["ip", "netns", "exec", self.names[host]]
+
+    def close(self) -> None:
+        for ns in self.names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def hosts_run(args, build: str) -> dict:
+    """Tessera across two netns hosts, and iperf3 between them."""
+    server = os.path.join(build, "bin", "tessera-server")
+    hosts = NetnsPair()
+    scratch = tempfile.mkdtemp(prefix="tessera-ws-hosts-")
+    daemons = []
+    try:
+        master = free_port()
+        for rank in range(4):
+            daemons.append(subprocess.Popen(
+                hosts.exec(0) + [
+                    server, "--rank", str(rank), "--world-size", "4",
+                    "--master-addr", hosts.addresses[0], "--master-port",
+                    str(master), "--host", hosts.addresses[0], "--port", "0",
+                    "--local-rank", str(rank), "--local-world-size", "4",
+                    "--device", "cpu", "--insecure", "--log-level", "warn",
+                    "--address-file", os.path.join(scratch, f"rank{rank}"),
+                    "--checkpoint-root", scratch],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        path = os.path.join(scratch, "rank0")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(path) and open(path).read().strip()):
+            if time.monotonic() > deadline:
+                raise SystemExit("the daemons did not start")
+            time.sleep(0.1)
+        time.sleep(1)  # the others
+        address = open(path).read().strip()
+        events = os.path.join(scratch, "events.jsonl")
+        command = [sys.executable, os.path.join(EXAMPLE, "weight_sync.py"),
+                   "all", "--address", address, "--interval",
+                   str(args.interval), "--trainer-netns", hosts.names[0],
+                   "--reader-netns", hosts.names[1]] + (
+                       ["--tiny"] if args.tiny else [])
+        subprocess.run(command + ["--steps", "1"], check=True,
+                       stdout=subprocess.DEVNULL, timeout=900)
+        subprocess.run(command + ["--steps", str(args.steps), "--events",
+                                  events], check=True,
+                       stdout=subprocess.DEVNULL, timeout=1800)
+        with open(events) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        # iperf3 between the same hosts: the server (with the daemons)
+        # sends, the client (with the readers) receives, 2 streams.
+        iperf = subprocess.Popen(hosts.exec(0) + ["iperf3", "-s", "-1"],
+                                 stdout=subprocess.DEVNULL)
+        time.sleep(0.5)
+        result = subprocess.run(
+            hosts.exec(1) + ["iperf3", "-c", hosts.addresses[0], "-R",
+                             "-P", "2", "-t", "5", "-J"],
+            check=True, capture_output=True, text=True, timeout=60)
+        iperf.wait(timeout=10)
+        iperf_gbs = json.loads(result.stdout)["end"]["sum_received"][
+            "bits_per_second"] / 8e9
+    finally:
+        for d in daemons:
+            d.terminate()
+        for d in daemons:
+            try:
+                d.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                d.kill()
+        hosts.close()
+    runs = [e for e in lines if e["event"] == "read" and e["new"]]
+    per_reader = [e["bytes"] / e["run_s"] / 1e9 for e in runs]
+    by_version: dict = {}
+    for e in runs:
+        by_version.setdefault(e["version"], []).append(e)
+    both = []
+    for rs in by_version.values():
+        if len(rs) == 2:
+            start = min(r["done"] - r["run_s"] for r in rs)
+            both.append(sum(r["bytes"] for r in rs) /
+                        (max(r["done"] for r in rs) - start) / 1e9)
+    return {"reader_gbs": per_reader, "both_readers_gbs": both,
+            "iperf3_gbs": iperf_gbs}
+
+
 GLOO_WORKER = r'''
 import os, sys, time, json
 import torch, torch.distributed as dist
@@ -186,6 +299,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0,
                         help="seconds between the trainers' steps, so that "
                              "each step is measured alone")
+    parser.add_argument("--hosts", action="store_true",
+                        help="across two network-namespace hosts, against "
+                             "iperf3 (needs root, iproute2 and iperf3)")
     parser.add_argument("--tiny", action="store_true",
                         help="the example's 2-layer model (a smoke run)")
     args = parser.parse_args()
@@ -195,6 +311,20 @@ def main() -> None:
         [os.path.join(build, "python")] +
         ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     model = "tiny" if args.tiny else "gpt2-small"
+    if args.hosts:
+        h = hosts_run(args, build)
+        both = statistics.median(h["both_readers_gbs"]) if h[
+            "both_readers_gbs"] else None
+        print(json.dumps({
+            "bench": "weight_sync_hosts", "model": model,
+            "transport": "data plane across two netns hosts (one veth)",
+            "reader_gbs": h["reader_gbs"],
+            "both_readers_gbs": h["both_readers_gbs"],
+            "both_readers_gbs_median": both,
+            "iperf3_P2_gbs": h["iperf3_gbs"],
+            "ratio": both / h["iperf3_gbs"] if both else None,
+            "goal_ratio": 0.8}), flush=True)
+        return
     t = tessera_run(args, build)
     print(json.dumps({"bench": "weight_sync_tessera", "model": model,
                       "transport": "local path / data plane (one host)",
