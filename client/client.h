@@ -50,6 +50,7 @@
 #include "common/sharding_spec.h"
 #include "common/tensor/tensor.h"
 #include "tessera/v1/control.pb.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 
@@ -185,7 +186,7 @@ class ShardedTensorView {
   // version this view is pinned to (0: each read reads the latest), and
   // whether it is an open version (a VersionWriter's, which writes go
   // into).
-  bool versioned() const { return info_.versions_kept() >= 2; }
+  bool versioned() const { return Versioned(info_); }
   int64_t version() const { return info_.version(); }
   int64_t at_version() const { return at_version_; }
   bool open_version() const { return open_version_; }

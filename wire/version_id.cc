@@ -23,6 +23,12 @@ int64_t VersionNumber(absl::string_view id) {
   return number;
 }
 
+std::string RegistrationId(absl::string_view tensor_id, int64_t number) {
+  return number <= 1 ? std::string(tensor_id) : VersionId(tensor_id, number);
+}
+
+bool Versioned(const v1::TensorInfo& info) { return info.versions_kept() >= 2; }
+
 absl::string_view VersionBase(absl::string_view id) {
   const size_t at = id.rfind('@');
   return at == absl::string_view::npos ? id : id.substr(0, at);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "tessera/v1/control.pb.h"
 
 namespace tessera {
 
@@ -23,6 +24,13 @@ bool IsVersionOf(absl::string_view id, absl::string_view tensor_id);
 int64_t VersionNumber(absl::string_view id);
 // The tensor id a version id belongs to; any other id as it is.
 absl::string_view VersionBase(absl::string_view id);
+// The id version `number`'s shards are registered under on their daemons:
+// version 1 (the tensor as created) under the tensor's own id, later ones
+// under VersionId; 0 (an unversioned tensor) the tensor's own id.
+std::string RegistrationId(absl::string_view tensor_id, int64_t number);
+// Whether a tensor described as `info` is versioned (versions_kept >= 2;
+// 0 and 1 are an unversioned tensor, written in place).
+bool Versioned(const v1::TensorInfo& info);
 
 }  // namespace tessera
 

@@ -27,6 +27,7 @@
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/replicas.h"
+#include "wire/version_id.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -564,7 +565,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     // Deterministic first: every daemon holds the same tensor.
     RETURN_IF_ERROR(tensor.status());
     ASSIGN_OR_RETURN(const v1::TensorInfo old_info, table_->Info(name));
-    if (old_info.versions_kept() >= 2) {
+    if (Versioned(old_info)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Reshard: tensor ", name,
           " is versioned; resharding a versioned tensor is not supported "

@@ -18,6 +18,7 @@
 #include "wire/auth.h"
 #include "wire/grpc_status.h"
 #include "wire/request_id.h"
+#include "wire/version_id.h"
 
 namespace tessera {
 namespace control_internal {
@@ -325,7 +326,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::VersionEvent> {
   // the stream fails at once when `name` is no versioned tensor.
   void Begin(int64_t after) {
     absl::StatusOr<v1::TensorInfo> info = core_->Describe(name_);
-    if (info.ok() && info->versions_kept() < 2) {
+    if (info.ok() && !Versioned(*info)) {
       info = absl::FailedPreconditionError(absl::StrCat(
           "WatchVersions: tensor ", name_,
           " has no versions (it was created without versions >= 2)"));

@@ -28,6 +28,7 @@
 #include "wire/chunk_assembler.h"
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
+#include "wire/version_id.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -64,7 +65,7 @@ absl::StatusOr<ResolvedRegion> Resolve(const RegionEnv& env,
     // A version of the tensor (docs/versions.md): its own registration.
     info.set_tensor_id(pinned_id);
     version = VersionNumber(pinned_id);
-  } else if (info.versions_kept() >= 2 &&
+  } else if (Versioned(info) &&
              (pinned_id.empty() || pinned_id == info.tensor_id())) {
     // The latest version as this daemon's table says, for every piece:
     // the owners that have not applied its publish yet serve it by its id.

@@ -300,7 +300,7 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                      FromProto(info.metadata()));
     std::vector<int64_t> numbers = {0};
-    if (info.versions_kept() >= 2) {
+    if (Versioned(info)) {
       numbers.assign(info.kept_versions().begin(), info.kept_versions().end());
     }
     for (const int64_t number : numbers) {
@@ -342,7 +342,7 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
       // completes.
       // (Every version has the same shards here.)
       entry.refill = parts.back().refill;
-      if (info.versions_kept() < 2) entry.held = std::move(parts[0].held);
+      if (!Versioned(info)) entry.held = std::move(parts[0].held);
     }
   }
   const std::shared_ptr<Refill> refill = entry.refill;
@@ -352,7 +352,7 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
   table_->Put(info.name(), std::move(entry));
   if (refill != nullptr) {
     absl::MutexLock lock(&mu_);
-    if (info.versions_kept() < 2) refilling_[info.tensor_id()] = refill;
+    if (!Versioned(info)) refilling_[info.tensor_id()] = refill;
     refills_.emplace_back(&Replication::RunRefill, this, info, spec_proto,
                           starting, refill, std::move(parts), std::move(pins));
   }
@@ -363,7 +363,7 @@ absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
     const v1::TensorInfo& info, const v1::ShardingSpec& spec,
     const std::vector<v1::VersionPin>& pins,
     std::vector<RefillPart>* parts) const {
-  const bool versioned = info.versions_kept() >= 2;
+  const bool versioned = Versioned(info);
   std::shared_ptr<VersionSet> versions;
   if (versioned) {
     versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
@@ -377,8 +377,7 @@ absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
     RefillPart& part = *it;
     // Each version under its own id (version_set.h).
     v1::TensorInfo of = info;
-    if (part.number > 1)
-      of.set_tensor_id(VersionId(info.tensor_id(), part.number));
+    of.set_tensor_id(RegistrationId(info.tensor_id(), part.number));
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, FromProto(of.metadata()));
     std::vector<Shard> shards;
     std::shared_ptr<ReplicaCopies> copies;
@@ -422,7 +421,7 @@ void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
                             std::vector<v1::VersionPin> pins) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + op_timeout_;
-  const bool versioned = info.versions_kept() >= 2;
+  const bool versioned = Versioned(info);
   absl::Status status;
   int64_t shards = 0;
   int64_t copies = 0;

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "server/serve/shard_registry.h"
 #include "wire/replicas.h"
+#include "wire/version_id.h"
 
 namespace tessera::control_internal {
 
@@ -78,9 +79,8 @@ void VersionSet::AddPublished(int64_t number, ShardedTensor tensor,
       number, Version{std::move(tensor), std::move(copies), std::move(held)});
   latest_ = std::max(latest_, number);
   next_ = std::max({next_, number + 1, next});
-  RegisterPublishedLocked(
-      number, number == 1 ? tensor_id_ : VersionId(tensor_id_, number),
-      it->second);
+  RegisterPublishedLocked(number, RegistrationId(tensor_id_, number),
+                          it->second);
 }
 
 void VersionSet::SetCopies(int64_t number,
@@ -89,9 +89,8 @@ void VersionSet::SetCopies(int64_t number,
   auto it = published_.find(number);
   if (it == published_.end()) return;
   it->second.copies = std::move(copies);
-  RegisterPublishedLocked(
-      number, number == 1 ? tensor_id_ : VersionId(tensor_id_, number),
-      it->second);
+  RegisterPublishedLocked(number, RegistrationId(tensor_id_, number),
+                          it->second);
 }
 
 int64_t VersionSet::Open(ShardedTensor tensor,

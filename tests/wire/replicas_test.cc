@@ -67,6 +67,17 @@ TEST(HoldersOfTest, OwnerThenReplicas) {
   EXPECT_EQ(ReplicaTensorId(VersionId("0/7", 3)), "0/7/replicas@3");
   EXPECT_EQ(VersionNumber(ReplicaTensorId("0/7@3")), 3);
   EXPECT_EQ(VersionBase(ReplicaTensorId("0/7@3")), ReplicaTensorId("0/7"));
+  // Where a version's shards are registered: version 1 (and an
+  // unversioned tensor, 0) under the tensor's own id.
+  EXPECT_EQ(RegistrationId("0/7", 0), "0/7");
+  EXPECT_EQ(RegistrationId("0/7", 1), "0/7");
+  EXPECT_EQ(RegistrationId("0/7", 4), "0/7@4");
+  v1::TensorInfo versioned;
+  EXPECT_FALSE(Versioned(versioned));
+  versioned.set_versions_kept(1);
+  EXPECT_FALSE(Versioned(versioned));
+  versioned.set_versions_kept(2);
+  EXPECT_TRUE(Versioned(versioned));
 }
 
 }  // namespace
