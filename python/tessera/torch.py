@@ -155,19 +155,44 @@ def put_state_dict(client: Client, prefix: str,
     Without ``spec_fn``, the obvious layout (:func:`default_layout`): each
     tensor of at least 1 MiB (CHUNK_BYTES) with at least one row per daemon
     cut along dim 0 into one chunk per daemon, every smaller one whole on
-    one daemon, round-robin over the ranks."""
+    one daemon, round-robin over the ranks.
+
+    The tensors are created together, CREATE_BATCH per call
+    (``Client.create_many``: all of a batch or none); without ``replace``,
+    a name already taken is AlreadyExistsError before anything is made. A
+    failed write deletes the tensors this call created."""
     if spec_fn is None:
         spec_fn = default_layout(client)
-    put = {}
+    existing = {t.name for t in client.list()}
+    wanted = []
     for name, value in state_dict.items():
         full = prefix + name
-        if replace:
+        if replace and full in existing:
             try:
                 client.delete(full)
             except errors.NotFoundError:
                 pass
-        put[name] = client.put(full, value, spec_fn(name, value),
-                               copies=copies, timeout=timeout)
+        data, bits = _source(value)
+        wanted.append({"name": full, "shape": data.shape,
+                       "spec": spec_fn(name, value),
+                       "dtype": "bfloat16" if bits else data.dtype.name,
+                       "copies": copies})
+    made: list = []
+    try:
+        for first in range(0, len(wanted), CREATE_BATCH):
+            made += client.create_many(wanted[first:first + CREATE_BATCH])
+        put = {}
+        for (name, value), tensor in zip(state_dict.items(), made):
+            data, _ = _source(value)
+            tensor.write((0,) * data.ndim, value, timeout=timeout)
+            put[name] = tensor
+    except BaseException:
+        for tensor in made:
+            try:
+                client.delete(tensor.name)
+            except errors.Error:
+                pass
+        raise
     return put
 
 
