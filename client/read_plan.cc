@@ -23,8 +23,6 @@ namespace {
 constexpr size_t kMaxPlanRank = 8;
 // Runs of a plan that planned again before giving up.
 constexpr int kRunAttempts = 3;
-// The lease of a run's pin: it is released as soon as the run ends.
-constexpr int64_t kRunPinLeaseMs = 60'000;
 
 bool Floating(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 ||
