@@ -367,6 +367,7 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
   write.chunk_bytes = options.chunk_bytes;
   write.deadline = absl::Now() + options.timeout;
   write.cancel = options.cancel;
+  write.local_min_bytes = cluster_->options().local_min_bytes;
   ProgressCounter progress(RegionBytes(data.sizes(), dtype()),
                            options.progress);
   write.on_chunk = [&progress](int64_t bytes) { progress.Add(bytes); };

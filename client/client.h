@@ -43,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/lanes.h"
 #include "client/remote_shard.h"
 #include "common/cancellation.h"
 #include "common/dtype.h"
@@ -76,9 +77,13 @@ struct ClientOptions {
   // path (docs/data_plane.md, "The local path"), falling back to the
   // streams above when it cannot be taken.
   bool use_local_path = true;
-  // Boxes smaller than this take the stream even so (see
+  // Boxes (read or written) smaller than this take the stream even so (see
   // kLocalPathMinBytes, client/shard_client.h).
   int64_t local_min_bytes = kLocalPathMinBytes;
+  // The most data-plane connections to one daemon a large read or write is
+  // striped across (client/lanes.h; docs/data_plane.md, "Lanes"): 0 is
+  // kDefaultDataLanes, 1 one connection per transfer.
+  int data_lanes = 0;
   // The request id of this client's calls (wire/request_id.h): the daemons
   // log it with the operation a call starts, and it is the operation's
   // idempotency key. A logged call (Create, Delete, Reshard, Save, Load)

@@ -206,7 +206,8 @@ class Cluster {
     connection->shards = std::make_shared<ShardClient>(
         connection->channel,
         options_.data_plane ? address.data_address() : std::string(),
-        options_.use_local_path ? address.local_address() : std::string());
+        options_.use_local_path ? address.local_address() : std::string(),
+        options_.data_lanes);
     return connection;
   }
 

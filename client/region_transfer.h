@@ -145,6 +145,13 @@ struct RegionWriteOptions {
   // nothing of an incomplete stream, and may have applied a complete one
   // whose answer was still awaited (the message says which).
   std::shared_ptr<Cancellation> cancel;
+  // Over the data plane (ShardClient::WriteRegion): connections a large
+  // write is striped across at most (client/lanes.h); 0: the client's
+  // default.
+  int lanes = 0;
+  // A write of fewer bytes than this skips the local path for the data
+  // plane (ShardClient::WriteRegion; kLocalPathMinBytes, shard_client.h).
+  int64_t local_min_bytes = int64_t{256} << 10;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

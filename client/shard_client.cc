@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/lanes.h"
 #include "client/local_path.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
@@ -23,6 +26,7 @@
 #include "wire/chunk_codec.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
+#include "wire/version_id.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -162,20 +166,22 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
 
 std::shared_ptr<ShardClient> ShardClient::Create(const std::string& address,
                                                  std::string data_plane_address,
-                                                 std::string local_address) {
+                                                 std::string local_address,
+                                                 int lanes) {
   return std::make_shared<ShardClient>(NewShardChannel(address),
                                        std::move(data_plane_address),
-                                       std::move(local_address));
+                                       std::move(local_address), lanes);
 }
 
 ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
                          std::string data_plane_address,
-                         std::string local_address)
+                         std::string local_address, int lanes)
     : channel_(std::move(channel)),
       data_plane_address_(std::move(data_plane_address)),
       local_(local_address.empty()
                  ? nullptr
                  : std::make_unique<LocalPathClient>(std::move(local_address))),
+      lanes_(lanes),
       stub_(v1::ShardService::NewStub(channel_)) {}
 
 ShardClient::~ShardClient() = default;
@@ -190,6 +196,46 @@ v1::FetchShardRequest FetchRequest(absl::string_view tensor_id,
   request.set_shard_index(shard_index);
   request.set_chunk_bytes(options.chunk_bytes);
   return request;
+}
+
+// Runs lane(i, cancel) for each of `count` lanes at once, lane 0 on the
+// calling thread, under a cancellation of their own: cancelled when the
+// caller's `cancel` is, and when a lane fails, so that the others stop at
+// once. Returns the first failure (never a CANCELLED it caused), or OK.
+template <typename Lane>
+absl::Status RunLanes(size_t count, const std::shared_ptr<Cancellation>& cancel,
+                      const Lane& lane) {
+  auto lanes = std::make_shared<Cancellation>();
+  const Cancellation::Registration follow =
+      OnCancel(cancel, [lanes] { lanes->Cancel(); });
+  absl::Mutex mu;
+  absl::Status first;
+  const auto run = [&](size_t i) {
+    absl::Status status = lane(i, lanes);
+    if (status.ok()) return;
+    {
+      absl::MutexLock lock(&mu);
+      if (!first.ok()) return;
+      first = std::move(status);
+    }
+    lanes->Cancel();
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (size_t i = 1; i < count; ++i) threads.emplace_back(run, i);
+  run(0);
+  for (std::thread& thread : threads) thread.join();
+  return first;
+}
+
+// `on_chunk` made safe to call from every lane at once (null stays null).
+std::function<void(int64_t)> Serialized(std::function<void(int64_t)> on_chunk,
+                                        absl::Mutex* mu) {
+  if (!on_chunk) return nullptr;
+  return [on_chunk = std::move(on_chunk), mu](int64_t bytes) {
+    absl::MutexLock lock(mu);
+    on_chunk(bytes);
+  };
 }
 
 std::string FetchWhat(const v1::FetchShardRequest& request) {
@@ -273,6 +319,24 @@ absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
   if (!destination.defined()) {
     return absl::InvalidArgumentError("FetchShardInto: undefined destination");
   }
+  const int lanes = FetchLanes(options, destination.nbytes());
+  if (lanes > 1 && destination.dim() > 0) {
+    // Striped as boxes of the whole shard; each part checks it lies in the
+    // shard, the shard's sizes are checked here.
+    const std::vector<int64_t> origin(destination.dim(), 0);
+    std::optional<ShardMetadata> metadata;
+    RETURN_IF_ERROR(FetchStriped(tensor_id, shard_index, origin, destination,
+                                 options, lanes, nullptr, &metadata));
+    if (metadata.has_value() &&
+        metadata->shard_sizes() != destination.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fetching shard ", shard_index, " of tensor ", tensor_id,
+          ": the destination's sizes [",
+          absl::StrJoin(destination.sizes(), ", "), "] are not the shard's [",
+          absl::StrJoin(metadata->shard_sizes(), ", "), "]"));
+    }
+    return absl::OkStatus();
+  }
   ShardAssembler assembler(tensor_id, shard_index, destination);
   return Fetch(FetchRequest(tensor_id, shard_index, options), options,
                &assembler);
@@ -285,6 +349,12 @@ absl::Status ShardClient::FetchRegionInto(
   if (!destination.defined()) {
     return absl::InvalidArgumentError("FetchRegionInto: undefined destination");
   }
+  const int lanes = FetchLanes(options, destination.nbytes());
+  if (lanes > 1 && destination.dim() > 0 &&
+      region_offsets.size() == destination.sizes().size()) {
+    return FetchStriped(tensor_id, shard_index, region_offsets, destination,
+                        options, lanes, options.served_version, nullptr);
+  }
   v1::FetchShardRequest request = FetchRequest(tensor_id, shard_index, options);
   request.mutable_region_offsets()->Add(region_offsets.begin(),
                                         region_offsets.end());
@@ -296,6 +366,84 @@ absl::Status ShardClient::FetchRegionInto(
   if (options.served_version != nullptr) {
     *options.served_version = assembler.version();
   }
+  return absl::OkStatus();
+}
+
+int ShardClient::FetchLanes(const FetchOptions& options, int64_t bytes) const {
+  if (data_plane_address_.empty() ||
+      options.local_path == LocalPath::kRequired) {
+    return 1;
+  }
+  const bool local = options.local_path == LocalPath::kAuto &&
+                     local_ != nullptr && local_->same_host() &&
+                     bytes >= options.local_min_bytes;
+  if (local) return 1;
+  return LaneCount(bytes, options.lanes > 0 ? options.lanes : lanes_);
+}
+
+absl::Status ShardClient::FetchStriped(
+    absl::string_view tensor_id, int64_t shard_index,
+    absl::Span<const int64_t> region_offsets, const Tensor& destination,
+    const FetchOptions& options, int lanes, int64_t* version,
+    std::optional<ShardMetadata>* metadata) const {
+  const std::vector<LanePart> parts =
+      SplitIntoLanes(region_offsets, destination.sizes(), lanes);
+  std::vector<Tensor> outs;
+  outs.reserve(parts.size());
+  for (const LanePart& part : parts) {
+    if (parts.size() == 1) {
+      outs.push_back(destination);
+      continue;
+    }
+    ASSIGN_OR_RETURN(Tensor out,
+                     destination.Narrow(part.dim, part.start, part.length));
+    outs.push_back(std::move(out));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  absl::Mutex chunk_mu;
+  const std::function<void(int64_t)> on_chunk =
+      Serialized(options.on_chunk, &chunk_mu);
+  std::vector<int64_t> versions(parts.size(), 0);
+  const auto fetch_part = [&](size_t i, absl::string_view id,
+                              const std::shared_ptr<Cancellation>& cancel) {
+    v1::FetchShardRequest request = FetchRequest(id, shard_index, options);
+    request.mutable_region_offsets()->Add(parts[i].offsets.begin(),
+                                          parts[i].offsets.end());
+    request.mutable_region_sizes()->Add(outs[i].sizes().begin(),
+                                        outs[i].sizes().end());
+    ShardAssembler assembler(id, shard_index, outs[i]);
+    assembler.ExpectRegion(parts[i].offsets, outs[i].sizes());
+    assembler.set_on_chunk(on_chunk);
+    assembler.set_cancel(cancel);
+    FetchOptions lane = options;
+    lane.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    RETURN_IF_ERROR(DataPlaneStream(request, lane, &assembler));
+    versions[i] = assembler.version();
+    if (i == 0 && metadata != nullptr) *metadata = assembler.metadata();
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(
+      RunLanes(parts.size(), options.cancel,
+               [&](size_t i, const std::shared_ptr<Cancellation>& cancel) {
+                 return fetch_part(i, tensor_id, cancel);
+               }));
+  const int64_t newest = *std::max_element(versions.begin(), versions.end());
+  std::vector<size_t> lagging;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (versions[i] != newest) lagging.push_back(i);
+  }
+  if (!lagging.empty() && VersionNumber(tensor_id) == 0) {
+    // A version was published while the lanes read: the parts that got an
+    // older one are read again at the newest (a kept version is served
+    // until it falls out of the kept window; then this fails NOT_FOUND).
+    const std::string id = VersionId(tensor_id, newest);
+    RETURN_IF_ERROR(
+        RunLanes(lagging.size(), options.cancel,
+                 [&](size_t k, const std::shared_ptr<Cancellation>& cancel) {
+                   return fetch_part(lagging[k], id, cancel);
+                 }));
+  }
+  if (version != nullptr) *version = newest;
   return absl::OkStatus();
 }
 
@@ -475,8 +623,9 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
   if (!data.defined()) {
     return absl::InvalidArgumentError("WriteRegion: undefined data");
   }
-  const bool local = local_ != nullptr && local_->same_host() &&
-                     static_cast<int64_t>(data.nbytes()) >= kLocalPathMinBytes;
+  const bool local =
+      local_ != nullptr && local_->same_host() &&
+      static_cast<int64_t>(data.nbytes()) >= options.local_min_bytes;
   if (!local && data_plane_address_.empty()) return false;
   const std::string what = absl::StrCat(
       "writing ", options.replica ? "the replica of " : "", "shard ",
@@ -516,13 +665,123 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
     }
     if (data_plane_address_.empty()) return false;
   }
+  const int lanes =
+      LaneCount(total, options.lanes > 0 ? options.lanes : lanes_);
+  if (lanes <= 1) {
+    bool started = false;
+    return WriteStream(framed, base, total, options, what, &started, nullptr);
+  }
+  // Striped: each part of the box goes over a connection of its own.
+  const std::vector<LanePart> parts =
+      SplitIntoLanes(region_offsets, data.sizes(), lanes);
+  std::vector<Tensor> slabs;
+  slabs.reserve(parts.size());
+  for (const LanePart& part : parts) {
+    ASSIGN_OR_RETURN(Tensor slab,
+                     bytes.Narrow(part.dim, part.start, part.length));
+    slabs.push_back(std::move(slab));
+  }
+  absl::Mutex chunk_mu;
+  RegionWriteOptions lane_options = options;
+  lane_options.on_chunk = Serialized(options.on_chunk, &chunk_mu);
+  // Each lane sets its own entries; read once every lane was joined.
+  std::vector<char> started(parts.size(), 0);
+  std::vector<char> fell_back(parts.size(), 0);
+  std::vector<char> held_back(parts.size(), 0);
+  std::vector<absl::Status> statuses(parts.size());
+  // No lane sends a byte before every lane has the server's go-ahead: a
+  // box one lane's part of is refused (out of range, a wrong dtype, a
+  // part the server leaves to gRPC) is written by none.
+  absl::Mutex gate_mu;
+  size_t arrived = 0;
+  bool refused = false;
+  // A lane at the gate (`go`: with its go-ahead; false: refused or failed
+  // before it): true once every lane has its go-ahead, false as soon as
+  // one was refused.
+  const auto arrive = [&](bool go) {
+    absl::MutexLock lock(&gate_mu);
+    ++arrived;
+    if (!go) refused = true;
+    const auto open = [&] { return refused || arrived == parts.size(); };
+    gate_mu.Await(absl::Condition(&open));
+    return !refused;
+  };
+  RunLanes(parts.size(), options.cancel,
+           [&](size_t i, const std::shared_ptr<Cancellation>& cancel) {
+             v1::DataPlaneRequest lane = framed;
+             v1::BulkWriteRequest& part = *lane.mutable_write();
+             part.mutable_region_offsets()->Clear();
+             part.mutable_region_offsets()->Add(parts[i].offsets.begin(),
+                                                parts[i].offsets.end());
+             part.mutable_region_sizes()->Clear();
+             part.mutable_region_sizes()->Add(slabs[i].sizes().begin(),
+                                              slabs[i].sizes().end());
+             part.set_total_bytes(static_cast<int64_t>(slabs[i].nbytes()));
+             RegionWriteOptions own = lane_options;
+             own.cancel = cancel;
+             bool lane_started = false;
+             bool at_gate = false;
+             absl::StatusOr<bool> wrote = WriteStream(
+                 lane, static_cast<const char*>(slabs[i].data_ptr()),
+                 static_cast<int64_t>(slabs[i].nbytes()), own,
+                 absl::StrCat(what, " (lane ", i + 1, " of ", parts.size(),
+                              ": rows [", parts[i].start, ", ",
+                              parts[i].start + parts[i].length,
+                              ") of dimension ", parts[i].dim, ")"),
+                 &lane_started, [&] {
+                   at_gate = true;
+                   const bool go = arrive(true);
+                   held_back[i] = !go;
+                   return go;
+                 });
+             if (!at_gate) arrive(false);
+             started[i] = lane_started;
+             fell_back[i] = wrote.ok() && !*wrote;
+             statuses[i] = wrote.status();
+             // A lane held back at the gate is no failure of its own.
+             return held_back[i] ? absl::OkStatus() : wrote.status();
+           });
+  bool any_started = false;
+  bool any_fell_back = false;
+  absl::Status status;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    any_started = any_started || started[i] != 0;
+    any_fell_back = any_fell_back || fell_back[i] != 0;
+    // The lane's own failure; a CANCELLED one only when no other lane
+    // failed (it may have been cancelled because another did).
+    if (!held_back[i] && !statuses[i].ok() &&
+        (status.ok() ||
+         (absl::IsCancelled(status) && !absl::IsCancelled(statuses[i])))) {
+      status = statuses[i];
+    }
+  }
+  if (!status.ok()) {
+    if (any_started &&
+        !absl::StrContains(status.message(), "may be partly written")) {
+      return Annotate(status, absl::StrCat(what,
+                                           " (other lanes wrote: the box may "
+                                           "be partly written)"));
+    }
+    return status;
+  }
+  // A part the server would not take here (nothing of the box was sent):
+  // the caller writes the whole box through gRPC.
+  return !any_fell_back;
+}
+
+absl::StatusOr<bool> ShardClient::WriteStream(
+    const v1::DataPlaneRequest& framed, const char* base, int64_t total,
+    const RegionWriteOptions& options, const std::string& what, bool* started,
+    const std::function<bool()>& go_ahead) const {
   const std::string serialized = framed.SerializeAsString();
+  const absl::Time deadline = options.deadline;
+  const std::shared_ptr<Cancellation>& cancel = options.cancel;
   int64_t sent_bytes = 0;
   // After the go-ahead, bytes land in the shard as they arrive.
-  bool started = false;
+  *started = false;
   const auto failed = [&](const absl::Status& status) {
     const std::string partly =
-        started ? " (the box may be partly written)" : "";
+        *started ? " (the box may be partly written)" : "";
     if (Cancelled(cancel)) {
       return absl::CancelledError(
           absl::StrCat(what, ": cancelled by the caller after ", sent_bytes,
@@ -543,7 +802,14 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
     return absl::DataLossError(absl::StrCat(
         what, ": the server allows chunks of ", go.chunk_bytes(), " bytes"));
   }
-  started = true;
+  if (go_ahead && !go_ahead()) {
+    // Another lane of the write was refused: no byte of this one is sent,
+    // and its connection is closed (the server, awaiting chunks, reads the
+    // end of the stream and writes nothing).
+    return absl::AbortedError(
+        absl::StrCat(what, ": not sent, another lane was refused"));
+  }
+  *started = true;
   DataConnection& socket = exchange->connection;
   char prefix[kDataPlaneChunkPrefixBytes];
   while (sent_bytes < total) {

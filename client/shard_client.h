@@ -9,6 +9,13 @@
 // FetchRegionInto fetches only a box of a shard (the server sends just
 // those bytes), over either transport.
 //
+// Lanes: over the data plane, a large box (of a fetch or a write) is cut
+// into parts moved over several connections at once, each landing in
+// place (client/lanes.h; FetchOptions::lanes, RegionWriteOptions::lanes,
+// the client's default from Create). A versioned tensor read by its own id
+// is read at one version across the lanes: parts that got an older
+// version than another part are read again at the newest one.
+//
 // When the owner runs on this host (it publishes a local address), a fetch
 // first tries the local path (client/local_path.h): the owner lends the
 // shard's memory and the box is copied straight out of it, no socket
@@ -109,6 +116,9 @@ struct FetchOptions {
   int64_t* served_version = nullptr;
   // kAuto takes the stream for a destination smaller than this.
   int64_t local_min_bytes = kLocalPathMinBytes;
+  // Data-plane connections a large fetch is striped across at most
+  // (client/lanes.h: LaneCount); 0: the client's default. 1 never stripes.
+  int lanes = 0;
 };
 
 struct TensorDescription {
@@ -126,13 +136,15 @@ class ShardClient {
   // fetch, and dropped after any error. With a `local_address` (the
   // server's local path server, "<host id>/<socket name>") that names
   // this host, fetches first try the local path (FetchOptions::local_path;
-  // see local_path.h); an address of another host is ignored.
+  // see local_path.h); an address of another host is ignored. `lanes` is
+  // the most data-plane connections a large transfer is striped across
+  // when its options ask for no count (0: kDefaultDataLanes, 1: never).
   static std::shared_ptr<ShardClient> Create(
       const std::string& address, std::string data_plane_address = "",
-      std::string local_address = "");
+      std::string local_address = "", int lanes = 0);
   explicit ShardClient(std::shared_ptr<grpc::Channel> channel,
                        std::string data_plane_address = "",
-                       std::string local_address = "");
+                       std::string local_address = "", int lanes = 0);
   ~ShardClient();
 
   // Fetches shard `shard_index` of `tensor_id` into a new tensor on
@@ -198,6 +210,28 @@ class ShardClient {
                                ShardAssembler* assembler) const;
   absl::Status ReceiveChunks(DataConnection& stream, absl::Time deadline,
                              ShardAssembler* assembler) const;
+  // The lanes a fetch of `bytes` with `options` takes: 1 unless it goes
+  // over the data plane (no local path taken) and is large enough.
+  int FetchLanes(const FetchOptions& options, int64_t bytes) const;
+  // A data-plane fetch of the box at `region_offsets` into `destination`
+  // striped across `lanes` connections; the version read (the same for
+  // every part) in *version, the shard's metadata in *metadata.
+  absl::Status FetchStriped(absl::string_view tensor_id, int64_t shard_index,
+                            absl::Span<const int64_t> region_offsets,
+                            const Tensor& destination,
+                            const FetchOptions& options, int lanes,
+                            int64_t* version,
+                            std::optional<ShardMetadata>* metadata) const;
+  // One data-plane write of `request` (a framed BulkWriteRequest) whose
+  // bytes are the `total` at `base`: false when the server asks for gRPC
+  // (nothing written). *started says whether bytes began to land. When
+  // set, `go_ahead` is asked once the server gave its go-ahead, before any
+  // byte is sent: false sends nothing (ABORTED; the connection is closed).
+  absl::StatusOr<bool> WriteStream(const v1::DataPlaneRequest& request,
+                                   const char* base, int64_t total,
+                                   const RegionWriteOptions& options,
+                                   const std::string& what, bool* started,
+                                   const std::function<bool()>& go_ahead) const;
   // An idle pooled connection when `reuse` and there is one, else a new one
   // (over TLS, with the process token, when this process has them);
   // cancelling `cancel` interrupts a new one's handshake.
@@ -230,6 +264,7 @@ class ShardClient {
   std::unique_ptr<LocalPathClient> local_;
   mutable absl::Mutex pool_mu_;
   mutable std::vector<DataConnection> idle_ ABSL_GUARDED_BY(pool_mu_);
+  const int lanes_;
   std::unique_ptr<v1::ShardService::Stub> stub_;
 };
 

@@ -53,6 +53,7 @@ set(peer_fetch_headers
   client/shard_client.h
   client/region_transfer.h
   client/local_path.h
+  client/lanes.h
   client/remote_shard.h)
 
 set(names)

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/lanes.h"
 #include "common/proto_convert.h"
 #include "python/bindings/module.h"
 #include "python/bindings/read_plan.h"
@@ -58,9 +59,17 @@ class PyClient {
  public:
   static std::shared_ptr<PyClient> Connect(const std::string& address,
                                            double timeout,
-                                           const std::string& request_id) {
+                                           const std::string& request_id,
+                                           int data_lanes, bool local_path) {
     ClientOptions options;
     if (timeout > 0) options.timeout = absl::Seconds(timeout);
+    if (data_lanes < 0 || data_lanes > kMaxDataLanes) {
+      Check(absl::InvalidArgumentError(
+          absl::StrCat("data_lanes must be 0 (the default) to ", kMaxDataLanes,
+                       ", not ", data_lanes)));
+    }
+    options.data_lanes = data_lanes;
+    options.use_local_path = local_path;
     if (!request_id.empty() && (!IsValidRequestId(request_id) ||
                                 request_id.size() > kMaxClientRequestIdBytes)) {
       Check(absl::InvalidArgumentError(absl::StrCat(
@@ -256,7 +265,8 @@ class PyClient {
 void BindClient(py::module_& m) {
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
       .def_static("connect", &PyClient::Connect, py::arg("address"),
-                  py::arg("timeout") = 0.0, py::arg("request_id") = "")
+                  py::arg("timeout") = 0.0, py::arg("request_id") = "",
+                  py::arg("data_lanes") = 0, py::arg("local_path") = true)
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("generation", &PyClient::generation)
       .def_property_readonly("devices", &PyClient::devices)

@@ -353,7 +353,8 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
             tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
             tls_key: Optional[str] = None, token: Optional[str] = None,
             token_file: Optional[str] = None,
-            request_id: Optional[str] = None) -> Client:
+            request_id: Optional[str] = None,
+            data_lanes: int = 0, local_path: bool = True) -> Client:
     """Connects to the daemon at ``address`` ($TESSERA_ADDRESS, else
     127.0.0.1:29600) and learns the cluster from it.
 
@@ -366,7 +367,11 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
     idempotency key (the first logged call carries it, the next ones
     "<id>.2", "<id>.3", ...: a script run again with the same id applies
     none of its operations twice; ``Client.operation`` tells what became of
-    one). None: a new random one per call.
+    one). None: a new random one per call. ``data_lanes`` is the most
+    data-plane connections to one daemon a large read or write is striped
+    across (0: the default, 4; 1: one connection per transfer).
+    ``local_path=False`` reads daemons of this host over their sockets
+    instead of mapping their memory (benchmarks of the wire use it).
     """
     if address is None:
         address = _os.environ.get("TESSERA_ADDRESS") or DEFAULT_ADDRESS
@@ -381,4 +386,5 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
     if token is not None:
         _tessera.set_token(token)
     return Client(_tessera.Client.connect(address, float(timeout),
-                                          request_id or ""))
+                                          request_id or "", int(data_lanes),
+                                          bool(local_path)))

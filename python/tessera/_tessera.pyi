@@ -100,7 +100,8 @@ class ReadPlan:
 class Client:
     @staticmethod
     def connect(address: str, timeout: float = 0.0,
-                request_id: str = "") -> "Client": ...
+                request_id: str = "", data_lanes: int = 0,
+                local_path: bool = True) -> "Client": ...
     @property
     def world_size(self) -> int: ...
     @property

@@ -225,6 +225,7 @@ absl::Status Daemon::Init() {
   RpcOptions rpc;
   rpc.listen_address = JoinHostPort(o.host, o.port);
   rpc.data_port = o.data_port;
+  rpc.data_lanes = o.data_lanes;
   rpc.advertise_host = o.advertise_host;
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;

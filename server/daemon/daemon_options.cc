@@ -20,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "client/lanes.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
 #include "io/socket.h"
@@ -199,46 +201,6 @@ DaemonEnvironment ProcessEnvironment() {
   }
   env.local_address = LocalAddressFor;
   return env;
-}
-
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
-                                      absl::string_view text) {
-  struct Unit {
-    absl::string_view suffix;
-    double factor;
-  };
-  static constexpr Unit kUnits[] = {{"KiB", 1024.0},
-                                    {"MiB", 1048576.0},
-                                    {"GiB", 1073741824.0},
-                                    {"TiB", 1099511627776.0},
-                                    {"Ki", 1024.0},
-                                    {"Mi", 1048576.0},
-                                    {"Gi", 1073741824.0},
-                                    {"Ti", 1099511627776.0},
-                                    {"KB", 1e3},
-                                    {"MB", 1e6},
-                                    {"GB", 1e9},
-                                    {"TB", 1e12},
-                                    {"K", 1e3},
-                                    {"M", 1e6},
-                                    {"G", 1e9},
-                                    {"T", 1e12},
-                                    {"B", 1.0}};
-  absl::string_view number = absl::StripAsciiWhitespace(text);
-  double factor = 1;
-  for (const Unit& unit : kUnits) {
-    if (absl::ConsumeSuffix(&number, unit.suffix)) {
-      factor = unit.factor;
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(number, &value) || !(value >= 0) ||
-      value * factor > 9.0e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " must be a size such as 512MiB or 8GiB; got '", text, "'"));
-  }
-  return static_cast<int64_t>(value * factor);
 }
 
 namespace {
@@ -555,6 +517,14 @@ DaemonSettingTable DaemonSettings(const DaemonEnvironment& env) {
             source,
             " is --port's too: the data plane needs a port of its own"));
       });
+  table.Add("--data-lanes", &DaemonFlags::data_lanes)
+      .Default("0")
+      .Help("N",
+            absl::StrCat("the most data-plane connections one large fetch "
+                         "from a peer is striped across (each carries 8 MiB "
+                         "or more); 0 is the default, ",
+                         kDefaultDataLanes, "; 1 uses one connection"))
+      .Int(&DaemonOptions::data_lanes, 0, kMaxDataLanes);
   table.Add("--advertise-host", &DaemonFlags::advertise_host)
       .DefaultNote(
           "--host if specific, 127.0.0.1 for a loopback master, else this "

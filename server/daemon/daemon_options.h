@@ -67,6 +67,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "common/device.h"
 #include "common/setting_table.h"
 #include "io/socket.h"  // IsLoopbackHost
@@ -83,12 +84,6 @@ inline constexpr int kExitUsage = 2;
 
 inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kDefaultBasePort = 29600;
-
-// "512MiB", "8GiB", "1.5G", "1000000": bytes. Ki/Mi/Gi/Ti (with or
-// without a trailing B) are powers of 1024, K/M/G/T and KB/MB/GB/TB powers
-// of 1000 (as Kubernetes quantities). INVALID_ARGUMENT naming `flag`.
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view flag,
-                                      absl::string_view text);
 
 // What a daemon runs with. ResolveDaemonOptions sets every field; the
 // defaults are DaemonSettings()'s, and a field no setting gives keeps the
@@ -111,6 +106,9 @@ struct DaemonOptions {
   int port = 0;
   // The data plane's port on `host` (--data-port); 0 picks a free one.
   int data_port = 0;
+  // The most data-plane connections one large fetch from a peer is
+  // striped across (--data-lanes; client/lanes.h); 0: the default.
+  int data_lanes = 0;
   // What peers and clients dial; never empty once resolved.
   std::string advertise_host;
   Device device;
@@ -182,10 +180,11 @@ struct DaemonOptions {
 struct DaemonFlags {
   std::optional<std::string> rank, world_size, local_rank, local_world_size,
       master_addr, master_port, store, store_tls_ca, store_tls_cert,
-      store_tls_key, host, port, data_port, advertise_host, device, timeout,
-      store_timeout, shutdown_grace, lease, address_file, log_level, log_format,
-      memory_limit, tls_cert, tls_key, tls_ca, tls_refresh, auth_token_file,
-      reflection, metrics_port, metrics_host, metrics_address_file;
+      store_tls_key, host, port, data_port, data_lanes, advertise_host, device,
+      timeout, store_timeout, shutdown_grace, lease, address_file, log_level,
+      log_format, memory_limit, tls_cert, tls_key, tls_ca, tls_refresh,
+      auth_token_file, reflection, metrics_port, metrics_host,
+      metrics_address_file;
   bool insecure = false;
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> local_users;

@@ -210,6 +210,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   {
     absl::MutexLock lock(&mu_);
     server_ = std::move(server);
+    data_lanes_ = options.data_lanes;
   }
 
   // Claim the name first: two workers with one name would make placements
@@ -329,7 +330,7 @@ absl::StatusOr<std::shared_ptr<ShardClient>> Rank::ClientFor(
   if (clients_[rpc_rank] == nullptr) {
     clients_[rpc_rank] = ShardClient::Create(
         workers_[rpc_rank].address, workers_[rpc_rank].data_plane_address,
-        workers_[rpc_rank].local_address);
+        workers_[rpc_rank].local_address, data_lanes_);
   }
   return clients_[rpc_rank];
 }

@@ -116,6 +116,9 @@ struct RpcOptions {
   // and server reflection. Process-wide gRPC settings: every server the
   // process builds afterwards gets them too.
   bool health_and_reflection = false;
+  // The most data-plane connections this rank stripes one large fetch
+  // from a peer across (client/lanes.h): 0 the default, 1 one each.
+  int data_lanes = 0;
 };
 
 struct RankShutdownOptions {
@@ -237,6 +240,7 @@ class Rank : public WorkerResolver {
   absl::flat_hash_map<std::string, int64_t> tensor_counts_ ABSL_GUARDED_BY(mu_);
   // RPC state, set once by InitRpc.
   int rpc_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  int data_lanes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string rpc_address_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> worker_ranks_ ABSL_GUARDED_BY(mu_);

@@ -49,6 +49,29 @@ def test_request_ids_are_checked_before_any_call(daemons):
             tessera.connect(daemons.addresses[0], request_id=bad)
 
 
+def test_lanes_and_transports_read_and_write_the_same_bytes(daemons):
+    # 40 MiB on one daemon: striped across lanes over the data plane (the
+    # local path off), or not, each read and write agreeing with numpy.
+    setup = tessera.connect(daemons.addresses[0])
+    t = setup.create("laned", [40, 1 << 18], tessera.chunk(0, ["rank:1/cpu"]))
+    try:
+        expected = np.arange(40 * (1 << 18), dtype=np.float32).reshape(
+            40, 1 << 18)
+        for lanes in (1, 3, 0):
+            c = tessera.connect(daemons.addresses[0], data_lanes=lanes,
+                                local_path=False)
+            view = c.open("laned")
+            view.write((0, 0), expected * lanes)
+            assert np.array_equal(view.read(), expected * lanes)
+            box = view.read_region((5, 7), (30, 1000))
+            assert np.array_equal(box, expected[5:35, 7:1007] * lanes)
+    finally:
+        setup.delete(t.name)
+    for bad in (-1, 17):
+        with pytest.raises(tessera.InvalidArgumentError, match="data_lanes"):
+            tessera.connect(daemons.addresses[0], data_lanes=bad)
+
+
 def test_request_ids_are_idempotency_keys(daemons):
     rows = tessera.chunk(0, ["rank:0/cpu", "rank:1/cpu"])
     for address in daemons.addresses[:2]:

@@ -992,5 +992,162 @@ TEST_F(DataPlaneWriteTest, CancellingAWriteToAStalledServerEndsIt) {
   canceller.join();
 }
 
+// ---- lanes (client/lanes.h)
+// --------------------------------------------------
+
+namespace lanes_test {
+
+// A float32 tensor of `rows` rows of 1 MiB each, every element `value`.
+Tensor Rows(int64_t rows, float value) {
+  Tensor tensor = *Tensor::Empty({rows, int64_t{1} << 18});
+  float* data = tensor.data<float>();
+  for (int64_t i = 0; i < tensor.numel(); ++i) data[i] = value;
+  return tensor;
+}
+
+// The distinct threads a transfer's on_chunk ran on: one per lane.
+class LaneThreads {
+ public:
+  std::function<void(int64_t)> Callback() {
+    return [this](int64_t) {
+      absl::MutexLock lock(&mu_);
+      threads_.insert(std::this_thread::get_id());
+    };
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu_);
+    return threads_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::set<std::thread::id> threads_;
+};
+
+}  // namespace lanes_test
+
+TEST_F(DataPlaneServerTest, LargeFetchesAreStripedAcrossLanes) {
+  const Tensor shard =
+      Serve("big", Filled({40, int64_t{1} << 18}, DType::kFloat32, 5));
+  // 40 MiB: 4 lanes by default, as many as asked up to one per 8 MiB.
+  for (const auto& [asked, taken] :
+       std::vector<std::pair<int, size_t>>{{0, 4}, {1, 1}, {3, 3}, {16, 5}}) {
+    SCOPED_TRACE(absl::StrCat("lanes ", asked));
+    lanes_test::LaneThreads threads;
+    FetchOptions options = Chunked(0);
+    options.lanes = asked;
+    options.on_chunk = threads.Callback();
+    ASSERT_OK_AND_ASSIGN(Tensor destination,
+                         Tensor::Zeros(shard.sizes(), TensorOptions()));
+    ASSERT_OK(client_->FetchShardInto("big", 1, destination, options));
+    EXPECT_EQ(RowMajorBytes(destination), RowMajorBytes(shard));
+    EXPECT_EQ(threads.count(), taken);
+  }
+  // A box of rows 3..38 and columns 1000..(end - 7) into a strided view.
+  const int64_t columns = (int64_t{1} << 18) - 1007;
+  ASSERT_OK_AND_ASSIGN(Tensor wide,
+                       Tensor::Zeros({35, columns + 4}, TensorOptions()));
+  ASSERT_OK_AND_ASSIGN(Tensor box, wide.Narrow(1, 2, columns));
+  lanes_test::LaneThreads threads;
+  FetchOptions options = Chunked(0);
+  options.on_chunk = threads.Callback();
+  int64_t version = -1;
+  options.served_version = &version;
+  ASSERT_OK(client_->FetchRegionInto("big", 1, {3, 1000}, box, options));
+  ASSERT_OK_AND_ASSIGN(const Tensor rows, shard.Narrow(0, 3, 35));
+  ASSERT_OK_AND_ASSIGN(const Tensor expected, rows.Narrow(1, 1000, columns));
+  EXPECT_EQ(RowMajorBytes(box), RowMajorBytes(expected));
+  EXPECT_EQ(threads.count(), 4u);
+  EXPECT_EQ(version, 0);
+  // A destination that is not the shard's shape is refused.
+  ASSERT_OK_AND_ASSIGN(Tensor wrong,
+                       Tensor::Zeros({36, int64_t{1} << 18}, TensorOptions()));
+  EXPECT_FALSE(client_->FetchShardInto("big", 1, wrong, Chunked(0)).ok());
+  // An unknown tensor fails every lane the same way.
+  EXPECT_THAT(client_->FetchShardInto("missing", 1, wrong, Chunked(0)),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_OK(ServesGoodClient());
+}
+
+TEST_F(DataPlaneServerTest, LanesReadOneVersionWhilePublishesGoOn) {
+  // Versions of 24 MiB (3 lanes), each holding its own number everywhere,
+  // published as fast as they can be made while striped reads run: every
+  // read holds one version, never parts of two.
+  constexpr int64_t kRows = 24;
+  ASSERT_OK(registry_->Register(
+      "v", testing::AsLocalShard(lanes_test::Rows(kRows, 1), 1, 3)));
+  registry_->PublishVersion("v", 1, "v");
+  std::atomic<bool> stop{false};
+  std::thread publisher([&] {
+    for (int64_t n = 2; !stop.load() && n < 400; ++n) {
+      const std::string id = VersionId("v", n);
+      ASSERT_OK(registry_->Register(
+          id, testing::AsLocalShard(lanes_test::Rows(kRows, n), 1, 3)));
+      registry_->PublishVersion("v", n, id);
+      if (n > 6) {
+        // Kept: the last 5, as a daemon keeps versions_kept.
+        registry_->ForgetVersion("v", n - 5);
+        registry_->Unregister(VersionId("v", n - 5));
+      }
+    }
+  });
+  ASSERT_OK_AND_ASSIGN(
+      Tensor destination,
+      Tensor::Zeros({kRows, int64_t{1} << 18}, TensorOptions()));
+  int read = 0;
+  int64_t last = 0;
+  for (int i = 0; i < 40; ++i) {
+    FetchOptions options = Chunked(0);
+    options.lanes = 3;
+    int64_t version = 0;
+    options.served_version = &version;
+    const absl::Status status =
+        client_->FetchRegionInto("v", 1, {0, 0}, destination, options);
+    if (absl::IsNotFound(status)) continue;  // Its version fell out.
+    ASSERT_OK(status);
+    ++read;
+    const float* values = destination.data<float>();
+    for (int64_t k = 0; k < destination.numel(); k += 4099) {
+      ASSERT_EQ(values[k], static_cast<float>(version)) << "element " << k;
+    }
+    ASSERT_EQ(values[destination.numel() - 1], static_cast<float>(version));
+    EXPECT_GE(version, last);
+    last = version;
+  }
+  stop = true;
+  publisher.join();
+  EXPECT_GT(read, 20);
+}
+
+TEST_F(DataPlaneWriteTest, LargeWritesAreStripedAcrossLanes) {
+  const Tensor shard = Serve("big", lanes_test::Rows(40, 0));
+  const Tensor data = Filled({33, int64_t{1} << 18}, DType::kFloat32, 6);
+  for (const auto& [asked, taken] :
+       std::vector<std::pair<int, size_t>>{{0, 4}, {1, 1}, {2, 2}}) {
+    SCOPED_TRACE(absl::StrCat("lanes ", asked));
+    lanes_test::LaneThreads threads;
+    RegionWriteOptions options = WriteOptions();
+    options.lanes = asked;
+    options.on_chunk = threads.Callback();
+    ASSERT_OK_AND_ASSIGN(const bool written,
+                         client_->WriteRegion("big", 1, {4, 0}, data, options));
+    EXPECT_TRUE(written);
+    EXPECT_EQ(threads.count(), taken);
+    ASSERT_OK_AND_ASSIGN(const Tensor rows, shard.Narrow(0, 4, 33));
+    EXPECT_EQ(RowMajorBytes(rows), RowMajorBytes(data));
+    ASSERT_OK_AND_ASSIGN(const Tensor before, shard.Narrow(0, 0, 4));
+    EXPECT_EQ(RowMajorBytes(before), RowMajorBytes(lanes_test::Rows(4, 0)));
+  }
+  // A box that is no dense run (a column slice) is left to gRPC whole:
+  // nothing written.
+  ASSERT_OK_AND_ASSIGN(const Tensor columns, data.Narrow(1, 0, 100000));
+  EXPECT_THAT(client_->WriteRegion("big", 1, {0, 7}, columns, WriteOptions()),
+              IsOkAndHolds(false));
+  // A box past the shard: every lane refused, no byte written.
+  EXPECT_THAT(client_->WriteRegion("big", 1, {10, 0}, data, WriteOptions()),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_OK(ServesGoodClient());
+}
+
 }  // namespace
 }  // namespace tessera
