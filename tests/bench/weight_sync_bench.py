@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,12 +44,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "weight_sync")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, HERE)
+from bench_hosts import NetnsPair, free_port, iperf3  # noqa: E402
 
 
 def read_bytes(client) -> int:
@@ -114,36 +109,6 @@ def tessera_run(args, build: str) -> dict:
             "bytes_needed": needed}
 
 
-class NetnsPair:
-    """Two network namespaces joined by one veth pair (10.214.N.1 and .2),
-    loopback up in each; removed by close()."""
-
-    def __init__(self) -> None:
-        n = os.getpid() % 200 + 20
-        self.names = [f"tws{os.getpid()}a", f"tws{os.getpid()}b"]
-        self.addresses = [f"10.214.{n}.1", f"10.214.{n}.2"]
-        ends = [f"twsa{os.getpid() % 100000}", f"twsb{os.getpid() % 100000}"]
-        self._ip("link", "add", ends[0], "type", "veth", "peer", "name",
-                 ends[1])
-        for ns, end, address in zip(self.names, ends, self.addresses):
-            self._ip("netns", "add", ns)
-            self._ip("link", "set", end, "netns", ns)
-            self._ip("-n", ns, "addr", "add", f"{address}/24", "dev", end)
-            self._ip("-n", ns, "link", "set", end, "up")
-            self._ip("-n", ns, "link", "set", "lo", "up")
-
-    @staticmethod
-    def _ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    def exec(self, host: int) -> list:
-        return ["ip", "netns", "exec", self.names[host]]
-
-    def close(self) -> None:
-        for ns in self.names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 def hosts_run(args, build: str) -> dict:
     """Tessera across two netns hosts, and iperf3 between them."""
     server = os.path.join(build, "bin", "tessera-server")
@@ -186,16 +151,9 @@ def hosts_run(args, build: str) -> dict:
             lines = [json.loads(line) for line in f if line.strip()]
         # iperf3 between the same hosts: the server (with the daemons)
         # sends, the client (with the readers) receives, 2 streams.
-        iperf = subprocess.Popen(hosts.exec(0) + ["iperf3", "-s", "-1"],
-                                 stdout=subprocess.DEVNULL)
-        time.sleep(0.5)
-        result = subprocess.run(
-            hosts.exec(1) + ["iperf3", "-c", hosts.addresses[0], "-R",
-                             "-P", "2", "-t", "5", "-J"],
-            check=True, capture_output=True, text=True, timeout=60)
-        iperf.wait(timeout=10)
-        iperf_gbs = json.loads(result.stdout)["end"]["sum_received"][
-            "bits_per_second"] / 8e9
+        iperf_gbs = iperf3(hosts.addresses[0], streams=2, reverse=True,
+                           seconds=5, server_prefix=hosts.exec(0),
+                           client_prefix=hosts.exec(1))
     finally:
         for d in daemons:
             d.terminate()

@@ -1,0 +1,168 @@
+#!/usr/bin/python3
+"""The wire against its limit (docs/benchmarks.md, "The wire"): one
+client reading and writing one daemon's shard over the data plane with 1,
+2 and 4 lanes (client/lanes.h), next to iperf3 between the same two ends
+on the same run.
+
+- loopback (always): the client and one daemon on this host; the client
+  takes the data plane (its local path off, so that every byte crosses a
+  socket), against `iperf3 -l 1M` with 1 stream and with 4.
+- --hosts (root, iproute2): the daemon on one network-namespace host, the
+  client on another, one veth pair between them; reads against
+  `iperf3 -R -P N` (the daemon's side sends), writes against
+  `iperf3 -P N`, N = 1, 2, 4.
+
+Each Tessera row is the median of --reps transfers of a --mib MiB float32
+tensor held whole by the daemon, into (or from) one preallocated buffer;
+each ratio is against the limit measured in the same run, named in the
+row. Prints one JSON object per line.
+
+    python3 tests/bench/wire_bench.py --build BUILD_DIR [--hosts] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_hosts import Daemons, NetnsPair, iperf3  # noqa: E402
+
+COLUMNS = 1024
+
+
+def client_role(args) -> None:
+    """Runs in the client's host: prints one JSON list of measurements."""
+    import numpy
+    import tessera
+    rows = args.mib * (1 << 20) // (4 * COLUMNS)
+    setup = tessera.connect(args.address, local_path=False)
+    spec = tessera.chunk(0, ["rank:0/cpu"])
+    name = f"wire_bench_{os.getpid()}"
+    t = setup.create(name, (rows, COLUMNS), spec)
+    data = numpy.arange(rows * COLUMNS, dtype=numpy.float32).reshape(
+        rows, COLUMNS)
+    t.write((0, 0), data)
+    out = numpy.zeros_like(data)
+    results = []
+    for lanes in args.lanes:
+        c = tessera.connect(args.address, local_path=False, data_lanes=lanes)
+        view = c.open(name)
+        for op in ("read", "write"):
+            seconds = []
+            for rep in range(-1, args.reps):  # rep -1 warms up
+                start = time.perf_counter()
+                if op == "read":
+                    view.read_region((0, 0), (rows, COLUMNS), out=out)
+                else:
+                    view.write((0, 0), data)
+                if rep >= 0:
+                    seconds.append(time.perf_counter() - start)
+            if op == "read" and not numpy.array_equal(out, data):
+                raise SystemExit(f"lanes {lanes}: the bytes read differ")
+            median = statistics.median(seconds)
+            results.append({"op": op, "lanes": lanes, "seconds": median,
+                            "best_s": min(seconds),
+                            "gbs": data.nbytes / median / 1e9})
+    setup.delete(name)
+    print(json.dumps(results))
+
+
+def run_client(args, address: str, prefix: list) -> list:
+    command = prefix + [sys.executable, os.path.abspath(__file__),
+                        "--role", "client", "--address", address,
+                        "--mib", str(args.mib), "--reps", str(args.reps),
+                        "--lanes", *[str(n) for n in args.lanes]]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(args.build, "python") + (
+        ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    result = subprocess.run(command, capture_output=True, text=True,
+                            env=env, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"the client failed:\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def report(where: str, transport: str, measured: list, limits: dict,
+           mib: int) -> None:
+    """Prints the limits, then each Tessera row with its ratio against the
+    best limit of its direction (reads: the daemon's side sends)."""
+    for (op, streams), gbs in sorted(limits.items()):
+        print(json.dumps({"bench": "iperf3", "where": where, "direction": op,
+                          "streams": streams, "gbs": round(gbs, 3)}))
+    for row in measured:
+        direction = {k: v for k, v in limits.items() if k[0] == row["op"]}
+        best = max(direction, key=direction.get)
+        print(json.dumps({
+            "bench": f"tessera_{row['op']}", "where": where,
+            "transport": transport, "lanes": row["lanes"], "mib": mib,
+            "p50_s": round(row["seconds"], 4), "gbs": round(row["gbs"], 3),
+            "limit": f"iperf3 {best[1]} stream(s)",
+            "limit_gbs": round(direction[best], 3),
+            "ratio": round(row["gbs"] / direction[best], 3)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", default=os.path.join(
+        os.path.dirname(os.path.dirname(HERE)), "build"))
+    parser.add_argument("--hosts", action="store_true",
+                        help="also across two network-namespace hosts")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small smoke run for ctest")
+    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--lanes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--role", choices=["main", "client"], default="main")
+    parser.add_argument("--address", default="")
+    args = parser.parse_args()
+    if args.role == "client":
+        client_role(args)
+        return
+    if args.quick:
+        args.mib, args.reps = 32, 1
+    seconds = 1 if args.quick else 4
+    server = os.path.join(args.build, "bin", "tessera-server")
+
+    daemons = Daemons(server, 1)
+    try:
+        measured = run_client(args, daemons.address, [])
+    finally:
+        daemons.close()
+    limits = {("read", n): iperf3("127.0.0.1", streams=n, length="1M",
+                                  seconds=seconds) for n in (1, 4)}
+    limits.update({("write", n): v for (_, n), v in limits.items()})
+    report("loopback", "data plane (local path off)", measured, limits,
+           args.mib)
+
+    if not args.hosts:
+        return
+    hosts = NetnsPair()
+    try:
+        daemons = Daemons(server, 1, host=hosts.addresses[0],
+                          prefix=hosts.exec(0), insecure=True)
+        try:
+            measured = run_client(args, daemons.address, hosts.exec(1))
+        finally:
+            daemons.close()
+        limits = {}
+        for n in (1, 2, 4):
+            for op, reverse in (("read", True), ("write", False)):
+                limits[(op, n)] = iperf3(
+                    hosts.addresses[0], streams=n, reverse=reverse,
+                    seconds=seconds, server_prefix=hosts.exec(0),
+                    client_prefix=hosts.exec(1))
+        report("two netns hosts, one veth", "data plane", measured, limits,
+               args.mib)
+    finally:
+        hosts.close()
+
+
+if __name__ == "__main__":
+    main()
