@@ -169,7 +169,7 @@ absl::StatusOr<ClientCredentials> ResolveCredentials(
 }
 
 absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
-    const ConnectionFlags& flags) {
+    const ConnectionFlags& flags, ClientOptions options) {
   const std::string address = ResolveAddress(flags);
   ASSIGN_OR_RETURN(ClientCredentials credentials, ResolveCredentials(flags));
   const bool tls = credentials.tls.enabled();
@@ -178,7 +178,6 @@ absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
     SetProcessToken(*std::move(credentials.token));
   }
   RETURN_IF_ERROR(ProcessToken().status());
-  ClientOptions options;
   options.timeout = Timeout(flags);
   options.request_id = flags.request_id;
   absl::StatusOr<std::shared_ptr<Client>> client =

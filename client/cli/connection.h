@@ -95,9 +95,10 @@ absl::StatusOr<ClientCredentials> ResolveCredentials(
 // INVALID_ARGUMENT as ResolveCredentials (and for an unreadable
 // $TESSERA_TOKEN_FILE) before anything is dialled; otherwise the error
 // names the address and, when nothing answered or the token was refused,
-// what to change.
+// what to change. `options` gives the rest (transports, lanes); its timeout
+// and request id are the flags'.
 absl::StatusOr<std::shared_ptr<Client>> ConnectToCluster(
-    const ConnectionFlags& flags);
+    const ConnectionFlags& flags, ClientOptions options = {});
 
 // ConnectToCluster, then Client::Open(name): the view of one tensor (it
 // keeps the connection alive).

@@ -2,6 +2,7 @@
 // its Add*Command function (see client/cli/command.h); list new ones here.
 #include <iostream>
 
+#include "client/cli/bench_command.h"
 #include "client/cli/command.h"
 #include "client/cli/create_command.h"
 #include "client/cli/describe_command.h"
@@ -31,6 +32,7 @@ constexpr tessera::cli::AddCommandFn kCommands[] = {
     &tessera::cli::AddLoadCommand,     &tessera::cli::AddPlanCommand,
     &tessera::cli::AddTopCommand,      &tessera::cli::AddOpCommand,
     &tessera::cli::AddVersionsCommand, &tessera::cli::AddWatchCommand,
+    &tessera::cli::AddBenchCommand,
 };
 
 }  // namespace

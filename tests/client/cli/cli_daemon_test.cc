@@ -233,6 +233,59 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
   EXPECT_EQ(Run({"watch", "cli_nv", "--idle-timeout", "1"}).exit_code, 2);
 }
 
+// `tessera bench` against real daemons: a table per daemon, a JSON
+// document whose fit agrees with its own points, the scratch tensors gone
+// afterwards, and usage errors refused before anything is made.
+TEST_F(CliDaemonTest, BenchMeasuresEachTransportAndCleansUp) {
+  ASSERT_NE(cluster_, nullptr);
+  CliResult json = Run({"bench", "--rank", "1", "--sizes", "4KiB,64KiB,1MiB",
+                        "--lanes", "1,2", "--reps", "3", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const nlohmann::json shown =
+      nlohmann::json::parse(json.output, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(shown.is_discarded()) << json.output;
+  ASSERT_EQ(shown["daemons"].size(), 1u);
+  const nlohmann::json& daemon = shown["daemons"][0];
+  EXPECT_EQ(daemon["rank"], 1);
+  std::set<std::string> seen;
+  for (const nlohmann::json& row : daemon["rows"]) {
+    seen.insert(absl::StrCat(row["transport"].get<std::string>(), "/",
+                             row["lanes"].get<int>(), "/",
+                             row["op"].get<std::string>()));
+    ASSERT_EQ(row["points"].size(), 3u);
+    for (const nlohmann::json& point : row["points"]) {
+      EXPECT_GT(point["p50_s"].get<double>(), 0);
+    }
+    // The fit explains the largest point within a factor of 2.
+    const double bytes = row["points"][2]["bytes"].get<double>();
+    const double seconds = row["points"][2]["p50_s"].get<double>();
+    const double gbs = row["gbs"].get<double>();
+    if (gbs > 0) {
+      const double fitted =
+          row["per_op_us"].get<double>() * 1e-6 + bytes / (gbs * 1e9);
+      EXPECT_LT(fitted, 2 * seconds) << row.dump();
+      EXPECT_GT(fitted, seconds / 2) << row.dump();
+    }
+  }
+  for (const std::string& expected : {"data_plane/1/read", "data_plane/2/write",
+                                      "grpc/0/read", "local_path/0/write"}) {
+    EXPECT_TRUE(seen.count(expected)) << expected << ": " << json.output;
+  }
+  EXPECT_THAT(Run({"ls"}).output, Not(HasSubstr("tessera_bench")));
+  // The table form names each size and the fit's columns.
+  CliResult table = Run({"bench", "--rank", "0", "--sizes", "4KiB,8KiB",
+                         "--lanes", "1", "--reps", "2"});
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("rank 0 at "));
+  EXPECT_THAT(table.output, HasSubstr("PER-OP"));
+  EXPECT_THAT(table.output, HasSubstr("8.00 KiB"));
+  // Usage errors: exit 2, nothing created.
+  EXPECT_EQ(Run({"bench", "--rank", "9"}).exit_code, 2);
+  EXPECT_EQ(Run({"bench", "--lanes", "0"}).exit_code, 2);
+  EXPECT_EQ(Run({"bench", "--sizes", "lots"}).exit_code, 2);
+  EXPECT_THAT(Run({"ls"}).output, Not(HasSubstr("tessera_bench")));
+}
+
 TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
   ASSERT_NE(cluster_, nullptr);
   CliResult health = Run({"health"});

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "client/cli/bench_command.h"
 #include "client/cli/connection.h"
 #include "client/cli/create_command.h"
 #include "client/cli/fetch_command.h"
@@ -715,6 +716,28 @@ TEST(TopTest, CallersMistakesAreNotErrors) {
                            "OUT_OF_RANGE", "PERMISSION_DENIED"}) {
     EXPECT_TRUE(IsCallerOutcome(code)) << code;
   }
+}
+
+TEST(BenchFitTest, RecoversPerOpCostAndRate) {
+  // 20 us per op and 2.5 GB/s, exactly.
+  const std::vector<int64_t> bytes = {4096, 65536, 1 << 20, 16 << 20};
+  std::vector<double> seconds;
+  for (int64_t b : bytes) seconds.push_back(20e-6 + b / 2.5e9);
+  const TwoTermFit fit = FitTwoTerms(bytes, seconds);
+  EXPECT_NEAR(fit.per_op_seconds, 20e-6, 1e-9);
+  EXPECT_NEAR(fit.bytes_per_second, 2.5e9, 1e3);
+  // Noisy points (10% either way): still within 15%.
+  std::vector<double> noisy = seconds;
+  for (size_t i = 0; i < noisy.size(); ++i) noisy[i] *= i % 2 ? 1.1 : 0.9;
+  const TwoTermFit rough = FitTwoTerms(bytes, noisy);
+  EXPECT_NEAR(rough.per_op_seconds, 20e-6, 3e-6);
+  EXPECT_NEAR(rough.bytes_per_second, 2.5e9, 0.375e9);
+  // Times that do not grow with size: a per-op cost, no rate.
+  const TwoTermFit flat = FitTwoTerms({4096, 8192}, {1e-3, 1e-3});
+  EXPECT_EQ(flat.bytes_per_second, 0);
+  EXPECT_NEAR(flat.per_op_seconds, 1e-3, 1e-9);
+  // Nothing to fit.
+  EXPECT_EQ(FitTwoTerms({}, {}).per_op_seconds, 0);
 }
 
 }  // namespace
