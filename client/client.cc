@@ -24,6 +24,7 @@
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/grpc_status.h"
+#include "wire/message_digest.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
 #include "wire/version_id.h"
@@ -571,14 +572,44 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::List() const {
 }
 
 absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
+  std::shared_ptr<const Opened> cached;
+  {
+    absl::MutexLock lock(&opened_mu_);
+    auto it = opened_.find(name);
+    if (it != opened_.end()) cached = it->second;
+  }
+  if (cached != nullptr) {
+    // What the daemon would answer now, digested, over the data plane: the
+    // same as what this client holds, it is used again. Anything else (a
+    // change, an error, no data plane) asks the daemon through gRPC.
+    const absl::StatusOr<uint64_t> digest =
+        cluster_->coordinator().shards->DescribeDigest(
+            name, absl::Now() + cluster_->options().timeout);
+    if (digest.ok() && *digest == cached->digest) {
+      return ShardedTensorView(cluster_, cached->info, cached->metadata);
+    }
+  }
   v1::DescribeNamedTensorRequest request;
   request.set_name(name);
-  ASSIGN_OR_RETURN(
-      Described opened,
+  absl::StatusOr<Described> opened =
       Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
-               absl::StrCat("opening tensor ", name)));
-  return ShardedTensorView(cluster_, std::move(opened.info),
-                           std::move(opened.metadata));
+               absl::StrCat("opening tensor ", name));
+  if (!opened.ok()) {
+    absl::MutexLock lock(&opened_mu_);
+    opened_.erase(name);
+    return opened.status();
+  }
+  auto entry = std::make_shared<Opened>(
+      Opened{MessageDigest(opened->info), opened->info, opened->metadata});
+  {
+    absl::MutexLock lock(&opened_mu_);
+    if (opened_.size() >= kMaxOpenedCache && !opened_.count(name)) {
+      opened_.clear();
+    }
+    opened_[name] = std::move(entry);
+  }
+  return ShardedTensorView(cluster_, std::move(opened->info),
+                           std::move(opened->metadata));
 }
 
 namespace {

@@ -38,9 +38,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/lanes.h"
@@ -310,7 +313,13 @@ class Client {
       const std::string& request_id) const;
   // Every tensor, sorted by name.
   absl::StatusOr<std::vector<ShardedTensorView>> List() const;
-  // The tensor named `name`; NOT_FOUND when there is none.
+  // The tensor named `name`; NOT_FOUND when there is none. A tensor this
+  // client opened before is checked, not fetched again: the connected
+  // daemon gives the digest of its description over the data plane (one
+  // small exchange, no gRPC call), and the description this client holds
+  // is used again when the digests agree (any change to the tensor, its
+  // id, layout, versions or holders' states changes the digest); otherwise,
+  // and without a data plane, the daemon describes it through gRPC.
   absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
   // Create, Delete, Reshard, Save and Load are logged calls: each carries a
   // request id (ClientOptions::request_id) and is retried with it, up to
@@ -391,7 +400,19 @@ class Client {
  private:
   explicit Client(std::shared_ptr<internal_client::Cluster> cluster);
 
+  // A description Open received, with its digest (wire/message_digest.h).
+  struct Opened {
+    uint64_t digest = 0;
+    v1::TensorInfo info;
+    ShardedTensorMetadata metadata;
+  };
+  // Open's cache holds at most this many (then it starts over).
+  static constexpr size_t kMaxOpenedCache = 4096;
+
   std::shared_ptr<internal_client::Cluster> cluster_;
+  mutable absl::Mutex opened_mu_;
+  mutable absl::flat_hash_map<std::string, std::shared_ptr<const Opened>>
+      opened_ ABSL_GUARDED_BY(opened_mu_);
 };
 
 }  // namespace tessera

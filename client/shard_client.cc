@@ -842,6 +842,30 @@ absl::StatusOr<bool> ShardClient::WriteStream(
   return true;
 }
 
+absl::StatusOr<uint64_t> ShardClient::DescribeDigest(
+    const std::string& name, absl::Time deadline) const {
+  if (data_plane_address_.empty()) {
+    return absl::FailedPreconditionError("no data plane to ask");
+  }
+  v1::DataPlaneRequest framed;
+  framed.mutable_describe_digest()->set_name(name);
+  ASSIGN_OR_RETURN(Exchange exchange,
+                   Request(framed.SerializeAsString(), deadline, nullptr));
+  const std::string what = absl::StrCat("the digest of tensor ", name);
+  v1::DescribeDigestReply reply;
+  if (!reply.ParseFromString(exchange.reply) || reply.code() < 0 ||
+      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+  }
+  Release(std::move(exchange), nullptr);
+  if (reply.code() != 0) {
+    return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                                 reply.message()),
+                    what);
+  }
+  return reply.digest();
+}
+
 absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(
     absl::string_view tensor_id, absl::Duration timeout) const {
   grpc::ClientContext context;

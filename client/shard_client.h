@@ -188,6 +188,15 @@ class ShardClient {
   absl::StatusOr<TensorDescription> DescribeTensor(
       absl::string_view tensor_id,
       absl::Duration timeout = absl::Seconds(10)) const;
+  // Over the data plane: the digest (wire/message_digest.h) of what the
+  // daemon's ControlService.DescribeTensor would answer for the tensor
+  // `name` now (a DescribeDigestRequest on a pooled connection).
+  // FAILED_PRECONDITION when this client knows no data plane; the server's
+  // errors (NOT_FOUND, UNIMPLEMENTED from a server that is no daemon,
+  // UNAVAILABLE while it is not serving, UNAUTHENTICATED...) or the
+  // connection's (UNAVAILABLE, DEADLINE_EXCEEDED at `deadline`).
+  absl::StatusOr<uint64_t> DescribeDigest(const std::string& name,
+                                          absl::Time deadline) const;
 
  private:
   // Runs one fetch: over the local path when options allow and it can be

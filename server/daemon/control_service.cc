@@ -174,6 +174,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
   return control_internal::Done(context, accepting);
 }
 
+absl::StatusOr<v1::TensorInfo> ControlServiceImpl::Describe(
+    const std::string& name) const {
+  return core_->Describe(name);
+}
+
 grpc::ServerUnaryReactor* ControlServiceImpl::DescribeTensor(
     grpc::CallbackServerContext* context,
     const v1::DescribeNamedTensorRequest* request, v1::TensorInfo* response) {

@@ -106,6 +106,10 @@ class ControlServiceImpl final : public ControlServiceBase {
   // How many log entries this daemon has executed or skipped (for tests
   // and monitoring).
   int64_t applied_ops() const;
+  // What DescribeTensor answers for `name` now (UNAVAILABLE while not
+  // serving, NOT_FOUND for an unknown name); the data plane's
+  // DescribeDigestRequests ask it (RpcOptions::describe).
+  absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
 
   grpc::ServerUnaryReactor* GetCluster(grpc::CallbackServerContext* context,
                                        const v1::GetClusterRequest* request,

@@ -226,6 +226,10 @@ absl::Status Daemon::Init() {
   rpc.listen_address = JoinHostPort(o.host, o.port);
   rpc.data_port = o.data_port;
   rpc.data_lanes = o.data_lanes;
+  // Clients' cached opens check their descriptions over the data plane.
+  rpc.describe = [control = control_.get()](const std::string& name) {
+    return control->Describe(name);
+  };
   rpc.advertise_host = o.advertise_host;
   rpc.services = {control_.get()};
   rpc.health_and_reflection = true;

@@ -4,10 +4,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/daemon/control_ops.h"
-#include "xxhash.h"
+#include "wire/message_digest.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -62,14 +60,7 @@ uint64_t OpOutcomes::Digest(const v1::ControlOp& op) {
   request.clear_request_id();
   request.clear_deadline_unix_nanos();
   request.clear_client_request_id();
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    request.SerializeToCodedStream(&coded);
-  }
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return MessageDigest(request);
 }
 
 std::optional<Replayed> OpOutcomes::Replay(const v1::ControlOp& op) const {

@@ -202,6 +202,7 @@ absl::Status Rank::InitRpc(const RpcOptions& options) {
   server_options.services = options.services;
   server_options.health_and_reflection = options.health_and_reflection;
   server_options.local_users = options.local_users;
+  server_options.describe = options.describe;
   ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server,
                    ShardServer::Start(registry_, std::move(server_options)));
   const std::string address = server->address();

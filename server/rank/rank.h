@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,6 +51,7 @@
 #include "server/collective/reformable_group.h"
 #include "server/serve/shard_registry.h"
 #include "server/store/store.h"
+#include "tessera/v1/control.pb.h"
 
 namespace grpc {
 class Server;
@@ -116,6 +118,11 @@ struct RpcOptions {
   // and server reflection. Process-wide gRPC settings: every server the
   // process builds afterwards gets them too.
   bool health_and_reflection = false;
+  // What DescribeTensor answers for a name, for the data plane's
+  // DescribeDigestRequests (ShardServerOptions::describe); null: none.
+  // Must outlive Shutdown(), as the services.
+  std::function<absl::StatusOr<v1::TensorInfo>(const std::string& name)>
+      describe;
   // The most data-plane connections this rank stripes one large fetch
   // from a peer across (client/lanes.h): 0 the default, 1 one each.
   int data_lanes = 0;

@@ -17,6 +17,7 @@
 #include "wire/auth.h"
 #include "wire/chunk_assembler.h"
 #include "wire/chunk_codec.h"
+#include "wire/message_digest.h"
 #include "wire/replicas.h"
 #include "xxhash.h"
 
@@ -112,6 +113,9 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
   const absl::Status write_allowed = AuthorizeToken(
       token,
       absl::StrCat(v1::ControlService::service_full_name(), "/WriteRegion"));
+  const absl::Status describe_allowed = AuthorizeToken(
+      token,
+      absl::StrCat(v1::ControlService::service_full_name(), "/DescribeTensor"));
   // A refused request is answered, and its connection closed.
   const auto refuse = [&](const absl::Status& status) {
     SendError(stream, status, absl::Now() + options_.io_timeout).IgnoreError();
@@ -144,6 +148,10 @@ void DataPlaneServer::Serve(ConnectionServer::Connection& connection) {
         if (request.has_write()) {
           if (!write_allowed.ok()) return refuse(write_allowed);
           return AnswerWrite(stream, request.write()).ok();
+        }
+        if (request.has_describe_digest()) {
+          if (!describe_allowed.ok()) return refuse(describe_allowed);
+          return AnswerDescribeDigest(stream, request.describe_digest()).ok();
         }
         if (!fetch_allowed.ok()) return refuse(fetch_allowed);
         return AnswerFetch(stream, request.fetch()).ok();
@@ -312,6 +320,24 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   }
   return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }
+absl::Status DataPlaneServer::AnswerDescribeDigest(
+    DataConnection& stream, const v1::DescribeDigestRequest& request) {
+  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  v1::DescribeDigestReply reply;
+  if (!options_.describe) {
+    reply = ErrorReply<v1::DescribeDigestReply>(absl::UnimplementedError(
+        "this server describes no tensors (it is no daemon)"));
+    return SendReply(stream, reply, deadline);
+  }
+  absl::StatusOr<v1::TensorInfo> info = options_.describe(request.name());
+  if (!info.ok()) {
+    return SendReply(stream, ErrorReply<v1::DescribeDigestReply>(info.status()),
+                     deadline);
+  }
+  reply.set_digest(MessageDigest(*info));
+  return SendReply(stream, reply, deadline);
+}
+
 void DataPlaneServer::Shutdown(absl::Duration grace) {
   if (connections_ != nullptr) connections_->Shutdown(grace);
 }

@@ -35,12 +35,18 @@
 // closed. Malformed input (wrong magic, oversized or unparsable frames) closes
 // that connection only; the server never aborts.
 //
+// It answers DescribeDigestRequests too (with `describe`, a daemon's
+// table): the digest of what DescribeTensor would answer for a name, so
+// that a client's cached Open costs one small exchange on a pooled
+// connection instead of a gRPC call (docs/data_plane.md, "Cached opens").
+//
 // Security (docs/security.md): with `tls`, every connection is TLS (mutual
 // when the context has a CA), handshaken within io_timeout. With a
 // process token table (wire/auth.h), a connection's token (sent after
-// kDataPlaneTokenMagic) must allow ShardService/FetchShard for fetches and
-// ControlService/WriteRegion for writes; otherwise the request is answered
-// UNAUTHENTICATED or PERMISSION_DENIED and the connection closed.
+// kDataPlaneTokenMagic) must allow ShardService/FetchShard for fetches,
+// ControlService/WriteRegion for writes and ControlService/DescribeTensor
+// for digests; otherwise the request is answered UNAUTHENTICATED or
+// PERMISSION_DENIED and the connection closed.
 //
 // Thread-safety: Start/Shutdown from one owner thread; port()/address()
 // from any. Shutdown(grace) (idempotent; also run by the destructor, with
@@ -51,6 +57,7 @@
 #ifndef TESSERA_SERVER_SERVE_DATA_PLANE_SERVER_H_
 #define TESSERA_SERVER_SERVE_DATA_PLANE_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -59,6 +66,7 @@
 #include "server/serve/connection_server.h"
 #include "server/serve/shard_registry.h"
 #include "server/serve/shard_service.h"
+#include "tessera/v1/control.pb.h"
 #include "wire/data_connection.h"
 
 namespace tessera {
@@ -79,6 +87,12 @@ struct DataPlaneServerOptions {
   bool accept_writes = false;
   // TLS for every connection (wire/data_connection.h); null: plaintext.
   std::shared_ptr<TlsContext> tls;
+  // What ControlService.DescribeTensor answers for a name (a daemon's
+  // table), to answer DescribeDigestRequests from clients whose token
+  // allows DescribeTensor; null: they are answered UNIMPLEMENTED. Called
+  // from connection threads; must be thread-safe and outlive Shutdown().
+  std::function<absl::StatusOr<v1::TensorInfo>(const std::string& name)>
+      describe;
 };
 
 class DataPlaneServer {
@@ -111,6 +125,8 @@ class DataPlaneServer {
                            const v1::FetchShardRequest& request);
   absl::Status AnswerWrite(DataConnection& stream,
                            const v1::BulkWriteRequest& request);
+  absl::Status AnswerDescribeDigest(DataConnection& stream,
+                                    const v1::DescribeDigestRequest& request);
 
   const std::string host_;
   const int port_;

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     data_plane_options.chunks = service_options;
     data_plane_options.accept_writes = options.accept_writes;
     data_plane_options.port = options.data_port;
+    data_plane_options.describe = options.describe;
     // TLS like the gRPC server's (the process's configuration).
     absl::StatusOr<std::shared_ptr<TlsContext>> tls = ProcessServerTlsContext();
     if (!tls.ok()) {

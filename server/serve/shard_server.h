@@ -18,6 +18,7 @@
 #define TESSERA_SERVER_SERVE_SHARD_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,11 @@ struct ShardServerOptions {
   std::vector<uid_t> local_users;
   // More services on the gRPC server. Not owned.
   std::vector<grpc::Service*> services;
+  // The data plane's answer to DescribeDigestRequests
+  // (DataPlaneServerOptions::describe): what DescribeTensor answers. Must
+  // outlive Shutdown(), as the services.
+  std::function<absl::StatusOr<v1::TensorInfo>(const std::string& name)>
+      describe;
   // grpc.health.v1 (NOT_SERVING until the owner says otherwise through
   // grpc_server()->GetHealthCheckService()) and server reflection.
   // Process-wide gRPC settings.

@@ -2,8 +2,9 @@
 // DataPlaneServer that takes writes (as a daemon's does) listens on
 // 127.0.0.1 and serves one registered 16 x 16 float32 CPU shard. Each input
 // is one connection: its first byte picks the magic (TSRBULK1..4), the
-// rest is sent as the connection's bytes after it (frames of fetches and
-// writes, tokens, chunk prefixes and payloads, or garbage), the write side
+// rest is sent as the connection's bytes after it (frames of fetches,
+// writes and describe digests, tokens, chunk prefixes and payloads, or
+// garbage), the write side
 // is closed, and the server's replies are read until it closes the
 // connection. The server must answer or close, never crash, hang, overrun
 // the shard or leak; every 64 inputs a fetch through a real ShardClient
@@ -60,6 +61,15 @@ Fixture& Get() {
     DataPlaneServerOptions options;
     options.accept_writes = true;
     options.io_timeout = absl::Seconds(2);
+    // As a daemon's table answers DescribeDigestRequests.
+    options.describe =
+        [](const std::string& name) -> absl::StatusOr<v1::TensorInfo> {
+      if (name != "t") return absl::NotFoundError("unknown tensor");
+      v1::TensorInfo info;
+      info.set_name("t");
+      info.set_tensor_id("0/0");
+      return info;
+    };
     f->server = *DataPlaneServer::Start("127.0.0.1", f->registry, options);
     f->client = ShardClient::Create("127.0.0.1:1", f->server->address());
     return f;

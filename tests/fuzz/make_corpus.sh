@@ -112,6 +112,12 @@ write='tensor_id: "t" shard_index: 0 region_offsets: [4, 0] region_sizes: [1, 16
   printf '\x03'; printf 'a-token' | frame32
   echo "write { $write replica: true }" | enc DataPlaneRequest | frame32
 } >"$d/token_write"
+{
+  printf '\x02'
+  echo 'describe_digest { name: "t" }' | enc DataPlaneRequest | frame32
+  echo 'describe_digest { name: "missing" }' | enc DataPlaneRequest | frame32
+  echo "fetch { $fetch }" | enc DataPlaneRequest | frame32
+} >"$d/describe_digest"
 
 # --- Regressions: inputs that once crashed a target (base64), kept as seeds.
 # proto_convert_fuzz: a chunk spec over a dimension of ~2^63 entries

@@ -402,6 +402,18 @@ TEST_F(AuthTest, TokensWithoutTls) {
   EXPECT_EQ(
       code(tt::RawFetch(data_address, id, kDataPlaneTokenMagic, kReadToken)),
       0);
+  // Describe digests (a client's cached Open) need the read role too.
+  absl::StatusOr<v1::DescribeDigestReply> stranger_digest =
+      tt::RawDescribeDigest(data_address, view->name(), kUnknownToken);
+  ASSERT_OK(stranger_digest.status());
+  EXPECT_EQ(stranger_digest->code(),
+            static_cast<int>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(stranger_digest->digest(), 0u);
+  absl::StatusOr<v1::DescribeDigestReply> reader_digest =
+      tt::RawDescribeDigest(data_address, view->name(), kReadToken);
+  ASSERT_OK(reader_digest.status());
+  EXPECT_EQ(reader_digest->code(), 0) << reader_digest->message();
+  EXPECT_NE(reader_digest->digest(), 0u);
 
   // Writes over the data plane need the write role, as WriteRegion does.
   absl::StatusOr<v1::BulkWriteReply> read_only =

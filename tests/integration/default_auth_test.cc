@@ -270,6 +270,9 @@ TEST(DefaultAuthStranger, IsRefusedEverywhere) {
   EXPECT_EQ(code(tt::RawWrite(target["data"], target["tensor"], 8,
                               "guessed-token-0123456")),
             static_cast<int>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(code(tt::RawDescribeDigest(target["data"], "any-name",
+                                       "guessed-token-0123456")),
+            static_cast<int>(absl::StatusCode::kUnauthenticated));
 
   // The local path: refused by the kernel's word on who is calling, for a
   // read and for a write.

@@ -1,6 +1,7 @@
 // One raw call of the data plane (docs/data_plane.md) over a plaintext
-// TCP connection, for tests of who the daemons let in: a fetch or a write
-// go-ahead, with or without a token, and the daemon's reply as it sent it.
+// TCP connection, for tests of who the daemons let in: a fetch, a write
+// go-ahead or a describe digest, with or without a token, and the daemon's
+// reply as it sent it.
 //
 // Thread-compatible: each call opens and closes its own connection; every
 // call ends within ten seconds.
@@ -46,6 +47,33 @@ inline absl::StatusOr<v1::BulkFetchReply> RawFetch(
   return reply;
 }
 
+// A connection to `address` that opened with kDataPlaneRequestTokenMagic
+// and presented `token`.
+inline absl::StatusOr<DataConnection> RawTokenConnection(
+    const std::string& address, const std::string& token, absl::Time deadline) {
+  ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
+  DataConnection connection = DataConnection::Plain(std::move(socket));
+  RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestTokenMagic.data(),
+                                       kDataPlaneRequestTokenMagic.size(),
+                                       deadline));
+  RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
+  return connection;
+}
+
+// Sends `request` on `connection` and parses the reply frame as a `Reply`.
+template <typename Reply>
+absl::StatusOr<Reply> RawExchange(DataConnection& connection,
+                                  const v1::DataPlaneRequest& request,
+                                  absl::Time deadline) {
+  RETURN_IF_ERROR(connection.WriteFrame(request.SerializeAsString(), deadline));
+  ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
+  Reply reply;
+  if (!reply.ParseFromString(frame)) {
+    return absl::DataLossError("unparsable reply");
+  }
+  return reply;
+}
+
 // The go-ahead (or refusal) of a raw data-plane write of row 0 of shard 0
 // of `tensor_id` (float32, `cols` wide) by a client presenting `token`; its
 // status when the daemon closed the connection instead.
@@ -54,12 +82,8 @@ inline absl::StatusOr<v1::BulkWriteReply> RawWrite(const std::string& address,
                                                    int64_t cols,
                                                    const std::string& token) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  ASSIGN_OR_RETURN(UniqueFd socket, ConnectTcp(address, deadline));
-  DataConnection connection = DataConnection::Plain(std::move(socket));
-  RETURN_IF_ERROR(connection.WriteFull(kDataPlaneRequestTokenMagic.data(),
-                                       kDataPlaneRequestTokenMagic.size(),
-                                       deadline));
-  RETURN_IF_ERROR(connection.WriteFrame(token, deadline));
+  ASSIGN_OR_RETURN(DataConnection connection,
+                   RawTokenConnection(address, token, deadline));
   v1::DataPlaneRequest request;
   v1::BulkWriteRequest& write = *request.mutable_write();
   write.set_tensor_id(tensor_id);
@@ -69,13 +93,20 @@ inline absl::StatusOr<v1::BulkWriteReply> RawWrite(const std::string& address,
   write.add_region_sizes(cols);
   write.set_dtype(v1::DTYPE_FLOAT32);
   write.set_total_bytes(cols * 4);
-  RETURN_IF_ERROR(connection.WriteFrame(request.SerializeAsString(), deadline));
-  ASSIGN_OR_RETURN(std::string frame, connection.ReadFrame(deadline));
-  v1::BulkWriteReply reply;
-  if (!reply.ParseFromString(frame)) {
-    return absl::DataLossError("unparsable reply");
-  }
-  return reply;
+  return RawExchange<v1::BulkWriteReply>(connection, request, deadline);
+}
+
+// The reply to one DescribeDigestRequest for `name` by a client presenting
+// `token`; its status when the daemon closed the connection instead.
+inline absl::StatusOr<v1::DescribeDigestReply> RawDescribeDigest(
+    const std::string& address, const std::string& name,
+    const std::string& token) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ASSIGN_OR_RETURN(DataConnection connection,
+                   RawTokenConnection(address, token, deadline));
+  v1::DataPlaneRequest request;
+  request.mutable_describe_digest()->set_name(name);
+  return RawExchange<v1::DescribeDigestReply>(connection, request, deadline);
 }
 
 }  // namespace tessera::testing

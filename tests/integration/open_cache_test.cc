@@ -1,0 +1,155 @@
+// Client::Open's cache against 4 real daemons: a tensor opened before is
+// checked with a digest over the data plane and never served stale: after
+// a delete and a create of the same name, a reshard, a published version
+// and a daemon's restart, Open answers what DescribeTensor answers; and a
+// repeated Open of an unchanged tensor makes no gRPC call (the daemon's
+// DescribeTensor counter does not move).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/version_writer.h"
+#include "common/sharding_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::StatusIs;
+
+constexpr int kWorld = 4;
+
+ShardingSpec Rows(int ranks) {
+  std::vector<std::string> placements;
+  for (int r = 0; r < ranks; ++r) {
+    placements.push_back(absl::StrCat("rank:", r, "/cpu"));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+// DescribeTensor calls rank 0 answered so far (tessera_rpcs_total).
+double Describes(const Client& client) {
+  const absl::StatusOr<v1::DaemonStats> stats = client.Stats()[0];
+  if (!stats.ok()) return -1;
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(stats->metrics(), '\n')) {
+    if (!absl::StartsWith(line, "tessera_rpcs_total{") ||
+        !absl::StrContains(line, "ControlService/DescribeTensor\"")) {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      total += value;
+    }
+  }
+  return total;
+}
+
+class OpenCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(cluster_,
+                         DaemonCluster::Start(testing::QuietClusterOptions(
+                             kWorld, TESSERA_SERVER_PATH)));
+    ClientOptions options;
+    options.timeout = absl::Seconds(20);
+    ASSERT_OK_AND_ASSIGN(client_,
+                         Client::Connect(cluster_->address(0), options));
+    ASSERT_OK_AND_ASSIGN(other_,
+                         Client::Connect(cluster_->address(1), options));
+  }
+
+  std::unique_ptr<DaemonCluster> cluster_;
+  std::shared_ptr<Client> client_;
+  // Another process's view of the cluster, changing what client_ cached.
+  std::shared_ptr<Client> other_;
+};
+
+TEST_F(OpenCacheTest, UnchangedTensorsAreCheckedWithoutAGrpcCall) {
+  ASSERT_OK(client_->Create("w", {16, 4}, Rows(4)).status());
+  ASSERT_OK_AND_ASSIGN(const ShardedTensorView first, client_->Open("w"));
+  const double before = Describes(*client_);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK_AND_ASSIGN(const ShardedTensorView again, client_->Open("w"));
+    EXPECT_EQ(again.tensor_id(), first.tensor_id());
+    EXPECT_EQ(again.info().SerializeAsString(),
+              first.info().SerializeAsString());
+  }
+  EXPECT_EQ(Describes(*client_), before);
+  // Without a data plane every open asks through gRPC.
+  ClientOptions grpc_only;
+  grpc_only.data_plane = false;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> plain,
+                       Client::Connect(cluster_->address(0), grpc_only));
+  for (int i = 0; i < 3; ++i) ASSERT_OK(plain->Open("w").status());
+  EXPECT_EQ(Describes(*client_), before + 3);
+}
+
+TEST_F(OpenCacheTest, EveryChangeIsSeenAtTheNextOpen) {
+  ASSERT_OK(client_->Create("c", {16, 4}, Rows(4)).status());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView opened, client_->Open("c"));
+  const std::string first_id = opened.tensor_id();
+
+  // Deleted and created again, with another shape, by another client.
+  ASSERT_OK(other_->Delete("c"));
+  EXPECT_THAT(client_->Open("c"),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  ASSERT_OK(other_->Create("c", {8, 2}, Rows(2)).status());
+  ASSERT_OK_AND_ASSIGN(opened, client_->Open("c"));
+  EXPECT_NE(opened.tensor_id(), first_id);
+  EXPECT_EQ(opened.sizes(), (std::vector<int64_t>{8, 2}));
+
+  // Resharded.
+  ASSERT_OK(other_->Reshard("c", Rows(4)).status());
+  ASSERT_OK_AND_ASSIGN(opened, client_->Open("c"));
+  EXPECT_EQ(opened.metadata().shards_metadata.size(), 4u);
+
+  // A versioned tensor: each publish is seen.
+  CreateOptions versioned;
+  versioned.versions = 3;
+  ASSERT_OK(client_->Create("v", {8, 2}, Rows(4), versioned).status());
+  ASSERT_OK_AND_ASSIGN(opened, client_->Open("v"));
+  const int64_t published = opened.version();
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, other_->Begin({"v"}));
+    ASSERT_OK(writer.Publish().status());
+    ASSERT_OK_AND_ASSIGN(opened, client_->Open("v"));
+    EXPECT_EQ(opened.version(), published + step);
+  }
+}
+
+TEST_F(OpenCacheTest, ADaemonRestartedIsAskedAgain) {
+  ASSERT_OK(client_->Create("r", {16, 4}, Rows(4)).status());
+  ASSERT_OK_AND_ASSIGN(const ShardedTensorView before, client_->Open("r"));
+  // Rank 2 restarts and lost its shard: the tensor's description changes
+  // (its lost shards) without any operation on it.
+  cluster_->Kill(2);
+  ASSERT_OK(cluster_->Restart(2));
+  std::string fresh;
+  for (absl::Time end = absl::Now() + absl::Seconds(20); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    // A new client has nothing cached: it asks through gRPC.
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> fresh_client,
+                         Client::Connect(cluster_->address(0)));
+    absl::StatusOr<ShardedTensorView> described = fresh_client->Open("r");
+    if (described.ok()) fresh = described->info().SerializeAsString();
+    if (!fresh.empty() && fresh != before.info().SerializeAsString()) break;
+  }
+  ASSERT_NE(fresh, before.info().SerializeAsString());
+  ASSERT_OK_AND_ASSIGN(const ShardedTensorView after, client_->Open("r"));
+  EXPECT_EQ(after.info().SerializeAsString(), fresh);
+}
+
+}  // namespace
+}  // namespace tessera
