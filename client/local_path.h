@@ -71,6 +71,10 @@ class LocalPathClient {
 
   // Whether the address names this host (the local path may work).
   bool same_host() const { return same_host_; }
+  // OK when an attempt may be made: the owner is on this host and, with
+  // `skip_after_failure`, no connect failed recently (a daemon of this host
+  // in another network namespace: its socket cannot be reached).
+  absl::Status Usable(bool skip_after_failure) const;
   const std::string& address() const { return address_; }
 
   // Fetches `request` into `assembler` over the local path, every socket
@@ -101,9 +105,6 @@ class LocalPathClient {
   absl::StatusOr<UniqueFd> TakeConnection(absl::Time deadline, bool reuse,
                                           bool* pooled) const;
   void ReturnConnection(UniqueFd socket) const;
-  // OK when an attempt may be made: the owner is on this host and, with
-  // `skip_after_failure`, no connect failed recently.
-  absl::Status Usable(bool skip_after_failure) const;
   // A reply (code 0) to one request, with its connection and the memory
   // file it lends (when its transport is SHM).
   struct Answer {

@@ -374,8 +374,10 @@ int ShardClient::FetchLanes(const FetchOptions& options, int64_t bytes) const {
       options.local_path == LocalPath::kRequired) {
     return 1;
   }
+  // A fetch the local path will take is not striped; one whose owner's
+  // socket could not be reached lately (another network namespace) is.
   const bool local = options.local_path == LocalPath::kAuto &&
-                     local_ != nullptr && local_->same_host() &&
+                     local_ != nullptr && local_->Usable(true).ok() &&
                      bytes >= options.local_min_bytes;
   if (local) return 1;
   return LaneCount(bytes, options.lanes > 0 ? options.lanes : lanes_);
