@@ -228,6 +228,27 @@ absl::Status RunLanes(size_t count, const std::shared_ptr<Cancellation>& cancel,
   return first;
 }
 
+// A data-plane reply (BulkFetchReply, BulkWriteReply, DescribeDigestReply:
+// each carries a status code and message) from `frame`; DATA_LOSS when it
+// does not parse or carries no valid code.
+template <typename Reply>
+absl::StatusOr<Reply> ParseReply(const std::string& frame,
+                                 absl::string_view what) {
+  Reply reply;
+  if (!reply.ParseFromString(frame) || reply.code() < 0 ||
+      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
+  }
+  return reply;
+}
+
+// The status a reply carries.
+template <typename Reply>
+absl::Status ReplyStatus(const Reply& reply) {
+  return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                      reply.message());
+}
+
 // `on_chunk` made safe to call from every lane at once (null stays null).
 std::function<void(int64_t)> Serialized(std::function<void(int64_t)> on_chunk,
                                         absl::Mutex* mu) {
@@ -380,7 +401,11 @@ int ShardClient::FetchLanes(const FetchOptions& options, int64_t bytes) const {
                      local_ != nullptr && local_->Usable(true).ok() &&
                      bytes >= options.local_min_bytes;
   if (local) return 1;
-  return LaneCount(bytes, options.lanes > 0 ? options.lanes : lanes_);
+  return LanesFor(bytes, options.lanes);
+}
+
+int ShardClient::LanesFor(int64_t bytes, int asked) const {
+  return LaneCount(bytes, asked > 0 ? asked : lanes_);
 }
 
 absl::Status ShardClient::FetchStriped(
@@ -393,10 +418,6 @@ absl::Status ShardClient::FetchStriped(
   std::vector<Tensor> outs;
   outs.reserve(parts.size());
   for (const LanePart& part : parts) {
-    if (parts.size() == 1) {
-      outs.push_back(destination);
-      continue;
-    }
     ASSIGN_OR_RETURN(Tensor out,
                      destination.Narrow(part.dim, part.start, part.length));
     outs.push_back(std::move(out));
@@ -521,16 +542,11 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
   absl::StatusOr<Exchange> exchange =
       Request(framed.SerializeAsString(), deadline, cancel);
   if (!exchange.ok()) return failed(exchange.status());
-  v1::BulkFetchReply reply;
-  if (!reply.ParseFromString(exchange->reply) || reply.code() < 0 ||
-      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
-  }
+  ASSIGN_OR_RETURN(const v1::BulkFetchReply reply,
+                   ParseReply<v1::BulkFetchReply>(exchange->reply, what));
   if (reply.code() != 0) {
     Release(*std::move(exchange), cancel);
-    return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                                 reply.message()),
-                    what);
+    return Annotate(ReplyStatus(reply), what);
   }
   RETURN_IF_ERROR(assembler->Start(reply.header()));
   absl::Status received =
@@ -597,27 +613,6 @@ absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
   return absl::OkStatus();
 }
 
-namespace {
-
-// A BulkWriteReply from `frame`; DATA_LOSS when it does not parse or
-// carries no valid code.
-absl::StatusOr<v1::BulkWriteReply> ParseWriteReply(const std::string& frame,
-                                                   absl::string_view what) {
-  v1::BulkWriteReply reply;
-  if (!reply.ParseFromString(frame) || reply.code() < 0 ||
-      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
-  }
-  return reply;
-}
-
-absl::Status ReplyStatus(const v1::BulkWriteReply& reply) {
-  return absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                      reply.message());
-}
-
-}  // namespace
-
 absl::StatusOr<bool> ShardClient::WriteRegion(
     absl::string_view tensor_id, int64_t shard_index,
     absl::Span<const int64_t> region_offsets, const Tensor& data,
@@ -667,8 +662,7 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
     }
     if (data_plane_address_.empty()) return false;
   }
-  const int lanes =
-      LaneCount(total, options.lanes > 0 ? options.lanes : lanes_);
+  const int lanes = LanesFor(total, options.lanes);
   if (lanes <= 1) {
     bool started = false;
     return WriteStream(framed, base, total, options, what, &started, nullptr);
@@ -686,11 +680,15 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
   absl::Mutex chunk_mu;
   RegionWriteOptions lane_options = options;
   lane_options.on_chunk = Serialized(options.on_chunk, &chunk_mu);
-  // Each lane sets its own entries; read once every lane was joined.
-  std::vector<char> started(parts.size(), 0);
-  std::vector<char> fell_back(parts.size(), 0);
-  std::vector<char> held_back(parts.size(), 0);
-  std::vector<absl::Status> statuses(parts.size());
+  // What became of each lane: set by the lane itself, read once every lane
+  // was joined.
+  struct LaneOutcome {
+    bool started = false;    // Bytes began to land.
+    bool fell_back = false;  // The server left this part to gRPC.
+    bool held_back = false;  // Sent nothing: another lane was refused.
+    absl::Status status;
+  };
+  std::vector<LaneOutcome> outcomes(parts.size());
   // No lane sends a byte before every lane has the server's go-ahead: a
   // box one lane's part of is refused (out of range, a wrong dtype, a
   // part the server leaves to gRPC) is written by none.
@@ -721,7 +719,7 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
              part.set_total_bytes(static_cast<int64_t>(slabs[i].nbytes()));
              RegionWriteOptions own = lane_options;
              own.cancel = cancel;
-             bool lane_started = false;
+             LaneOutcome& outcome = outcomes[i];
              bool at_gate = false;
              absl::StatusOr<bool> wrote = WriteStream(
                  lane, static_cast<const char*>(slabs[i].data_ptr()),
@@ -730,31 +728,29 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
                               ": rows [", parts[i].start, ", ",
                               parts[i].start + parts[i].length,
                               ") of dimension ", parts[i].dim, ")"),
-                 &lane_started, [&] {
+                 &outcome.started, [&] {
                    at_gate = true;
-                   const bool go = arrive(true);
-                   held_back[i] = !go;
-                   return go;
+                   outcome.held_back = !arrive(true);
+                   return !outcome.held_back;
                  });
              if (!at_gate) arrive(false);
-             started[i] = lane_started;
-             fell_back[i] = wrote.ok() && !*wrote;
-             statuses[i] = wrote.status();
+             outcome.fell_back = wrote.ok() && !*wrote;
+             outcome.status = wrote.status();
              // A lane held back at the gate is no failure of its own.
-             return held_back[i] ? absl::OkStatus() : wrote.status();
+             return outcome.held_back ? absl::OkStatus() : wrote.status();
            });
   bool any_started = false;
   bool any_fell_back = false;
   absl::Status status;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    any_started = any_started || started[i] != 0;
-    any_fell_back = any_fell_back || fell_back[i] != 0;
+  for (const LaneOutcome& outcome : outcomes) {
+    any_started = any_started || outcome.started;
+    any_fell_back = any_fell_back || outcome.fell_back;
     // The lane's own failure; a CANCELLED one only when no other lane
     // failed (it may have been cancelled because another did).
-    if (!held_back[i] && !statuses[i].ok() &&
+    if (!outcome.held_back && !outcome.status.ok() &&
         (status.ok() ||
-         (absl::IsCancelled(status) && !absl::IsCancelled(statuses[i])))) {
-      status = statuses[i];
+         (absl::IsCancelled(status) && !absl::IsCancelled(outcome.status)))) {
+      status = outcome.status;
     }
   }
   if (!status.ok()) {
@@ -794,7 +790,7 @@ absl::StatusOr<bool> ShardClient::WriteStream(
   absl::StatusOr<Exchange> exchange = Request(serialized, deadline, cancel);
   if (!exchange.ok()) return failed(exchange.status());
   ASSIGN_OR_RETURN(const v1::BulkWriteReply go,
-                   ParseWriteReply(exchange->reply, what));
+                   ParseReply<v1::BulkWriteReply>(exchange->reply, what));
   if (go.code() != 0 || go.fallback()) {
     Release(*std::move(exchange), cancel);
     if (go.code() != 0) return Annotate(ReplyStatus(go), what);
@@ -832,7 +828,8 @@ absl::StatusOr<bool> ShardClient::WriteStream(
   }
   absl::StatusOr<std::string> last = socket.ReadFrame(deadline);
   if (!last.ok()) return failed(last.status());
-  ASSIGN_OR_RETURN(const v1::BulkWriteReply done, ParseWriteReply(*last, what));
+  ASSIGN_OR_RETURN(const v1::BulkWriteReply done,
+                   ParseReply<v1::BulkWriteReply>(*last, what));
   // The server read the whole stream either way: the connection is in step.
   Release(*std::move(exchange), cancel);
   if (done.code() != 0) return failed(ReplyStatus(done));
@@ -854,17 +851,10 @@ absl::StatusOr<uint64_t> ShardClient::DescribeDigest(
   ASSIGN_OR_RETURN(Exchange exchange,
                    Request(framed.SerializeAsString(), deadline, nullptr));
   const std::string what = absl::StrCat("the digest of tensor ", name);
-  v1::DescribeDigestReply reply;
-  if (!reply.ParseFromString(exchange.reply) || reply.code() < 0 ||
-      reply.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return absl::DataLossError(absl::StrCat(what, ": malformed reply"));
-  }
+  ASSIGN_OR_RETURN(const v1::DescribeDigestReply reply,
+                   ParseReply<v1::DescribeDigestReply>(exchange.reply, what));
   Release(std::move(exchange), nullptr);
-  if (reply.code() != 0) {
-    return Annotate(absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                                 reply.message()),
-                    what);
-  }
+  if (reply.code() != 0) return Annotate(ReplyStatus(reply), what);
   return reply.digest();
 }
 

@@ -222,6 +222,8 @@ class ShardClient {
   // The lanes a fetch of `bytes` with `options` takes: 1 unless it goes
   // over the data plane (no local path taken) and is large enough.
   int FetchLanes(const FetchOptions& options, int64_t bytes) const;
+  // LaneCount of `bytes` with the count `asked` (0: this client's).
+  int LanesFor(int64_t bytes, int asked) const;
   // A data-plane fetch of the box at `region_offsets` into `destination`
   // striped across `lanes` connections; the version read (the same for
   // every part) in *version, the shard's metadata in *metadata.
