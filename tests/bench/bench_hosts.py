@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -56,7 +57,8 @@ class Daemons:
     """`world` tessera-server processes on one host (`prefix`: the command
     that runs a process there, [] for this one), listening on `host`;
     insecure (open) when `insecure`, else in the default per-user token
-    mode. address is rank 0's. close() stops them."""
+    mode. address is rank 0's; scratch holds their address files and is
+    their checkpoint root. close() stops them and removes scratch."""
 
     def __init__(self, server: str, world: int, host: str = "127.0.0.1",
                  prefix: Optional[list] = None, insecure: bool = False,
@@ -95,6 +97,7 @@ class Daemons:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def iperf3(address: str, streams: int = 1, reverse: bool = False,

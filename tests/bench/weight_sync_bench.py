@@ -39,13 +39,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "weight_sync")
 sys.path.insert(0, HERE)
-from bench_hosts import NetnsPair, free_port, iperf3  # noqa: E402
+from bench_hosts import Daemons, NetnsPair, free_port, iperf3  # noqa: E402
 
 
 def read_bytes(client) -> int:
@@ -113,29 +112,12 @@ def hosts_run(args, build: str) -> dict:
     """Tessera across two netns hosts, and iperf3 between them."""
     server = os.path.join(build, "bin", "tessera-server")
     hosts = NetnsPair()
-    scratch = tempfile.mkdtemp(prefix="tessera-ws-hosts-")
-    daemons = []
+    daemons = None
     try:
-        master = free_port()
-        for rank in range(4):
-            daemons.append(subprocess.Popen(
-                hosts.exec(0) + [
-                    server, "--rank", str(rank), "--world-size", "4",
-                    "--master-addr", hosts.addresses[0], "--master-port",
-                    str(master), "--host", hosts.addresses[0], "--port", "0",
-                    "--local-rank", str(rank), "--local-world-size", "4",
-                    "--device", "cpu", "--insecure", "--log-level", "warn",
-                    "--address-file", os.path.join(scratch, f"rank{rank}"),
-                    "--checkpoint-root", scratch],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        path = os.path.join(scratch, "rank0")
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(path) and open(path).read().strip()):
-            if time.monotonic() > deadline:
-                raise SystemExit("the daemons did not start")
-            time.sleep(0.1)
-        time.sleep(1)  # the others
-        address = open(path).read().strip()
+        daemons = Daemons(server, 4, host=hosts.addresses[0],
+                          prefix=hosts.exec(0), insecure=True)
+        address = daemons.address
+        scratch = daemons.scratch
         events = os.path.join(scratch, "events.jsonl")
         command = [sys.executable, os.path.join(EXAMPLE, "weight_sync.py"),
                    "all", "--address", address, "--interval",
@@ -155,13 +137,8 @@ def hosts_run(args, build: str) -> dict:
                            seconds=5, server_prefix=hosts.exec(0),
                            client_prefix=hosts.exec(1))
     finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            try:
-                d.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                d.kill()
+        if daemons is not None:
+            daemons.close()
         hosts.close()
     runs = [e for e in lines if e["event"] == "read" and e["new"]]
     per_reader = [e["bytes"] / e["run_s"] / 1e9 for e in runs]
