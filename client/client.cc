@@ -588,6 +588,11 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
     if (digest.ok() && *digest == cached->digest) {
       return ShardedTensorView(cluster_, cached->info, cached->metadata);
     }
+    // A daemon that did not answer within the call's deadline (stalled)
+    // has spent it: asking again through gRPC would wait a second one.
+    if (absl::IsDeadlineExceeded(digest.status())) {
+      return Annotate(digest.status(), absl::StrCat("opening tensor ", name));
+    }
   }
   v1::DescribeNamedTensorRequest request;
   request.set_name(name);

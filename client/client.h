@@ -319,7 +319,10 @@ class Client {
   // small exchange, no gRPC call), and the description this client holds
   // is used again when the digests agree (any change to the tensor, its
   // id, layout, versions or holders' states changes the digest); otherwise,
-  // and without a data plane, the daemon describes it through gRPC.
+  // and without a data plane, the daemon describes it through gRPC. A
+  // daemon that does not answer the digest within the deadline
+  // (ClientOptions::timeout) gives DEADLINE_EXCEEDED then, as the gRPC call
+  // would.
   absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
   // Create, Delete, Reshard, Save and Load are logged calls: each carries a
   // request id (ClientOptions::request_id) and is retried with it, up to

@@ -4,6 +4,8 @@
 // and a daemon's restart, Open answers what DescribeTensor answers; and a
 // repeated Open of an unchanged tensor makes no gRPC call (the daemon's
 // DescribeTensor counter does not move).
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -149,6 +151,26 @@ TEST_F(OpenCacheTest, ADaemonRestartedIsAskedAgain) {
   ASSERT_NE(fresh, before.info().SerializeAsString());
   ASSERT_OK_AND_ASSIGN(const ShardedTensorView after, client_->Open("r"));
   EXPECT_EQ(after.info().SerializeAsString(), fresh);
+}
+
+TEST_F(OpenCacheTest, AStalledDaemonCostsOneDeadlineNotTwo) {
+  ASSERT_OK(client_->Create("s", {16, 4}, Rows(4)).status());
+  ClientOptions brief;
+  brief.timeout = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> impatient,
+                       Client::Connect(cluster_->address(0), brief));
+  ASSERT_OK(impatient->Open("s").status());  // Cached from now on.
+  cluster_->daemon(0).Signal(SIGSTOP);
+  const absl::Time start = absl::Now();
+  const absl::Status stalled = impatient->Open("s").status();
+  const absl::Duration took = absl::Now() - start;
+  cluster_->daemon(0).Signal(SIGCONT);
+  // The digest's wait spent the call's deadline: no gRPC call after it.
+  EXPECT_THAT(stalled,
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  EXPECT_LT(took, absl::Seconds(3)) << stalled;
+  // Once the daemon runs again the cached open works again.
+  EXPECT_OK(impatient->Open("s").status());
 }
 
 }  // namespace
