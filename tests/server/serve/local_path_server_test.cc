@@ -34,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file.h"
+#include "io/subprocess.h"
 #include "io/unix_socket.h"
 #include "server/rank/rank.h"
 #include "server/serve/data_plane_server.h"
@@ -56,6 +57,10 @@ using ::testing::HasSubstr;
 
 // Bound on every wait of the test itself.
 constexpr absl::Duration kWait = absl::Seconds(10);
+// What LocalPathAsNobody.Asks asks: "<socket>\n<0 or 1: write>\n<refusal>".
+constexpr char kAskEnv[] = "TESSERA_TEST_ASK_AS_NOBODY";
+constexpr char kCannotRunReason[] =
+    "nobody cannot run this test binary (a directory above it is private)";
 // The local path's fetches never use the gRPC channel (connecting is
 // lazy), and a fallback to it fails fast: nothing listens there.
 constexpr char kNoGrpc[] = "127.0.0.1:1";
@@ -233,7 +238,8 @@ TEST(StorageWrapTest, ReleasesOnceAndViewsAreBoundsChecked) {
 // ---- LocalPathServer, spoken to raw ---------------------------------------
 
 class LocalPathServerTest : public ::testing::Test {
- protected:
+ public:
+  // Public for LocalPathAsNobody, the same asks from another process.
   static constexpr char kId[] = "t";
 
   void SetUp() override {
@@ -324,42 +330,41 @@ class LocalPathServerTest : public ::testing::Test {
     return ReceiveLocalMessage(fd, absl::Now() + kWait).status();
   }
 
-  // Run as uid nobody in a child process: asks for shard kId (to write it,
-  // with `write`). 0: refused FAILED_PRECONDITION with `refusal` in the
-  // message and no memory file; 1: lent a memory file; 2: anything else.
+  // This test binary run again as uid nobody (LocalPathAsNobody.Asks,
+  // through setpriv) asks for shard kId (to write it, with `write`). A
+  // fresh process, not a fork of this multithreaded one: a forked child
+  // that allocates can wait forever on a lock another thread held at the
+  // fork (ASan's allocator does not lock around fork). 0: refused
+  // FAILED_PRECONDITION with `refusal` in the message and no memory file;
+  // 1: lent a memory file; kCannotRun: nobody cannot run this binary;
+  // anything else: failed.
+  static constexpr int kCannotRun = 127;
   static int AskAsNobody(const std::string& socket_name, bool write,
                          absl::string_view refusal) {
-    constexpr uid_t kNobody = 65534;
-    const pid_t child = fork();
-    if (child == 0) {
-      if (setresgid(kNobody, kNobody, kNobody) != 0 ||
-          setresuid(kNobody, kNobody, kNobody) != 0) {
-        _exit(3);
-      }
-      absl::StatusOr<UniqueFd> socket =
-          ConnectLocal(socket_name, absl::Now() + kWait);
-      if (!socket.ok() ||
-          !SendLocalMessage(socket->get(), kLocalMagic, absl::Now() + kWait)
-               .ok()) {
-        _exit(4);
-      }
-      v1::LocalFetchRequest request;
-      request.mutable_request()->set_tensor_id(kId);
-      request.set_write(write);
-      UniqueFd fd;
-      absl::StatusOr<v1::LocalFetchReply> reply =
-          Ask(socket->get(), request.SerializeAsString(), &fd);
-      if (!reply.ok()) _exit(5);
-      if (reply->code() ==
-              static_cast<int>(absl::StatusCode::kFailedPrecondition) &&
-          absl::StrContains(reply->message(), refusal) && !fd.valid()) {
-        _exit(0);
-      }
-      _exit(reply->code() == 0 && fd.valid() ? 1 : 2);
+    char exe[4096];
+    const ssize_t length = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (length <= 0) return -1;
+    exe[length] = '\0';
+    SpawnOptions spawn;
+    spawn.program = "setpriv";
+    spawn.search_path = true;
+    spawn.args = {"--reuid=65534", "--regid=65534", "--clear-groups", exe,
+                  "--gtest_filter=LocalPathAsNobody.Asks"};
+    spawn.env = {{kAskEnv, absl::StrCat(socket_name, "\n", write ? 1 : 0, "\n",
+                                        refusal)}};
+    spawn.stdin_null = true;
+    absl::StatusOr<Subprocess> child = Subprocess::Spawn(spawn);
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
+      return -1;
     }
-    int status = 0;
-    waitpid(child, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    const std::optional<int> status = child->WaitFor(absl::Seconds(60));
+    if (!status.has_value()) {
+      ADD_FAILURE() << "the child asking as nobody did not finish";
+      child->Kill();
+      return -1;
+    }
+    return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
   }
 
   std::shared_ptr<ShardRegistry> registry_ = std::make_shared<ShardRegistry>();
@@ -579,7 +584,9 @@ TEST_F(LocalPathServerTest, ShutdownCutsLeasesPastTheGrace) {
 // client falls back to a stream, where tokens and TLS apply.
 TEST_F(LocalPathServerTest, OnlyAllowedUsersAreServed) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as nobody";
-  EXPECT_EQ(AskAsNobody(socket_name_, false, "allowed users"), 0);
+  const int refused = AskAsNobody(socket_name_, false, "allowed users");
+  if (refused == kCannotRun) GTEST_SKIP() << kCannotRunReason;
+  EXPECT_EQ(refused, 0);
   EXPECT_EQ(server_->active_leases(), 0);
   // This user still is.
   UniqueFd socket = Lease();
@@ -601,7 +608,9 @@ TEST_F(LocalPathServerTest, OtherAllowedUsersMayReadButNotWrite) {
   options.allowed_users = {65534};
   options.accept_writes = true;
   StartServer(options);
-  EXPECT_EQ(AskAsNobody(socket_name_, false, ""), 1);
+  const int read = AskAsNobody(socket_name_, false, "");
+  if (read == kCannotRun) GTEST_SKIP() << kCannotRunReason;
+  EXPECT_EQ(read, 1);
   EXPECT_EQ(AskAsNobody(socket_name_, true, "own user only"), 0);
   EXPECT_TRUE(Eventually([&] { return server_->active_leases() == 0; }));
 }
@@ -784,6 +793,40 @@ TEST(RankLocalPathTest, WithoutTheLocalPathTheRecordHasNoLocalAddress) {
   ASSERT_OK_AND_ASSIGN(WorkerInfo worker, rank->Worker(0));
   EXPECT_EQ(worker.local_address, "");
   EXPECT_OK(rank->Shutdown());
+}
+
+// Run only by AskAsNobody, as nobody: asks once and exits with its answer.
+TEST(LocalPathAsNobody, Asks) {
+  const char* spec = std::getenv(kAskEnv);
+  if (spec == nullptr) GTEST_SKIP() << "run by LocalPathServerTest as nobody";
+  const std::vector<std::string> parts =
+      absl::StrSplit(spec, absl::MaxSplits('\n', 2));
+  ASSERT_EQ(parts.size(), 3u) << spec;
+  const int code = [&] {
+    if (geteuid() == 0) return 3;
+    absl::StatusOr<UniqueFd> socket =
+        ConnectLocal(parts[0], absl::Now() + kWait);
+    if (!socket.ok() ||
+        !SendLocalMessage(socket->get(), kLocalMagic, absl::Now() + kWait)
+             .ok()) {
+      return 4;
+    }
+    v1::LocalFetchRequest request;
+    request.mutable_request()->set_tensor_id(LocalPathServerTest::kId);
+    request.set_write(parts[1] == "1");
+    UniqueFd fd;
+    absl::StatusOr<v1::LocalFetchReply> reply = LocalPathServerTest::Ask(
+        socket->get(), request.SerializeAsString(), &fd);
+    if (!reply.ok()) return 5;
+    if (reply->code() ==
+            static_cast<int>(absl::StatusCode::kFailedPrecondition) &&
+        absl::StrContains(reply->message(), parts[2]) && !fd.valid()) {
+      return 0;
+    }
+    return reply->code() == 0 && fd.valid() ? 1 : 2;
+  }();
+  std::fflush(nullptr);
+  _exit(code);
 }
 
 }  // namespace
