@@ -545,6 +545,51 @@ TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
   EXPECT_EQ(Floats(copy_of_cols), Floats(left));
 }
 
+// A write to a tensor with two copies while the holder of one copy is
+// stalled for less than the write's deadline waits for it and succeeds;
+// once it resumes, both copies hold the new bytes.
+TEST(ResilienceTest, AReplicatedWriteWaitsOutABriefStallOfAHolder) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "10", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(25);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), client_options));
+  CreateOptions two = Sevens();
+  two.copies = 2;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("r", {6, 4}, Rows(), two));
+  // Rank 2 holds shard 2 and the copy of shard 1; rank 1 the copy of 0.
+  for (const int stalled : {2, 1}) {
+    const Tensor values = Rows6x4(100 * stalled);
+    ASSERT_EQ(kill(cluster->daemon(stalled).pid(), SIGSTOP), 0);
+    absl::Cleanup resume = [&] {
+      kill(cluster->daemon(stalled).pid(), SIGCONT);
+    };
+    std::thread resumer([&] {
+      absl::SleepFor(absl::Seconds(5));
+      kill(cluster->daemon(stalled).pid(), SIGCONT);
+    });
+    const absl::Time start = absl::Now();
+    EXPECT_OK(view.Write({0, 0}, values)) << "rank " << stalled << " stalled";
+    resumer.join();
+    std::cout << "[ resilience ] a write with rank " << stalled
+              << " stalled for 5 s took " << absl::Now() - start << "\n";
+    ASSERT_OK_AND_ASSIGN(Tensor read, view.Read());
+    EXPECT_EQ(Floats(read), Floats(values));
+    for (int shard = 0; shard < kWorld; ++shard) {
+      const int holder = (shard + 1) % kWorld;
+      ASSERT_OK_AND_ASSIGN(
+          Shard copy,
+          ShardClient::Create(cluster->address(holder))
+              ->FetchShard(ReplicaTensorId(view.tensor_id()), shard));
+      ASSERT_OK_AND_ASSIGN(Tensor rows, values.Narrow(0, 2 * shard, 2));
+      EXPECT_EQ(Floats(copy.tensor), Floats(rows)) << "copy of " << shard;
+    }
+  }
+}
+
 // Every value of a tensor with two copies survives owners killed while
 // reads and writes run, and the restarted owners' refills (in the
 // background: writes that arrive meanwhile are kept).
