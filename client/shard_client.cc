@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -607,8 +608,10 @@ absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
     ASSIGN_OR_RETURN(char* place, assembler->Place(chunk.offset, chunk.length));
     RETURN_IF_ERROR(
         stream.ReadFull(place, static_cast<size_t>(chunk.length), deadline));
-    RETURN_IF_ERROR(
-        assembler->Verify(chunk.offset, chunk.length, chunk.checksum));
+    RETURN_IF_ERROR(assembler->Verify(
+        chunk.offset, chunk.length,
+        stream.authenticated() ? std::nullopt
+                               : std::optional<uint64_t>(chunk.checksum)));
   }
   return absl::OkStatus();
 }
@@ -815,7 +818,9 @@ absl::StatusOr<bool> ShardClient::WriteStream(
     const char* chunk = base + sent_bytes;
     EncodeChunkPrefix(
         ChunkPrefix{sent_bytes, size,
-                    XXH3_64bits(chunk, static_cast<size_t>(size))},
+                    socket.authenticated()
+                        ? kUncheckedChunk
+                        : XXH3_64bits(chunk, static_cast<size_t>(size))},
         prefix);
     absl::Status wrote =
         socket.WriteFull(prefix, sizeof(prefix), deadline, /*more=*/true);

@@ -411,8 +411,9 @@ absl::Status ShardAssembler::CheckCancel() const {
 }
 
 absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
-                                    uint64_t checksum) {
-  if (XXH3_64bits(placed_, static_cast<size_t>(length)) != checksum) {
+                                    std::optional<uint64_t> checksum) {
+  if (checksum.has_value() &&
+      XXH3_64bits(placed_, static_cast<size_t>(length)) != *checksum) {
     return ChecksumMismatch(offset);
   }
   if (landing_ != nullptr) {

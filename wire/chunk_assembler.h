@@ -151,7 +151,9 @@ class ShardAssembler {
   // straight into place: Start takes the header; Place checks that a chunk
   // of `length` (> 0) bytes at `offset` continues the stream and fits, and
   // returns where its bytes go; Verify hashes them there (DATA_LOSS on a
-  // mismatch) and advances.
+  // mismatch) and advances. A `checksum` of nullopt: the bytes came over a
+  // channel that authenticates them already (TLS's AEAD record tags,
+  // DataConnection::authenticated()), they are not hashed again.
   absl::Status Start(const v1::ShardHeader& header);
   // Instead of chunks, all bytes at once (the local path, which reads the
   // owner's memory where it lies): the header is checked as by Start, then
@@ -166,7 +168,8 @@ class ShardAssembler {
   using Fill = std::function<absl::Status(const Tensor& destination)>;
   absl::Status FillFrom(const v1::ShardHeader& header, const Fill& fill);
   absl::StatusOr<char*> Place(int64_t offset, int64_t length);
-  absl::Status Verify(int64_t offset, int64_t length, uint64_t checksum);
+  absl::Status Verify(int64_t offset, int64_t length,
+                      std::optional<uint64_t> checksum);
   int64_t received_bytes() const { return sequence_.received_bytes(); }
   int64_t total_bytes() const { return sequence_.total_bytes(); }
 

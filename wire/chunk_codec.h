@@ -87,8 +87,12 @@ grpc::ByteBuffer EncodeShardChunk(const v1::ShardHeader* header, int64_t offset,
 struct ChunkPrefix {
   int64_t offset = 0;
   int64_t length = 0;
+  // XXH3-64 of the chunk's bytes; kUncheckedChunk over a connection that
+  // authenticates its bytes itself (TLS: DataConnection::authenticated()),
+  // where neither end hashes.
   uint64_t checksum = 0;
 };
+inline constexpr uint64_t kUncheckedChunk = 0;
 void EncodeChunkPrefix(const ChunkPrefix& prefix,
                        char out[kDataPlaneChunkPrefixBytes]);
 ChunkPrefix DecodeChunkPrefix(const char in[kDataPlaneChunkPrefixBytes]);

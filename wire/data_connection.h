@@ -103,6 +103,11 @@ class DataConnection {
 
   int fd() const { return fd_; }
   bool tls() const { return ssl_ != nullptr; }
+  // Whether the channel itself authenticates every byte (TLS: each record's
+  // AES-GCM or ChaCha20-Poly1305 tag), so that the data plane's per-chunk
+  // XXH3 would only repeat the check: both ends then skip it and send
+  // kUncheckedChunk (wire/chunk_codec.h) in its place.
+  bool authenticated() const { return tls(); }
 
   absl::Status ReadFull(void* data, size_t size, absl::Time deadline);
   // `more`: more bytes follow at once (MSG_MORE in the clear).

@@ -187,7 +187,9 @@ absl::Status DataPlaneServer::AnswerFetch(
   while (chunk.size > 0) {
     EncodeChunkPrefix(
         ChunkPrefix{chunk.offset, static_cast<int64_t>(chunk.size),
-                    XXH3_64bits(chunk.data, chunk.size)},
+                    stream.authenticated()
+                        ? kUncheckedChunk
+                        : XXH3_64bits(chunk.data, chunk.size)},
         prefix);
     const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
     RETURN_IF_ERROR(stream.WriteFull(prefix, sizeof(prefix), chunk_deadline,
@@ -293,8 +295,10 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
     if (failed.ok()) {
       char* place = base + chunk.offset;
       RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
-      failed = ChunkSequence::CheckChecksum(XXH3_64bits(place, length),
-                                            chunk.checksum, chunk_name);
+      if (!stream.authenticated()) {
+        failed = ChunkSequence::CheckChecksum(XXH3_64bits(place, length),
+                                              chunk.checksum, chunk_name);
+      }
       if (!failed.ok()) CountChecksumFailure(MetricsTransport::kDataPlane);
       if (failed.ok()) written += chunk.length;
     } else {

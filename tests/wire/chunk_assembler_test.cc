@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -395,6 +396,22 @@ TEST_F(ShardAssemblerTest, DataPlanePlacesAndVerifiesInPlace) {
                                  "checksum mismatch")));
   SetChecksumFailureObserver(nullptr);
   EXPECT_EQ(failures, 1);  // The data plane's path is observed too.
+}
+
+// Over a channel that authenticates its bytes (TLS), the data plane sends
+// no checksum and the assembler does not hash: the chunk is placed and
+// counted as it arrived.
+TEST_F(ShardAssemblerTest, DataPlaneOverAnAuthenticatedChannelIsNotHashed) {
+  const Tensor destination =
+      *Tensor::Empty({3, 4}, TensorOptions().WithDType(DType::kFloat32));
+  ShardAssembler assembler("t", 2, destination);
+  ASSERT_OK(assembler.Start(header_));
+  ASSERT_OK_AND_ASSIGN(char* place, assembler.Place(0, 48));
+  std::memcpy(place, bytes_.data(), 48);
+  ASSERT_OK(assembler.Verify(0, 48, std::nullopt));
+  EXPECT_EQ(assembler.received_bytes(), 48);
+  ASSERT_OK(assembler.Finish());
+  EXPECT_EQ(std::memcmp(destination.data_ptr(), bytes_.data(), 48), 0);
 }
 
 TEST_F(ShardAssemblerTest, DataPlaneWholeStream) {
