@@ -48,6 +48,7 @@
 #include "absl/types/span.h"
 #include "client/lanes.h"
 #include "client/remote_shard.h"
+#include "client/stall_watchdog.h"
 #include "common/cancellation.h"
 #include "common/dtype.h"
 #include "common/sharded_tensor_metadata.h"
@@ -87,6 +88,13 @@ struct ClientOptions {
   // striped across (client/lanes.h; docs/data_plane.md, "Lanes"): 0 is
   // kDefaultDataLanes, 1 one connection per transfer.
   int data_lanes = 0;
+  // Reads of a tensor with replicas: a holder that moves no byte of a
+  // piece for this long is given up for the next holder of the shard
+  // (client/stall_watchdog.h), so a stalled owner costs about this much,
+  // not the transfer's deadline. The last holder asked keeps the whole
+  // time left. Zero: no watch; each holder gets an even share of the time
+  // left instead.
+  absl::Duration holder_patience = kDefaultHolderPatience;
   // The request id of this client's calls (wire/request_id.h): the daemons
   // log it with the operation a call starts, and it is the operation's
   // idempotency key. A logged call (Create, Delete, Reshard, Save, Load)

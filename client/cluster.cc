@@ -1,7 +1,11 @@
 #include "client/cluster.h"
 
+#include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/stall_watchdog.h"
 #include "wire/replicas.h"
 
 namespace tessera::internal_client {
@@ -13,24 +17,36 @@ absl::Status FetchFromHolders(const Cluster& cluster,
                               const Tensor& view, FetchOptions fetch,
                               absl::Time deadline, absl::string_view what) {
   // The owner first; when it is dead, stalled or not yet refilled after a
-  // restart, each replica in turn. With replicas, each try gets an even
-  // share of the time left, so that a stalled owner leaves time for the
-  // others.
+  // restart, each replica in turn. A try that moves nothing for the
+  // patience is given up for the next holder (a stalled owner costs that,
+  // not the deadline); without a patience, each try gets an even share of
+  // the time left, so that a stalled owner leaves time for the others.
   const std::vector<int> holders = HoldersOf(info, static_cast<int>(shard));
+  const absl::Duration patience = cluster.options().holder_patience;
   absl::Status status;
   bool reconnected = false;
   for (size_t k = 0; k < holders.size(); ++k) {
     ASSIGN_OR_RETURN(std::shared_ptr<const Worker> worker,
                      cluster.worker(holders[k]));
-    fetch.local_min_bytes = cluster.options().local_min_bytes;
-    fetch.timeout =
-        (deadline - absl::Now()) / static_cast<int64_t>(holders.size() - k);
+    const std::string holder =
+        absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k], " (",
+                     worker->address.address(), ")");
+    FetchOptions attempt = fetch;
+    attempt.local_min_bytes = cluster.options().local_min_bytes;
     const std::string from = k == 0 ? id : ReplicaTensorId(id);
-    status = Annotate(
-        worker->shards->FetchRegionInto(from, static_cast<int64_t>(shard),
-                                        offsets_in_shard, view, fetch),
-        absl::StrCat(what, " from ", k == 0 ? "rank " : "replica rank ",
-                     holders[k], " (", worker->address.address(), ")"));
+    const auto fetch_from = [&](const FetchOptions& options) {
+      return worker->shards->FetchRegionInto(from, static_cast<int64_t>(shard),
+                                             offsets_in_shard, view, options);
+    };
+    if (k + 1 < holders.size() && patience > absl::ZeroDuration()) {
+      attempt.timeout = deadline - absl::Now();
+      status = FetchWatched(attempt, patience, fetch_from);
+    } else {
+      attempt.timeout =
+          (deadline - absl::Now()) / static_cast<int64_t>(holders.size() - k);
+      status = fetch_from(attempt);
+    }
+    status = Annotate(status, absl::StrCat(what, " from ", holder));
     if (status.ok() ||
         !(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
           absl::IsNotFound(status))) {

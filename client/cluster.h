@@ -229,8 +229,11 @@ class Cluster {
 // starts at `offsets_in_shard` into `view` (any strides, CPU), from the
 // id `id` (the tensor's, or a version's): from its owner, and when the
 // owner is dead, stalled or not yet refilled after a restart, from each
-// replica in turn (ReplicaTensorId(id)), each try with an even share of
-// the time left before `deadline`. A holder that restarted elsewhere is
+// replica in turn (ReplicaTensorId(id)). Each try but the last is given up
+// once it moved no byte for ClientOptions::holder_patience
+// (StallWatchdog), else it may take the time left before `deadline`; with
+// no patience set, each try gets an even share of that time. A
+// holder that restarted elsewhere is
 // asked again where it is now. `fetch` gives the chunk size, progress,
 // cancellation and served_version; its timeout is set here. Errors name
 // the holder, prefixed with `what`.

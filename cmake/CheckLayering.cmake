@@ -54,6 +54,7 @@ set(peer_fetch_headers
   client/region_transfer.h
   client/local_path.h
   client/lanes.h
+  client/stall_watchdog.h
   client/remote_shard.h)
 
 set(names)

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
+#include "client/stall_watchdog.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -224,8 +225,9 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
         if (const LocalShard* mine = Mine(registered, piece.shard)) {
           return copy_from(*mine);
         }
-        // The owner, then each replica (as the client library reads), each
-        // with an even share of the time left.
+        // The owner, then each replica (as the client library reads): a
+        // try but the last that moves nothing for kDefaultHolderPatience
+        // is given up for the next holder.
         const std::vector<int> holders =
             HoldersOf(info, static_cast<int>(piece.shard));
         absl::Status status = absl::UnavailableError(
@@ -244,22 +246,27 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
               op, " of tensor ", info.name(), ": shard ", piece.shard,
               replica ? " from replica rank " : " on rank ", holders[k]);
           FetchOptions options;
-          options.timeout = (deadline - absl::Now()) /
-                            static_cast<int64_t>(holders.size() - k);
+          options.timeout = deadline - absl::Now();
           if (options.timeout <= absl::ZeroDuration()) {
             return absl::DeadlineExceededError(
                 absl::StrCat(what, ": deadline exceeded"));
           }
           absl::StatusOr<std::shared_ptr<ShardClient>> client =
               rank.ClientFor(holders[k]);
-          status = Annotate(
-              client.ok() ? (*client)->FetchRegionInto(
-                                replica ? ReplicaTensorId(info.tensor_id())
-                                        : info.tensor_id(),
-                                static_cast<int64_t>(piece.shard),
-                                piece.offsets_in_shard, piece.view, options)
-                          : client.status(),
-              what);
+          const auto fetch = [&](const FetchOptions& watched) {
+            return (*client)->FetchRegionInto(
+                replica ? ReplicaTensorId(info.tensor_id()) : info.tensor_id(),
+                static_cast<int64_t>(piece.shard), piece.offsets_in_shard,
+                piece.view, watched);
+          };
+          if (!client.ok()) {
+            status = client.status();
+          } else if (k + 1 < holders.size()) {
+            status = FetchWatched(options, kDefaultHolderPatience, fetch);
+          } else {
+            status = fetch(options);
+          }
+          status = Annotate(status, what);
           if (status.ok() ||
               !(absl::IsUnavailable(status) ||
                 absl::IsDeadlineExceeded(status) || absl::IsNotFound(status))) {

@@ -34,6 +34,7 @@
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/daemon_cluster_test.h"
+#include "tests/testing/daemon_read.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/auth.h"
@@ -108,24 +109,11 @@ class ReshardTest : public ::tessera::testing::DaemonClusterTest {
     ASSERT_OK_AND_ASSIGN(Tensor read, view.Read());
     ExpectIotaBox(read, 0, 0, cols);
 
-    auto stub = v1::ControlService::NewStub(
-        CreateTesseraChannel(cluster_->address(via)));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
-    v1::ReadRegionRequest request;
-    request.set_name(view.name());
-    request.set_tensor_id(view.tensor_id());
-    request.add_offsets(0);
-    request.add_offsets(0);
-    request.add_sizes(rows);
-    request.add_sizes(cols);
-    auto reader = stub->ReadRegion(&context, request);
-    v1::ShardChunk chunk;
-    std::string bytes;
-    while (reader->Read(&chunk)) bytes += chunk.data();
-    const grpc::Status finished = reader->Finish();
-    ASSERT_TRUE(finished.ok()) << finished.error_message();
+    ASSERT_OK_AND_ASSIGN(
+        const std::string bytes,
+        testing::ReadRegionThroughDaemon(cluster_->address(via), view.name(),
+                                         view.tensor_id(), {0, 0}, {rows, cols},
+                                         absl::Seconds(10)));
     ASSERT_EQ(bytes.size(), static_cast<size_t>(rows * cols * 4));
     Tensor via_daemon = *Tensor::Empty({rows, cols});
     std::memcpy(via_daemon.data_ptr(), bytes.data(), bytes.size());

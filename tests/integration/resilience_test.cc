@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -37,6 +39,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_read.h"
 #include "tests/testing/daemon_state.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -432,6 +435,23 @@ TEST(ResilienceTest, AKilledDaemonRestartsIntoTheRunningCluster) {
 // A stalled owner's shard is read from its replica; a dead owner's shard is
 // read and written through its replica; the restarted owner refills its
 // shard and its own replicas from the others and serves them again.
+// The client's three ways to a daemon's bytes, for tests run over each.
+struct Transport {
+  const char* name;
+  bool data_plane;
+  bool local_path;
+};
+constexpr Transport kTransports[] = {
+    {"grpc", false, false}, {"data plane", true, false}, {"local", true, true}};
+// A client that takes `transport` for every box, however small.
+ClientOptions OptionsFor(const Transport& transport) {
+  ClientOptions options;
+  options.data_plane = transport.data_plane;
+  options.use_local_path = transport.local_path;
+  options.local_min_bytes = 0;
+  return options;
+}
+
 Tensor Rows6x4(float base) {
   std::vector<float> values(24);
   for (int i = 0; i < 24; ++i) values[i] = base + static_cast<float>(i);
@@ -588,6 +608,80 @@ TEST(ResilienceTest, AReplicatedWriteWaitsOutABriefStallOfAHolder) {
       EXPECT_EQ(Floats(copy.tensor), Floats(rows)) << "copy of " << shard;
     }
   }
+}
+
+// With replicas, a read whose owner is stalled moves to the replica once
+// the owner moved no byte for the client's holder_patience (2 s by
+// default), over every transport, even with the default transfer deadline
+// of 300 s; with every holder stalled, the read still ends at its deadline.
+TEST(ResilienceTest, AStalledOwnerCostsThePatienceNotTheDeadline) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  std::vector<std::shared_ptr<Client>> clients;
+  for (const Transport& transport : kTransports) {
+    ASSERT_OK_AND_ASSIGN(
+        clients.emplace_back(),
+        Client::Connect(cluster->address(0), OptionsFor(transport)));
+  }
+  CreateOptions two = Sevens();
+  two.copies = 2;
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView created,
+                       clients[0]->Create("r", {6, 4}, Rows(), two));
+  const Tensor values = Rows6x4(300);
+  ASSERT_OK(created.Write({0, 0}, values));
+  std::vector<ShardedTensorView> views;
+  for (const auto& client : clients) {
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView view, client->Open("r"));
+    views.push_back(view);
+  }
+
+  // Rank 1 owns rows 2-4; rank 2 holds their copy.
+  {
+    ASSERT_EQ(kill(cluster->daemon(1).pid(), SIGSTOP), 0);
+    absl::Cleanup resume = [&] { kill(cluster->daemon(1).pid(), SIGCONT); };
+    for (size_t t = 0; t < views.size(); ++t) {
+      const absl::Time start = absl::Now();
+      SCOPED_TRACE(kTransports[t].name);
+      ASSERT_OK_AND_ASSIGN(Tensor read, views[t].Read());
+      const absl::Duration took = absl::Now() - start;
+      EXPECT_EQ(Floats(read), Floats(values)) << kTransports[t].name;
+      std::cout << "[ resilience ] a read over " << kTransports[t].name
+                << " with its owner stalled took " << took << "\n";
+      EXPECT_GE(took, absl::Seconds(2)) << kTransports[t].name;
+      EXPECT_LT(took, absl::Seconds(10)) << kTransports[t].name;
+    }
+
+    // A daemon reading for a client (ControlService.ReadRegion) moves on
+    // the same way.
+    {
+      const absl::Time start = absl::Now();
+      ASSERT_OK_AND_ASSIGN(const std::string bytes,
+                           testing::ReadRegionThroughDaemon(
+                               cluster->address(0), "r", created.tensor_id(),
+                               {2, 0}, {2, 4}, absl::Seconds(20)));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+      ASSERT_OK_AND_ASSIGN(Tensor rows, values.Narrow(0, 2, 2));
+      ASSERT_OK_AND_ASSIGN(Tensor dense, rows.Contiguous());
+      ASSERT_EQ(bytes.size(), dense.nbytes());
+      EXPECT_EQ(std::memcmp(bytes.data(), dense.data_ptr(), bytes.size()), 0);
+    }
+
+    // Both holders of rows 2-4 stalled: the deadline ends the read.
+    ASSERT_EQ(kill(cluster->daemon(2).pid(), SIGSTOP), 0);
+    absl::Cleanup resume2 = [&] { kill(cluster->daemon(2).pid(), SIGCONT); };
+    TransferOptions quick;
+    quick.timeout = absl::Seconds(5);
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(views[1].ReadRegion({2, 0}, {2, 4}, quick).status(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("replica rank 2")));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(9));
+  }
+  // Once resumed, the owner serves again.
+  ASSERT_OK_AND_ASSIGN(Tensor again, views[1].ReadRegion({2, 0}, {2, 4}));
+  ASSERT_OK_AND_ASSIGN(Tensor rows, values.Narrow(0, 2, 2));
+  EXPECT_EQ(Floats(again), Floats(rows));
 }
 
 // Every value of a tensor with two copies survives owners killed while
@@ -789,23 +883,12 @@ TEST(ResilienceTest, CancellingATransferThatWaitsOnAStalledDaemonEndsIt) {
   DaemonClusterOptions options = Options();
   options.extra_args = {"--timeout", "30", "--log-level", "warn"};
   ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
-  struct Transport {
-    const char* name;
-    bool data_plane;
-    bool local_path;
-  };
-  const Transport transports[] = {{"grpc", false, false},
-                                  {"data plane", true, false},
-                                  {"local", true, true}};
   std::vector<std::shared_ptr<Client>> clients;
   std::vector<ShardedTensorView> views;
-  for (const Transport& transport : transports) {
-    ClientOptions client_options;
-    client_options.data_plane = transport.data_plane;
-    client_options.use_local_path = transport.local_path;
-    client_options.local_min_bytes = 0;
-    ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
-                         Client::Connect(cluster->address(0), client_options));
+  for (const Transport& transport : kTransports) {
+    ASSERT_OK_AND_ASSIGN(
+        clients.emplace_back(),
+        Client::Connect(cluster->address(0), OptionsFor(transport)));
     if (views.empty()) {
       ASSERT_OK(clients[0]->Create("kept", {6, 4}, Rows(), Sevens()).status());
     }
@@ -838,7 +921,7 @@ TEST(ResilienceTest, CancellingATransferThatWaitsOnAStalledDaemonEndsIt) {
                   << "\n";
       };
   for (size_t t = 0; t < views.size(); ++t) {
-    cancelled_after(absl::StrCat("read over ", transports[t].name),
+    cancelled_after(absl::StrCat("read over ", kTransports[t].name),
                     [&](const TransferOptions& transfer) {
                       return views[t].Read(transfer).status();
                     });
@@ -860,7 +943,7 @@ TEST(ResilienceTest, CancellingATransferThatWaitsOnAStalledDaemonEndsIt) {
   // 0 and 1; rank 2 applied all of its box or none of it.
   std::move(resume).Invoke();
   for (size_t t = 0; t < views.size(); ++t) {
-    SCOPED_TRACE(transports[t].name);
+    SCOPED_TRACE(kTransports[t].name);
     ASSERT_OK_AND_ASSIGN(Tensor values, views[t].Read());
     const float* data = values.data<float>();
     for (int64_t i = 0; i < 24; ++i) {
