@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
+#include "client/stall_watchdog.h"
 #include "common/log_context.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
@@ -119,9 +120,15 @@ absl::Status Replication::FetchFromHolders(
   return RunInParallel(shards.size(), 16, [&](size_t k) -> absl::Status {
     const LocalShard& local = shards[k];
     const int shard = static_cast<int>(local.index);
-    std::vector<std::string> tried;
+    std::vector<int> candidates;
     for (const int holder : HoldersOf(info, shard)) {
-      if (holder == rank() || gone.count(holder) > 0) continue;
+      if (holder != rank() && gone.count(holder) == 0) {
+        candidates.push_back(holder);
+      }
+    }
+    std::vector<std::string> tried;
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      const int holder = candidates[c];
       const bool owner = holder == info.shard_ranks(shard);
       const std::string id =
           owner ? info.tensor_id() : ReplicaTensorId(info.tensor_id());
@@ -129,9 +136,16 @@ absl::Status Replication::FetchFromHolders(
       options.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
       absl::StatusOr<std::shared_ptr<ShardClient>> client =
           rank_->ClientFor(holder);
-      absl::Status fetched = client.ok() ? (*client)->FetchShardInto(
-                                               id, shard, local.tensor, options)
-                                         : client.status();
+      const auto fetch = [&](const FetchOptions& watched) {
+        return (*client)->FetchShardInto(id, shard, local.tensor, watched);
+      };
+      // A holder that moves nothing for the patience (stalled) is given up
+      // for the next; the last one keeps the time left.
+      absl::Status fetched =
+          !client.ok() ? client.status()
+          : c + 1 < candidates.size()
+              ? FetchWatched(options, kDefaultHolderPatience, fetch)
+              : fetch(options);
       if (fetched.ok()) return absl::OkStatus();
       {
         LogContext about = op;

@@ -159,8 +159,10 @@ class Replication {
       int64_t* host_bytes) const;
   // Fills `shards` (of tensor `info`, this daemon's copies or own shards)
   // from another holder of each: the owner's shard or a replica, the first
-  // that answers, skipping the ranks in `gone`. UNAVAILABLE naming the
-  // shard and every holder tried when none could give it.
+  // that answers, skipping the ranks in `gone`; a holder but the last that
+  // moves no byte for kDefaultHolderPatience (stalled) is given up for the
+  // next (FetchWatched). UNAVAILABLE naming the shard and every holder
+  // tried when none could give it.
   absl::Status FetchFromHolders(const v1::TensorInfo& info,
                                 const std::vector<LocalShard>& shards,
                                 const std::set<int>& gone,
