@@ -319,8 +319,27 @@ void OpLog::SubmitLoop() {
       std::shared_ptr<PendingCall> call = std::move(it->second);
       pending_.erase(it);
       absl::Status ended;
-      if (!QueuedLocked(call->id())) {
+      std::optional<v1::ControlOp> queued_op;
+      for (const Queued& queued : queue_) {
+        if (queued.call->id() == call->id()) queued_op = queued.op;
+      }
+      // A retry (same client request id) of an op that is running here
+      // now, or that committed since the retry was queued, is not "not
+      // applied": the first attempt may still commit, or did.
+      const bool first_running = ExecutingLocked(call->request_id());
+      const int64_t running_entry = first_running ? executing_.entry : 0;
+      if (!queued_op.has_value()) {
         ended = absl::DeadlineExceededError(UnfinishedLocked(*call));
+      } else if (first_running) {
+        ended = absl::DeadlineExceededError(absl::StrCat(
+            call->method(),
+            " did not finish within its deadline: an earlier "
+            "attempt with its request id ",
+            call->request_id(), ", log entry ", running_entry,
+            ", is running and may still commit; `tessera op ",
+            call->request_id(),
+            "` tells its outcome, and a retry with the "
+            "same request id returns it without applying it twice"));
       } else if (!held_.empty()) {
         ended = absl::UnavailableError(absl::StrCat(
             call->method(),
@@ -334,7 +353,17 @@ void OpLog::SubmitLoop() {
             "logged"));
       }
       mu_.Unlock();
-      call->Complete(ended);
+      // Outside mu_ (the outcomes read the table): an earlier attempt that
+      // committed while this one was queued answers it, as Submit would.
+      std::optional<Replayed> replayed;
+      if (queued_op.has_value() && !first_running) {
+        replayed = outcomes_->Replay(*queued_op);
+      }
+      if (replayed.has_value()) {
+        call->Complete(replayed->status, std::move(replayed->result));
+      } else {
+        call->Complete(ended);
+      }
       mu_.Lock();
       continue;
     }

@@ -14,11 +14,13 @@
 // its deadline while a daemon was stalled ends known, never ambiguous.
 #include <signal.h>
 
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -31,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/daemon_state.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/auth.h"
 #include "wire/grpc_status.h"
@@ -304,7 +307,8 @@ TEST_F(RequestIdTest, ARestartedDaemonTellsARetryFromANewOperation) {
 }
 
 // A create whose call ends while a daemon is stalled says where the op
-// is and under which id; once the daemon resumes, the op's outcome is
+// is and under which id, and so does a retry of it meanwhile; once the
+// daemon resumes, the op's outcome is
 // known (committed or failed, never open), and a retry with the id leaves
 // exactly one tensor.
 TEST_F(RequestIdTest, AnOpPastItsDeadlineEndsKnown) {
@@ -323,6 +327,24 @@ TEST_F(RequestIdTest, AnOpPastItsDeadlineEndsKnown) {
   ASSERT_OK_AND_ASSIGN(v1::OperationStatus during, Operation(0, "t-stalled"));
   EXPECT_EQ(during.state(), v1::OperationStatus::STATE_PENDING);
   EXPECT_GT(during.log_entry(), 0);
+  // A retry with the id while the first attempt still runs here, held
+  // behind the silent daemon until its deadline, is not told "not
+  // applied": that attempt may still commit.
+  ASSERT_OK(testing::TimeUntilDaemonState(
+                cluster_->address(0),
+                [](const v1::ClusterInfo& info) {
+                  return absl::StartsWith(info.state(), "waiting");
+                },
+                absl::Now(), absl::Seconds(20))
+                .status());
+  const absl::Status retried_during =
+      Create(0, "t-stalled", CreateRequest("w"), absl::Seconds(2)).status();
+  EXPECT_THAT(retried_during, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                       HasSubstr("tessera op t-stalled")));
+  EXPECT_THAT(retried_during.message(),
+              ::testing::Not(HasSubstr("not applied")));
+  std::cout << "[ request id ] a retry during the stall: " << retried_during
+            << "\n";
   std::move(resume).Invoke();
 
   absl::StatusOr<v1::OperationStatus> after;
