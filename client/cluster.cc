@@ -38,14 +38,14 @@ absl::Status FetchFromHolders(const Cluster& cluster,
       return worker->shards->FetchRegionInto(from, static_cast<int64_t>(shard),
                                              offsets_in_shard, view, options);
     };
-    if (k + 1 < holders.size() && patience > absl::ZeroDuration()) {
-      attempt.timeout = deadline - absl::Now();
-      status = FetchWatched(attempt, patience, fetch_from);
-    } else {
-      attempt.timeout =
-          (deadline - absl::Now()) / static_cast<int64_t>(holders.size() - k);
-      status = fetch_from(attempt);
-    }
+    // The last holder, and every one without a patience, is unwatched.
+    const absl::Duration watch =
+        k + 1 < holders.size() ? patience : absl::ZeroDuration();
+    attempt.timeout = watch > absl::ZeroDuration()
+                          ? deadline - absl::Now()
+                          : (deadline - absl::Now()) /
+                                static_cast<int64_t>(holders.size() - k);
+    status = FetchWatched(attempt, watch, fetch_from);
     status = Annotate(status, absl::StrCat(what, " from ", holder));
     if (status.ok() ||
         !(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||

@@ -75,6 +75,7 @@ void StallWatchdog::Run() {
 absl::Status FetchWatched(
     const FetchOptions& options, absl::Duration patience,
     absl::FunctionRef<absl::Status(const FetchOptions&)> fetch) {
+  if (patience <= absl::ZeroDuration()) return fetch(options);
   FetchOptions watched = options;
   // Declared in this order so that the watch and the link to the caller's
   // cancellation end before this try's cancellation does.

@@ -56,7 +56,6 @@ class StallWatchdog {
     void Progress();
     // Whether the watchdog cancelled the transfer.
     bool fired() const { return fired_.load(std::memory_order_acquire); }
-    absl::Duration patience() const { return patience_; }
 
    private:
     friend class StallWatchdog;
@@ -93,11 +92,12 @@ class StallWatchdog {
 inline constexpr absl::Duration kDefaultHolderPatience = absl::Seconds(2);
 
 // Runs `fetch` with `options` whose cancellation and on_chunk are watched:
-// cancelled when no chunk arrives for `patience` (> 0), and still by the
-// caller's options.cancel. When the watch gave up on it (and the caller
-// did not cancel), DEADLINE_EXCEEDED "moved no byte for 2s (stalled, or
-// cut off)" instead of what the interrupted fetch returned; else the
-// fetch's status.
+// cancelled when no chunk arrives for `patience`, and still by the
+// caller's options.cancel. A patience of zero or less: `fetch(options)`,
+// unwatched (the last holder a read can ask). When the watch gave up on it (and
+// the caller did not cancel), DEADLINE_EXCEEDED "moved no byte for 2s (stalled,
+// or cut off)" instead of what the interrupted fetch returned; else the fetch's
+// status.
 absl::Status FetchWatched(
     const FetchOptions& options, absl::Duration patience,
     absl::FunctionRef<absl::Status(const FetchOptions&)> fetch);

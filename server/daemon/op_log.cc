@@ -187,11 +187,11 @@ OpLog::DeadlineKey OpLog::AnswerBy(const PendingCall& call) {
       call.id());
 }
 
-bool OpLog::QueuedLocked(uint64_t id) const {
+const v1::ControlOp* OpLog::QueuedOpLocked(uint64_t id) const {
   for (const Queued& queued : queue_) {
-    if (queued.call->id() == id) return true;
+    if (queued.call->id() == id) return &queued.op;
   }
-  return false;
+  return nullptr;
 }
 
 int64_t OpLog::EntryOfLocked(uint64_t id) const {
@@ -319,9 +319,10 @@ void OpLog::SubmitLoop() {
       std::shared_ptr<PendingCall> call = std::move(it->second);
       pending_.erase(it);
       absl::Status ended;
+      // A copy: the queue may change once mu_ is released below.
       std::optional<v1::ControlOp> queued_op;
-      for (const Queued& queued : queue_) {
-        if (queued.call->id() == call->id()) queued_op = queued.op;
+      if (const v1::ControlOp* op = QueuedOpLocked(call->id())) {
+        queued_op = *op;
       }
       // A retry (same client request id) of an op that is running here
       // now, or that committed since the retry was queued, is not "not

@@ -157,8 +157,10 @@ class OpLog final {
   // kAnswerMargin), and its id.
   using DeadlineKey = std::pair<absl::Time, uint64_t>;
   static DeadlineKey AnswerBy(const PendingCall& call);
-  // Whether `id`'s op is still queued (not being logged yet).
-  bool QueuedLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Call `id`'s op while it is still queued (not being logged yet); null
+  // once it left the queue.
+  const v1::ControlOp* QueuedOpLocked(uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The log number of call `id`'s op, once claimed; 0 before.
   int64_t EntryOfLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Executing, with mu_ held.

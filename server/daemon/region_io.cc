@@ -259,13 +259,12 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
                 static_cast<int64_t>(piece.shard), piece.offsets_in_shard,
                 piece.view, watched);
           };
-          if (!client.ok()) {
-            status = client.status();
-          } else if (k + 1 < holders.size()) {
-            status = FetchWatched(options, kDefaultHolderPatience, fetch);
-          } else {
-            status = fetch(options);
-          }
+          status = client.ok() ? FetchWatched(options,
+                                              k + 1 < holders.size()
+                                                  ? kDefaultHolderPatience
+                                                  : absl::ZeroDuration(),
+                                              fetch)
+                               : client.status();
           status = Annotate(status, what);
           if (status.ok() ||
               !(absl::IsUnavailable(status) ||

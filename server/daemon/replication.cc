@@ -142,10 +142,12 @@ absl::Status Replication::FetchFromHolders(
       // A holder that moves nothing for the patience (stalled) is given up
       // for the next; the last one keeps the time left.
       absl::Status fetched =
-          !client.ok() ? client.status()
-          : c + 1 < candidates.size()
-              ? FetchWatched(options, kDefaultHolderPatience, fetch)
-              : fetch(options);
+          client.ok()
+              ? FetchWatched(options,
+                             c + 1 < candidates.size() ? kDefaultHolderPatience
+                                                       : absl::ZeroDuration(),
+                             fetch)
+              : client.status();
       if (fetched.ok()) return absl::OkStatus();
       {
         LogContext about = op;

@@ -77,6 +77,14 @@ TEST(StallWatchdogTest, FetchWatchedNamesTheStall) {
   EXPECT_OK(FetchWatched(options, absl::Seconds(3), moving));
   EXPECT_EQ(seen, 10);
 
+  // No patience (the last holder): the caller's options, unwatched.
+  const FetchOptions plain;
+  EXPECT_OK(
+      FetchWatched(plain, absl::ZeroDuration(), [&](const FetchOptions& given) {
+        return &given == &plain ? absl::OkStatus()
+                                : absl::InternalError("watched");
+      }));
+
   // The caller's cancellation reaches the fetch and stays CANCELLED.
   options.on_chunk = nullptr;
   options.cancel = std::make_shared<Cancellation>();
