@@ -50,11 +50,11 @@ Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
       replication_(rank_, rank_->default_group(), budget_, options_.op_timeout,
                    &table_),
       membership_(rank_, rank_->default_group(), store_, options_, &table_,
-                  &replication_, &outcomes_),
+                  &replication_, &outcomes_, &in_doubt_),
       ops_(rank_, rank_->default_group(), options_, budget_, &table_,
            &replication_, &membership_, &watch_),
       log_(rank_, rank_->default_group(), store_, options_, incarnation_,
-           &membership_, &ops_, &outcomes_) {}
+           &membership_, &ops_, &outcomes_, &in_doubt_) {}
 
 Core::~Core() { Shutdown(); }
 

@@ -8,6 +8,7 @@
 //   Membership   (membership.h)    leases, generations, re-forming, rejoin
 //   Replication  (replication.h)   replicas of shards and their refill
 //   OpOutcomes   (op_outcomes.h)   what became of each request id
+//   InDoubt      (in_doubt.h)      the op this daemon cannot tell committed
 //   VersionLeases (version_leases.h) ends pins and open versions on time
 //   VersionWatch (version_watch.h)  who watches which tensor's versions
 //
@@ -37,6 +38,7 @@
 #include "absl/time/time.h"
 #include "server/daemon/control_ops.h"
 #include "server/daemon/control_options.h"
+#include "server/daemon/in_doubt.h"
 #include "server/daemon/membership.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/op_log.h"
@@ -121,6 +123,7 @@ class Core : public std::enable_shared_from_this<Core> {
   mutable std::atomic<int> settling_{0};
   TensorTable table_;
   OpOutcomes outcomes_;
+  InDoubt in_doubt_;
   VersionWatch watch_;
 
   // One per concern, in this order (each points at the ones before),

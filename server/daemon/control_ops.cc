@@ -223,6 +223,21 @@ absl::Status ControlOps::Agree(const absl::Status& local, bool* agreed) {
   return control_internal::Agree(*group_, local, agreed);
 }
 
+OpOutcome ControlOps::AgreeThenCommit(const absl::Status& local,
+                                      std::function<OpResult()> commit,
+                                      std::function<void()> give_up) {
+  OpOutcome outcome;
+  outcome.status = Agree(local, &outcome.agreed);
+  if (outcome.status.ok()) {
+    outcome.result = commit();
+  } else if (local.ok() && !outcome.agreed) {
+    outcome.late = LateCommit{std::move(commit), std::move(give_up)};
+  } else if (give_up) {
+    give_up();
+  }
+  return outcome;
+}
+
 void ControlOps::ResyncTensorIds() {
   control_internal::ResyncTensorIds(*rank_, *group_);
 }
@@ -519,17 +534,21 @@ absl::StatusOr<ShardedTensor> ControlOps::NewTensor(
 
 OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
   const std::string& name = op.delete_tensor().name();
-  absl::Status local =
-      table_->Holds(name) ? CheckDeadline(op) : UnknownTensor(name);
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (outcome.status.ok()) {
-    const std::optional<TableEntry> removed = table_->Remove(name);
-    if (removed.has_value() && removed->versions != nullptr) {
-      watch_->Deleted(name);
+  absl::StatusOr<v1::TensorInfo> held = table_->Info(name);
+  const absl::Status local =
+      held.ok() ? CheckDeadline(op) : UnknownTensor(name);
+  const std::string tensor_id = held.ok() ? held->tensor_id() : "";
+  return AgreeThenCommit(local, [this, name, tensor_id]() {
+    // The tensor the daemons agreed on (a late commit finds it still).
+    absl::StatusOr<v1::TensorInfo> now = table_->Info(name);
+    if (now.ok() && now->tensor_id() == tensor_id) {
+      const std::optional<TableEntry> removed = table_->Remove(name);
+      if (removed.has_value() && removed->versions != nullptr) {
+        watch_->Deleted(name);
+      }
     }
-  }
-  return outcome;
+    return OpResult();
+  });
 }
 
 absl::StatusOr<v1::TensorInfo> ControlOps::LayoutInfo(
@@ -1111,7 +1130,8 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     std::shared_ptr<ReplicaCopies> copies;
     MemoryBudget::Reservation held;
   };
-  std::vector<Begun> begun;
+  // Shared with the commit, which may run later (in_doubt.h).
+  auto begun = std::make_shared<std::vector<Begun>>();
   absl::Status local = [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckVersionNames(names, "BeginVersion"));
     if (request.lease_ms() < 0) {
@@ -1121,12 +1141,12 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     for (const std::string& name : names) {
       ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
                        VersionsOf(name, "BeginVersion"));
-      begun.push_back(
+      begun->push_back(
           Begun{name, std::move(versions), std::nullopt, nullptr, {}});
     }
     RETURN_IF_ERROR(CheckDeadline(op));
     // This daemon's part: each new version's shards, in the budget first.
-    for (Begun& one : begun) {
+    for (Begun& one : *begun) {
       one.versions->Expire(absl::Now());
       const ShardedTensor latest = one.versions->Latest();
       const int64_t number = one.versions->next();
@@ -1173,20 +1193,20 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     }
     return absl::OkStatus();
   }();
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
-  const absl::Time lease_end =
-      absl::Now() + LeaseOf(request.lease_ms(), kDefaultVersionLease);
-  for (Begun& one : begun) {
-    const int64_t number =
-        one.versions->Open(*std::move(one.tensor), std::move(one.copies),
-                           std::move(one.held), lease_end);
-    AddHandle(&outcome.result.group, one.name, number,
-              one.versions->tensor_id());
-  }
-  outcome.result.group.set_id(GroupIdOf(outcome.result.group));
-  return outcome;
+  const absl::Duration lease =
+      LeaseOf(request.lease_ms(), kDefaultVersionLease);
+  return AgreeThenCommit(local, [begun, lease]() {
+    const absl::Time lease_end = absl::Now() + lease;
+    OpResult result;
+    for (Begun& one : *begun) {
+      const int64_t number =
+          one.versions->Open(*std::move(one.tensor), std::move(one.copies),
+                             std::move(one.held), lease_end);
+      AddHandle(&result.group, one.name, number, one.versions->tensor_id());
+    }
+    result.group.set_id(GroupIdOf(result.group));
+    return result;
+  });
 }
 
 OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
@@ -1214,29 +1234,30 @@ OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
     }
     return CheckDeadline(op);
   }();
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) {
+  // Every daemon agreed: each makes every named version the latest now,
+  // at this log entry; none of these steps can fail.
+  auto commit = [this, handles, sets]() {
+    OpResult result;
+    for (int i = 0; i < handles.size(); ++i) {
+      sets[i]->Publish(handles[i].number());
+      watch_->Published(handles[i].name(), handles[i].number());
+      const ShardedTensor latest = sets[i]->Latest();
+      table_
+          ->Update(handles[i].name(),
+                   [&](TableEntry& entry) { entry.tensor = latest; })
+          .IgnoreError();
+      AddHandle(&result.group, handles[i].name(), handles[i].number(),
+                sets[i]->tensor_id());
+    }
+    result.group.set_id(GroupIdOf(result.group));
+    return result;
+  };
+  auto give_up = [handles, sets]() {
     for (size_t i = 0; i < sets.size(); ++i) {
       sets[i]->Unclaim(handles[static_cast<int>(i)].number());
     }
-    return outcome;
-  }
-  // Every daemon agreed: each makes every named version the latest now,
-  // at this log entry; none of these steps can fail.
-  for (int i = 0; i < handles.size(); ++i) {
-    sets[i]->Publish(handles[i].number());
-    watch_->Published(handles[i].name(), handles[i].number());
-    const ShardedTensor latest = sets[i]->Latest();
-    table_
-        ->Update(handles[i].name(),
-                 [&](TableEntry& entry) { entry.tensor = latest; })
-        .IgnoreError();
-    AddHandle(&outcome.result.group, handles[i].name(), handles[i].number(),
-              sets[i]->tensor_id());
-  }
-  outcome.result.group.set_id(GroupIdOf(outcome.result.group));
-  return outcome;
+  };
+  return AgreeThenCommit(local, std::move(commit), std::move(give_up));
 }
 
 OpOutcome ControlOps::RunAbortVersion(const v1::ControlOp& op) {
@@ -1251,15 +1272,14 @@ OpOutcome ControlOps::RunAbortVersion(const v1::ControlOp& op) {
     }
     return absl::OkStatus();
   }();
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
   // Aborting a version that is no longer open (published, expired,
   // aborted) changes nothing.
-  for (int i = 0; i < handles.size(); ++i) {
-    sets[i]->Abort(handles[i].number());
-  }
-  return outcome;
+  return AgreeThenCommit(local, [handles, sets]() {
+    for (int i = 0; i < handles.size(); ++i) {
+      sets[i]->Abort(handles[i].number());
+    }
+    return OpResult();
+  });
 }
 
 OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
@@ -1294,21 +1314,20 @@ OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
     }
     return CheckDeadline(op);
   }();
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
   // The same id on every daemon: the log entry's coordinator and number.
   const std::string pin =
       absl::StrCat("pin.", op.coordinator(), ".", op.request_id());
-  const absl::Time until =
-      absl::Now() + LeaseOf(request.lease_ms(), kDefaultPinLease);
-  for (size_t i = 0; i < sets.size(); ++i) {
-    sets[i]->Pin(pin, numbers[i], until);
-    AddHandle(&outcome.result.group, names[i], numbers[i],
-              sets[i]->tensor_id());
-  }
-  outcome.result.group.set_id(pin);
-  return outcome;
+  const absl::Duration lease = LeaseOf(request.lease_ms(), kDefaultPinLease);
+  return AgreeThenCommit(local, [pin, lease, names, numbers, sets]() {
+    const absl::Time until = absl::Now() + lease;
+    OpResult result;
+    for (size_t i = 0; i < sets.size(); ++i) {
+      sets[i]->Pin(pin, numbers[i], until);
+      AddHandle(&result.group, names[i], numbers[i], sets[i]->tensor_id());
+    }
+    result.group.set_id(pin);
+    return result;
+  });
 }
 
 OpOutcome ControlOps::RunUnpinVersions(const v1::ControlOp& op) {
@@ -1316,16 +1335,15 @@ OpOutcome ControlOps::RunUnpinVersions(const v1::ControlOp& op) {
   absl::Status local =
       pin.empty() ? absl::InvalidArgumentError("UnpinVersions: empty pin id")
                   : absl::OkStatus();
-  OpOutcome outcome;
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;
   // A pin that already expired is released alike: nothing to do.
-  const std::vector<std::shared_ptr<VersionSet>> sets = table_->VersionSets();
-  for (const auto& versions : sets) {
-    versions->Unpin(pin);
-    versions->Expire(absl::Now());
-  }
-  return outcome;
+  return AgreeThenCommit(local, [this, pin]() {
+    const std::vector<std::shared_ptr<VersionSet>> sets = table_->VersionSets();
+    for (const auto& versions : sets) {
+      versions->Unpin(pin);
+      versions->Expire(absl::Now());
+    }
+    return OpResult();
+  });
 }
 
 }  // namespace tessera::control_internal

@@ -37,6 +37,7 @@
 #define TESSERA_SERVER_DAEMON_CONTROL_OPS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,7 @@
 #include "absl/types/span.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_options.h"
+#include "server/daemon/in_doubt.h"
 #include "server/daemon/membership.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/pending_call.h"
@@ -75,6 +77,10 @@ struct OpOutcome {
   // daemon, and a read that fails after that finds the new id in its
   // daemon's table (region_io.h).
   std::shared_ptr<const void> retired;
+  // Set when the op is in doubt here (in_doubt.h): the agreement's
+  // exchange broke after this daemon's part succeeded, so some daemons
+  // may have committed; what this daemon does once the op is decided.
+  std::optional<LateCommit> late;
 };
 
 // "a,b": the names of version handles, for logs.
@@ -156,6 +162,14 @@ class ControlOps {
   absl::StatusOr<int64_t> LocalHostBytes(
       const ShardedTensorMetadata& metadata) const;
   absl::Status Agree(const absl::Status& local, bool* agreed);
+  // Agrees on `local`, then runs `commit` (the op's effects here, which
+  // cannot fail) once every daemon succeeded. When the exchange broke
+  // after this daemon's part succeeded, the outcome is in doubt and keeps
+  // `commit` and `give_up` for the next generation to decide
+  // (OpOutcome::late); on any other failure `give_up` runs now.
+  OpOutcome AgreeThenCommit(const absl::Status& local,
+                            std::function<OpResult()> commit,
+                            std::function<void()> give_up = nullptr);
   void ResyncTensorIds();
 
   const std::shared_ptr<Rank> rank_;

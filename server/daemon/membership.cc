@@ -45,14 +45,16 @@ Membership::Membership(std::shared_ptr<Rank> rank,
                        std::shared_ptr<ProcessGroup> group,
                        std::shared_ptr<Store> store,
                        const ControlOptions& options, TensorTable* table,
-                       Replication* replication, OpOutcomes* outcomes)
+                       Replication* replication, OpOutcomes* outcomes,
+                       InDoubt* in_doubt)
     : rank_(std::move(rank)),
       group_(std::move(group)),
       store_(std::move(store)),
       options_(options),
       table_(table),
       replication_(replication),
-      outcomes_(outcomes) {}
+      outcomes_(outcomes),
+      in_doubt_(in_doubt) {}
 
 Membership::~Membership() {
   Stop();
@@ -439,6 +441,8 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
     for (v1::CommittedOp& committed : outcomes_->Export()) {
       *mine.add_committed() = std::move(committed);
     }
+    mine.set_last_committed_entry(in_doubt_->last_committed());
+    mine.set_in_doubt_entry(in_doubt_->held_entry());
   }
   ASSIGN_OR_RETURN(std::vector<std::string> gathered,
                    AllGatherBytes(*group_, mine.SerializeAsString()));
@@ -450,11 +454,21 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
     }
   }
   // Deterministic from here: every daemon reads the same states.
+  // An op in doubt on a daemon (in_doubt.h) committed when some veteran
+  // committed its entry: no later entry can have committed anywhere, as
+  // the daemon in doubt never ran one.
+  const auto committed_somewhere = [&](int64_t entry) {
+    return std::any_of(all.begin(), all.end(), [&](const v1::ResumeState& s) {
+      return !s.starting() && s.last_committed_entry() == entry;
+    });
+  };
   std::vector<std::string> devices;
   std::set<int> starting_ranks;
   int64_t furthest = 0;
   int64_t earliest = std::numeric_limits<int64_t>::max();
-  int source = -1;  // The lowest-ranked veteran.
+  // The lowest-ranked veteran whose state stays as sent: not in doubt, or
+  // in doubt about an op that is given up.
+  int source = -1;
   for (size_t r = 0; r < all.size(); ++r) {
     devices.push_back(all[r].device());
     furthest = std::max(furthest, all[r].next_entry());
@@ -463,7 +477,14 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
       continue;
     }
     earliest = std::min(earliest, all[r].next_entry());
-    if (source < 0) source = static_cast<int>(r);
+    const int64_t doubt = all[r].in_doubt_entry();
+    if (source < 0 && (doubt == 0 || !committed_somewhere(doubt))) {
+      source = static_cast<int>(r);
+    }
+  }
+  // This daemon's op in doubt, decided alike by every daemon.
+  if (const int64_t doubt = in_doubt_->held_entry(); doubt != 0) {
+    in_doubt_->Resolve(committed_somewhere(doubt));
   }
   // Entries veterans passed while this one did not run them failed on the
   // others (they could not agree without it): the log abandons them. A

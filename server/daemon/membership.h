@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "server/collective/process_group.h"
 #include "server/daemon/control_options.h"
+#include "server/daemon/in_doubt.h"
 #include "server/daemon/op_outcomes.h"
 #include "server/daemon/replication.h"
 #include "server/daemon/tensor_table.h"
@@ -70,8 +71,8 @@ class Membership {
   // `store` is the control prefix of the rendezvous store.
   Membership(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
              std::shared_ptr<Store> store, const ControlOptions& options,
-             TensorTable* table, Replication* replication,
-             OpOutcomes* outcomes);
+             TensorTable* table, Replication* replication, OpOutcomes* outcomes,
+             InDoubt* in_doubt);
   // Calls Stop() and Join().
   ~Membership();
   Membership(const Membership&) = delete;
@@ -86,8 +87,11 @@ class Membership {
   // hold them, and they build their table from the lowest-ranked
   // veteran's. Every daemon adopts that veteran's committed request ids
   // (op_outcomes.h), so that all tell retries alike; with no veteran, all
-  // start with none. The exchange's errors; DATA_LOSS for an unreadable
-  // state.
+  // start with none. An op a daemon is in doubt about (in_doubt.h) is
+  // decided first: committed there when any veteran committed its entry,
+  // else given up; the veteran whose state is copied is one whose state
+  // that decision leaves as it is. The exchange's errors; DATA_LOSS for an
+  // unreadable state.
   absl::StatusOr<Resumed> JoinInStep(bool starting, int64_t next);
 
   // Starts the lease thread; leases count from now.
@@ -144,6 +148,7 @@ class Membership {
   TensorTable* const table_;
   Replication* const replication_;
   OpOutcomes* const outcomes_;
+  InDoubt* const in_doubt_;
   std::thread lease_keeper_;
 
   mutable absl::Mutex mu_;

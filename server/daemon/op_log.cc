@@ -87,7 +87,7 @@ std::optional<v1::ControlOp> ParseEntry(absl::string_view entry) {
 OpLog::OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
              std::shared_ptr<Store> store, const ControlOptions& options,
              uint64_t incarnation, Membership* membership, ControlOps* ops,
-             OpOutcomes* outcomes)
+             OpOutcomes* outcomes, InDoubt* in_doubt)
     : rank_(std::move(rank)),
       group_(std::move(group)),
       store_(std::move(store)),
@@ -96,6 +96,7 @@ OpLog::OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
       membership_(membership),
       ops_(ops),
       outcomes_(outcomes),
+      in_doubt_(in_doubt),
       claim_timeout_(std::min(options.claim_timeout, options.lease)) {}
 
 OpLog::~OpLog() {
@@ -203,6 +204,28 @@ int64_t OpLog::EntryOfLocked(uint64_t id) const {
 
 std::string OpLog::UnfinishedLocked(const PendingCall& call) const {
   const int64_t entry = EntryOfLocked(call.id());
+  if (std::optional<InDoubt::Held> doubt = in_doubt_->held();
+      entry == 0 && doubt.has_value() &&
+      doubt->op.coordinator() == rank_->rank() &&
+      doubt->op.incarnation() == incarnation_ &&
+      doubt->op.request_id() == call.id()) {
+    const std::string prefix = absl::StrCat(
+        call.method(), " did not finish within its deadline: it is log entry ",
+        doubt->entry,
+        ", in doubt: the daemons' process group broke in its final exchange (",
+        doubt->broke.message(),
+        "), so some daemons may have committed it; the daemons decide it when "
+        "their group forms again");
+    if (call.request_id().empty()) {
+      return absl::StrCat(prefix,
+                          ". It carried no request id, so its outcome cannot "
+                          "be asked for: list or describe the tensors then");
+    }
+    return absl::StrCat(prefix, ", and keep its outcome: `tessera op ",
+                        call.request_id(),
+                        "` tells it, and a retry with the same request id "
+                        "returns it without applying it twice");
+  }
   const std::string where =
       entry > 0 ? absl::StrCat("it is log entry ", entry)
                 : std::string("it was being written to the log");
@@ -555,13 +578,30 @@ void OpLog::ExecutorLoop() {
     n = next;
     // A transport failure in the op: form the next generation before the
     // next op, so that it runs on a working group.
-    if (!group_->Usable().ok() && !Reform(&n)) return;
+    // An op left in doubt is decided as the next generation forms.
+    if ((!group_->Usable().ok() || in_doubt_->held_entry() != 0) &&
+        !Reform(&n)) {
+      return;
+    }
   }
 }
 
 bool OpLog::Reform(int64_t* next) {
   std::optional<Membership::Resumed> resumed = membership_->Reform(*next);
   if (!resumed.has_value()) return false;
+  // The op in doubt, decided as the group formed (JoinInStep).
+  if (std::optional<InDoubt::Resolved> decided = in_doubt_->TakeResolved()) {
+    if (decided->status.ok()) {
+      outcomes_->Committed(decided->op, decided->entry, decided->result);
+    } else {
+      outcomes_->Failed(decided->op, decided->entry, decided->status);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      executing_ = {};
+    }
+    FinishOwnCall(decided->op, decided->status, std::move(decided->result));
+  }
   // Entries the others passed while this daemon did not run them failed on
   // the others (they could not agree without it).
   Advance(*next, std::max(*next, resumed->next), Passed::kAbandon);
@@ -813,9 +853,22 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
     executing_ = {n, op.client_request_id(), OpName(op), tensor};
   }
   OpOutcome outcome = RunGuarded(op, n);
+  if (outcome.late.has_value()) {
+    // In doubt: stays running (executing_) until the group re-forms and
+    // decides it (Reform), which answers its call.
+    spdlog::warn(
+        "op {} {} from rank {} (request {}): in doubt: {}; the re-formed "
+        "group decides whether it committed",
+        n, OpName(op), op.coordinator(),
+        op.client_request_id().empty() ? "-" : op.client_request_id(),
+        outcome.status.ToString());
+    in_doubt_->Hold(n, op, *std::move(outcome.late), outcome.status);
+    return n + 1;
+  }
   // Agreed: the op committed on every daemon or failed on every daemon
   // (a failed confirmation below does not undo the commit).
   const bool committed = outcome.status.ok();
+  if (committed) in_doubt_->Committed(n);
   if (!committed) outcomes_->Failed(op, n, outcome.status);
   // The call returns once every daemon shows the change
   // (proto/tessera/v1/control.proto: after a call returns, every daemon lists

@@ -40,6 +40,12 @@
 // daemon knows it, else when its entry comes up (every daemon then skips
 // it alike). Every op that runs is recorded there, committed or failed.
 //
+// In doubt: an op whose final exchange broke after this daemon's part
+// succeeded may have committed on other daemons (in_doubt.h). Its call is
+// not answered then: the op stays running (Pending tells it, a retry's
+// deadline says it may still commit) until the group re-forms and decides
+// it, committed late or given up, and the call is answered with that.
+//
 // Failure: a call whose op was logged and did not complete by its deadline
 // ends DEADLINE_EXCEEDED naming its log entry and request id, whose
 // outcome GetOperation (Pending, then op_outcomes.h) tells; an
@@ -80,6 +86,7 @@
 #include "server/collective/process_group.h"
 #include "server/daemon/control_ops.h"
 #include "server/daemon/control_options.h"
+#include "server/daemon/in_doubt.h"
 #include "server/daemon/membership.h"
 #include "server/daemon/op_outcomes.h"
 #include "server/daemon/pending_call.h"
@@ -105,7 +112,7 @@ class OpLog final {
   OpLog(std::shared_ptr<Rank> rank, std::shared_ptr<ProcessGroup> group,
         std::shared_ptr<Store> store, const ControlOptions& options,
         uint64_t incarnation, Membership* membership, ControlOps* ops,
-        OpOutcomes* outcomes);
+        OpOutcomes* outcomes, InDoubt* in_doubt);
   // Calls Stop(), Join() and FailWaiting().
   ~OpLog();
   OpLog(const OpLog&) = delete;
@@ -260,6 +267,7 @@ class OpLog final {
   Membership* const membership_;
   ControlOps* const ops_;
   OpOutcomes* const outcomes_;
+  InDoubt* const in_doubt_;
   // claim_timeout, at most the lease.
   const absl::Duration claim_timeout_;
   std::atomic<int64_t> applied_{0};
@@ -282,7 +290,8 @@ class OpLog final {
   // Why the queue is held now (Membership::HoldReason); "" when it is not.
   std::string held_ ABSL_GUARDED_BY(mu_);
   // The entry the executor is running and its op's request id, method and
-  // tensor, until its outcome is recorded; entry 0: none.
+  // tensor, until its outcome is recorded (for an op in doubt, until the
+  // re-formed group decides it: in_doubt.h); entry 0: none.
   struct RunningEntry {
     int64_t entry = 0;
     std::string request_id;
