@@ -962,6 +962,28 @@ std::string DaemonName(const Worker& worker, size_t rank) {
                       ") at ", worker.address.address());
 }
 
+// How long a daemon's second ask waits for its channel to connect.
+constexpr absl::Duration kReconnectPatience = absl::Seconds(1);
+
+// `call` with a control context. A call gRPC fails at once because its
+// channel's connection attempt failed (the first on a new channel, or one
+// reset while it was made) is made once more, waiting up to
+// kReconnectPatience for the channel to connect: a daemon is reported
+// unreachable when it could not be reached twice, not after one glitch.
+template <typename Call>
+grpc::Status AskAllowingAReconnect(const internal_client::Cluster& cluster,
+                                   Call call) {
+  std::unique_ptr<grpc::ClientContext> context = cluster.ControlContext();
+  const grpc::Status first = call(context.get());
+  if (first.error_code() != grpc::StatusCode::UNAVAILABLE) return first;
+  context = cluster.ControlContext();
+  context->set_wait_for_ready(true);
+  context->set_deadline(
+      std::min(context->deadline(),
+               absl::ToChronoTime(absl::Now() + kReconnectPatience)));
+  return call(context.get());
+}
+
 }  // namespace
 
 std::vector<absl::Status> Client::Health() const {
@@ -970,11 +992,12 @@ std::vector<absl::Status> Client::Health() const {
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];
     const std::string who = DaemonName(worker, r);
-    const std::unique_ptr<grpc::ClientContext> context =
-        cluster_->ControlContext();
     grpc::health::v1::HealthCheckResponse response;
-    const absl::Status called = FromGrpcStatus(worker.health->Check(
-        context.get(), grpc::health::v1::HealthCheckRequest(), &response));
+    const absl::Status called = FromGrpcStatus(
+        AskAllowingAReconnect(*cluster_, [&](grpc::ClientContext* context) {
+          return worker.health->Check(
+              context, grpc::health::v1::HealthCheckRequest(), &response);
+        }));
     if (!called.ok()) {
       health[r] =
           absl::UnavailableError(absl::StrCat(who, ": ", called.ToString()));
@@ -1005,11 +1028,11 @@ std::vector<absl::StatusOr<Response>> AskEveryDaemon(
   std::vector<absl::StatusOr<Response>> answers(workers.size());
   RunInParallel(workers.size(), kHealthParallelism, [&](size_t r) {
     const Worker& worker = *workers[r];
-    const std::unique_ptr<grpc::ClientContext> context =
-        cluster.ControlContext();
     Response response;
     const absl::Status called = FromGrpcStatus(
-        ((*worker.control).*method)(context.get(), Request(), &response));
+        AskAllowingAReconnect(cluster, [&](grpc::ClientContext* context) {
+          return ((*worker.control).*method)(context, Request(), &response);
+        }));
     if (called.ok()) {
       answers[r] = std::move(response);
     } else {

@@ -1,5 +1,6 @@
 #include "wire/auth.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <openssl/crypto.h>
@@ -471,7 +472,15 @@ absl::StatusOr<std::string> ProcessTokenFor(absl::string_view target) {
 }
 
 std::shared_ptr<grpc::Channel> CreateTesseraChannel(
-    const std::string& target, const grpc::ChannelArguments& args) {
+    const std::string& target, const grpc::ChannelArguments& given) {
+  // A daemon that restarts is dialled again within a second, not after
+  // gRPC's default backoff (growing to 120 s), during which calls that do
+  // not wait for the channel fail at once. The time one attempt may take
+  // stays gRPC's (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20 s): a stalled peer
+  // costs a call its deadline, not a quick UNAVAILABLE.
+  grpc::ChannelArguments args = given;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Found now (chosen, from the environment, or the user's file): one
   // header for every call, read once.
   absl::StatusOr<std::string> token = ProcessTokenFor(target);
