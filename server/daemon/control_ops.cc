@@ -690,13 +690,12 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     }
     return absl::OkStatus();
   }();
-  outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;  // The new layout is dropped.
-
   // The commit: the name moves to the new layout at once for every reader
   // of the table. The old layout leaves the registry once every daemon
   // has committed (OpOutcome::retired); fetches in flight then keep its
-  // bytes, later ones of the old id get NOT_FOUND.
+  // bytes, later ones of the old id get NOT_FOUND. In doubt, it waits for
+  // the re-formed group (in_doubt.h); otherwise a failure drops the new
+  // layout.
   struct Retired {
     // Declared first, so that the reservation goes back to the budget
     // only after the shards and copies are freed.
@@ -704,21 +703,38 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     std::optional<ShardedTensor> tensor;
     std::shared_ptr<ReplicaCopies> copies;
   };
-  auto retired = std::make_shared<Retired>();
-  table_
-      ->Update(name,
-               [&](TableEntry& entry) {
-                 retired->held = std::move(entry.held);
-                 retired->tensor = std::move(entry.tensor);
-                 retired->copies = std::move(entry.replicas);
-                 entry.tensor = std::move(made);
-                 entry.info = info;
-                 entry.held = std::move(held);
-                 entry.replicas = std::move(registered);
-               })
-      .IgnoreError();  // Looked up above; only the executor removes.
-  outcome.retired = std::move(retired);
-  outcome.result.info = std::move(info);
+  struct NewLayout {
+    std::optional<ShardedTensor> made;
+    v1::TensorInfo info;
+    MemoryBudget::Reservation held;
+    std::shared_ptr<ReplicaCopies> registered;
+    // Kept by a commit on time until every daemon confirmed it.
+    std::shared_ptr<Retired> retired = std::make_shared<Retired>();
+  };
+  auto layout = std::make_shared<NewLayout>();
+  layout->made = std::move(made);
+  layout->info = std::move(info);
+  layout->held = std::move(held);
+  layout->registered = std::move(registered);
+  outcome = AgreeThenCommit(local, [this, name, layout]() {
+    table_
+        ->Update(name,
+                 [&](TableEntry& entry) {
+                   Retired& retired = *layout->retired;
+                   retired.held = std::move(entry.held);
+                   retired.tensor = std::move(entry.tensor);
+                   retired.copies = std::move(entry.replicas);
+                   entry.tensor = std::move(layout->made);
+                   entry.info = layout->info;
+                   entry.held = std::move(layout->held);
+                   entry.replicas = std::move(layout->registered);
+                 })
+        .IgnoreError();  // Looked up above; only the executor removes.
+    OpResult result;
+    result.info = layout->info;
+    return result;
+  });
+  if (outcome.status.ok()) outcome.retired = std::move(layout->retired);
   return outcome;
 }
 

@@ -8,10 +8,11 @@
 // to others: those that read every success commit, the others see the
 // exchange break. Such a daemon whose own part succeeded is in doubt about
 // the op: it keeps what committing would do (LateCommit) instead of
-// failing it. When the group forms again (Membership::JoinInStep), every
-// daemon tells the entry it committed last and the one it is in doubt
-// about; an op in doubt is committed if some daemon committed it (the
-// LateCommit runs), else given up (nothing was applied anywhere). So every
+// failing it. When the group forms again, in JoinInStep's first exchange
+// (Membership::DecideInDoubt), every daemon tells the entry it committed
+// last and the one it is in doubt about; an op in doubt is committed if
+// some daemon committed it (the LateCommit runs), else given up (nothing
+// was applied anywhere), before the daemons compare their tables. So every
 // daemon ends with the same state and the caller with a true answer: its
 // call is answered once the op is decided, not when the exchange broke.
 //

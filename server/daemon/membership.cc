@@ -405,9 +405,38 @@ std::optional<Membership::Resumed> Membership::Reform(int64_t next) {
   return resumed;
 }
 
+absl::Status Membership::DecideInDoubt(bool starting) {
+  v1::CommitState mine;
+  if (!starting) {
+    mine.set_last_committed_entry(in_doubt_->last_committed());
+    mine.set_in_doubt_entry(in_doubt_->held_entry());
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                   AllGatherBytes(*group_, mine.SerializeAsString()));
+  const int64_t doubt = in_doubt_->held_entry();
+  if (doubt == 0) return absl::OkStatus();
+  // Committed when some daemon committed its entry: no later entry can
+  // have committed anywhere, as this daemon never ran one. (A starting
+  // daemon sends 0: what it committed before it restarted is gone.)
+  bool committed_somewhere = false;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    v1::CommitState theirs;
+    if (!theirs.ParseFromString(gathered[r])) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", r, " sent no readable commit state when the group formed"));
+    }
+    committed_somewhere |= theirs.last_committed_entry() == doubt;
+  }
+  in_doubt_->Resolve(committed_somewhere);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
                                                            int64_t next) {
   SetLogGeneration(rank_->world_group()->generation());
+  // First the op a daemon may be in doubt about, so that the states
+  // compared below are the decided ones.
+  RETURN_IF_ERROR(DecideInDoubt(starting));
   v1::ResumeState mine;
   mine.set_next_entry(next);
   mine.set_device(options_.device);
@@ -441,8 +470,6 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
     for (v1::CommittedOp& committed : outcomes_->Export()) {
       *mine.add_committed() = std::move(committed);
     }
-    mine.set_last_committed_entry(in_doubt_->last_committed());
-    mine.set_in_doubt_entry(in_doubt_->held_entry());
   }
   ASSIGN_OR_RETURN(std::vector<std::string> gathered,
                    AllGatherBytes(*group_, mine.SerializeAsString()));
@@ -454,21 +481,11 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
     }
   }
   // Deterministic from here: every daemon reads the same states.
-  // An op in doubt on a daemon (in_doubt.h) committed when some veteran
-  // committed its entry: no later entry can have committed anywhere, as
-  // the daemon in doubt never ran one.
-  const auto committed_somewhere = [&](int64_t entry) {
-    return std::any_of(all.begin(), all.end(), [&](const v1::ResumeState& s) {
-      return !s.starting() && s.last_committed_entry() == entry;
-    });
-  };
   std::vector<std::string> devices;
   std::set<int> starting_ranks;
   int64_t furthest = 0;
   int64_t earliest = std::numeric_limits<int64_t>::max();
-  // The lowest-ranked veteran whose state stays as sent: not in doubt, or
-  // in doubt about an op that is given up.
-  int source = -1;
+  int source = -1;  // The lowest-ranked veteran.
   for (size_t r = 0; r < all.size(); ++r) {
     devices.push_back(all[r].device());
     furthest = std::max(furthest, all[r].next_entry());
@@ -477,14 +494,7 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
       continue;
     }
     earliest = std::min(earliest, all[r].next_entry());
-    const int64_t doubt = all[r].in_doubt_entry();
-    if (source < 0 && (doubt == 0 || !committed_somewhere(doubt))) {
-      source = static_cast<int>(r);
-    }
-  }
-  // This daemon's op in doubt, decided alike by every daemon.
-  if (const int64_t doubt = in_doubt_->held_entry(); doubt != 0) {
-    in_doubt_->Resolve(committed_somewhere(doubt));
+    if (source < 0) source = static_cast<int>(r);
   }
   // Entries veterans passed while this one did not run them failed on the
   // others (they could not agree without it): the log abandons them. A

@@ -87,10 +87,10 @@ class Membership {
   // hold them, and they build their table from the lowest-ranked
   // veteran's. Every daemon adopts that veteran's committed request ids
   // (op_outcomes.h), so that all tell retries alike; with no veteran, all
-  // start with none. An op a daemon is in doubt about (in_doubt.h) is
-  // decided first: committed there when any veteran committed its entry,
-  // else given up; the veteran whose state is copied is one whose state
-  // that decision leaves as it is. The exchange's errors; DATA_LOSS for an
+  // start with none. First, in an exchange of its own (DecideInDoubt), an
+  // op a daemon is in doubt about (in_doubt.h) is decided: committed there
+  // when any daemon committed its entry, else given up; so the states
+  // compared are the decided ones. The exchanges' errors; DATA_LOSS for an
   // unreadable state.
   absl::StatusOr<Resumed> JoinInStep(bool starting, int64_t next);
 
@@ -125,6 +125,10 @@ class Membership {
   bool PeerUp(int r) const;
 
  private:
+  // JoinInStep's first exchange, collective: every daemon sends the entry
+  // it committed last and the one it is in doubt about, and decides its
+  // own op in doubt (InDoubt::Resolve).
+  absl::Status DecideInDoubt(bool starting);
   bool running() const;
   // Sleeps up to `d`; false once stopping.
   bool Sleep(absl::Duration d) const;

@@ -118,6 +118,25 @@ absl::StatusOr<WithKept> StartWithKept(int rank, absl::Duration timeout) {
   return started;
 }
 
+// A cluster of Options() and a client of rank 0 whose calls end within
+// `timeout`, without a tensor.
+absl::StatusOr<WithKept> StartWithClient(absl::Duration timeout) {
+  WithKept started;
+  ASSIGN_OR_RETURN(started.cluster, DaemonCluster::Start(Options()));
+  ClientOptions client_options;
+  client_options.timeout = timeout;
+  ASSIGN_OR_RETURN(started.client, Client::Connect(started.cluster->address(0),
+                                                   client_options));
+  return started;
+}
+
+// Sevens, with a copy of each shard on the next rank.
+CreateOptions TwoCopies() {
+  CreateOptions options = Sevens();
+  options.copies = 2;
+  return options;
+}
+
 // Re-forming, and past the first look at who is missing.
 std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
   return [rank](const v1::ClusterInfo& info) {
@@ -465,13 +484,10 @@ std::vector<float> Floats(const Tensor& t) {
 }
 
 TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
-  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(Options()));
-  ClientOptions client_options;
-  client_options.timeout = absl::Seconds(10);
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Connect(cluster->address(0), client_options));
-  CreateOptions two = Sevens();
-  two.copies = 2;
+  ASSERT_OK_AND_ASSIGN(WithKept started, StartWithClient(absl::Seconds(10)));
+  DaemonCluster* cluster = started.cluster.get();
+  const std::shared_ptr<Client>& client = started.client;
+  const CreateOptions two = TwoCopies();
   for (const int bad : {-1, kWorld + 1}) {
     CreateOptions wrong = two;
     wrong.copies = bad;
@@ -563,6 +579,74 @@ TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
   ASSERT_OK_AND_ASSIGN(Tensor copy_of_cols, replica_of(1, columns, 0));
   ASSERT_OK_AND_ASSIGN(Tensor left, second.Narrow(1, 0, 2));
   EXPECT_EQ(Floats(copy_of_cols), Floats(left));
+}
+
+// A daemon killed while a reshard of a tensor with two copies runs, at
+// several moments: the tensor is never lost (a reshard that committed on
+// some daemons only was dropped everywhere before ops in doubt were
+// decided, docs/control_log.md), its values are the same, and once the
+// daemon is back its layout is the new one exactly when GetOperation says
+// the reshard committed.
+TEST(ResilienceTest, AReshardDuringADeathEndsOneWayEverywhere) {
+  ASSERT_OK_AND_ASSIGN(WithKept started, StartWithClient(absl::Seconds(30)));
+  DaemonCluster* cluster = started.cluster.get();
+  Client& patient = *started.client;
+  const Tensor values = Rows6x4(100);
+  const ShardingSpec columns = *ChunkShardingSpec::Create(
+      1, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu"});
+  for (const int delay_ms : {0, 1, 3, 6}) {
+    SCOPED_TRACE(absl::StrCat("killed after ", delay_ms, " ms"));
+    const std::string name = absl::StrCat("r", delay_ms);
+    ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                         patient.Create(name, {6, 4}, Rows(), TwoCopies()));
+    ASSERT_OK(view.Write({0, 0}, values));
+    ClientOptions options;
+    options.timeout = absl::Seconds(4);
+    options.request_id = absl::StrCat("reshard-", delay_ms);
+    ASSERT_OK_AND_ASSIGN(auto impatient,
+                         Client::Connect(cluster->address(0), options));
+    absl::StatusOr<ShardedTensorView> resharded;
+    std::thread reshard([&] { resharded = impatient->Reshard(name, columns); });
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    cluster->Kill(2);
+    reshard.join();
+    std::cout << "[ resilience ] reshard with rank 2 killed after " << delay_ms
+              << " ms: "
+              << (resharded.ok() ? "committed"
+                                 : resharded.status().ToString().substr(0, 90))
+              << "\n";
+    ASSERT_OK(cluster->Restart(2)) << cluster->Log(2);
+    ASSERT_OK(CreateAfterUntilServing(patient, absl::Now())) << cluster->Log(0);
+    ASSERT_OK(patient.Delete("after"));
+    // Never dropped; the values whatever the layout.
+    absl::StatusOr<ShardedTensorView> opened = patient.Open(name);
+    ASSERT_OK(opened.status()) << cluster->Log(0);
+    const ShardedTensorView& now = *opened;
+    ASSERT_OK_AND_ASSIGN(Tensor read, now.Read());
+    EXPECT_EQ(Floats(read), Floats(values));
+    const bool new_layout = now.info().shard_ranks_size() == 2;
+    ASSERT_OK_AND_ASSIGN(v1::OperationStatus op,
+                         patient.Operation(options.request_id));
+    // Not committed: failed, or never logged (held until its deadline).
+    if (new_layout) {
+      EXPECT_EQ(op.state(), v1::OperationStatus::STATE_COMMITTED)
+          << op.DebugString();
+    } else {
+      EXPECT_NE(op.state(), v1::OperationStatus::STATE_COMMITTED)
+          << op.DebugString();
+    }
+    if (resharded.ok()) {
+      EXPECT_TRUE(new_layout);
+    } else if (!absl::IsDeadlineExceeded(resharded.status())) {
+      EXPECT_FALSE(new_layout) << resharded.status();
+    }
+    // Every daemon describes the same layout.
+    for (int rank = 0; rank < kWorld; ++rank) {
+      ASSERT_OK_AND_ASSIGN(auto there, Client::Connect(cluster->address(rank)));
+      ASSERT_OK_AND_ASSIGN(ShardedTensorView seen, there->Open(name));
+      EXPECT_EQ(seen.tensor_id(), now.tensor_id()) << rank;
+    }
+  }
 }
 
 // A write to a tensor with two copies while the holder of one copy is
