@@ -172,10 +172,13 @@ class MetricsTest : public ::tessera::testing::DaemonClusterTest {
     SCOPED_TRACE(absl::StrCat(transport, " ", direction));
     const auto before = Counts(ScrapeAll(), transport, direction);
     traffic();
+    // All three series moved: a scrape is not a snapshot, so one taken
+    // while the transfer was being counted may show some of them only.
     const auto after =
         Counts(ScrapeAllWhen([&](int r, const std::string& scrape) {
-                 return Series(scrape, "tessera_transfer_seconds_count",
-                               transport, direction) > before[r][2];
+                 const auto now = Counts({scrape}, transport, direction)[0];
+                 return now[0] > before[r][0] && now[1] > before[r][1] &&
+                        now[2] > before[r][2];
                }),
                transport, direction);
     for (int r = 0; r < kWorld; ++r) {
