@@ -174,8 +174,11 @@ def torch_round(mibs, write_mibs, reps, latency_iters, timeout=600):
 # ---- Tessera: the benchmarks of the build.
 
 def run_lines(command):
-    out = subprocess.run(command, check=True, capture_output=True, text=True,
+    out = subprocess.run(command, capture_output=True, text=True,
                          timeout=900)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(command)} exited with {out.returncode}:\n"
+                 f"{out.stdout}\n{out.stderr}")
     return [json.loads(l) for l in out.stdout.splitlines()
             if l.startswith("{")]
 

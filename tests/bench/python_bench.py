@@ -74,6 +74,11 @@ def python_figures(build, mibs, reps, iterations):
         emit({"bench": "python_region_latency", "bytes": 4096,
               "p50_us": p50,
               "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6})
+    except BaseException:
+        for rank in range(daemons.world):
+            print(f"--- daemon {rank}'s log:\n{daemons.log(rank)}",
+                  file=sys.stderr)
+        raise
     finally:
         daemons.stop()
     return figures
@@ -85,7 +90,10 @@ def cpp_figures(build, mibs, reps):
     command = [os.path.join(build, "tests", "bench", "client_bench"),
                "--mib", *[str(m) for m in mibs], "--reps", str(reps)]
     figures = {}
-    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(command)} exited with {out.returncode}:\n"
+                 f"{out.stdout}\n{out.stderr}")
     for text in out.stdout.splitlines():
         line = json.loads(text)
         if line["bench"] == "client_write" and line["mib"] in mibs:

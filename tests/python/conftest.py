@@ -27,12 +27,22 @@ class Daemons:
         self.world = world
         self.dir = tempfile.mkdtemp(prefix="tessera-py-")
         self.extra = list(extra)
-        self.master_port = free_port()
         self.procs = [None] * world
         self.addresses = [None] * world
-        for rank in range(world):
-            self.start(rank)
-        self.wait(range(world))
+        # The store's port is free a moment before rank 0 binds it; when
+        # another process took it in between, start again on a new one.
+        for attempt in range(3):
+            self.master_port = free_port()
+            for rank in range(world):
+                self.start(rank)
+            try:
+                self.wait(range(world))
+                return
+            except RuntimeError as e:
+                if attempt == 2 or "(--master-port)" not in str(e):
+                    self.stop()
+                    raise
+                self.stop()
 
     def start(self, rank):
         address_file = os.path.join(self.dir, f"rank{rank}.address")
@@ -63,7 +73,8 @@ class Daemons:
                 if self.procs[rank].poll() is not None:
                     raise RuntimeError(f"daemon {rank} exited: {self.log(rank)}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon {rank} did not serve")
+                    raise RuntimeError(f"daemon {rank} did not serve: "
+                                       f"{self.log(rank)}")
                 time.sleep(0.01)
 
     def log(self, rank):

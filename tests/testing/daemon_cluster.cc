@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -48,6 +49,18 @@ absl::StatusOr<int> PickFreePort() {
 
 absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::Start(
     DaemonClusterOptions options) {
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<std::unique_ptr<DaemonCluster>> cluster = StartOnce(options);
+    // Rank 0's words when its store port was taken (server/daemon).
+    if (cluster.ok() || attempt == 3 ||
+        !absl::StrContains(cluster.status().message(), "(--master-port)")) {
+      return cluster;
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DaemonCluster>> DaemonCluster::StartOnce(
+    const DaemonClusterOptions& options) {
   std::unique_ptr<DaemonCluster> cluster(new DaemonCluster());
   char dir_template[] = "/tmp/tessera-daemons-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {

@@ -52,6 +52,9 @@ class DaemonCluster {
  public:
   // Starts the daemons and waits until every one serves. On failure the
   // started ones are stopped and the error quotes the failing daemon's log.
+  // The store's port is picked free a moment before rank 0 binds it; when
+  // another process took it in between, the cluster starts again on a new
+  // one (3 tries).
   static absl::StatusOr<std::unique_ptr<DaemonCluster>> Start(
       DaemonClusterOptions options);
 
@@ -81,6 +84,8 @@ class DaemonCluster {
 
  private:
   DaemonCluster() = default;
+  static absl::StatusOr<std::unique_ptr<DaemonCluster>> StartOnce(
+      const DaemonClusterOptions& options);
   // Waits for `rank`'s address file.
   absl::Status WaitServing(int rank, absl::Time deadline);
 
