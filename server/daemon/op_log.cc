@@ -202,48 +202,45 @@ int64_t OpLog::EntryOfLocked(uint64_t id) const {
   return 0;
 }
 
+namespace {
+
+// How the caller of an unfinished `call` learns what became of it.
+std::string OutcomeAdvice(const PendingCall& call) {
+  if (call.request_id().empty()) {
+    return ". It carried no request id, so its outcome cannot be asked for: "
+           "list or describe the tensors";
+  }
+  return absl::StrCat(", and keep its outcome: `tessera op ", call.request_id(),
+                      "` tells it, and a retry with the same request id "
+                      "returns it without applying it twice");
+}
+
+}  // namespace
+
 std::string OpLog::UnfinishedLocked(const PendingCall& call) const {
   const int64_t entry = EntryOfLocked(call.id());
   if (std::optional<InDoubt::Held> doubt = in_doubt_->held();
-      entry == 0 && doubt.has_value() &&
-      doubt->op.coordinator() == rank_->rank() &&
-      doubt->op.incarnation() == incarnation_ &&
+      entry == 0 && doubt.has_value() && FromThisDaemon(doubt->op) &&
       doubt->op.request_id() == call.id()) {
-    const std::string prefix = absl::StrCat(
+    return absl::StrCat(
         call.method(), " did not finish within its deadline: it is log entry ",
         doubt->entry,
         ", in doubt: the daemons' process group broke in its final exchange (",
         doubt->broke.message(),
         "), so some daemons may have committed it; the daemons decide it when "
-        "their group forms again");
-    if (call.request_id().empty()) {
-      return absl::StrCat(prefix,
-                          ". It carried no request id, so its outcome cannot "
-                          "be asked for: list or describe the tensors then");
-    }
-    return absl::StrCat(prefix, ", and keep its outcome: `tessera op ",
-                        call.request_id(),
-                        "` tells it, and a retry with the same request id "
-                        "returns it without applying it twice");
+        "their group forms again",
+        OutcomeAdvice(call));
   }
   const std::string where =
       entry > 0 ? absl::StrCat("it is log entry ", entry)
                 : std::string("it was being written to the log");
-  if (call.request_id().empty()) {
-    return absl::StrCat(
-        call.method(), " did not finish within its deadline: ", where,
-        "; the daemons fail it unless it started in time. It carried no "
-        "request id, so its outcome cannot be asked for: list or describe "
-        "the tensors");
-  }
+  const std::string id =
+      call.request_id().empty()
+          ? std::string()
+          : absl::StrCat(" (request id ", call.request_id(), ")");
   return absl::StrCat(
-      call.method(), " did not finish within its deadline: ", where,
-      " (request id ", call.request_id(),
-      "); the daemons fail it unless it started in time, and keep its "
-      "outcome: `tessera op ",
-      call.request_id(),
-      "` tells it, and a retry with the same request id returns it without "
-      "applying it twice");
+      call.method(), " did not finish within its deadline: ", where, id,
+      "; the daemons fail it unless it started in time", OutcomeAdvice(call));
 }
 
 bool OpLog::ExecutingLocked(const std::string& request_id) const {
@@ -665,10 +662,12 @@ void OpLog::Advance(int64_t from, int64_t to, Passed passed,
   }
 }
 
+bool OpLog::FromThisDaemon(const v1::ControlOp& op) const {
+  return op.coordinator() == rank_->rank() && op.incarnation() == incarnation_;
+}
+
 std::shared_ptr<PendingCall> OpLog::OwnCall(const v1::ControlOp& op) const {
-  if (op.coordinator() != rank_->rank() || op.incarnation() != incarnation_) {
-    return nullptr;
-  }
+  if (!FromThisDaemon(op)) return nullptr;
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(op.request_id());
   return it != pending_.end() ? it->second : nullptr;
@@ -826,7 +825,7 @@ int64_t OpLog::Execute(absl::string_view entry, int64_t n,
     spdlog::error("control: log entry {} holds no request; skipping it", n);
     return n + 1;
   }
-  if (op.coordinator() == rank_->rank() && op.incarnation() == incarnation_) {
+  if (FromThisDaemon(op)) {
     *own_request = op.request_id();
   }
   // A retry of an op that committed already is not run again; every

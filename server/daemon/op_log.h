@@ -252,8 +252,10 @@ class OpLog final {
   // `from`, if any.
   void Advance(int64_t from, int64_t to, Passed passed,
                std::optional<uint64_t> ran = std::nullopt);
-  // The call waiting for `op` when this process coordinated it (its rank
-  // and incarnation) and the call is still pending; else null.
+  // Whether this process coordinated `op` (its rank and incarnation).
+  bool FromThisDaemon(const v1::ControlOp& op) const;
+  // The call waiting for `op` when FromThisDaemon(op) and the call is still
+  // pending; else null.
   std::shared_ptr<PendingCall> OwnCall(const v1::ControlOp& op) const;
   // Completes OwnCall(op), if any.
   void FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
