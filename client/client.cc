@@ -382,12 +382,23 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
         // locally and never into a new layout.
         const std::vector<int> holders =
             HoldersOf(info_, static_cast<int>(piece.shard));
+        HolderWriteOptions each;
+        each.cancel = write.cancel;
+        each.patience = cluster_->options().holder_patience;
+        if (!Versioned(info_)) {
+          // Holders that missed the piece must not serve the old bytes.
+          each.mark_stale = [&](const std::vector<size_t>& missed) {
+            return MarkStale(holders, missed, write.deadline);
+          };
+        }
         return WriteToHolders(
-            holders.size(),
-            [&](size_t k, std::string* holder_name) -> absl::Status {
+            holders.size(), each,
+            [&](size_t k, const std::shared_ptr<Cancellation>& cancel,
+                std::string* holder_name) -> absl::Status {
               *holder_name =
                   absl::StrCat(k == 0 ? "rank " : "replica rank ", holders[k]);
               RegionWriteOptions to_holder = write;
+              to_holder.cancel = cancel;
               to_holder.replica = k > 0;
               // Progress counts the owner's bytes only.
               if (k > 0) to_holder.on_chunk = nullptr;
@@ -422,6 +433,32 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
       }));
   progress.Finish();
   return absl::OkStatus();
+}
+
+absl::Status ShardedTensorView::MarkStale(const std::vector<int>& holders,
+                                          const std::vector<size_t>& missed,
+                                          absl::Time deadline) const {
+  v1::MarkStaleRequest request;
+  request.set_tensor_id(tensor_id());
+  for (const size_t k : missed) request.add_ranks(holders[k]);
+  // Asked of a holder that took the piece (any daemon would do).
+  absl::Status status = absl::UnavailableError("no holder took the piece");
+  for (size_t k = 0; k < holders.size(); ++k) {
+    if (std::find(missed.begin(), missed.end(), k) != missed.end()) continue;
+    absl::StatusOr<std::shared_ptr<const Worker>> worker =
+        cluster_->worker(holders[k]);
+    if (!worker.ok()) {
+      status = worker.status();
+      continue;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::MarkStaleResponse response;
+    status = FromGrpcStatus(
+        (*worker)->control->MarkStale(&context, request, &response));
+    if (!absl::IsUnavailable(status)) break;
+  }
+  return status;
 }
 
 // ---- Client -----------------------------------------------------------------

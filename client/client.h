@@ -263,6 +263,11 @@ class ShardedTensorView {
 
   // The id reads and writes name: the tensor's, or its version's.
   std::string DataId() const;
+  // Asks a holder that took a piece to mark holders[k] stale for each k in
+  // `missed` (ControlService.MarkStale): they missed it.
+  absl::Status MarkStale(const std::vector<int>& holders,
+                         const std::vector<size_t>& missed,
+                         absl::Time deadline) const;
   // One pass of ReadRegionInto over the pieces `wanted` says yes to, from
   // `id`; versions[shard] receives the version each piece was.
   absl::Status ReadPieces(absl::Span<const int64_t> offsets,

@@ -110,36 +110,93 @@ absl::Status PartialWriteError(absl::string_view what,
 }  // namespace
 
 absl::Status WriteToHolders(
-    size_t holders,
-    const std::function<absl::Status(size_t k, std::string* name)>& write,
+    size_t holders, const HolderWriteOptions& options,
+    const std::function<
+        absl::Status(size_t k, const std::shared_ptr<Cancellation>& cancel,
+                     std::string* name)>& write,
     std::string* names) {
+  if (holders == 1) {  // One copy: nothing to wait for but itself.
+    return write(0, options.cancel, names);
+  }
   std::vector<std::string> named(holders);
   std::vector<absl::Status> results(holders);
-  // Every holder is tried: RunInParallel would stop starting new ones
-  // after a failure.
-  RunInParallel(holders, static_cast<int>(holders), [&](size_t k) {
-    results[k] = write(k, &named[k]);
-    return absl::OkStatus();
-  }).IgnoreError();
+  std::vector<std::shared_ptr<Cancellation>> cancels;
+  std::vector<Cancellation::Registration> chained;
+  for (size_t k = 0; k < holders; ++k) {
+    cancels.push_back(std::make_shared<Cancellation>());
+    if (options.cancel != nullptr) {
+      chained.push_back(
+          options.cancel->OnCancel([c = cancels.back()] { c->Cancel(); }));
+    }
+  }
+  // Every holder is tried, each on its own thread; this one watches for
+  // the first that took the piece, then gives the rest their patience.
+  absl::Mutex mu;
+  size_t finished = 0;
+  std::vector<bool> done(holders, false);
+  absl::Time first_ok = absl::InfiniteFuture();
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < holders; ++k) {
+    threads.emplace_back([&, k] {
+      absl::Status result = write(k, cancels[k], &named[k]);
+      absl::MutexLock lock(&mu);
+      results[k] = std::move(result);
+      done[k] = true;
+      ++finished;
+      if (results[k].ok()) first_ok = std::min(first_ok, absl::Now());
+    });
+  }
+  std::vector<bool> given_up(holders, false);
+  {
+    absl::MutexLock lock(&mu);
+    const auto all_done = [&] { return finished == holders; };
+    if (!options.mark_stale) {
+      mu.Await(absl::Condition(&all_done));
+    } else {
+      const auto settled = [&] {
+        return finished == holders || first_ok != absl::InfiniteFuture();
+      };
+      mu.Await(absl::Condition(&settled));
+      if (finished < holders) {
+        const absl::Time give_up =
+            first_ok + std::max(options.patience, first_ok - start);
+        mu.AwaitWithDeadline(absl::Condition(&all_done), give_up);
+        for (size_t k = 0; k < holders; ++k) {
+          if (done[k]) continue;
+          given_up[k] = true;
+          cancels[k]->Cancel();
+        }
+        mu.Await(absl::Condition(&all_done));
+      }
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
   std::vector<std::string> written;
   std::vector<std::string> skipped;
   std::vector<std::string> failed;
+  std::vector<size_t> missed;
   absl::Status first;
   for (size_t k = 0; k < holders; ++k) {
     if (results[k].ok()) {
       written.push_back(named[k]);
       continue;
     }
-    const bool not_live =
-        absl::IsUnavailable(results[k]) || absl::IsNotFound(results[k]);
-    (not_live ? skipped : failed)
-        .push_back(absl::StrCat(named[k], ": ", results[k].ToString()));
-    if (!not_live && first.ok()) first = results[k];
-  }
-  *names = absl::StrJoin(written, " and ");
-  if (!skipped.empty()) {
-    absl::StrAppend(names, written.empty() ? "" : " (", "not written to ",
-                    absl::StrJoin(skipped, "; "), written.empty() ? "" : ")");
+    const bool not_live = !given_up[k] && (absl::IsUnavailable(results[k]) ||
+                                           absl::IsNotFound(results[k]));
+    const std::string why =
+        given_up[k] ? absl::StrCat(named[k], ": no answer within ",
+                                   absl::FormatDuration(absl::Now() - start))
+                    : absl::StrCat(named[k], ": ", results[k].ToString());
+    if (not_live) {
+      skipped.push_back(why);
+    } else if (options.mark_stale) {
+      missed.push_back(k);
+      skipped.push_back(absl::StrCat(why, "; marked stale"));
+    } else {
+      failed.push_back(why);
+      if (first.ok()) first = results[k];
+    }
   }
   if (written.empty()) {
     // No holder has it: the owner's error is the piece's.
@@ -147,6 +204,25 @@ absl::Status WriteToHolders(
     for (const absl::Status& result : results) {
       if (!result.ok()) return result;
     }
+  }
+  if (!missed.empty()) {
+    if (absl::Status marked = options.mark_stale(missed); !marked.ok()) {
+      std::vector<std::string> unmarked;
+      for (const size_t k : missed) {
+        unmarked.push_back(absl::StrCat(named[k], ": ", results[k].ToString()));
+      }
+      return absl::Status(
+          marked.code(),
+          absl::StrCat("not written to ", absl::StrJoin(unmarked, "; "),
+                       ", and they could not be marked stale (so the write "
+                       "fails: they may serve the old bytes): ",
+                       marked.message()));
+    }
+  }
+  *names = absl::StrJoin(written, " and ");
+  if (!skipped.empty()) {
+    absl::StrAppend(names, " (not written to ", absl::StrJoin(skipped, "; "),
+                    ")");
   }
   if (first.ok()) return absl::OkStatus();
   return absl::Status(first.code(), absl::StrCat("not written to ",

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -83,17 +84,37 @@ absl::Status WriteEveryRegionPiece(
     const std::function<absl::Status(const RegionPiece&, std::string* owner)>&
         write);
 
+// How WriteToHolders treats holders that did not take a piece another
+// holder took.
+struct HolderWriteOptions {
+  // Marks holders[k] stale for each k in `missed` (they missed the piece:
+  // server/daemon/stale_copies.h) and returns once none of them serves
+  // the old bytes. Empty: nobody is marked (an open version's copies).
+  std::function<absl::Status(const std::vector<size_t>& missed)> mark_stale;
+  // With mark_stale: once one holder took the piece, the others get this
+  // long, or as long as that one took if longer, before they are given up
+  // (cancelled) and marked.
+  absl::Duration patience = absl::Seconds(2);
+  // The caller's: cancels every holder's write.
+  std::shared_ptr<Cancellation> cancel;
+};
+
 // Writes one piece to every daemon holding its shard (`holders`: its owner,
-// then its replicas), in parallel: write(k, &name) writes to holders[k] and
-// names it. OK when every holder wrote it, and also when the others did
-// and those that did not are not live: UNAVAILABLE (dead, shutting down)
-// or NOT_FOUND (restarted, and not yet in step: it refills its copy from
-// the others when it rejoins). Otherwise the first failure's code, naming
-// every holder that failed and every one that wrote. *names lists the
-// holders (written ones, then "not written to ..." for skipped ones).
+// then its replicas), in parallel: write(k, cancel, &name) writes to
+// holders[k] (stopping when `cancel` is cancelled) and names it. OK when
+// every holder wrote it; also when at least one did and those that did not
+// are not live (UNAVAILABLE: dead, shutting down; NOT_FOUND: restarted and
+// not yet in step: they refill their copies when they rejoin) or, with
+// options.mark_stale, were marked stale (any other failure, or no answer
+// within the patience). Otherwise the first failure's code, naming every
+// holder that failed and every one that wrote (and why marking failed).
+// *names lists the holders (written ones, then "not written to ..." for
+// skipped or marked ones).
 absl::Status WriteToHolders(
-    size_t holders,
-    const std::function<absl::Status(size_t k, std::string* name)>& write,
+    size_t holders, const HolderWriteOptions& options,
+    const std::function<
+        absl::Status(size_t k, const std::shared_ptr<Cancellation>& cancel,
+                     std::string* name)>& write,
     std::string* names);
 
 // "[4:6, 0:4]": a box of global coordinates, as errors name it.

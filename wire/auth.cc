@@ -57,6 +57,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/BeginVersion", Role::kWrite},
     {"tessera.v1.ControlService/PublishVersion", Role::kWrite},
     {"tessera.v1.ControlService/AbortVersion", Role::kWrite},
+    {"tessera.v1.ControlService/MarkStale", Role::kWrite},
     {"tessera.v1.ControlService/SaveCheckpoint", Role::kAdmin},
     {"tessera.v1.ControlService/LoadCheckpoint", Role::kAdmin},
     {"tessera.v1.ShardService/FetchShard", Role::kRead},

@@ -15,7 +15,7 @@
 //            UnpinVersions, WatchVersions, ShardService (FetchShard,
 //            DescribeTensor)
 //   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor,
-//            BeginVersion, PublishVersion, AbortVersion
+//            BeginVersion, PublishVersion, AbortVersion, MarkStale
 //   admin    + SaveCheckpoint, LoadCheckpoint, reading the store (Get,
 //            Wait, Check)
 //   cluster  + writing the store (Set, Add, CompareSet, Delete): the

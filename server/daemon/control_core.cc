@@ -54,7 +54,8 @@ Core::Core(std::shared_ptr<Rank> rank, ControlOptions options)
       ops_(rank_, rank_->default_group(), options_, budget_, &table_,
            &replication_, &membership_, &watch_),
       log_(rank_, rank_->default_group(), store_, options_, incarnation_,
-           &membership_, &ops_, &outcomes_, &in_doubt_) {}
+           &membership_, &ops_, &outcomes_, &in_doubt_),
+      stale_(store_, rank_->rank()) {}
 
 Core::~Core() { Shutdown(); }
 
@@ -93,6 +94,7 @@ absl::Status Core::Start() {
     version_leases_.Start();
     state_ = State::kRunning;
   }
+  StartStaleCopies();
   // Outside mu_: a scrape holds the gauges' lock, then mu_.
   RegisterGauges();
   return absl::OkStatus();
@@ -106,6 +108,8 @@ void Core::Shutdown() {
     state_ = State::kStopping;
   }
   gauges_.clear();
+  rank_->registry().SetServeGate(nullptr);
+  stale_.Stop();
   log_.Stop();
   membership_.Stop();
   log_.Join();
@@ -276,6 +280,51 @@ void Core::RegisterGauges() {
       });
 }
 
+void Core::StartStaleCopies() {
+  std::weak_ptr<Core> weak = weak_from_this();
+  stale_.Start(
+      [weak](const std::string& tensor_id) {
+        std::shared_ptr<Core> core = weak.lock();
+        if (core == nullptr) return;
+        core->replication_.RefillStale(tensor_id, [weak, tensor_id](bool ok) {
+          if (std::shared_ptr<Core> core = weak.lock()) {
+            core->stale_.Refilled(tensor_id, ok);
+          }
+        });
+      },
+      [this](absl::string_view tensor_id) {
+        return table_.Replicated(tensor_id);
+      });
+  rank_->registry().SetServeGate([weak](absl::string_view id, bool write,
+                                        absl::Time deadline) -> absl::Status {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return absl::OkStatus();
+    return core->stale_.CheckServe(id, write, deadline);
+  });
+}
+
+absl::Status Core::MarkStale(const v1::MarkStaleRequest& request,
+                             absl::Time deadline) {
+  RETURN_IF_ERROR(Accepting());
+  std::vector<int> ranks;
+  for (const int r : request.ranks()) {
+    if (r < 0 || r >= rank_->world_size() || r == rank_->rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MarkStale: rank ", r, " is not another daemon of the cluster"));
+    }
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) {
+      ranks.push_back(r);
+    }
+  }
+  if (!table_.Replicated(request.tensor_id())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MarkStale: tensor id ", request.tensor_id(),
+        " is not an unversioned tensor with copies on this daemon's table"));
+  }
+  return stale_.Mark(ranks, request.tensor_id(),
+                     std::min(deadline, absl::Now() + options_.op_timeout));
+}
+
 RegionEnv Core::Env() {
   RegionEnv env;
   env.rank = rank_;
@@ -292,6 +341,13 @@ RegionEnv Core::Env() {
     std::shared_ptr<Core> core = weak.lock();
     if (core == nullptr) return nullptr;
     return core->replication_.Refilling(tensor_id);
+  };
+  env.mark_stale = [weak = weak_from_this()](const std::string& tensor_id,
+                                             const std::vector<int>& ranks,
+                                             absl::Time deadline) {
+    std::shared_ptr<Core> core = weak.lock();
+    if (core == nullptr) return absl::UnavailableError(kShuttingDown);
+    return core->stale_.Mark(ranks, tensor_id, deadline);
   };
   return env;
 }

@@ -11,6 +11,7 @@
 //   InDoubt      (in_doubt.h)      the op this daemon cannot tell committed
 //   VersionLeases (version_leases.h) ends pins and open versions on time
 //   VersionWatch (version_watch.h)  who watches which tensor's versions
+//   StaleCopies  (stale_copies.h)   copies that missed a write; the fence
 //
 // Core owns them, starts them in order (the log position, then the
 // daemons joining in step, then the lease and log threads) and stops
@@ -46,6 +47,7 @@
 #include "server/daemon/pending_call.h"
 #include "server/daemon/region_io.h"
 #include "server/daemon/replication.h"
+#include "server/daemon/stale_copies.h"
 #include "server/daemon/tensor_table.h"
 #include "server/daemon/version_leases.h"
 #include "server/daemon/version_watch.h"
@@ -94,6 +96,13 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<v1::OperationStatus> Operation(
       const std::string& request_id) const;
   absl::StatusOr<v1::ClusterInfo> Cluster() const;
+  // A writer's MarkStale: the copies of request.tensor_id() on
+  // request.ranks() missed a write (StaleCopies::Mark, answered after the
+  // fence). INVALID_ARGUMENT for a rank outside the cluster or this
+  // daemon's own; FAILED_PRECONDITION for a tensor id that is not an
+  // unversioned tensor with copies here.
+  absl::Status MarkStale(const v1::MarkStaleRequest& request,
+                         absl::Time deadline);
   // What ReadRegion and WriteRegion need of this daemon (region_io.h).
   RegionEnv Env();
   // How ReadRegion and Gather streams are cut.
@@ -112,6 +121,9 @@ class Core : public std::enable_shared_from_this<Core> {
   // registered by Start(), dropped by Shutdown().
   void RegisterGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shutdown_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts looking at this daemon's stale marks and gates the registry's
+  // serving on them (Start).
+  void StartStaleCopies();
 
   const std::shared_ptr<Rank> rank_;
   const ControlOptions options_;
@@ -133,6 +145,7 @@ class Core : public std::enable_shared_from_this<Core> {
   ControlOps ops_;
   OpLog log_;
   VersionLeases version_leases_{&table_};
+  StaleCopies stale_;
 
   absl::Mutex shutdown_mu_;  // Serialises Start() and Shutdown().
   std::vector<std::unique_ptr<GaugeSource>> gauges_

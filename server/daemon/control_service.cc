@@ -161,6 +161,18 @@ grpc::ServerUnaryReactor* ControlServiceImpl::GetOperation(
   return control_internal::Done(context, status.status());
 }
 
+grpc::ServerUnaryReactor* ControlServiceImpl::MarkStale(
+    grpc::CallbackServerContext* context, const v1::MarkStaleRequest* request,
+    v1::MarkStaleResponse* response) {
+  if (absl::Status allowed = control_internal::Authorize(*context, "MarkStale");
+      !allowed.ok()) {
+    return control_internal::Done(context, allowed);
+  }
+  return control_internal::Done(
+      context,
+      core_->MarkStale(*request, absl::FromChrono(context->deadline())));
+}
+
 grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
     grpc::CallbackServerContext* context, const v1::ListTensorsRequest* request,
     v1::ListTensorsResponse* response) {

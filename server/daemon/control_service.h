@@ -51,30 +51,31 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of server/serve/shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_WatchVersions<
-    v1::ControlService::WithCallbackMethod_BeginVersion<
-        v1::ControlService::WithCallbackMethod_PublishVersion<
-            v1::ControlService::WithCallbackMethod_AbortVersion<
-                v1::ControlService::WithCallbackMethod_PinVersions<
-                    v1::ControlService::WithCallbackMethod_UnpinVersions<
-                        v1::ControlService::WithCallbackMethod_GetOperation<
-                            v1::ControlService::WithCallbackMethod_GetStats<
-                                v1::ControlService::WithCallbackMethod_GetCluster<
-                                    v1::ControlService::
-                                        WithCallbackMethod_CreateTensor<
-                                            v1::ControlService::WithCallbackMethod_CreateTensors<
-                                                v1::ControlService::
-                                                    WithCallbackMethod_ListTensors<
-                                                        v1::ControlService::WithCallbackMethod_DescribeTensor<
-                                                            v1::ControlService::WithCallbackMethod_DeleteTensor<
-                                                                v1::ControlService::WithCallbackMethod_WriteRegion<
-                                                                    v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                                                                        v1::ControlService::WithRawCallbackMethod_Gather<
-                                                                            v1::ControlService::WithCallbackMethod_Reshard<
-                                                                                v1::ControlService::WithCallbackMethod_SaveCheckpoint<
-                                                                                    v1::ControlService::WithCallbackMethod_LoadCheckpoint<
-                                                                                        v1::ControlService::
-                                                                                            Service>>>>>>>>>>>>>>>>>>>>;
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_MarkStale<
+    v1::ControlService::WithCallbackMethod_WatchVersions<
+        v1::ControlService::WithCallbackMethod_BeginVersion<
+            v1::ControlService::WithCallbackMethod_PublishVersion<
+                v1::ControlService::WithCallbackMethod_AbortVersion<
+                    v1::ControlService::WithCallbackMethod_PinVersions<
+                        v1::ControlService::WithCallbackMethod_UnpinVersions<
+                            v1::ControlService::WithCallbackMethod_GetOperation<
+                                v1::ControlService::WithCallbackMethod_GetStats<
+                                    v1::ControlService::WithCallbackMethod_GetCluster<
+                                        v1::ControlService::
+                                            WithCallbackMethod_CreateTensor<
+                                                v1::ControlService::WithCallbackMethod_CreateTensors<
+                                                    v1::ControlService::WithCallbackMethod_ListTensors<
+                                                        v1::ControlService::
+                                                            WithCallbackMethod_DescribeTensor<
+                                                                v1::ControlService::WithCallbackMethod_DeleteTensor<
+                                                                    v1::ControlService::WithCallbackMethod_WriteRegion<
+                                                                        v1::ControlService::WithRawCallbackMethod_ReadRegion<
+                                                                            v1::ControlService::WithRawCallbackMethod_Gather<
+                                                                                v1::ControlService::WithCallbackMethod_Reshard<
+                                                                                    v1::ControlService::WithCallbackMethod_SaveCheckpoint<
+                                                                                        v1::ControlService::WithCallbackMethod_LoadCheckpoint<
+                                                                                            v1::ControlService::
+                                                                                                Service>>>>>>>>>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -166,6 +167,11 @@ class ControlServiceImpl final : public ControlServiceBase {
       grpc::CallbackServerContext* context,
       const v1::UnpinVersionsRequest* request,
       v1::UnpinVersionsResponse* response) override;
+  // Marks copies stale for a writer (Core::MarkStale); answered after the
+  // fence, on the calling thread.
+  grpc::ServerUnaryReactor* MarkStale(grpc::CallbackServerContext* context,
+                                      const v1::MarkStaleRequest* request,
+                                      v1::MarkStaleResponse* response) override;
   grpc::ServerReadReactor<v1::WriteRegionChunk>* WriteRegion(
       grpc::CallbackServerContext* context,
       v1::WriteRegionResponse* response) override;

@@ -210,10 +210,19 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
                          const ShardMetadata& box, const Tensor& destination,
                          int parallelism, absl::Time deadline,
                          absl::string_view op) {
-  const std::shared_ptr<const RegisteredTensor> registered =
+  std::shared_ptr<const RegisteredTensor> registered =
       rank.registry().Resolve(info.tensor_id()).tensor;
-  const std::shared_ptr<const RegisteredTensor> copies =
+  std::shared_ptr<const RegisteredTensor> copies =
       rank.registry().Resolve(ReplicaTensorId(info.tensor_id())).tensor;
+  // Copies this daemon may not serve now (stale, or not confirmed fresh:
+  // server/daemon/stale_copies.h) are read from the other holders.
+  if ((registered != nullptr || copies != nullptr) &&
+      !rank.registry()
+           .CheckServe(info.tensor_id(), /*write=*/false, deadline)
+           .ok()) {
+    registered.reset();
+    copies.reset();
+  }
   return ForEachRegionPiece(
       metadata.shards_metadata, box.shard_offsets(), destination, parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
@@ -546,11 +555,22 @@ class WriteRegionReactor final
           if (!packed.is_contiguous() && Forwarded(piece.shard)) {
             ASSIGN_OR_RETURN(packed, piece.view.Contiguous());
           }
+          HolderWriteOptions each;
+          if (env_.mark_stale && !Versioned(resolved.info)) {
+            // Holders that missed the piece must not serve the old bytes.
+            each.mark_stale = [&](const std::vector<size_t>& missed) {
+              std::vector<int> ranks;
+              for (const size_t k : missed) ranks.push_back(holders[k]);
+              return env_.mark_stale(resolved.info.tensor_id(), ranks,
+                                     deadline_);
+            };
+          }
           return WriteToHolders(
-              holders.size(),
-              [&](size_t k, std::string* name) {
+              holders.size(), each,
+              [&](size_t k, const std::shared_ptr<Cancellation>& cancel,
+                  std::string* name) {
                 return WritePiece(k == 0 ? registered : copies_, piece, packed,
-                                  holders[k], k > 0, name);
+                                  holders[k], k > 0, cancel, name);
               },
               owner);
         });
@@ -562,7 +582,7 @@ class WriteRegionReactor final
   absl::Status WritePiece(
       const std::shared_ptr<const RegisteredTensor>& registered,
       const RegionPiece& piece, const Tensor& packed, int owner, bool replica,
-      std::string* owner_name) {
+      const std::shared_ptr<Cancellation>& cancel, std::string* owner_name) {
     const ResolvedRegion& resolved = *resolved_;
     *owner_name = absl::StrCat(replica ? "replica rank " : "rank ", owner);
     if (owner == env_.rank->rank() &&
@@ -580,30 +600,32 @@ class WriteRegionReactor final
     RegionWriteOptions options;
     options.deadline = deadline_;
     options.replica = replica;
+    options.cancel = cancel;
     return WriteRegion(*stub, resolved.name, resolved.info.tensor_id(),
                        piece.box->shard_offsets(), packed, options)
         .status();
   }
 
-  // Writes `piece` into this daemon's shard or copy of it: the registered
-  // one, or the refill's while one is in progress.
+  // Writes `piece` into this daemon's shard or copy of it: the refill's
+  // while one is in progress (a restarted daemon's, whose shards are not
+  // registered yet, or a stale copy's, whose registered bytes it replaces:
+  // stale_copies.h), else the registered one.
   absl::Status WriteHere(bool replica, const RegionPiece& piece) {
     const std::string& id = resolved_->info.tensor_id();
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      const std::shared_ptr<const RegisteredTensor> target =
-          env_.rank->registry()
-              .Resolve(replica ? ReplicaTensorId(id) : id)
-              .tensor;
-      if (const LocalShard* mine = Mine(target, piece.shard)) {
-        return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
-                       mine->tensor, piece.offsets_in_shard,
-                       piece.box->shard_sizes());
-      }
-      if (refill_ == nullptr) break;
-      // Not registered yet: the refill takes it, unless it completed
-      // meanwhile (then the shard is registered: look again).
+    if (refill_ != nullptr) {
+      // Taken unless it completed meanwhile (then the registered shard
+      // holds the refilled bytes: write there).
       ASSIGN_OR_RETURN(const bool taken, refill_->Write(replica, piece));
       if (taken) return absl::OkStatus();
+    }
+    const std::shared_ptr<const RegisteredTensor> target =
+        env_.rank->registry()
+            .Resolve(replica ? ReplicaTensorId(id) : id)
+            .tensor;
+    if (const LocalShard* mine = Mine(target, piece.shard)) {
+      return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
+                     mine->tensor, piece.offsets_in_shard,
+                     piece.box->shard_sizes());
     }
     return absl::FailedPreconditionError(
         absl::StrCat(What(), ": rank ", env_.rank->rank(), " holds no ",

@@ -50,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +92,13 @@ struct RegionEnv {
   // (refill.h), or null: writes to shards it refills go into it.
   std::function<std::shared_ptr<Refill>(const std::string& tensor_id)>
       refilling;
+  // Marks the copies of `tensor_id` on `ranks` stale (they missed a piece
+  // of a write another holder took: stale_copies.h) and returns after the
+  // fence; null: they are not marked, and such a write fails.
+  std::function<absl::Status(const std::string& tensor_id,
+                             const std::vector<int>& ranks,
+                             absl::Time deadline)>
+      mark_stale;
 };
 
 // Fills `destination` (the box's sizes, any strides, CPU or CUDA; written

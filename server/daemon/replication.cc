@@ -62,12 +62,29 @@ Replication::Replication(std::shared_ptr<Rank> rank,
 Replication::~Replication() { Shutdown(); }
 
 void Replication::Shutdown() {
-  std::vector<std::thread> refills;
+  std::vector<Running> refills;
   {
     absl::MutexLock lock(&mu_);
     refills.swap(refills_);
   }
-  for (std::thread& refill : refills) refill.join();
+  for (Running& refill : refills) refill.thread.join();
+}
+
+void Replication::StartRefillLocked(std::function<void()> body) {
+  for (auto it = refills_.begin(); it != refills_.end();) {
+    if (!it->finished->load()) {
+      ++it;
+      continue;
+    }
+    it->thread.join();  // Finished: returns at once.
+    it = refills_.erase(it);
+  }
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([body = std::move(body), finished] {
+    body();
+    finished->store(true);
+  });
+  refills_.push_back(Running{std::move(thread), std::move(finished)});
 }
 
 std::shared_ptr<Refill> Replication::Refilling(
@@ -369,8 +386,13 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
   if (refill != nullptr) {
     absl::MutexLock lock(&mu_);
     if (!Versioned(info)) refilling_[info.tensor_id()] = refill;
-    refills_.emplace_back(&Replication::RunRefill, this, info, spec_proto,
-                          starting, refill, std::move(parts), std::move(pins));
+    StartRefillLocked(
+        [this, info, spec_proto, starting, refill,
+         parts = std::make_shared<std::vector<RefillPart>>(std::move(parts)),
+         pins = std::move(pins)]() mutable {
+          RunRefill(info, spec_proto, starting, refill, std::move(*parts),
+                    std::move(pins));
+        });
   }
   return absl::OkStatus();
 }
@@ -515,6 +537,100 @@ void Replication::RunRefill(v1::TensorInfo info, v1::ShardingSpec spec,
   spdlog::error("control: refilling tensor {} failed: {}", info.name(),
                 status.ToString());
   table_->FailRefill(info.name(), refill, status.ToString());
+}
+
+void Replication::RefillStale(const std::string& tensor_id,
+                              std::function<void(bool refilled)> done) {
+  const std::optional<std::string> name = table_->NameOf(tensor_id);
+  absl::StatusOr<v1::TensorInfo> info =
+      name.has_value() ? table_->Info(*name)
+                       : absl::NotFoundError("no such tensor id");
+  if (!info.ok() || Versioned(*info) || info->replicas_size() == 0) {
+    done(true);  // Gone, or nothing a writer marks: nothing to refill.
+    return;
+  }
+  if (Refilling(tensor_id) != nullptr) {
+    done(false);  // A restart's refill is running: after it.
+    return;
+  }
+  absl::StatusOr<ShardedTensorMetadata> metadata = FromProto(info->metadata());
+  int64_t host_bytes = 0;
+  absl::StatusOr<std::shared_ptr<Refill>> refill =
+      metadata.ok()
+          ? RefillBuffers(*info, *metadata, &host_bytes)
+          : absl::StatusOr<std::shared_ptr<Refill>>(metadata.status());
+  absl::StatusOr<MemoryBudget::Reservation> held =
+      refill.ok()
+          ? budget_->Reserve(host_bytes,
+                             absl::StrCat("refilling the stale copy of \"",
+                                          info->name(), "\" on rank ", rank()))
+          : absl::StatusOr<MemoryBudget::Reservation>(refill.status());
+  if (!held.ok()) {
+    spdlog::error("control: cannot refill the stale copy of tensor {}: {}",
+                  info->name(), held.status().ToString());
+    done(false);
+    return;
+  }
+  if (*refill == nullptr) {
+    done(true);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  refilling_[tensor_id] = *refill;
+  StartRefillLocked([this, info = *std::move(info), refill = *refill,
+                     held = std::make_shared<MemoryBudget::Reservation>(
+                         *std::move(held)),
+                     done = std::move(done)]() mutable {
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + op_timeout_;
+    absl::Status status = FetchFromHolders(info, refill->own(), {}, deadline);
+    if (status.ok() && refill->copies() != nullptr) {
+      status =
+          FetchFromHolders(info, refill->copies()->local_shards, {}, deadline);
+    }
+    if (status.ok()) {
+      // Over the registered bytes, the writes meanwhile replayed first.
+      status = refill->Complete([&]() -> absl::Status {
+        const auto copy_over = [&](const std::string& id,
+                                   const std::vector<LocalShard>& fresh) {
+          const std::shared_ptr<const RegisteredTensor> registered =
+              rank_->registry().Find(id);
+          for (const LocalShard& local : fresh) {
+            const LocalShard* mine = registered != nullptr
+                                         ? registered->FindShard(local.index)
+                                         : nullptr;
+            if (mine == nullptr) {
+              return absl::NotFoundError(absl::StrCat(
+                  "shard ", local.index, " of ", id, " is not registered"));
+            }
+            const std::vector<int64_t> origin(local.tensor.dim(), 0);
+            RETURN_IF_ERROR(CopyBox(local.tensor, origin, mine->tensor, origin,
+                                    local.tensor.sizes()));
+          }
+          return absl::OkStatus();
+        };
+        RETURN_IF_ERROR(copy_over(info.tensor_id(), refill->own()));
+        if (refill->copies() != nullptr) {
+          RETURN_IF_ERROR(copy_over(ReplicaTensorId(info.tensor_id()),
+                                    refill->copies()->local_shards));
+        }
+        return absl::OkStatus();
+      });
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = refilling_.find(info.tensor_id());
+      if (it != refilling_.end() && it->second == refill) refilling_.erase(it);
+    }
+    if (status.ok()) {
+      spdlog::info("control: refilled the stale copy of tensor {} in {}",
+                   info.name(), absl::FormatDuration(absl::Now() - start));
+    } else {
+      spdlog::error("control: refilling the stale copy of tensor {} failed: {}",
+                    info.name(), status.ToString());
+    }
+    done(status.ok());
+  });
 }
 
 }  // namespace tessera::control_internal

@@ -24,7 +24,9 @@
 #ifndef TESSERA_SERVER_DAEMON_REPLICATION_H_
 #define TESSERA_SERVER_DAEMON_REPLICATION_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -111,6 +113,19 @@ class Replication {
                        const std::set<int>& starting,
                        std::vector<v1::VersionPin> pins = {});
 
+  // Refills this daemon's shards and copies of the unversioned tensor with
+  // id `tensor_id` in place, from the other holders, on a thread of its
+  // own: its copies here missed a write (stale_copies.h), and are not
+  // served meanwhile. Fresh buffers (within the budget) are fetched into
+  // while writes that reach this daemon go into them too and are logged
+  // (refill.h); the log is replayed and the bytes copied over the
+  // registered shards under the refill's lock, so no write falls between.
+  // `done(true)` once they hold the fetched bytes, or when there is
+  // nothing to refill (the tensor is gone, versioned, or has nothing here);
+  // `done(false)` when it failed (logged; the caller tries again).
+  void RefillStale(const std::string& tensor_id,
+                   std::function<void(bool refilled)> done);
+
   // The refill in progress of the tensor with this id, or null (writes to
   // its shards go into it: RegionEnv::refilling).
   std::shared_ptr<Refill> Refilling(const std::string& tensor_id) const;
@@ -177,7 +192,14 @@ class Replication {
   mutable absl::Mutex mu_;
   // Refills in the background (RunRefill), joined by Shutdown, and those
   // in progress by tensor id.
-  std::vector<std::thread> refills_ ABSL_GUARDED_BY(mu_);
+  struct Running {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<Running> refills_ ABSL_GUARDED_BY(mu_);
+  // Runs `body` on a refill thread, joining the refills that finished.
+  void StartRefillLocked(std::function<void()> body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Refill>> refilling_
       ABSL_GUARDED_BY(mu_);
 };

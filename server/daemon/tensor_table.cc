@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "wire/version_id.h"
 
 namespace tessera::control_internal {
 
@@ -115,14 +116,44 @@ size_t TensorTable::size() const {
   return entries_.size();
 }
 
+std::optional<std::string> TensorTable::NameOf(
+    absl::string_view tensor_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(tensor_id);
+  if (it == by_id_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool TensorTable::Replicated(absl::string_view tensor_id) const {
+  absl::MutexLock lock(&mu_);
+  auto id = by_id_.find(tensor_id);
+  if (id == by_id_.end()) return false;
+  auto it = entries_.find(id->second);
+  return it != entries_.end() && it->second.info.replicas_size() > 0 &&
+         !Versioned(it->second.info);
+}
+
+void TensorTable::IndexLocked(const std::string& name, const TableEntry* was,
+                              const TableEntry* now) {
+  if (was != nullptr) {
+    auto it = by_id_.find(was->info.tensor_id());
+    if (it != by_id_.end() && it->second == name) by_id_.erase(it);
+  }
+  if (now != nullptr && !now->info.tensor_id().empty()) {
+    by_id_[now->info.tensor_id()] = name;
+  }
+}
+
 void TensorTable::Put(const std::string& name, TableEntry entry) {
   std::optional<TableEntry> replaced;  // Freed outside the lock.
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
+    IndexLocked(name, nullptr, &entry);
     entries_.emplace(name, std::move(entry));
     return;
   }
+  IndexLocked(name, &it->second, &entry);
   replaced.emplace(std::move(it->second));
   it->second = std::move(entry);
 }
@@ -131,6 +162,7 @@ std::optional<TableEntry> TensorTable::Remove(const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return std::nullopt;
+  IndexLocked(name, &it->second, nullptr);
   std::optional<TableEntry> gone(std::move(it->second));
   entries_.erase(it);
   return gone;
@@ -141,7 +173,9 @@ absl::Status TensorTable::Update(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return UnknownTensor(name);
+  IndexLocked(name, &it->second, nullptr);
   change(it->second);
+  IndexLocked(name, nullptr, &it->second);
   return absl::OkStatus();
 }
 
@@ -166,6 +200,7 @@ std::vector<std::string> TensorTable::RemoveUnless(
       continue;
     }
     removed.push_back(it->first);
+    IndexLocked(it->first, &it->second, nullptr);
     gone.push_back(std::move(it->second));
     it = entries_.erase(it);
   }

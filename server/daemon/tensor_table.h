@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -98,6 +99,11 @@ class TensorTable {
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
   v1::ListTensorsResponse List() const;
   size_t size() const;
+  // The name of the tensor with id `tensor_id`; nullopt when none.
+  std::optional<std::string> NameOf(absl::string_view tensor_id) const;
+  // Whether `tensor_id` is an unversioned tensor with copies on several
+  // daemons (the copies a writer may mark stale: stale_copies.h).
+  bool Replicated(absl::string_view tensor_id) const;
 
   // Adds or replaces `name`; a replaced entry is freed outside the lock.
   void Put(const std::string& name, TableEntry entry);
@@ -136,10 +142,15 @@ class TensorTable {
 
  private:
   v1::TensorInfo InfoWithState(const TableEntry& entry) const;
+  // Keeps by_id_ in step with the entry of `name` (absent: removed).
+  void IndexLocked(const std::string& name, const TableEntry* was,
+                   const TableEntry* now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int rank_;
   mutable absl::Mutex mu_;
   std::map<std::string, TableEntry> entries_ ABSL_GUARDED_BY(mu_);
+  // Tensor id -> name.
+  absl::flat_hash_map<std::string, std::string> by_id_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::control_internal

@@ -228,7 +228,8 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   if (!options_.accept_writes) {
     return fall_back("this server takes no writes over the data plane");
   }
-  absl::StatusOr<FetchView> target = PrepareFetchView(*registry_, locate);
+  absl::StatusOr<FetchView> target =
+      PrepareFetchView(*registry_, locate, /*write=*/true);
   if (!target.ok()) {
     // Not registered here (yet: a daemon refilling it takes the write over
     // gRPC, which also names a tensor that is gone the way every other

@@ -104,14 +104,17 @@ absl::Status UnknownTensorError(absl::string_view tensor_id) {
   return absl::NotFoundError(absl::StrCat("unknown tensor ", tensor_id));
 }
 
-absl::StatusOr<FetchView> PrepareFetchView(
-    const ShardRegistry& registry, const v1::FetchShardRequest& request) {
+absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
+                                           const v1::FetchShardRequest& request,
+                                           bool write) {
   RETURN_IF_ERROR(ValidateRequest(request));
   FetchView found;
   ShardRegistry::Resolved resolved = registry.Resolve(request.tensor_id());
   found.tensor = std::move(resolved.tensor);
   found.writable = resolved.writable;
   if (found.tensor == nullptr) return UnknownTensorError(request.tensor_id());
+  RETURN_IF_ERROR(
+      registry.CheckServe(request.tensor_id(), write, absl::InfiniteFuture()));
   const LocalShard* local = found.tensor->FindShard(request.shard_index());
   if (local == nullptr) {
     return absl::NotFoundError(absl::StrCat(

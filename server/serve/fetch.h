@@ -90,8 +90,12 @@ struct FetchView {
 // of one of its published versions: they are read-only (docs/versions.md).
 absl::Status ReadOnlyVersionError(absl::string_view tensor_id,
                                   absl::string_view what);
-absl::StatusOr<FetchView> PrepareFetchView(
-    const ShardRegistry& registry, const v1::FetchShardRequest& request);
+// `write`: for a write over the data plane or the local path (the
+// registry's serve gate says FAILED_PRECONDITION for a stream instead;
+// a read is refused UNAVAILABLE, so the reader asks another holder).
+absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
+                                           const v1::FetchShardRequest& request,
+                                           bool write = false);
 
 // Validates `request` and finds its shard (and its region, when it names
 // one): INVALID_ARGUMENT for a malformed request or region, OUT_OF_RANGE

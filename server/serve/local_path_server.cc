@@ -179,7 +179,7 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
     return nullptr;
   }
   absl::StatusOr<FetchView> found =
-      PrepareFetchView(*registry_, request.request());
+      PrepareFetchView(*registry_, request.request(), request.write());
   if (!found.ok()) {
     // A write to an id or shard not registered here is no verdict: a
     // restarted daemon refilling it takes the write over a stream, which

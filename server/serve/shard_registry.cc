@@ -98,6 +98,24 @@ absl::Status ShardRegistry::Register(
   return absl::OkStatus();
 }
 
+void ShardRegistry::SetServeGate(ServeGate gate) {
+  std::shared_ptr<const ServeGate> set;
+  if (gate) set = std::make_shared<const ServeGate>(std::move(gate));
+  absl::MutexLock lock(&gate_mu_);
+  gate_ = std::move(set);
+}
+
+absl::Status ShardRegistry::CheckServe(absl::string_view id, bool write,
+                                       absl::Time deadline) const {
+  std::shared_ptr<const ServeGate> gate;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    gate = gate_;
+  }
+  if (gate == nullptr) return absl::OkStatus();
+  return (*gate)(id, write, deadline);
+}
+
 bool ShardRegistry::Unregister(absl::string_view tensor_id) {
   // Destroy the entry outside the lock: it may be the last reference to
   // large shard storage, and freeing it must not stall concurrent lookups.

@@ -28,6 +28,7 @@
 #define TESSERA_SERVER_SERVE_SHARD_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/shard_metadata.h"
 #include "common/sharded_tensor_metadata.h"
 #include "common/tensor/tensor.h"
@@ -113,6 +115,20 @@ class ShardRegistry {
   // `tensor_id` is no longer a versioned tensor (it was deleted).
   void DropVersions(const std::string& tensor_id);
 
+  // Whether a registration may be served now, as its owner decides (the
+  // daemon's stale copies, server/daemon/stale_copies.h): OK, or why not
+  // (a read: UNAVAILABLE, so the reader asks another holder; a write over
+  // the data plane or the local path: FAILED_PRECONDITION, so it goes over
+  // a stream). `deadline` bounds a wait. Called outside the registry's
+  // lock, on serving threads; it must not call the registry.
+  using ServeGate = std::function<absl::Status(absl::string_view id, bool write,
+                                               absl::Time deadline)>;
+  // Replaces the gate; an empty one lets everything through (the default).
+  void SetServeGate(ServeGate gate);
+  // The gate's verdict on `id` (OK without a gate).
+  absl::Status CheckServe(absl::string_view id, bool write,
+                          absl::Time deadline) const;
+
   // Live tensors only.
   size_t size() const;
   size_t retired_size() const;
@@ -144,6 +160,9 @@ class ShardRegistry {
     uint64_t sequence;
     std::shared_ptr<const RegisteredTensor> tensor;
   };
+
+  mutable absl::Mutex gate_mu_;
+  std::shared_ptr<const ServeGate> gate_ ABSL_GUARDED_BY(gate_mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredTensor>>

@@ -166,7 +166,7 @@ TEST_F(AuthTest, EveryMethodRefusesMissingUnknownAndLowerTokens) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
                        tt::DaemonCluster::Start(options));
   const std::vector<std::pair<std::string, Role>> methods = MethodRoles();
-  ASSERT_EQ(methods.size(), 29u);
+  ASSERT_EQ(methods.size(), 30u);
   for (const auto& [method, role] : methods) {
     SCOPED_TRACE(method);
     const bool store = absl::StartsWith(method, "tessera.v1.StoreService/");
