@@ -197,7 +197,7 @@ absl::Status StaleCopies::CheckServe(absl::string_view id, bool write,
         "rank ", rank_, "'s copy of tensor id ", tensor_id,
         " missed a write and is being refilled; read another holder"));
   }
-  const absl::Time until = std::min(deadline, absl::Now() + options_.fence);
+  const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
   while (absl::Now() - fresh_from_ >= options_.fence) {
     if (!running_ || absl::Now() >= until) {
       return absl::UnavailableError(absl::StrFormat(

@@ -62,6 +62,9 @@ struct StaleCopiesOptions {
   absl::Duration period = absl::Milliseconds(200);
   // Outstanding marks of one holder at most (a bound on the key's size).
   int max_marks = 4096;
+  // The longest a read waits for a look (CheckServe), whatever its
+  // deadline.
+  absl::Duration max_wait = absl::Minutes(5);
 };
 
 class StaleCopies {
@@ -91,7 +94,10 @@ class StaleCopies {
   // Whether this daemon may serve its registration `id` (a tensor id, or
   // its copies' "<id>/replicas") now. A read: UNAVAILABLE while it is
   // marked stale; for a tensor with copies, waits (up to `deadline`, at
-  // most one fence) for a look at the marks that started within the fence.
+  // most max_wait) for a look at the marks that started within the fence:
+  // while the store is unreachable, reads of copies wait for it (a stalled
+  // store delays them; a reader's holder patience moves it on to the next
+  // holder, which waits for the rest of its deadline).
   // A write over the data plane or the local path: FAILED_PRECONDITION
   // while it is marked stale (a stream routes it into the refill).
   absl::Status CheckServe(absl::string_view id, bool write,

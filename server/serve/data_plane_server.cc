@@ -162,7 +162,8 @@ absl::Status DataPlaneServer::AnswerFetch(
     DataConnection& stream, const v1::FetchShardRequest& request) {
   const absl::Time asked = absl::Now();
   const absl::Time deadline = asked + options_.io_timeout;
-  absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, request);
+  absl::StatusOr<PreparedFetch> prepared =
+      PrepareFetch(*registry_, request, deadline);
   if (!prepared.ok()) return SendError(stream, prepared.status(), deadline);
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());

@@ -106,15 +106,14 @@ absl::Status UnknownTensorError(absl::string_view tensor_id) {
 
 absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
                                            const v1::FetchShardRequest& request,
-                                           bool write) {
+                                           bool write, absl::Time deadline) {
   RETURN_IF_ERROR(ValidateRequest(request));
   FetchView found;
   ShardRegistry::Resolved resolved = registry.Resolve(request.tensor_id());
   found.tensor = std::move(resolved.tensor);
   found.writable = resolved.writable;
   if (found.tensor == nullptr) return UnknownTensorError(request.tensor_id());
-  RETURN_IF_ERROR(
-      registry.CheckServe(request.tensor_id(), write, absl::InfiniteFuture()));
+  RETURN_IF_ERROR(registry.CheckServe(request.tensor_id(), write, deadline));
   const LocalShard* local = found.tensor->FindShard(request.shard_index());
   if (local == nullptr) {
     return absl::NotFoundError(absl::StrCat(
@@ -130,9 +129,11 @@ absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
   return found;
 }
 
-absl::StatusOr<PreparedFetch> PrepareFetch(
-    const ShardRegistry& registry, const v1::FetchShardRequest& request) {
-  ASSIGN_OR_RETURN(FetchView found, PrepareFetchView(registry, request));
+absl::StatusOr<PreparedFetch> PrepareFetch(const ShardRegistry& registry,
+                                           const v1::FetchShardRequest& request,
+                                           absl::Time deadline) {
+  ASSIGN_OR_RETURN(FetchView found,
+                   PrepareFetchView(registry, request, false, deadline));
   PreparedFetch prepared;
   ASSIGN_OR_RETURN(prepared.bytes, ContiguousBytes(found.view));
   prepared.tensor = std::move(found.tensor);

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/shard_metadata.h"
 #include "common/tensor/tensor.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -93,9 +94,10 @@ absl::Status ReadOnlyVersionError(absl::string_view tensor_id,
 // `write`: for a write over the data plane or the local path (the
 // registry's serve gate says FAILED_PRECONDITION for a stream instead;
 // a read is refused UNAVAILABLE, so the reader asks another holder).
-absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
-                                           const v1::FetchShardRequest& request,
-                                           bool write = false);
+// `deadline`: how long the gate may wait (ShardRegistry::CheckServe).
+absl::StatusOr<FetchView> PrepareFetchView(
+    const ShardRegistry& registry, const v1::FetchShardRequest& request,
+    bool write = false, absl::Time deadline = absl::InfiniteFuture());
 
 // Validates `request` and finds its shard (and its region, when it names
 // one): INVALID_ARGUMENT for a malformed request or region, OUT_OF_RANGE
@@ -103,7 +105,8 @@ absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
 // shard this rank does not serve, FAILED_PRECONDITION for a meta shard (no
 // bytes).
 absl::StatusOr<PreparedFetch> PrepareFetch(
-    const ShardRegistry& registry, const v1::FetchShardRequest& request);
+    const ShardRegistry& registry, const v1::FetchShardRequest& request,
+    absl::Time deadline = absl::InfiniteFuture());
 
 // A fetch of `box`, a tensor holding the region `metadata` describes (its
 // offsets and sizes in some sharded tensor, and where it was assembled):

@@ -178,8 +178,8 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
     RETURN_IF_ERROR(SendError(fd, MalformedFetchError(), deadline));
     return nullptr;
   }
-  absl::StatusOr<FetchView> found =
-      PrepareFetchView(*registry_, request.request(), request.write());
+  absl::StatusOr<FetchView> found = PrepareFetchView(
+      *registry_, request.request(), request.write(), deadline);
   if (!found.ok()) {
     // A write to an id or shard not registered here is no verdict: a
     // restarted daemon refilling it takes the write over a stream, which

@@ -40,7 +40,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
   }
   absl::StatusOr<v1::FetchShardRequest> parsed = ParseFetchRequest(*request);
   if (!parsed.ok()) return NewFailedChunkStream(parsed.status());
-  absl::StatusOr<PreparedFetch> prepared = PrepareFetch(*registry_, *parsed);
+  absl::StatusOr<PreparedFetch> prepared =
+      PrepareFetch(*registry_, *parsed, absl::FromChrono(context->deadline()));
   if (!prepared.ok()) return NewFailedChunkStream(prepared.status());
   return NewChunkStreamReactor(std::move(*prepared),
                                ChunkBytesFor(parsed->chunk_bytes()),

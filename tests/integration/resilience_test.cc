@@ -781,6 +781,39 @@ TEST(ResilienceTest, AWriteOutlivesAHolderStalledPastItsDeadline) {
             static_cast<int64_t>(copied.size()));
 }
 
+// Copies are served only while their daemon has looked at its stale marks
+// within the fence; with the store's daemon (rank 0) stalled, nobody can
+// look, so reads of a tensor with copies wait for the store instead of
+// failing, and complete once it is back.
+TEST(ResilienceTest, AReadOfCopiesWaitsOutAStalledStore) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(25);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(1), client_options));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("r", {6, 4}, Rows(), TwoCopies()));
+  const Tensor values = Rows6x4(100);
+  ASSERT_OK(view.Write({0, 0}, values));
+  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(cluster->daemon(0).pid(), SIGCONT); };
+  std::thread resumer([&] {
+    absl::SleepFor(absl::Seconds(4));
+    kill(cluster->daemon(0).pid(), SIGCONT);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> read = view.Read();
+  const absl::Duration took = absl::Now() - start;
+  resumer.join();
+  ASSERT_OK(read.status()) << cluster->Log(1);
+  EXPECT_EQ(Floats(*read), Floats(values));
+  std::cout << "[ resilience ] a read of copies with the store stalled 4 s "
+               "took "
+            << took << "\n";
+}
+
 // With replicas, a read whose owner is stalled moves to the replica once
 // the owner moved no byte for the client's holder_patience (2 s by
 // default), over every transport, even with the default transfer deadline
