@@ -177,6 +177,10 @@ absl::Status WriteToHolders(
   std::vector<std::string> failed;
   std::vector<size_t> missed;
   absl::Status first;
+  // A write the caller cancelled ends CANCELLED, whatever some holders
+  // took (a cancelled write may have been applied in part).
+  const bool mark = options.mark_stale &&
+                    !(options.cancel != nullptr && options.cancel->cancelled());
   for (size_t k = 0; k < holders; ++k) {
     if (results[k].ok()) {
       written.push_back(named[k]);
@@ -190,7 +194,7 @@ absl::Status WriteToHolders(
                     : absl::StrCat(named[k], ": ", results[k].ToString());
     if (not_live) {
       skipped.push_back(why);
-    } else if (options.mark_stale) {
+    } else if (mark) {
       missed.push_back(k);
       skipped.push_back(absl::StrCat(why, "; marked stale"));
     } else {

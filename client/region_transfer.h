@@ -95,7 +95,8 @@ struct HolderWriteOptions {
   // long, or as long as that one took if longer, before they are given up
   // (cancelled) and marked.
   absl::Duration patience = absl::Seconds(2);
-  // The caller's: cancels every holder's write.
+  // The caller's: cancels every holder's write; a cancelled write marks
+  // nobody and ends with the holders' CANCELLED.
   std::shared_ptr<Cancellation> cancel;
 };
 
