@@ -59,12 +59,16 @@ void StaleCopies::Start(
     std::function<bool(absl::string_view tensor_id)> replicated) {
   on_stale_ = std::move(on_stale);
   replicated_ = std::move(replicated);
-  // A starting daemon refills every copy it holds (replication.h), so the
-  // marks of an earlier process of this rank are moot.
-  const absl::Status reset = store_->Set(StaleKey(rank_), "");
-  if (!reset.ok()) {
-    spdlog::warn("control: cannot reset this daemon's stale marks: {}",
-                 reset.ToString());
+  // The key exists from here on (a look at an absent key is not told
+  // apart from a store that does not answer in time). Marks left for an
+  // earlier process of this rank are kept: they cost a refill more, while
+  // dropping one a writer made as this process started could keep a copy
+  // that missed a write.
+  const absl::Status made =
+      store_->CompareSet(StaleKey(rank_), "", "").status();
+  if (!made.ok()) {
+    spdlog::warn("control: cannot make this daemon's stale-marks key: {}",
+                 made.ToString());
   }
   {
     absl::MutexLock lock(&mu_);
