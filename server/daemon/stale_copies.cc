@@ -196,13 +196,11 @@ absl::Status StaleCopies::CheckServe(absl::string_view id, bool write,
         absl::StrCat("rank ", rank_, "'s copy of tensor id ", tensor_id,
                      " is being refilled: write it over a stream"));
   }
-  if (stale_.contains(tensor_id)) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", rank_, "'s copy of tensor id ", tensor_id,
-        " missed a write and is being refilled; read another holder"));
-  }
+  // A stale copy is refused at once; a fresh look is waited for, and may
+  // find it stale.
   const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
-  while (absl::Now() - fresh_from_ >= options_.fence) {
+  while (!stale_.contains(tensor_id) &&
+         absl::Now() - fresh_from_ >= options_.fence) {
     if (!running_ || absl::Now() >= until) {
       return absl::UnavailableError(absl::StrFormat(
           "rank %d has not seen its stale marks in the store within %s "

@@ -650,8 +650,9 @@ TEST(ResilienceTest, AReshardDuringADeathEndsOneWayEverywhere) {
 }
 
 // A write to a tensor with two copies while the holder of one copy is
-// stalled for less than the write's deadline waits for it and succeeds;
-// once it resumes, both copies hold the new bytes.
+// stalled for less than the holder patience (2 s) waits for it and
+// succeeds; once it resumes, both copies hold the new bytes (a longer
+// stall: AWriteOutlivesAHolderStalledPastItsDeadline).
 TEST(ResilienceTest, AReplicatedWriteWaitsOutABriefStallOfAHolder) {
   DaemonClusterOptions options = Options();
   options.extra_args = {"--timeout", "10", "--log-level", "warn"};
