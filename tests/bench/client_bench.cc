@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/algorithm/container.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -53,7 +54,9 @@ struct Config {
   bool secure = false;
   std::vector<int64_t> mib = {64, 256};
   int reps = 5;
-  int latency_iterations = 2000;
+  int latency_iterations = 2000;  // 0: no latency lines
+  // Transports measured (kTransports' names); empty: all of them.
+  std::vector<std::string> transports;
   // Copies of each shard for the write measurement (CreateOptions.copies)
   // besides the plain one; e.g. {2}: also a tensor with two copies.
   std::vector<int> replicas;
@@ -73,8 +76,15 @@ const char* Security(const Config& config) {
 }
 
 // Every transport is served either way (with TLS, the data plane is TLS).
-std::vector<Transport> TransportsFor(const Config&) {
-  return {std::begin(kTransports), std::end(kTransports)};
+std::vector<Transport> TransportsFor(const Config& config) {
+  std::vector<Transport> chosen;
+  for (const Transport& transport : kTransports) {
+    if (config.transports.empty() ||
+        absl::c_linear_search(config.transports, transport.name)) {
+      chosen.push_back(transport);
+    }
+  }
+  return chosen;
 }
 
 constexpr int64_t kColumns = 1024;  // float32: 4 KiB rows
@@ -234,7 +244,9 @@ absl::Status Run(const Config& config) {
   ASSIGN_OR_RETURN(std::unique_ptr<testing::DaemonCluster> cluster,
                    testing::DaemonCluster::Start(options));
   const std::string address = cluster->address(0);
-  RETURN_IF_ERROR(MeasureLatency(address, config));
+  if (config.latency_iterations > 0) {
+    RETURN_IF_ERROR(MeasureLatency(address, config));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Client> client, Client::Connect(address));
   for (int64_t mib : config.mib) {
     const std::string name = absl::StrCat("bench_", mib, "mib");
@@ -275,6 +287,13 @@ int main(int argc, char** argv) {
   app.add_option("--replicas", config.replicas,
                  "also write tensors with this many copies of each shard")
       ->check(CLI::Range(2, 4));
+  app.add_option("--transport", config.transports,
+                 "measure only these transports (default: all)")
+      ->check(CLI::IsMember({"local", "data_plane", "grpc"}));
+  app.add_option("--latency-iterations", config.latency_iterations,
+                 "small reads per latency line (0: no latency lines)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     config.mib = {4};
