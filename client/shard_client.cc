@@ -606,8 +606,8 @@ absl::Status ShardClient::ReceiveChunks(DataConnection& stream,
     RETURN_IF_ERROR(stream.ReadFull(prefix, sizeof(prefix), deadline));
     const ChunkPrefix chunk = DecodeChunkPrefix(prefix);
     ASSIGN_OR_RETURN(char* place, assembler->Place(chunk.offset, chunk.length));
-    RETURN_IF_ERROR(
-        stream.ReadFull(place, static_cast<size_t>(chunk.length), deadline));
+    RETURN_IF_ERROR(stream.ReadIntoDestination(
+        place, static_cast<size_t>(chunk.length), deadline));
     RETURN_IF_ERROR(assembler->Verify(
         chunk.offset, chunk.length,
         stream.authenticated() ? std::nullopt

@@ -24,6 +24,11 @@ packages=(
   python3-tqdm
   python3-setuptools python3-wheel python3-pip python3-venv python3-build
 )
+# Intel's ipsec-mb (x86-64 only): the data plane's AES-GCM over TLS
+# (wire/record_sealer.h); elsewhere OpenSSL computes it.
+if [[ "$(dpkg --print-architecture)" == amd64 ]]; then
+  packages+=(libipsec-mb-dev)
+fi
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -186,8 +186,11 @@ absl::StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host,
                         static_cast<int>(ntohs(addr.sin_port)));
 }
 
-absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
-  char* out = static_cast<char*>(data);
+absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
+                                   size_t at_most, absl::Time deadline) {
+  char* const start = static_cast<char*>(data);
+  char* out = start;
+  size_t room = at_most;
   // Each wait first polls the socket in a loop for a moment, while waits
   // are short (SpinWorthIt): a sleeping (virtual) CPU takes tens of
   // microseconds to wake, more than a small fetch's whole round trip on
@@ -195,13 +198,13 @@ absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point waiting_since{};  // The current wait's start.
   bool spin = false;
-  while (size > 0) {
+  while (static_cast<size_t>(out - start) < at_least) {
     absl::Status in_time = CheckDeadline(deadline, "recv");
     if (!in_time.ok()) return in_time;
-    ssize_t n = recv(fd, out, size, MSG_DONTWAIT);
+    ssize_t n = recv(fd, out, room, MSG_DONTWAIT);
     if (n > 0) {
       out += n;
-      size -= static_cast<size_t>(n);
+      room -= static_cast<size_t>(n);
       if (waiting_since != Clock::time_point{}) {
         RecordWait(Clock::now() - waiting_since);
         waiting_since = {};
@@ -220,7 +223,11 @@ absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
     absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recv");
     if (!ready.ok()) return ready;
   }
-  return absl::OkStatus();
+  return static_cast<size_t>(out - start);
+}
+
+absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline) {
+  return ReadAtLeast(fd, data, size, size, deadline).status();
 }
 
 absl::Status WriteFull(int fd, const void* data, size_t size,

@@ -55,6 +55,10 @@ absl::Status CheckDeadline(absl::Time deadline, absl::string_view what);
 // `deadline` passes first (also while bytes keep arriving), UNAVAILABLE when
 // the peer closes or the socket fails. A failed call may have moved part.
 absl::Status ReadFull(int fd, void* data, size_t size, absl::Time deadline);
+// Reads at least `at_least` and at most `at_most` bytes into `data` (what
+// has arrived, once `at_least` is in): the number read, or ReadFull's errors.
+absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
+                                   size_t at_most, absl::Time deadline);
 // `more` says more data follows at once (MSG_MORE), so small pieces of one
 // reply leave in one segment despite TCP_NODELAY.
 absl::Status WriteFull(int fd, const void* data, size_t size,

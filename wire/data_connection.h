@@ -13,6 +13,12 @@
 // config.refresh_seconds), as gRPC's certificate provider does; a rotation
 // that fails to load keeps the previous context (and logs why).
 //
+// When both ends offer it (ALPN RecordSealer::kAlpn), a TLS connection
+// carries its bytes after the handshake as sealed records
+// (wire/record_sealer.h) instead of OpenSSL's: the same AEAD and keys the
+// session agreed, with a copy less on the sending end. A peer that does not
+// offer it gets plain TLS records, as before.
+//
 // Every read, write and handshake is bounded by an absolute deadline:
 // DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer goes away or
 // the TLS layer fails (the message carries OpenSSL's reason). A peer that
@@ -103,6 +109,8 @@ class DataConnection {
 
   int fd() const { return fd_; }
   bool tls() const { return ssl_ != nullptr; }
+  // Whether the TLS session's bytes travel as sealed records.
+  bool sealed() const { return sealed_ != nullptr; }
   // Whether the channel itself authenticates every byte (TLS: each record's
   // AES-GCM or ChaCha20-Poly1305 tag), so that the data plane's per-chunk
   // XXH3 would only repeat the check: both ends then skip it and send
@@ -110,6 +118,12 @@ class DataConnection {
   bool authenticated() const { return tls(); }
 
   absl::Status ReadFull(void* data, size_t size, absl::Time deadline);
+  // ReadFull into a read's destination, which a failed read leaves
+  // unspecified: sealed records are opened straight into `data` (a copy
+  // less), so after a failure it may hold bytes nobody sent. Never into a
+  // shard or anything else that outlives a failed transfer.
+  absl::Status ReadIntoDestination(void* data, size_t size,
+                                   absl::Time deadline);
   // `more`: more bytes follow at once (MSG_MORE in the clear).
   absl::Status WriteFull(const void* data, size_t size, absl::Time deadline,
                          bool more = false);
@@ -119,21 +133,30 @@ class DataConnection {
   absl::StatusOr<std::string> ReadFrame(absl::Time deadline);
 
  private:
-  DataConnection(UniqueFd owned, int fd, SSL* ssl)
-      : owned_(std::move(owned)), fd_(fd), ssl_(ssl) {}
+  DataConnection(UniqueFd owned, int fd, SSL* ssl);
   // Runs an SSL call until it completes, waiting for the socket as it asks.
   template <typename Call>
   absl::StatusOr<int> Drive(Call call, absl::Time deadline,
                             absl::string_view what);
   // Makes `ssl_` write through a buffer (records leave in large writes).
   absl::Status AttachBuffer();
-  // Sends what the write buffer holds.
+  // After the handshake: sealed records when ALPN chose them, else plain
+  // TLS records read ahead.
+  absl::Status StartRecords(bool server);
+  // Sends what the write buffer (or the sealed records') holds.
   absl::Status Flush(absl::Time deadline);
+  // `direct`: whole records may be opened straight into `out`.
+  absl::Status ReadSealed(char* out, size_t size, absl::Time deadline,
+                          bool direct);
+  absl::Status WriteSealed(const char* in, size_t size, absl::Time deadline,
+                           bool more);
 
   UniqueFd owned_;
   int fd_ = -1;
   SSL* ssl_ = nullptr;     // owned
   BIO* buffer_ = nullptr;  // owned by ssl_: records on their way out
+  struct Sealed;
+  std::unique_ptr<Sealed> sealed_;  // null: plaintext or OpenSSL's records
 };
 
 }  // namespace tessera

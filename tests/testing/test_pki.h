@@ -59,6 +59,10 @@ class TestPki {
   std::string Path(const std::string& name, const std::string& kind) const {
     return absl::StrCat(dir_, "/", name, ".", kind);
   }
+  // A daemon's: its certificate `cert`, and `ca` to check clients with.
+  TlsConfig Server(const std::string& ca, const std::string& cert) const {
+    return Client(ca, cert);
+  }
   TlsConfig Client(const std::string& ca, const std::string& cert) const {
     TlsConfig config;
     config.ca_file = Path(ca, "pem");
