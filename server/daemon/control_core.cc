@@ -108,7 +108,10 @@ void Core::Shutdown() {
     state_ = State::kStopping;
   }
   gauges_.clear();
-  rank_->registry().SetServeGate(nullptr);
+  // The serve gate stays: the transports drain after this (Daemon::
+  // Shutdown's grace), and a stopped StaleCopies still refuses a copy it
+  // knew stale, or any copy of a replicated tensor once its last look is
+  // older than the fence.
   stale_.Stop();
   log_.Stop();
   membership_.Stop();
@@ -298,7 +301,11 @@ void Core::StartStaleCopies() {
   rank_->registry().SetServeGate([weak](absl::string_view id, bool write,
                                         absl::Time deadline) -> absl::Status {
     std::shared_ptr<Core> core = weak.lock();
-    if (core == nullptr) return absl::OkStatus();
+    if (core == nullptr) {
+      // The daemon is being torn down; no copy is vouched for any more.
+      return absl::UnavailableError(absl::StrCat(
+          "this daemon is shutting down: it no longer serves tensor id ", id));
+    }
     return core->stale_.CheckServe(id, write, deadline);
   });
 }

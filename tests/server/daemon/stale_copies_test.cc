@@ -1,7 +1,8 @@
 // StaleCopies (server/daemon/stale_copies.h) over a HashStore: a mark stops
 // the marked daemon serving the tensor at its next look and starts one
 // refill, whose end clears exactly the marks it covered; a daemon that
-// cannot look at its marks stops serving copies after the fence; a writer
+// cannot look at its marks stops serving copies after the fence, and one
+// that stopped looking still refuses what it knew stale; a writer
 // waits the fence after marking. Across real daemons:
 // ResilienceTest.AWriteOutlivesAHolderStalledPastItsDeadline.
 #include "server/daemon/stale_copies.h"
@@ -124,6 +125,24 @@ TEST(StaleCopiesTest, WithoutALookWithinTheFenceCopiesAreNotServed) {
                        HasSubstr("has not seen its stale marks")));
   // A tensor without copies is served regardless.
   EXPECT_THAT(holder.CheckServe("single", false, absl::Now()), IsOk());
+}
+
+// Core::Shutdown stops the looks but keeps the gate while the transports
+// drain: what was known stale stays refused, at once.
+TEST(StaleCopiesTest, AStoppedDaemonStillRefusesItsStaleCopies) {
+  auto store = std::make_shared<HashStore>();
+  StaleCopies writer(store, 0, Quick());
+  StaleCopies holder(store, 1, Quick());
+  Refills refills;
+  StartLooking(holder, refills);
+  ASSERT_THAT(writer.Mark({1}, "t", absl::Now() + absl::Seconds(5)), IsOk());
+  ASSERT_TRUE(refills.WaitFor(1));
+  holder.Stop();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(holder.CheckServe("t", false, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("missed a write")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
 TEST(StaleCopiesTest, MarksAreBoundedAndTheFenceKeepsTheDeadline) {
