@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "server/daemon/control_core.h"
 #include "server/daemon/region_io.h"
+#include "server/serve/chunk_stream.h"
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/auth.h"
@@ -68,6 +69,24 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   // runs after it.
   std::weak_ptr<Core> core_;
   std::weak_ptr<PendingCall> call_;
+};
+
+// A unary call whose work may block for seconds (MarkStale waits out the
+// stale-copy fence): the work runs on a thread of the call's own, never on
+// gRPC's callback threads, which every callback method shares.
+class ThreadedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ThreadedReactor(std::function<absl::Status()> work) {
+    thread_.Start(
+        [this, work = std::move(work)] { Finish(ToGrpcStatus(work())); });
+  }
+  void OnDone() override {
+    thread_.Join();
+    delete this;
+  }
+
+ private:
+  ReactorThread thread_;
 };
 
 // OK when the caller's token may call ControlService/`method` (wire/auth.h).
@@ -168,9 +187,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::MarkStale(
       !allowed.ok()) {
     return control_internal::Done(context, allowed);
   }
-  return control_internal::Done(
-      context,
-      core_->MarkStale(*request, absl::FromChrono(context->deadline())));
+  return new control_internal::ThreadedReactor(
+      [core = core_, request = *request,
+       deadline = absl::FromChrono(context->deadline())] {
+        return core->MarkStale(request, deadline);
+      });
 }
 
 grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(

@@ -157,8 +157,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
     std::function<absl::StatusOr<PreparedFetch>()> prepare, int64_t chunk_bytes,
-    int staging_depth) {
-  auto* reactor = new ChunkStreamReactor(chunk_bytes, staging_depth, nullptr);
+    int staging_depth, std::shared_ptr<std::atomic<int64_t>> active) {
+  auto* reactor =
+      new ChunkStreamReactor(chunk_bytes, staging_depth, std::move(active));
   reactor->StartDeferred(std::move(prepare));
   return reactor;
 }

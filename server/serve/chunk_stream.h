@@ -53,10 +53,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFailedChunkStream(
 // error returned). The reactor joins that thread when the call is done.
 // `prepare` must be bounded by a deadline: the call (and a server
 // shutdown waiting for it) lasts at least as long as it runs, even when
-// the client has gone.
+// the client has gone. `active` as for NewChunkStreamReactor.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDeferredChunkStream(
     std::function<absl::StatusOr<PreparedFetch>()> prepare, int64_t chunk_bytes,
-    int staging_depth = kDefaultStagingDepth);
+    int staging_depth = kDefaultStagingDepth,
+    std::shared_ptr<std::atomic<int64_t>> active = nullptr);
 
 // A thread owned by a gRPC server reactor, for work that must not block
 // gRPC's callback threads (fetches from other ranks, forwarded writes).

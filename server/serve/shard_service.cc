@@ -40,11 +40,25 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
   }
   absl::StatusOr<v1::FetchShardRequest> parsed = ParseFetchRequest(*request);
   if (!parsed.ok()) return NewFailedChunkStream(parsed.status());
+  // First without waiting: a copy that the serve gate must first look at
+  // the store for (a daemon that has not seen its stale marks lately,
+  // server/daemon/stale_copies.h) is UNAVAILABLE at once. Such a fetch
+  // waits, within its deadline, on a thread of its own call: never on
+  // gRPC's callback threads, which every callback method of the daemon
+  // shares.
   absl::StatusOr<PreparedFetch> prepared =
-      PrepareFetch(*registry_, *parsed, absl::FromChrono(context->deadline()));
+      PrepareFetch(*registry_, *parsed, /*deadline=*/absl::InfinitePast());
+  const int64_t chunk_bytes = ChunkBytesFor(parsed->chunk_bytes());
+  if (absl::IsUnavailable(prepared.status())) {
+    return NewDeferredChunkStream(
+        [registry = registry_, request = *std::move(parsed),
+         deadline = absl::FromChrono(context->deadline())] {
+          return PrepareFetch(*registry, request, deadline);
+        },
+        chunk_bytes, options_.staging_depth, active_fetches_);
+  }
   if (!prepared.ok()) return NewFailedChunkStream(prepared.status());
-  return NewChunkStreamReactor(std::move(*prepared),
-                               ChunkBytesFor(parsed->chunk_bytes()),
+  return NewChunkStreamReactor(std::move(*prepared), chunk_bytes,
                                active_fetches_, options_.staging_depth);
 }
 

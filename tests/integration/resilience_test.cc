@@ -815,6 +815,55 @@ TEST(ResilienceTest, AReadOfCopiesWaitsOutAStalledStore) {
             << took << "\n";
 }
 
+// A gRPC fetch of a copy that waits for its daemon to look at the store
+// waits on a thread of its own call, not on gRPC's callback threads: with
+// many such fetches waiting, the daemon's other callback methods still
+// answer at once, and the fetches complete once the store is back.
+TEST(ResilienceTest, FetchesWaitingForTheStoreHoldNoGrpcCallbackThread) {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(1)));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("r", {6, 4}, Rows(), TwoCopies()));
+  const Tensor values = Rows6x4(100);
+  ASSERT_OK(view.Write({0, 0}, values));
+  // Rank 0 serves the store: stalled, nobody can look at its stale marks.
+  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGSTOP), 0);
+  absl::Cleanup resume = [&] { kill(cluster->daemon(0).pid(), SIGCONT); };
+  absl::SleepFor(absl::Seconds(3));  // past the 2 s fence
+  // Rank 1 owns shard 1 and holds the copy of shard 0; over gRPC alone.
+  const std::shared_ptr<ShardClient> grpc_only =
+      ShardClient::Create(cluster->address(1));
+  constexpr int kWaiting = 64;
+  std::atomic<int> fetched{0};
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < kWaiting; ++i) {
+    waiting.emplace_back([&, i] {
+      FetchOptions patient;
+      patient.timeout = absl::Seconds(25);
+      const std::string id =
+          i % 2 == 0 ? view.tensor_id() : ReplicaTensorId(view.tensor_id());
+      absl::StatusOr<Shard> got =
+          grpc_only->FetchShard(id, i % 2 == 0 ? 1 : 0, patient);
+      if (got.ok()) ++fetched;
+    });
+  }
+  absl::SleepFor(absl::Seconds(1));  // every fetch is waiting by now
+  const absl::Time asked = absl::Now();
+  EXPECT_OK(
+      grpc_only->DescribeTensor(view.tensor_id(), absl::Seconds(5)).status());
+  const absl::Duration answered = absl::Now() - asked;
+  EXPECT_LT(answered, absl::Seconds(1)) << cluster->Log(1);
+  EXPECT_EQ(fetched.load(), 0);  // still waiting for the store
+  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGCONT), 0);
+  for (std::thread& thread : waiting) thread.join();
+  EXPECT_EQ(fetched.load(), kWaiting) << cluster->Log(1);
+  std::cout << "[ resilience ] with " << kWaiting
+            << " gRPC fetches waiting for the store, DescribeTensor took "
+            << answered << "\n";
+}
+
 // With replicas, a read whose owner is stalled moves to the replica once
 // the owner moved no byte for the client's holder_patience (2 s by
 // default), over every transport, even with the default transfer deadline

@@ -139,9 +139,9 @@ TEST(StaleCopiesTest, AStoppedDaemonStillRefusesItsStaleCopies) {
   ASSERT_TRUE(refills.WaitFor(1));
   holder.Stop();
   const absl::Time start = absl::Now();
-  EXPECT_THAT(holder.CheckServe("t", false, absl::Now() + absl::Seconds(5)),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("missed a write")));
+  EXPECT_THAT(
+      holder.CheckServe("t", false, absl::Now() + absl::Seconds(5)),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("missed a write")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
