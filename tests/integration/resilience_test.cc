@@ -19,6 +19,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -782,34 +783,56 @@ TEST(ResilienceTest, AWriteOutlivesAHolderStalledPastItsDeadline) {
             static_cast<int64_t>(copied.size()));
 }
 
+// Four daemons, the tensor "r" (6x4 rows, two copies of each shard)
+// written through rank 1, then rank 0, which serves the store, stalled:
+// nobody can look at their stale marks. Resumed when this goes.
+struct StalledStore {
+  ~StalledStore() { Resume(); }
+  void Resume() {
+    if (cluster != nullptr) kill(cluster->daemon(0).pid(), SIGCONT);
+  }
+  std::unique_ptr<DaemonCluster> cluster;
+  std::shared_ptr<Client> client;
+  std::optional<ShardedTensorView> view;
+  Tensor values = Rows6x4(100);
+};
+
+absl::StatusOr<std::unique_ptr<StalledStore>> StallTheStoreOfCopies() {
+  DaemonClusterOptions options = Options();
+  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
+  auto stalled = std::make_unique<StalledStore>();
+  ASSIGN_OR_RETURN(stalled->cluster, DaemonCluster::Start(options));
+  ClientOptions client_options;
+  client_options.timeout = absl::Seconds(25);
+  ASSIGN_OR_RETURN(
+      stalled->client,
+      Client::Connect(stalled->cluster->address(1), client_options));
+  ASSIGN_OR_RETURN(stalled->view,
+                   stalled->client->Create("r", {6, 4}, Rows(), TwoCopies()));
+  RETURN_IF_ERROR(stalled->view->Write({0, 0}, stalled->values));
+  if (kill(stalled->cluster->daemon(0).pid(), SIGSTOP) != 0) {
+    return absl::InternalError("cannot stop rank 0");
+  }
+  return stalled;
+}
+
 // Copies are served only while their daemon has looked at its stale marks
 // within the fence; with the store's daemon (rank 0) stalled, nobody can
 // look, so reads of a tensor with copies wait for the store instead of
 // failing, and complete once it is back.
 TEST(ResilienceTest, AReadOfCopiesWaitsOutAStalledStore) {
-  DaemonClusterOptions options = Options();
-  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
-  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
-  ClientOptions client_options;
-  client_options.timeout = absl::Seconds(25);
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Connect(cluster->address(1), client_options));
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
-                       client->Create("r", {6, 4}, Rows(), TwoCopies()));
-  const Tensor values = Rows6x4(100);
-  ASSERT_OK(view.Write({0, 0}, values));
-  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGSTOP), 0);
-  absl::Cleanup resume = [&] { kill(cluster->daemon(0).pid(), SIGCONT); };
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StalledStore> stalled,
+                       StallTheStoreOfCopies());
   std::thread resumer([&] {
     absl::SleepFor(absl::Seconds(4));
-    kill(cluster->daemon(0).pid(), SIGCONT);
+    stalled->Resume();
   });
   const absl::Time start = absl::Now();
-  absl::StatusOr<Tensor> read = view.Read();
+  absl::StatusOr<Tensor> read = stalled->view->Read();
   const absl::Duration took = absl::Now() - start;
   resumer.join();
-  ASSERT_OK(read.status()) << cluster->Log(1);
-  EXPECT_EQ(Floats(*read), Floats(values));
+  ASSERT_OK(read.status()) << stalled->cluster->Log(1);
+  EXPECT_EQ(Floats(*read), Floats(stalled->values));
   std::cout << "[ resilience ] a read of copies with the store stalled 4 s "
                "took "
             << took << "\n";
@@ -820,17 +843,10 @@ TEST(ResilienceTest, AReadOfCopiesWaitsOutAStalledStore) {
 // many such fetches waiting, the daemon's other callback methods still
 // answer at once, and the fetches complete once the store is back.
 TEST(ResilienceTest, FetchesWaitingForTheStoreHoldNoGrpcCallbackThread) {
-  DaemonClusterOptions options = Options();
-  options.extra_args = {"--timeout", "30", "--log-level", "warn"};
-  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(cluster->address(1)));
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
-                       client->Create("r", {6, 4}, Rows(), TwoCopies()));
-  const Tensor values = Rows6x4(100);
-  ASSERT_OK(view.Write({0, 0}, values));
-  // Rank 0 serves the store: stalled, nobody can look at its stale marks.
-  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGSTOP), 0);
-  absl::Cleanup resume = [&] { kill(cluster->daemon(0).pid(), SIGCONT); };
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StalledStore> stalled,
+                       StallTheStoreOfCopies());
+  DaemonCluster* const cluster = stalled->cluster.get();
+  const ShardedTensorView& view = *stalled->view;
   absl::SleepFor(absl::Seconds(3));  // past the 2 s fence
   // Rank 1 owns shard 1 and holds the copy of shard 0; over gRPC alone.
   const std::shared_ptr<ShardClient> grpc_only =
@@ -856,7 +872,7 @@ TEST(ResilienceTest, FetchesWaitingForTheStoreHoldNoGrpcCallbackThread) {
   const absl::Duration answered = absl::Now() - asked;
   EXPECT_LT(answered, absl::Seconds(1)) << cluster->Log(1);
   EXPECT_EQ(fetched.load(), 0);  // still waiting for the store
-  ASSERT_EQ(kill(cluster->daemon(0).pid(), SIGCONT), 0);
+  stalled->Resume();
   for (std::thread& thread : waiting) thread.join();
   EXPECT_EQ(fetched.load(), kWaiting) << cluster->Log(1);
   std::cout << "[ resilience ] with " << kWaiting
