@@ -143,9 +143,13 @@ TlsContext::~TlsContext() = default;
 namespace {
 
 // RecordSealer::kAlpn in ALPN's wire format: a length byte, then the name.
-std::string SealedRecordsProtocols() {
-  const std::string name = RecordSealer::kAlpn;
-  return std::string(1, static_cast<char>(name.size())) + name;
+const std::string& SealedRecordsProtocols() {
+  static const std::string* const protocols = [] {
+    const std::string name = RecordSealer::kAlpn;
+    return new std::string(std::string(1, static_cast<char>(name.size())) +
+                           name);
+  }();
+  return *protocols;
 }
 
 // The server's ALPN choice: sealed records when the client offers them;
@@ -153,7 +157,7 @@ std::string SealedRecordsProtocols() {
 int SelectSealedRecords(SSL*, const unsigned char** out,
                         unsigned char* out_length, const unsigned char* in,
                         unsigned int in_length, void*) {
-  static const std::string protocols = SealedRecordsProtocols();
+  const std::string& protocols = SealedRecordsProtocols();
   unsigned char* chosen = nullptr;
   if (SSL_select_next_proto(
           &chosen, out_length,
@@ -453,7 +457,7 @@ absl::StatusOr<DataConnection> DataConnection::Connect(UniqueFd fd,
             SSL_set_tlsext_host_name(ssl, host.c_str()) != 1)) {
     return Invalid(absl::StrCat("cannot check the name ", host));
   }
-  static const std::string protocols = SealedRecordsProtocols();
+  const std::string& protocols = SealedRecordsProtocols();
   if (SSL_set_alpn_protos(
           ssl, reinterpret_cast<const unsigned char*>(protocols.data()),
           static_cast<unsigned int>(protocols.size())) != 0) {

@@ -15,9 +15,11 @@
 //
 // When both ends offer it (ALPN RecordSealer::kAlpn), a TLS connection
 // carries its bytes after the handshake as sealed records
-// (wire/record_sealer.h) instead of OpenSSL's: the same AEAD and keys the
-// session agreed, with a copy less on the sending end. A peer that does not
-// offer it gets plain TLS records, as before.
+// (wire/record_sealer.h) instead of OpenSSL's: the AEAD the session
+// agreed, under keys it exports, encrypted straight from the caller's
+// bytes (two copies fewer when sending) and, into a read's destination,
+// opened in place (one fewer when receiving). A peer that does not offer
+// it gets plain TLS records, as before.
 //
 // Every read, write and handshake is bounded by an absolute deadline:
 // DEADLINE_EXCEEDED when it passes, UNAVAILABLE when the peer goes away or

@@ -54,6 +54,15 @@ void StartLooking(StaleCopies& copies, Refills& refills) {
       [](absl::string_view tensor_id) { return tensor_id != "single"; });
 }
 
+// Starts `holder` (rank 1) looking at its marks, has `writer` mark its
+// copy of "t" stale, and waits for the holder's refill to start.
+void MarkAndAwaitTheRefill(StaleCopies& writer, StaleCopies& holder,
+                           Refills& refills) {
+  StartLooking(holder, refills);
+  ASSERT_THAT(writer.Mark({1}, "t", absl::Now() + absl::Seconds(5)), IsOk());
+  ASSERT_TRUE(refills.WaitFor(1));
+}
+
 TEST(StaleCopiesTest, AMarkStopsServingUntilTheRefillClearsIt) {
   auto store = std::make_shared<HashStore>();
   StaleCopies writer(store, 0, Quick());
@@ -102,9 +111,7 @@ TEST(StaleCopiesTest, AFailedRefillKeepsTheCopyStaleAndIsTriedAgain) {
   StaleCopies writer(store, 0, Quick());
   StaleCopies holder(store, 1, Quick());
   Refills refills;
-  StartLooking(holder, refills);
-  ASSERT_THAT(writer.Mark({1}, "t", absl::Now() + absl::Seconds(5)), IsOk());
-  ASSERT_TRUE(refills.WaitFor(1));
+  ASSERT_NO_FATAL_FAILURE(MarkAndAwaitTheRefill(writer, holder, refills));
   holder.Refilled("t", false);
   EXPECT_TRUE(holder.Stale("t"));
   ASSERT_TRUE(refills.WaitFor(2));  // After a fence.
@@ -134,9 +141,7 @@ TEST(StaleCopiesTest, AStoppedDaemonStillRefusesItsStaleCopies) {
   StaleCopies writer(store, 0, Quick());
   StaleCopies holder(store, 1, Quick());
   Refills refills;
-  StartLooking(holder, refills);
-  ASSERT_THAT(writer.Mark({1}, "t", absl::Now() + absl::Seconds(5)), IsOk());
-  ASSERT_TRUE(refills.WaitFor(1));
+  ASSERT_NO_FATAL_FAILURE(MarkAndAwaitTheRefill(writer, holder, refills));
   holder.Stop();
   const absl::Time start = absl::Now();
   EXPECT_THAT(
