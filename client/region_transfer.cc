@@ -9,12 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "wire/grpc_status.h"
-#include "xxhash.h"
 
 namespace tessera {
 
@@ -336,7 +336,7 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
     const int64_t size = std::min(chunk_bytes, total - offset);
     chunk.set_offset(offset);
     chunk.set_data(size > 0 ? base + offset : "", static_cast<size_t>(size));
-    chunk.set_checksum(XXH3_64bits(chunk.data().data(), chunk.data().size()));
+    chunk.set_checksum(Checksum64(chunk.data().data(), chunk.data().size()));
     // A failed write means the stream is over (the daemon refused it or
     // the connection broke): Finish says why.
     if (!writer->Write(chunk)) break;

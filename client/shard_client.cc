@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "client/lanes.h"
 #include "client/local_path.h"
+#include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -21,14 +22,12 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "wire/grpc_status.h"
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
+#include "wire/grpc_status.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
 #include "wire/version_id.h"
-#include "xxhash.h"
 
 namespace tessera {
 namespace {
@@ -820,7 +819,7 @@ absl::StatusOr<bool> ShardClient::WriteStream(
         ChunkPrefix{sent_bytes, size,
                     socket.authenticated()
                         ? kUncheckedChunk
-                        : XXH3_64bits(chunk, static_cast<size_t>(size))},
+                        : Checksum64(chunk, static_cast<size_t>(size))},
         prefix);
     absl::Status wrote =
         socket.WriteFull(prefix, sizeof(prefix), deadline, /*more=*/true);

@@ -7,14 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "wire/grpc_status.h"
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack.
-#include "xxhash.h"
 
 namespace tessera {
 namespace {
@@ -413,7 +412,7 @@ absl::Status ShardAssembler::CheckCancel() const {
 absl::Status ShardAssembler::Verify(int64_t offset, int64_t length,
                                     std::optional<uint64_t> checksum) {
   if (checksum.has_value() &&
-      XXH3_64bits(placed_, static_cast<size_t>(length)) != *checksum) {
+      Checksum64(placed_, static_cast<size_t>(length)) != *checksum) {
     return ChecksumMismatch(offset);
   }
   if (landing_ != nullptr) {
@@ -434,18 +433,17 @@ absl::Status ShardAssembler::ChecksumMismatch(int64_t offset) const {
 }
 
 bool ShardAssembler::WriteAndVerify(const ParsedChunk& chunk, char* out) {
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
+  Checksum64Stream state;
   for (absl::string_view view : chunk.data) {
     while (!view.empty()) {
       const size_t piece = std::min(view.size(), kHashCopyPieceBytes);
-      XXH3_64bits_update(&state, view.data(), piece);
+      state.Update(view.data(), piece);
       std::memcpy(out, view.data(), piece);
       out += piece;
       view.remove_prefix(piece);
     }
   }
-  return XXH3_64bits_digest(&state) == chunk.checksum;
+  return state.Digest() == chunk.checksum;
 }
 
 absl::Status ShardAssembler::Finish() {

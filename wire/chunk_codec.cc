@@ -1,5 +1,6 @@
 #include "wire/chunk_codec.h"
 
+#include "common/checksum.h"
 #include "wire/data_connection.h"
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "io/socket.h"
-#include "xxhash.h"
 
 namespace tessera {
 namespace {
@@ -164,7 +164,7 @@ grpc::ByteBuffer EncodeShardChunk(const v1::ShardHeader* header, int64_t offset,
   v1::ShardChunk fields;
   if (header != nullptr) *fields.mutable_header() = *header;
   fields.set_offset(offset);
-  fields.set_checksum(XXH3_64bits(size > 0 ? payload.begin() : nullptr, size));
+  fields.set_checksum(Checksum64(size > 0 ? payload.begin() : nullptr, size));
   std::string prefix = fields.SerializeAsString();
   if (size == 0) {
     grpc::Slice only(prefix);

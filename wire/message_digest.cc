@@ -2,9 +2,9 @@
 
 #include <string>
 
+#include "common/checksum.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "xxhash.h"
 
 namespace tessera {
 
@@ -16,7 +16,7 @@ uint64_t MessageDigest(const google::protobuf::MessageLite& message) {
     coded.SetSerializationDeterministic(true);
     message.SerializeToCodedStream(&coded);
   }
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return Checksum64(bytes.data(), bytes.size());
 }
 
 }  // namespace tessera

@@ -11,10 +11,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/checksum.h"
 #include "common/status_macros.h"
 #include "io/file.h"
 #include "server/checkpoint/checkpoint.h"
-#include "xxhash.h"
 
 namespace tessera {
 namespace checkpoint_internal {
@@ -152,7 +152,7 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(
     const size_t body = bytes.size() - std::min(bytes.size(), kChecksumTrailer);
     if (bytes.size() < kChecksumTrailer || bytes[body] != kChecksumTag ||
         LoadLittle64(bytes.data() + body + 1) !=
-            XXH3_64bits(bytes.data(), body)) {
+            Checksum64(bytes.data(), body)) {
       return absl::DataLossError(
           absl::StrCat("checkpoint manifest ", path,
                        " is corrupt: it fails its own XXH3 checksum"));
@@ -175,7 +175,7 @@ absl::Status WriteCheckpointManifest(const Directory& dir,
   if (manifest.format_version() >= 2) {
     char trailer[kChecksumTrailer];
     trailer[0] = kChecksumTag;
-    StoreLittle64(trailer + 1, XXH3_64bits(bytes.data(), bytes.size()));
+    StoreLittle64(trailer + 1, Checksum64(bytes.data(), bytes.size()));
     bytes.append(trailer, sizeof(trailer));
   }
   absl::StatusOr<AtomicFile> file = AtomicFile::CreateIn(dir, kManifestName);

@@ -12,13 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "common/int_math.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/shard_layout.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint_format.h"
-#include "xxhash.h"
 
 namespace tessera {
 
@@ -104,7 +104,7 @@ class CheckpointReader {
     for (int64_t k = first_block; k < end_block; ++k) {
       const int64_t at = k * block;
       const int64_t n = std::min(block, extent.length() - at);
-      if (XXH3_64bits(data + (at - begin), static_cast<size_t>(n)) !=
+      if (Checksum64(data + (at - begin), static_cast<size_t>(n)) !=
           extent.block_xxh3(static_cast<int>(k))) {
         return absl::DataLossError(absl::StrCat(
             "checkpoint file ", file->path(), " is corrupt: ", what,

@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "common/int_math.h"
 #include "common/nonce.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "io/file.h"
 #include "server/checkpoint/checkpoint_format.h"
-#include "xxhash.h"
 
 namespace tessera {
 
@@ -81,7 +81,7 @@ absl::StatusOr<v1::DataExtent> AppendTensor(CheckpointFile& file,
   extent.set_length(length);
   extent.set_block_bytes(block_bytes);
   for (int64_t at = 0; at < length; at += block_bytes) {
-    extent.add_block_xxh3(XXH3_64bits(
+    extent.add_block_xxh3(Checksum64(
         data + at, static_cast<size_t>(std::min(block_bytes, length - at))));
   }
   RETURN_IF_ERROR(file.Append(data, static_cast<size_t>(length)));
@@ -242,7 +242,7 @@ class Saver {
     RETURN_IF_ERROR(ValidateForSave(state_dict_));
     manifest_ = Skeleton(state_dict_);
     const std::string plan = manifest_.SerializeAsString();
-    piece_.set_plan_digest(XXH3_64bits(plan.data(), plan.size()));
+    piece_.set_plan_digest(Checksum64(plan.data(), plan.size()));
     absl::StatusOr<Directory> dir = open_dir_();
     if (!dir.ok()) return Annotate(dir.status(), "checkpoint");
     dir_ = *std::move(dir);

@@ -15,6 +15,7 @@
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
 #include "client/stall_watchdog.h"
+#include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -30,7 +31,6 @@
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
 #include "wire/version_id.h"
-#include "xxhash.h"
 
 namespace tessera {
 namespace {
@@ -424,7 +424,7 @@ class WriteRegionReactor final
         absl::StrCat(What(), ": chunk at offset ", chunk_.offset());
     RETURN_IF_ERROR(sequence_.CheckNext(chunk_.offset(), size, chunk_name));
     if (absl::Status verified =
-            ChunkSequence::CheckChecksum(XXH3_64bits(data.data(), data.size()),
+            ChunkSequence::CheckChecksum(Checksum64(data.data(), data.size()),
                                          chunk_.checksum(), chunk_name);
         !verified.ok()) {
       CountChecksumFailure(MetricsTransport::kGrpc);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
 #include "server/metrics/metrics.h"
@@ -19,7 +20,6 @@
 #include "wire/chunk_codec.h"
 #include "wire/message_digest.h"
 #include "wire/replicas.h"
-#include "xxhash.h"
 
 namespace tessera {
 namespace {
@@ -190,7 +190,7 @@ absl::Status DataPlaneServer::AnswerFetch(
         ChunkPrefix{chunk.offset, static_cast<int64_t>(chunk.size),
                     stream.authenticated()
                         ? kUncheckedChunk
-                        : XXH3_64bits(chunk.data, chunk.size)},
+                        : Checksum64(chunk.data, chunk.size)},
         prefix);
     const absl::Time chunk_deadline = absl::Now() + options_.io_timeout;
     RETURN_IF_ERROR(stream.WriteFull(prefix, sizeof(prefix), chunk_deadline,
@@ -298,7 +298,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
       char* place = base + chunk.offset;
       RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
       if (!stream.authenticated()) {
-        failed = ChunkSequence::CheckChecksum(XXH3_64bits(place, length),
+        failed = ChunkSequence::CheckChecksum(Checksum64(place, length),
                                               chunk.checksum, chunk_name);
       }
       if (!failed.ok()) CountChecksumFailure(MetricsTransport::kDataPlane);
