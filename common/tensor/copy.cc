@@ -1,9 +1,11 @@
 #include "common/tensor/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -284,6 +286,69 @@ std::string Tensor::DebugString() const {
   if (!defined()) return "Tensor(undefined)";
   return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", SizesString(sizes_),
                       ", ", device().ToString(), ")");
+}
+
+absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
+                               void* out) {
+  if (!src.defined() || !src.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyRowMajorBytes: ",
+        src.defined() ? src.DebugString() : std::string("undefined tensor"),
+        " is not a tensor in host memory"));
+  }
+  const int64_t total = static_cast<int64_t>(src.nbytes());
+  if (offset < 0 || offset > total ||
+      bytes > static_cast<uint64_t>(total - offset)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("CopyRowMajorBytes: bytes [", offset, ", +", bytes,
+                     ") of ", src.DebugString(), ", which has ", total));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  // Byte strides without size-1 dimensions, merged where contiguous; the
+  // innermost contiguous stretch is a run.
+  const int64_t width = static_cast<int64_t>(src.element_size());
+  std::vector<CopyDim> dims;
+  for (int64_t d = 0; d < src.dim(); ++d) {
+    if (src.sizes()[d] == 1) continue;
+    const CopyDim dim{src.sizes()[d], src.strides()[d] * width, 0};
+    if (!dims.empty() && dims.back().src_stride == dim.src_stride * dim.size) {
+      dims.back() = CopyDim{dims.back().size * dim.size, dim.src_stride, 0};
+      continue;
+    }
+    dims.push_back(dim);
+  }
+  int64_t run = width;
+  if (!dims.empty() && dims.back().src_stride == width) {
+    run = dims.back().size * width;
+    dims.pop_back();
+  }
+  // The run holding `offset`, as an index per remaining dimension.
+  std::vector<int64_t> index(dims.size());
+  int64_t rest = offset / run;
+  int64_t at = 0;
+  for (size_t d = dims.size(); d-- > 0;) {
+    index[d] = rest % dims[d].size;
+    rest /= dims[d].size;
+    at += index[d] * dims[d].src_stride;
+  }
+  const char* base = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(out);
+  int64_t within = offset % run;
+  size_t left = bytes;
+  while (true) {
+    const size_t n = std::min(static_cast<size_t>(run - within), left);
+    std::memcpy(to, base + at + within, n);
+    to += n;
+    left -= n;
+    if (left == 0) return absl::OkStatus();
+    within = 0;
+    for (size_t d = dims.size(); d-- > 0;) {
+      at += dims[d].src_stride;
+      if (++index[d] < dims[d].size) break;
+      at -= dims[d].src_stride * dims[d].size;
+      index[d] = 0;
+    }
+  }
 }
 
 absl::Status CopyBox(const Tensor& src, absl::Span<const int64_t> src_offsets,

@@ -204,6 +204,14 @@ absl::Status CopyBox(const Tensor& src, absl::Span<const int64_t> src_offsets,
                      absl::Span<const int64_t> sizes);
 // Copies all of `src` into `dst` (same sizes and dtype).
 absl::Status CopyInto(const Tensor& src, const Tensor& dst);
+// Copies bytes [offset, offset + bytes) of the row-major bytes of `src`
+// (what src.Contiguous() would hold; any strides) to `out`, which must
+// have room for them. A range may start and end anywhere, also inside an
+// element. Runs that are contiguous in `src` are single memcpys.
+// INVALID_ARGUMENT for an undefined tensor or one not on the CPU,
+// OUT_OF_RANGE for a range outside [0, src.nbytes()].
+absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
+                               void* out);
 
 // True when both tensors have the same dtype, sizes and element values
 // (torch.equal: NaN != NaN, -0 == +0). Tensors on CUDA are compared via a

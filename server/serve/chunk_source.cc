@@ -213,6 +213,45 @@ class StagedChunkSource final : public ChunkSource {
   absl::Status failed_;
 };
 
+// ---- Strided host bytes: gathered chunk by chunk ----------------------------
+
+// Host memory for gathered chunks (ordinary pages: no copy engine reads
+// them).
+class HostBuffer final : public StagingBuffer {
+ public:
+  explicit HostBuffer(size_t bytes)
+      : bytes_(new char[bytes > 0 ? bytes : 1]), size_(bytes) {}
+  char* data() override { return bytes_.get(); }
+  size_t size() const override { return size_; }
+
+ private:
+  const std::unique_ptr<char[]> bytes_;
+  const size_t size_;
+};
+
+// Copies of a strided host view's row-major bytes, made on the caller's
+// thread when enqueued (so the pipeline gathers each chunk just before it
+// is sent, while it is still in the cache).
+class HostGatherCopier final : public StagingCopier {
+ public:
+  explicit HostGatherCopier(Tensor source) : source_(std::move(source)) {}
+
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> NewBuffer(
+      size_t bytes) override {
+    return std::make_unique<HostBuffer>(bytes);
+  }
+  absl::StatusOr<Ticket> Enqueue(int64_t offset, size_t bytes,
+                                 char* destination) override {
+    RETURN_IF_ERROR(CopyRowMajorBytes(source_, offset, bytes, destination));
+    return next_ticket_++;
+  }
+  absl::Status Wait(Ticket) override { return absl::OkStatus(); }
+
+ private:
+  const Tensor source_;
+  Ticket next_ticket_ = 0;
+};
+
 // ---- The CUDA copier --------------------------------------------------------
 
 // Pinned host memory (cudaHostAlloc).
@@ -343,6 +382,13 @@ absl::StatusOr<std::unique_ptr<ChunkSource>> NewChunkSource(const Tensor& bytes,
   if (bytes.device().is_meta()) {
     return absl::FailedPreconditionError(
         "tensor is on the meta device and has no bytes to send");
+  }
+  if (bytes.device().is_cpu() && !bytes.is_contiguous()) {
+    // Gathered when handed out (depth 0): one buffer being sent, one a
+    // transport may still hold.
+    return std::unique_ptr<ChunkSource>(new StagedChunkSource(
+        std::make_unique<HostGatherCopier>(bytes),
+        static_cast<int64_t>(bytes.nbytes()), chunk_bytes, /*depth=*/0));
   }
   if (!bytes.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(

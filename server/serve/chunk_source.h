@@ -4,6 +4,9 @@
 //
 // - Host bytes: every chunk is a view of the tensor's storage (no copy),
 //   whose owner keeps that storage alive.
+// - Strided host bytes (a box of a shard): each chunk is gathered into a
+//   pooled host buffer when it is handed out, just before it is sent (no
+//   copy of the whole box first).
 // - CUDA bytes: chunks are staged device -> pinned host buffer by
 //   cudaMemcpyAsync on a non-blocking stream of the source's device, each
 //   copy followed by an event. Handing out chunk k first enqueues the
@@ -121,12 +124,13 @@ class ChunkSource {
   int64_t next_offset_ = 0;
 };
 
-// The chunks of `bytes`, a contiguous tensor on the CPU (views of its
-// storage) or on a CUDA device (staged through pinned buffers `depth`
-// chunks ahead, see above); any tensor without bytes gives no chunks.
-// INVALID_ARGUMENT for an undefined or non-contiguous tensor or
-// chunk_bytes < 1; FAILED_PRECONDITION for a meta tensor with bytes; CUDA
-// errors creating the stream. The source keeps `bytes`' storage alive.
+// The chunks of `bytes`, a tensor on the CPU (views of its storage when
+// contiguous, else gathered chunk by chunk) or a contiguous one on a CUDA
+// device (staged through pinned buffers `depth` chunks ahead, see above);
+// any tensor without bytes gives no chunks. INVALID_ARGUMENT for an
+// undefined tensor, a non-contiguous CUDA tensor or chunk_bytes < 1;
+// FAILED_PRECONDITION for a meta tensor with bytes; CUDA errors creating the
+// stream. The source keeps `bytes`' storage alive.
 absl::StatusOr<std::unique_ptr<ChunkSource>> NewChunkSource(
     const Tensor& bytes, int64_t chunk_bytes, int depth = kDefaultStagingDepth);
 

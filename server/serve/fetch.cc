@@ -32,15 +32,18 @@ absl::Status ValidateRequest(const v1::FetchShardRequest& request) {
   return absl::OkStatus();
 }
 
-// The shard's bytes, contiguous where they live: the shard itself when it
-// already is, otherwise a contiguous copy on its own device (a CUDA shard
-// is staged to the host later, chunk by chunk, by the stream).
-absl::StatusOr<Tensor> ContiguousBytes(const Tensor& shard) {
+// The bytes a stream sends of `shard` (a shard or a view of its box): the
+// view itself in host memory (a strided one is gathered chunk by chunk as
+// it is sent, see NewChunkSource), otherwise a contiguous copy on its own
+// device (a CUDA shard is staged to the host later, chunk by chunk, by the
+// stream).
+absl::StatusOr<Tensor> StreamedBytes(const Tensor& shard) {
   if (shard.numel() == 0) return shard;
   if (shard.device().is_meta()) {
     return absl::FailedPreconditionError(
         "shard is on the meta device and has no bytes to send");
   }
+  if (shard.device().is_cpu()) return shard;
   return shard.Contiguous();
 }
 
@@ -135,7 +138,7 @@ absl::StatusOr<PreparedFetch> PrepareFetch(const ShardRegistry& registry,
   ASSIGN_OR_RETURN(FetchView found,
                    PrepareFetchView(registry, request, false, deadline));
   PreparedFetch prepared;
-  ASSIGN_OR_RETURN(prepared.bytes, ContiguousBytes(found.view));
+  ASSIGN_OR_RETURN(prepared.bytes, StreamedBytes(found.view));
   prepared.tensor = std::move(found.tensor);
   prepared.header = std::move(found.header);
   return prepared;
@@ -149,7 +152,7 @@ absl::StatusOr<PreparedFetch> PrepareTensorFetch(
                                                    metadata.ToString()));
   }
   PreparedFetch prepared;
-  ASSIGN_OR_RETURN(prepared.bytes, ContiguousBytes(box));
+  ASSIGN_OR_RETURN(prepared.bytes, StreamedBytes(box));
   prepared.header = HeaderOf(box, ToProto(metadata));
   return prepared;
 }

@@ -62,9 +62,10 @@ struct PreparedFetch {
   // whole stream, even if the tensor is unregistered meanwhile. Null for a
   // fetch of a tensor that is no registered shard (PrepareTensorFetch).
   std::shared_ptr<const RegisteredTensor> tensor;
-  // The bytes to send, contiguous, in host memory or on a CUDA device
-  // (staged to the host chunk by chunk, see NewChunkSource); the stream
-  // holds a reference to their storage.
+  // The bytes to send: in host memory (a strided box is gathered chunk by
+  // chunk as it is sent), or contiguous on a CUDA device (staged to the
+  // host chunk by chunk); see NewChunkSource. The stream holds a reference
+  // to their storage.
   Tensor bytes;
   v1::ShardHeader header;
   // Anything else the stream keeps until it is done (a daemon's memory

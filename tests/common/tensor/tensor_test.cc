@@ -1253,6 +1253,63 @@ TEST(EqualTest, ComplexComparesBothParts) {
   EXPECT_FALSE(Equal(n, n));
 }
 
+// ---- CopyRowMajorBytes
+// -----------------------------------------------------------------------
+
+// Every byte range of a view's row-major bytes, at every start and length
+// class (inside one element, across runs, the whole), equals the same
+// bytes of its contiguous copy.
+TEST(CopyRowMajorBytesTest, EveryRangeOfEveryViewMatchesTheContiguousCopy) {
+  ASSERT_OK_AND_ASSIGN(Tensor base, Iota({6, 8, 10}, DType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(Tensor rows, base.Narrow(0, 1, 4));
+  ASSERT_OK_AND_ASSIGN(Tensor columns, base.Narrow(2, 3, 5));
+  ASSERT_OK_AND_ASSIGN(Tensor box, columns.Narrow(1, 2, 5));
+  ASSERT_OK_AND_ASSIGN(Tensor transposed, box.Transpose(0, 2));
+  ASSERT_OK_AND_ASSIGN(Tensor single, base.Narrow(1, 7, 1));  // 6 x 1 x 10.
+  ASSERT_OK_AND_ASSIGN(Tensor one, Iota({1}, DType::kInt64));
+  for (const Tensor& view :
+       {base, rows, columns, box, transposed, single, one}) {
+    SCOPED_TRACE(view.DebugString());
+    ASSERT_OK_AND_ASSIGN(Tensor packed, view.Contiguous());
+    const char* want = static_cast<const char*>(packed.data_ptr());
+    const int64_t total = static_cast<int64_t>(view.nbytes());
+    for (int64_t offset :
+         {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, int64_t{19},
+          int64_t{20}, int64_t{41}, total / 2, total - 1, total}) {
+      if (offset > total) continue;
+      for (int64_t bytes :
+           {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{20},
+            int64_t{63}, int64_t{200}, total - offset}) {
+        if (bytes < 0 || offset + bytes > total) continue;
+        std::string got(static_cast<size_t>(bytes), '\x55');
+        ASSERT_OK(CopyRowMajorBytes(view, offset, static_cast<size_t>(bytes),
+                                    got.data()));
+        ASSERT_EQ(got, std::string(want + offset, static_cast<size_t>(bytes)))
+            << "bytes [" << offset << ", +" << bytes << ")";
+      }
+    }
+  }
+}
+
+TEST(CopyRowMajorBytesTest, RangesOutsideTheTensorAndOtherDevicesAreRefused) {
+  ASSERT_OK_AND_ASSIGN(Tensor t, Iota({4, 4}, DType::kFloat32));
+  char out[128];
+  EXPECT_THAT(CopyRowMajorBytes(t, 60, 5, out),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_THAT(CopyRowMajorBytes(t, -1, 1, out),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_THAT(CopyRowMajorBytes(t, 65, 0, out),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_OK(CopyRowMajorBytes(t, 64, 0, out));
+  EXPECT_THAT(CopyRowMajorBytes(Tensor(), 0, 0, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor meta,
+      Tensor::Empty({4}, TensorOptions().WithDevice(Device::Meta())));
+  EXPECT_THAT(CopyRowMajorBytes(meta, 0, 4, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
 // ---- CopyBox
 // -----------------------------------------------------------------------
 
