@@ -40,6 +40,10 @@ absl::Status Errno(absl::string_view what) {
 
 // How long a read polls before it blocks (see ReadFull).
 constexpr std::chrono::microseconds kReadSpin(100);
+// A read still missing at least this many bytes blocks at once: the wait
+// is for the next segment of a transfer already streaming, and polling
+// for it takes a core from the sender (on a host the two ends share).
+constexpr size_t kBulkReadBytes = size_t{64} << 10;
 
 // Adaptive spinning. Polling before blocking pays when the bytes come
 // within kReadSpin, which is what a quiet machine does; on a busy one
@@ -217,7 +221,8 @@ absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
     const auto now = Clock::now();
     if (waiting_since == Clock::time_point{}) {
       waiting_since = now;
-      spin = SpinWorthIt();
+      spin = at_least - static_cast<size_t>(out - start) < kBulkReadBytes &&
+             SpinWorthIt();
     }
     if (spin && now - waiting_since < kReadSpin) continue;
     absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recv");
