@@ -19,6 +19,7 @@
 #include "client/cli/top_command.h"
 #include "client/cli/versions_command.h"
 #include "client/cli/write_command.h"
+#include "common/mutex_checks.h"
 
 namespace {
 
@@ -38,6 +39,7 @@ constexpr tessera::cli::AddCommandFn kCommands[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::SkipMutexDeadlockChecks();
   return tessera::cli::RunCommandLine(kCommands, argc, argv, std::cout,
                                       std::cerr);
 }

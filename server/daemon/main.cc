@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log_context.h"
+#include "common/mutex_checks.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/daemon_options.h"
 #include "server/daemon/log_format.h"
@@ -87,6 +88,7 @@ void SetUpLogging(const DaemonOptions& options) {
 }
 
 int Run(int argc, char** argv) {
+  SkipMutexDeadlockChecks();
   // Before any thread exists, so that every thread inherits the mask.
   const sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
