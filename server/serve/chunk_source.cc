@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -219,8 +221,8 @@ class StagedChunkSource final : public ChunkSource {
 // them).
 class HostBuffer final : public StagingBuffer {
  public:
-  explicit HostBuffer(size_t bytes)
-      : bytes_(new char[bytes > 0 ? bytes : 1]), size_(bytes) {}
+  HostBuffer(std::unique_ptr<char[]> bytes, size_t size)
+      : bytes_(std::move(bytes)), size_(size) {}
   char* data() override { return bytes_.get(); }
   size_t size() const override { return size_; }
 
@@ -238,7 +240,13 @@ class HostGatherCopier final : public StagingCopier {
 
   absl::StatusOr<std::unique_ptr<StagingBuffer>> NewBuffer(
       size_t bytes) override {
-    return std::make_unique<HostBuffer>(bytes);
+    std::unique_ptr<char[]> memory(
+        new (std::nothrow) char[std::max<size_t>(bytes, 1)]);
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no memory for a buffer of ", bytes, " bytes to gather a box into"));
+    }
+    return std::make_unique<HostBuffer>(std::move(memory), bytes);
   }
   absl::StatusOr<Ticket> Enqueue(int64_t offset, size_t bytes,
                                  char* destination) override {
