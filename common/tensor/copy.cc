@@ -161,6 +161,41 @@ absl::Status ForEachIndex(const std::vector<CopyDim>& dims, Fn&& fn) {
   }
 }
 
+// How a copy walks a box of `sizes` (strides in elements, `width` bytes an
+// element): the dimensions without size-1 ones, in bytes, merged wherever
+// a dimension is contiguous with the next in both tensors, and the
+// innermost stretch contiguous in both split off as the run.
+struct CopyShape {
+  std::vector<CopyDim> dims;
+  int64_t run = 0;  // Bytes.
+};
+CopyShape ShapeOfCopy(absl::Span<const int64_t> sizes,
+                      absl::Span<const int64_t> src_strides,
+                      absl::Span<const int64_t> dst_strides, int64_t width) {
+  CopyShape shape;
+  std::vector<CopyDim>& dims = shape.dims;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    const CopyDim dim{sizes[d], src_strides[d] * width, dst_strides[d] * width};
+    if (!dims.empty()) {
+      CopyDim& outer = dims.back();
+      if (outer.src_stride == dim.src_stride * dim.size &&
+          outer.dst_stride == dim.dst_stride * dim.size) {
+        outer = CopyDim{outer.size * dim.size, dim.src_stride, dim.dst_stride};
+        continue;
+      }
+    }
+    dims.push_back(dim);
+  }
+  shape.run = width;
+  if (!dims.empty() && dims.back().src_stride == width &&
+      dims.back().dst_stride == width) {
+    shape.run = dims.back().size * width;
+    dims.pop_back();
+  }
+  return shape;
+}
+
 absl::Status CheckBox(absl::string_view which, const Tensor& tensor,
                       absl::Span<const int64_t> offsets,
                       absl::Span<const int64_t> sizes) {
@@ -304,24 +339,17 @@ absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
                      ") of ", src.DebugString(), ", which has ", total));
   }
   if (bytes == 0) return absl::OkStatus();
-  // Byte strides without size-1 dimensions, merged where contiguous; the
-  // innermost contiguous stretch is a run.
-  const int64_t width = static_cast<int64_t>(src.element_size());
-  std::vector<CopyDim> dims;
-  for (int64_t d = 0; d < src.dim(); ++d) {
-    if (src.sizes()[d] == 1) continue;
-    const CopyDim dim{src.sizes()[d], src.strides()[d] * width, 0};
-    if (!dims.empty() && dims.back().src_stride == dim.src_stride * dim.size) {
-      dims.back() = CopyDim{dims.back().size * dim.size, dim.src_stride, 0};
-      continue;
-    }
-    dims.push_back(dim);
+  // The walk of a copy into the row-major (contiguous) layout.
+  std::vector<int64_t> row_major(src.sizes().size());
+  int64_t elements = 1;
+  for (size_t d = row_major.size(); d-- > 0;) {
+    row_major[d] = elements;
+    elements *= src.sizes()[d];
   }
-  int64_t run = width;
-  if (!dims.empty() && dims.back().src_stride == width) {
-    run = dims.back().size * width;
-    dims.pop_back();
-  }
+  const CopyShape shape = ShapeOfCopy(src.sizes(), src.strides(), row_major,
+                                      static_cast<int64_t>(src.element_size()));
+  const std::vector<CopyDim>& dims = shape.dims;
+  const int64_t run = shape.run;
   // The run holding `offset`, as an index per remaining dimension.
   std::vector<int64_t> index(dims.size());
   int64_t rest = offset / run;
@@ -389,35 +417,16 @@ absl::Status CopyBox(const Tensor& src, absl::Span<const int64_t> src_offsets,
         "CopyBox: cannot copy out of a meta tensor: it has no data");
   }
 
-  // Byte strides of the box, without its size-1 dimensions, then merged
-  // wherever a dimension is contiguous with the next in both tensors.
   const int64_t width = static_cast<int64_t>(src.element_size());
   int64_t src_start = src.storage_offset_;
   int64_t dst_start = dst.storage_offset_;
-  std::vector<CopyDim> dims;
   for (size_t d = 0; d < rank; ++d) {
     src_start += src_offsets[d] * src.strides_[d];
     dst_start += dst_offsets[d] * dst.strides_[d];
-    if (sizes[d] == 1) continue;
-    const CopyDim dim{sizes[d], src.strides_[d] * width,
-                      dst.strides_[d] * width};
-    if (!dims.empty()) {
-      CopyDim& outer = dims.back();
-      if (outer.src_stride == dim.src_stride * dim.size &&
-          outer.dst_stride == dim.dst_stride * dim.size) {
-        outer = CopyDim{outer.size * dim.size, dim.src_stride, dim.dst_stride};
-        continue;
-      }
-    }
-    dims.push_back(dim);
   }
-  // A run is a stretch of bytes contiguous in both tensors.
-  int64_t run = width;
-  if (!dims.empty() && dims.back().src_stride == width &&
-      dims.back().dst_stride == width) {
-    run = dims.back().size * width;
-    dims.pop_back();
-  }
+  CopyShape shape = ShapeOfCopy(sizes, src.strides_, dst.strides_, width);
+  std::vector<CopyDim>& dims = shape.dims;
+  const int64_t run = shape.run;
   const char* src_base =
       static_cast<const char*>(src.storage_->data()) + src_start * width;
   char* dst_base = static_cast<char*>(dst.storage_->data()) + dst_start * width;
