@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
-#include <new>
 #include <utility>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "common/int_math.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
+#include "common/tensor/storage.h"
 
 namespace tessera {
 
@@ -217,18 +217,17 @@ class StagedChunkSource final : public ChunkSource {
 
 // ---- Strided host bytes: gathered chunk by chunk ----------------------------
 
-// Host memory for gathered chunks (ordinary pages: no copy engine reads
-// them).
-class HostBuffer final : public StagingBuffer {
+// Host memory of a Storage: private pages for gathered chunks, pinned ones
+// for CUDA staging.
+class StorageBuffer final : public StagingBuffer {
  public:
-  HostBuffer(std::unique_ptr<char[]> bytes, size_t size)
-      : bytes_(std::move(bytes)), size_(size) {}
-  char* data() override { return bytes_.get(); }
-  size_t size() const override { return size_; }
+  explicit StorageBuffer(std::shared_ptr<Storage> storage)
+      : storage_(std::move(storage)) {}
+  char* data() override { return static_cast<char*>(storage_->data()); }
+  size_t size() const override { return storage_->nbytes(); }
 
  private:
-  const std::unique_ptr<char[]> bytes_;
-  const size_t size_;
+  const std::shared_ptr<Storage> storage_;
 };
 
 // Copies of a strided host view's row-major bytes, made on the caller's
@@ -240,13 +239,11 @@ class HostGatherCopier final : public StagingCopier {
 
   absl::StatusOr<std::unique_ptr<StagingBuffer>> NewBuffer(
       size_t bytes) override {
-    std::unique_ptr<char[]> memory(
-        new (std::nothrow) char[std::max<size_t>(bytes, 1)]);
-    if (memory == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no memory for a buffer of ", bytes, " bytes to gather a box into"));
-    }
-    return std::make_unique<HostBuffer>(std::move(memory), bytes);
+    ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
+                     Storage::Allocate(bytes, Device::Cpu(), /*pinned=*/false,
+                                       HostSharing::kPrivate));
+    return std::unique_ptr<StagingBuffer>(
+        new StorageBuffer(std::move(storage)));
   }
   absl::StatusOr<Ticket> Enqueue(int64_t offset, size_t bytes,
                                  char* destination) override {
@@ -261,18 +258,6 @@ class HostGatherCopier final : public StagingCopier {
 };
 
 // ---- The CUDA copier --------------------------------------------------------
-
-// Pinned host memory (cudaHostAlloc).
-class PinnedBuffer final : public StagingBuffer {
- public:
-  explicit PinnedBuffer(std::shared_ptr<Storage> storage)
-      : storage_(std::move(storage)) {}
-  char* data() override { return static_cast<char*>(storage_->data()); }
-  size_t size() const override { return storage_->nbytes(); }
-
- private:
-  const std::shared_ptr<Storage> storage_;
-};
 
 // Device -> pinned host copies of a contiguous CUDA tensor, on a stream of
 // its own on the tensor's device; one event per copy, recycled once
@@ -295,7 +280,8 @@ class CudaStagingCopier final : public StagingCopier {
       size_t bytes) override {
     ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
                      Storage::Allocate(bytes, Device::Cpu(), /*pinned=*/true));
-    return std::unique_ptr<StagingBuffer>(new PinnedBuffer(std::move(storage)));
+    return std::unique_ptr<StagingBuffer>(
+        new StorageBuffer(std::move(storage)));
   }
 
   absl::StatusOr<Ticket> Enqueue(int64_t offset, size_t bytes,
