@@ -116,10 +116,19 @@ void ConnectionServer::AcceptLoop() {
 void ConnectionServer::Serve(uint64_t id, int fd) {
   Connection connection(this, id, fd);
   handler_(connection);
-  absl::MutexLock lock(&mu_);
-  busy_.erase(id);         // A handler that returned mid-request is not busy.
-  connections_.erase(id);  // Closes the socket.
-  finished_.push_back(id);
+  UniqueFd socket;
+  {
+    absl::MutexLock lock(&mu_);
+    busy_.erase(id);  // A handler that returned mid-request is not busy.
+    if (auto it = connections_.find(id); it != connections_.end()) {
+      socket = std::move(it->second);
+      connections_.erase(it);
+    }
+    finished_.push_back(id);
+  }
+  // Closed last, outside the lock: a peer that sees the close finds the
+  // connection already put away (its bookkeeping freed).
+  socket = UniqueFd();
 }
 
 void ConnectionServer::JoinFinished() {
