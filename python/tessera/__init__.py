@@ -245,7 +245,7 @@ class Client:
         ``lease`` seconds (10 minutes)."""
         single = isinstance(names, str)
         listed = [names] if single else list(names)
-        native = self._native.begin(listed, bool(empty), _seconds(lease))
+        native = self._native.begin(listed, bool(empty), _seconds(lease, "lease"))
         return (Version if single else VersionGroup)(self, native)
 
     def join(self, id: str) -> Any:
@@ -279,7 +279,7 @@ class Client:
         or ``lease`` seconds (5 minutes): ``snapshot["a"]`` reads it."""
         listed = [names] if isinstance(names, str) else list(names)
         return Snapshot(self, self._native.pin(
-            listed, _seconds(lease), [int(v) for v in versions or []]))
+            listed, _seconds(lease, "lease"), [int(v) for v in versions or []]))
 
     def watch(self, name: str, timeout: Optional[float] = None,
               after: int = 0) -> Iterator[int]:
@@ -385,6 +385,6 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
         token = words[0]
     if token is not None:
         _tessera.set_token(token)
-    return Client(_tessera.Client.connect(address, float(timeout),
+    return Client(_tessera.Client.connect(address, _seconds(timeout),
                                           request_id or "", int(data_lanes),
                                           bool(local_path)))

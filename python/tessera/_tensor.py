@@ -72,8 +72,22 @@ class RemoteShard:
                 f"{self.shard.index} on rank {self.shard.rank})")
 
 
-def _seconds(timeout: Optional[float]) -> float:
-    return 0.0 if timeout is None else float(timeout)
+def _seconds(timeout: Optional[float], what: str = "timeout") -> float:
+    """Seconds for the native calls, where 0.0 stands for None (the
+    default). InvalidArgumentError (a ValueError) for anything but a finite
+    number above 0: a deadline of 0, below 0 or NaN would otherwise read as
+    the default, and an infinite one could wait forever."""
+    if timeout is None:
+        return 0.0
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise _invalid(f"{what} must be a number of seconds or None, not "
+                       f"{timeout!r:.40}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise _invalid(f"{what} must be a finite number of seconds above 0 "
+                       f"(or None for the default), not {timeout!r:.40}")
+    return seconds
 
 
 def _is_torch(data: Any) -> bool:
@@ -132,8 +146,9 @@ def _target(out: ArrayLike) -> tuple[NDArray, bool]:
                 f"buffer or a __dlpack__ object, not {type(out).__name__}")
     if not array.flags.writeable:
         raise _invalid("out is not writeable")
-    if any(stride == 0 and size > 1
-           for stride, size in zip(array.strides, array.shape)):
+    if array.size > 0 and any(
+            stride == 0 and size > 1
+            for stride, size in zip(array.strides, array.shape)):
         raise _invalid("out has elements that share memory (a stride of 0, "
                        "as after expand or broadcast_to)")
     return array, bits

@@ -346,6 +346,33 @@ def test_every_error_class(client, rows4):
         assert issubclass(cls, tessera.Error)
 
 
+def test_timeouts_and_leases_must_be_positive_finite_seconds(daemons, client,
+                                                            rows4):
+    # 0, below 0 and NaN used to mean "the default"; infinity no deadline.
+    t = client.put("deadlines", np.ones((4, 4), np.float32), rows4)
+    client.create("deadlines_v", (4, 4), rows4, init="zeros", versions=2)
+    client.begin("deadlines_v").publish()
+    calls = {
+        "timeout": [
+            lambda v: tessera.connect(daemons.addresses[0], timeout=v),
+            lambda v: t.read(timeout=v),
+            lambda v: t.write((0, 0), np.ones((4, 4), np.float32),
+                              timeout=v),
+            lambda v: client.gather("deadlines", timeout=v),
+        ],
+        "lease": [lambda v: client.snapshot("deadlines_v", lease=v).release(),
+                  lambda v: client.begin("deadlines_v", lease=v).publish()],
+    }
+    for what, tried in calls.items():
+        for call in tried:
+            for bad in [0, -1, float("nan"), float("inf"), "soon"]:
+                with pytest.raises(tessera.InvalidArgumentError, match=what):
+                    call(bad)
+            call(None)
+            call(5)
+    np.testing.assert_array_equal(t.read(), np.ones((4, 4), np.float32))
+
+
 def test_concurrent_readers(client, rows4):
     values = np.arange(64 * 256, dtype=np.float64).reshape(64, 256)
     w = client.put("w", values, rows4)

@@ -98,6 +98,28 @@ def test_plan_refusals(client, rows4):
         client.plan_reads([("pf", (0, 0))])
     with pytest.raises(TypeError):
         client.plan_reads("pf")
+    plan = client.plan_reads([("pf", (0, 0), (2, 2),
+                               np.empty((2, 2), np.float32))])
+    for bad in [0, -1, float("nan"), float("inf")]:
+        with pytest.raises(tessera.InvalidArgumentError, match="timeout"):
+            plan.run(timeout=bad)
+    with pytest.raises(tessera.InvalidArgumentError, match="negative version"):
+        plan.run(version=-1)
+
+
+def test_empty_boxes_read_nothing(client, rows4):
+    # numpy gives an empty array strides of 0: not elements sharing memory.
+    client.put("pe", np.ones((8, 8), np.float32), rows4)
+    empty = np.empty((0, 8), np.float32)
+    assert empty.strides == (0, 0)
+    plan = client.plan_reads([("pe", (8, 0), (0, 8), empty)])
+    assert plan.bytes == 0
+    plan.run()
+    fused = np.zeros((2, 8), np.float32)
+    client.plan_reads([([("pe", (0, 0), (0, 8), (0, 0)),
+                         ("pe", (6, 0), (2, 8), (0, 0))], fused)]).run()
+    np.testing.assert_array_equal(fused, np.ones((2, 8), np.float32))
+    assert client.open("pe").read_region((3, 0), (0, 8), out=empty) is empty
 
 
 def test_published_state_dicts_are_read_whole_by_plans(client):
