@@ -225,6 +225,19 @@ def _full_like(value: Any, shape: Optional[Sequence[int]]) -> Any:
     return numpy.broadcast_to(numpy.empty((), dtype=value.dtype), shape)
 
 
+def _check_existing(tensor: Any, name: str, shape: Sequence[int],
+                    dtype: str) -> None:
+    """InvalidArgumentError unless the tensor already there holds the
+    state dict entry ``name``'s full shape and dtype."""
+    if tuple(tensor.shape) == tuple(shape) and tensor.dtype_name == dtype:
+        return
+    raise _invalid(
+        f"publishing {name}: tensor {tensor.name} holds "
+        f"{tensor.dtype_name} {list(tensor.shape)}, the state dict's entry "
+        f"is {dtype} {list(shape)}; nothing was written (publish under "
+        f"another prefix, or delete the tensor first)")
+
+
 def publish_state_dict(client: Client, prefix: str,
                        state_dict: Mapping[str, Any],
                        spec_fn: Optional[Layout] = None, *,
@@ -261,14 +274,19 @@ def publish_state_dict(client: Client, prefix: str,
         layout = spec_fn if spec_fn is not None else default_layout(client)
         # One control call for the names already there (every call after
         # the first): only missing tensors are created.
-        existing = {t.name for t in client.list()}
+        existing = {t.name: t for t in client.list()}
         missing = []
         for name, value in state_dict.items():
-            if prefix + name in existing:
-                continue
             shape = None if shapes is None else shapes.get(name)
-            full = _full_like(value, shape)
             data, bits = _source(value)
+            if prefix + name in existing:
+                # Checked before a version begins: a model whose parameter
+                # changed shape or dtype is refused whole, not half written.
+                _check_existing(existing[prefix + name], name, data.shape
+                                if shape is None else tuple(shape),
+                                "bfloat16" if bits else data.dtype.name)
+                continue
+            full = _full_like(value, shape)
             missing.append({
                 "name": prefix + name,
                 "shape": tuple(shape) if shape is not None else data.shape,

@@ -183,3 +183,20 @@ def test_create_many_is_one_call_all_or_none(client, rows4):
     with pytest.raises(tessera.InvalidArgumentError, match="name, shape"):
         client.create_many([{"name": "cn.0"}])
     assert "cn.0" not in {t.name for t in client.list()}
+
+
+def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
+    sd = {"a": torch.ones(4, 8), "b": torch.ones(8)}
+    first = tt.publish_state_dict(client, "sc.", sd)
+    for name, changed in [("b", torch.zeros(5)),
+                          ("b", torch.zeros(8, dtype=torch.float64)),
+                          ("b", torch.zeros(8, dtype=torch.bfloat16))]:
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match=f"sc.{name} holds float32 \\[8\\]"):
+            tt.publish_state_dict(client, "sc.", {"a": torch.zeros(4, 8),
+                                                  name: changed})
+    # Nothing was begun or written: "a" still holds the first version, and
+    # the next publish is the one after it.
+    assert client.open("sc.a").versions() == [first - 1, first]
+    assert (client.open("sc.a").read() == 1).all()
+    assert tt.publish_state_dict(client, "sc.", sd) == first + 1
