@@ -535,6 +535,14 @@ class WriteRegionReactor final
       // being refilled): a forward would come straight back.
       if (resolved.info.shard_ranks(overlap.shard) == env_.rank->rank() &&
           Mine(registered, overlap.shard) == nullptr && refill_ == nullptr) {
+        if (const int64_t number = VersionNumber(resolved.info.tensor_id());
+            number > 0 && registered == nullptr) {
+          // A version's shards go when it ends unpublished.
+          return absl::FailedPreconditionError(absl::StrCat(
+              What(), ": version ", number,
+              " is not open: it was aborted or its lease ended (begin a new "
+              "one; docs/versions.md)"));
+        }
         return absl::FailedPreconditionError(
             absl::StrCat(What(), ": shard ", overlap.shard, " of tensor id ",
                          resolved.info.tensor_id(),

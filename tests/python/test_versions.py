@@ -124,6 +124,10 @@ def test_refusals(client, rows4):
         v.publish()
     with pytest.raises(tessera.FailedPreconditionError, match="not open"):
         client.join(v.id)
+    # A write into it names the version, not the shards it no longer has.
+    with pytest.raises(tessera.FailedPreconditionError,
+                       match=f"version {v.number} is not open: it was aborted"):
+        v.write((0, 0), np.ones((8, 4), np.float32))
 
 
 def test_watch_sees_each_published_version(client, rows4):
