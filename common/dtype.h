@@ -141,6 +141,10 @@ T FromDouble(double value) {
     return T(static_cast<float>(value), 0.0f);
   } else if constexpr (std::is_same_v<T, std::complex<double>>) {
     return T(value, 0.0);
+  } else if constexpr (std::is_integral_v<T>) {
+    // Through int64, so that a negative value wraps into an unsigned type;
+    // a value int64 cannot hold is undefined (Tensor::Full refuses it).
+    return static_cast<T>(static_cast<int64_t>(value));
   } else {
     return static_cast<T>(value);
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -26,9 +27,46 @@ using internal_tensor::SizesString;
 using internal_tensor::CudaError;
 #endif
 
-namespace {
-
 // ---- Filling new tensors ----------------------------------------------------
+
+absl::Status Tensor::CheckFillValue(double value, DType dtype) {
+  return DispatchDType(dtype, [&](auto tag) -> absl::Status {
+    using T = typename decltype(tag)::type;
+    double low = 0, high = 0;
+    if constexpr (internal_tensor::kIsInteger<T>) {
+      high = static_cast<double>(std::numeric_limits<T>::max());
+      low = std::is_signed_v<T>
+                ? static_cast<double>(std::numeric_limits<T>::min())
+                : -high;
+      // Past the range once truncated: int64's max is not a double, 2^63 is.
+      if (!std::isnan(value) && std::trunc(value) >= low &&
+          (std::is_same_v<T, int64_t> ? std::trunc(value) < 0x1p63
+                                      : std::trunc(value) <= high)) {
+        return absl::OkStatus();
+      }
+    } else if constexpr (std::is_same_v<T, Half>) {
+      high = 65504.0;
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      high = 0x1.fep127;
+    } else if constexpr (std::is_same_v<T, float>) {
+      high = std::numeric_limits<float>::max();
+    } else {
+      return absl::OkStatus();  // double, complex, bool
+    }
+    if constexpr (!internal_tensor::kIsInteger<T>) {
+      if (!std::isfinite(value) || std::fabs(value) <= high) {
+        return absl::OkStatus();
+      }
+      low = -high;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("fill value ", value, " cannot be converted to ",
+                     DTypeName(dtype), " without overflow (", DTypeName(dtype),
+                     " holds ", low, " to ", high, ")"));
+  });
+}
+
+namespace {
 
 // Creates a tensor and fills it on the host with fill(TypeTag<T>, T* data,
 // numel); CUDA tensors are filled on the host and copied over. Meta tensors
@@ -219,6 +257,7 @@ absl::StatusOr<Tensor> Tensor::Ones(absl::Span<const int64_t> sizes,
 absl::StatusOr<Tensor> Tensor::Full(absl::Span<const int64_t> sizes,
                                     double value,
                                     const TensorOptions& options) {
+  RETURN_IF_ERROR(CheckFillValue(value, options.dtype));
   return MakeFilled(sizes, options,
                     [value](auto tag, auto* data, int64_t numel) {
                       using T = typename decltype(tag)::type;

@@ -82,10 +82,16 @@ class Tensor {
   static absl::StatusOr<Tensor> Ones(absl::Span<const int64_t> sizes,
                                      const TensorOptions& options = {});
   // Every element set to `value` converted to the dtype (real part for
-  // complex dtypes, value != 0 for bool).
+  // complex dtypes, value != 0 for bool, truncated toward zero for
+  // integers). INVALID_ARGUMENT, as torch.full, for a value the dtype
+  // cannot hold: NaN or one out of range for an integer dtype (unsigned
+  // ones wrap from down to minus their maximum, as in PyTorch), a finite
+  // one beyond a floating dtype's largest.
   static absl::StatusOr<Tensor> Full(absl::Span<const int64_t> sizes,
                                      double value,
                                      const TensorOptions& options = {});
+  // Full's check of `value` alone (OK or its INVALID_ARGUMENT).
+  static absl::Status CheckFillValue(double value, DType dtype);
   // Uniform in [0, 1) / standard normal, for floating and complex dtypes
   // (both parts drawn); INVALID_ARGUMENT for integer and bool dtypes.
   // Elements are drawn in row-major order from `generator` (the default

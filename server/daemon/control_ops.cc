@@ -377,6 +377,9 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
     return absl::InvalidArgumentError(
         absl::StrCat("CreateTensor: unknown init kind ", request.init()));
   }
+  if (request.init() == v1::INIT_KIND_FULL) {
+    RETURN_IF_ERROR(Tensor::CheckFillValue(request.fill_value(), dtype));
+  }
   RETURN_IF_ERROR(CheckVersionsKept(request.versions(), "CreateTensor"));
   // 0 is the field's default: one copy.
   if (request.copies() < 0 || request.copies() > rank_->world_size()) {

@@ -323,6 +323,13 @@ def test_every_error_class(client, rows4):
         client.create("u", (4,), rows4, dtype="no-such-dtype")
     with pytest.raises(tessera.InvalidArgumentError):
         client.create("u", (4,), rows4, init="no-such-init")
+    # As torch.full: a fill value the dtype cannot hold is refused.
+    for dtype, value in [("int8", 300), ("int32", float("nan")),
+                         ("float16", 70000), ("uint8", 256)]:
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="without overflow"):
+            client.create("u", (4,), rows4, dtype=dtype, init="full",
+                          fill_value=value)
     with pytest.raises(tessera.InvalidArgumentError):
         client.create("u", (4,), tessera.chunk(0, ["rank:9/cpu"]))
     b16 = client.create("b16", (4,), rows4, dtype="bfloat16")

@@ -477,6 +477,59 @@ TEST_P(TensorDTypeTest, Full) {
   }
 }
 
+TEST(TensorFullTest, ValuesTheDTypeCannotHoldAreRefusedAsTorchFull) {
+  const auto full = [](double value, DType dtype) {
+    return Tensor::Full({2}, value, TensorOptions().WithDType(dtype));
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  // Past the range, NaN for integers, finite overflow for floats.
+  for (const auto& [value, dtype] :
+       std::vector<std::pair<double, DType>>{{300, DType::kInt8},
+                                             {-129, DType::kInt8},
+                                             {128, DType::kInt8},
+                                             {256, DType::kUInt8},
+                                             {-256, DType::kUInt8},
+                                             {40000, DType::kInt16},
+                                             {2147483648.0, DType::kInt32},
+                                             {0x1p63, DType::kInt64},
+                                             {-0x1p64, DType::kInt64},
+                                             {nan, DType::kInt32},
+                                             {inf, DType::kInt64},
+                                             {1e39, DType::kFloat32},
+                                             {-1e39, DType::kFloat32},
+                                             {65520, DType::kFloat16},
+                                             {1e39, DType::kBFloat16}}) {
+    EXPECT_THAT(full(value, dtype), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("without overflow")))
+        << value << " " << DTypeName(dtype);
+    EXPECT_FALSE(Tensor::CheckFillValue(value, dtype).ok());
+  }
+  // The edges, truncation, wrapping into unsigned, and what floats and bool
+  // take.
+  const auto value_of = [&](double value, DType dtype) -> double {
+    absl::StatusOr<Tensor> t = full(value, dtype);
+    EXPECT_OK(t.status()) << value << " " << DTypeName(dtype);
+    return t.ok() ? At(*t, {1}) : -12345;
+  };
+  EXPECT_EQ(value_of(127, DType::kInt8), 127);
+  EXPECT_EQ(value_of(-128, DType::kInt8), -128);
+  EXPECT_EQ(value_of(127.9, DType::kInt8), 127);
+  EXPECT_EQ(value_of(-128.9, DType::kInt8), -128);
+  EXPECT_EQ(value_of(1.5, DType::kInt32), 1);
+  EXPECT_EQ(value_of(-1, DType::kUInt8), 255);
+  EXPECT_EQ(value_of(-255, DType::kUInt8), 1);
+  EXPECT_EQ(value_of(255, DType::kUInt8), 255);
+  EXPECT_EQ(value_of(-0x1p63, DType::kInt64), -0x1p63);
+  EXPECT_EQ(value_of(65504, DType::kFloat16), 65504);
+  EXPECT_EQ(value_of(inf, DType::kFloat16), inf);
+  EXPECT_TRUE(std::isnan(value_of(nan, DType::kFloat32)));
+  EXPECT_EQ(value_of(-inf, DType::kBFloat16), -inf);
+  EXPECT_EQ(value_of(1e300, DType::kFloat64), 1e300);
+  EXPECT_EQ(value_of(1e300, DType::kBool), 1);
+  EXPECT_EQ(value_of(nan, DType::kBool), 1);
+}
+
 TEST_P(TensorDTypeTest, Equal) {
   const DType dtype = GetParam();
   const TensorOptions options = TensorOptions().WithDType(dtype);
