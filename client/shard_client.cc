@@ -708,6 +708,8 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
     gate_mu.Await(absl::Condition(&open));
     return !refused;
   };
+  // Each lane's outcome is kept and weighed below, not just the first
+  // failure.
   RunLanes(parts.size(), options.cancel,
            [&](size_t i, const std::shared_ptr<Cancellation>& cancel) {
              v1::DataPlaneRequest lane = framed;
@@ -740,7 +742,8 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
              outcome.status = wrote.status();
              // A lane held back at the gate is no failure of its own.
              return outcome.held_back ? absl::OkStatus() : wrote.status();
-           });
+           })
+      .IgnoreError();
   bool any_started = false;
   bool any_fell_back = false;
   absl::Status status;
