@@ -1,10 +1,13 @@
 #include "client/cli/command.h"
 
+#include <cmath>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
@@ -91,6 +94,30 @@ int RunCommandLine(absl::Span<const AddCommandFn> commands, int argc,
     context.PrintError("", absl::StrCat("internal error: ", e.what()));
     return kExitFailure;
   }
+}
+
+CLI::Validator Seconds(double min, double max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        double value = 0;
+        if (absl::SimpleAtod(text, &value) && std::isfinite(value) &&
+            value > 0 && value >= min && value <= max) {
+          return std::string();
+        }
+        // 1e7 as 10000000, not 1e+07.
+        const auto number = [](double x) {
+          return x == std::floor(x) && x < 1e15
+                     ? absl::StrCat(static_cast<int64_t>(x))
+                     : absl::StrCat(x);
+        };
+        if (min > 0) {
+          return absl::StrCat("must be a number of seconds from ", number(min),
+                              " to ", number(max), ", not ", text);
+        }
+        return absl::StrCat("must be a number of seconds above 0 and at most ",
+                            number(max), ", not ", text);
+      },
+      "SECONDS");
 }
 
 }  // namespace tessera::cli

@@ -94,6 +94,14 @@ void RunWhenParsed(CLI::App* sub, CommandContext& context,
   });
 }
 
+// A flag's check for a number of seconds: finite, in [min, max] and above
+// 0 ("nan" and "inf" are refused with the flag's name; CLI11's ranges let
+// NaN through).
+CLI::Validator Seconds(double min, double max);
+// The longest --timeout (and --idle-timeout) taken: about 115 days. Longer
+// ones would stand for no deadline at all.
+inline constexpr double kMaxTimeoutSeconds = 1e7;
+
 // Registers one subcommand on the `tessera` app.
 using AddCommandFn = void (*)(CLI::App& app, CommandContext& context);
 

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/cli/command.h"
 #include "common/status_macros.h"
 #include "wire/auth.h"
 #include "wire/credentials.h"
@@ -79,7 +80,7 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
                    absl::StrCat("Deadline of each call, in seconds (default ",
                                 flags->default_timeout, ")"))
       ->type_name("SECONDS")
-      ->check(CLI::PositiveNumber);
+      ->check(Seconds(0, kMaxTimeoutSeconds));
   command
       ->add_option("--request-id", flags->request_id,
                    "Id of the operations this command starts: the daemons "

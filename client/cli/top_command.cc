@@ -278,7 +278,7 @@ void AddTopCommand(CLI::App& app, CommandContext& context) {
   top->add_option("--interval", options->interval_seconds,
                   "Seconds between looks (default 2)")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(Seconds(0.1, 3600.0));
   top->add_option("--iterations", options->iterations,
                   "Stop after this many frames (default: until interrupted)")
       ->type_name("N")

@@ -127,7 +127,7 @@ void AddWatchCommand(CLI::App& app, CommandContext& context) {
   watch
       ->add_option("--idle-timeout", options->timeout,
                    "Stop after this many seconds without a new version")
-      ->check(CLI::PositiveNumber)
+      ->check(Seconds(0, kMaxTimeoutSeconds))
       ->type_name("SECONDS");
   AddConnectionFlags(app, watch, &options->connection, /*transfers=*/false);
   watch->footer(

@@ -74,9 +74,10 @@ class RemoteShard:
 
 def _seconds(timeout: Optional[float], what: str = "timeout") -> float:
     """Seconds for the native calls, where 0.0 stands for None (the
-    default). InvalidArgumentError (a ValueError) for anything but a finite
-    number above 0: a deadline of 0, below 0 or NaN would otherwise read as
-    the default, and an infinite one could wait forever."""
+    default). InvalidArgumentError (a ValueError) for anything but a number
+    above 0 and at most _MAX_SECONDS: a deadline of 0, below 0 or NaN would
+    otherwise read as the default, and an infinite one could wait
+    forever."""
     if timeout is None:
         return 0.0
     try:
@@ -84,10 +85,16 @@ def _seconds(timeout: Optional[float], what: str = "timeout") -> float:
     except (TypeError, ValueError):
         raise _invalid(f"{what} must be a number of seconds or None, not "
                        f"{timeout!r:.40}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise _invalid(f"{what} must be a finite number of seconds above 0 "
-                       f"(or None for the default), not {timeout!r:.40}")
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
+        raise _invalid(f"{what} must be a number of seconds above 0 and at "
+                       f"most {_MAX_SECONDS:.0f} (or None for the default), "
+                       f"not {timeout!r:.40}")
     return seconds
+
+
+# The longest timeout or lease taken (about 115 days, as the CLI's
+# --timeout): a longer one would stand for no deadline at all.
+_MAX_SECONDS = 1e7
 
 
 def _is_torch(data: Any) -> bool:

@@ -102,6 +102,18 @@ TEST(CommandsCliTest, LsAndDescribeUsageErrors) {
   ExpectUsageError(RunOffline({"describe", "w", "--timeout", "0"}), "describe",
                    "--timeout");
   ExpectUsageError(RunOffline({"ls", "--timeout", "soon"}), "ls", "--timeout");
+  // NaN passed CLI11's positive check; infinity or more than 1e7 seconds
+  // would be no deadline.
+  for (const char* seconds : {"nan", "inf", "-inf", "1e400", "10000001"}) {
+    ExpectUsageError(RunOffline({"ls", "--timeout", seconds}), "ls",
+                     absl::StrCat("--timeout: must be a number of seconds "
+                                  "above 0 and at most 10000000, not ",
+                                  seconds));
+  }
+  ExpectUsageError(RunOffline({"top", "--interval", "nan"}), "top",
+                   "--interval: must be a number of seconds from 0.1 to 3600");
+  ExpectUsageError(RunOffline({"watch", "w", "--idle-timeout", "inf"}),
+                   "watch", "--idle-timeout: must be a number of seconds");
 }
 
 TEST(CommandsCliTest, CreateUsageErrors) {
