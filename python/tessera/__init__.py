@@ -289,6 +289,8 @@ class Client:
         ``timeout`` ends the iteration after that many seconds without a
         new version (None: never); Ctrl-C stops it. NotFoundError once the
         tensor is deleted."""
+        if timeout is not None:
+            timeout = _seconds(timeout)
         # The stream starts now, not at the first next().
         watcher = self._native.watch(name, int(after))
 

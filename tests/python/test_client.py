@@ -377,6 +377,10 @@ def test_timeouts_and_leases_must_be_positive_finite_seconds(daemons, client,
                     call(bad)
             call(None)
             call(5)
+    for bad in [0, -1, float("nan"), float("inf"), 1e8]:
+        with pytest.raises(tessera.InvalidArgumentError, match="timeout"):
+            client.watch("deadlines_v", timeout=bad)
+    assert next(client.watch("deadlines_v", timeout=0.5), None) is None
     np.testing.assert_array_equal(t.read(), np.ones((4, 4), np.float32))
 
 
