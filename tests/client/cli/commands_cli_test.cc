@@ -112,8 +112,8 @@ TEST(CommandsCliTest, LsAndDescribeUsageErrors) {
   }
   ExpectUsageError(RunOffline({"top", "--interval", "nan"}), "top",
                    "--interval: must be a number of seconds from 0.1 to 3600");
-  ExpectUsageError(RunOffline({"watch", "w", "--idle-timeout", "inf"}),
-                   "watch", "--idle-timeout: must be a number of seconds");
+  ExpectUsageError(RunOffline({"watch", "w", "--idle-timeout", "inf"}), "watch",
+                   "--idle-timeout: must be a number of seconds");
 }
 
 TEST(CommandsCliTest, CreateUsageErrors) {
