@@ -119,8 +119,9 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
       ->type_name("DTYPE");
   create
       ->add_option("--init", options->init,
-                   "How to fill it: empty (default), zeros, ones, full, "
-                   "rand (uniform [0, 1)), randn (standard normal)")
+                   "How to fill it: empty (default: no values promised; "
+                   "reads as zeros), zeros, ones, full, rand (uniform [0, "
+                   "1)), randn (standard normal)")
       ->type_name("KIND");
   CLI::Option* fill =
       create

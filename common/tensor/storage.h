@@ -75,6 +75,14 @@ class Storage {
   // The memory file behind shareable host memory; -1 for every other
   // storage. Owned by the storage: do not close it (dup it to keep it).
   int shared_memory_fd() const { return shared_memory_fd_; }
+  // Whether every byte was zero when Allocate returned it (a new memory
+  // file, or no bytes), so that zeroing it then would be wasted work. Says
+  // nothing of the bytes since; heap memory (which may be reused) is
+  // never known zero.
+  bool allocated_zeroed() const {
+    return allocator_ == Allocator::kSharedMemory ||
+           allocator_ == Allocator::kNone;
+  }
 
  private:
   enum class Allocator {

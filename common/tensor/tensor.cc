@@ -236,7 +236,10 @@ absl::StatusOr<Tensor> Tensor::Zeros(absl::Span<const int64_t> sizes,
   ASSIGN_OR_RETURN(Tensor tensor, Empty(sizes, options));
   // All-zero bytes are zero in every dtype (0.0, +0 half, false, 0+0i).
   const std::shared_ptr<Storage>& storage = tensor.storage();
-  if (storage->data() == nullptr || storage->nbytes() == 0) return tensor;
+  if (storage->data() == nullptr || storage->nbytes() == 0 ||
+      storage->allocated_zeroed()) {
+    return tensor;
+  }
   if (storage->device().is_cuda()) {
 #if TESSERA_TENSOR_CUDA
     CudaDeviceGuard guard(storage->device().index().value_or(0));

@@ -138,7 +138,8 @@ class Client:
                versions: Optional[int] = None) -> Tensor:
         """Creates a named tensor laid out by ``spec``, filled by ``init``
         (empty, zeros, ones, full with ``fill_value``, rand, randn from
-        ``seed``), with ``copies`` copies of every shard, the owner's
+        ``seed``; "empty" promises no values, and reads as zeros: a daemon
+        never hands out older bytes of its memory), with ``copies`` copies of every shard, the owner's
         included (1 to the number of daemons; C > 1 keeps C - 1 replicas on
         other daemons: docs/control_log.md, "Replicas"). ``replicas`` is an
         older name of ``copies``. ``versions=K`` (2 to 64) makes it a

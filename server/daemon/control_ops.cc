@@ -531,7 +531,10 @@ absl::StatusOr<ShardedTensor> ControlOps::NewTensor(
       return ShardedTensor::Randn(spec, sizes, options, &generator);
     }
     default:
-      return ShardedTensor::Empty(spec, sizes, options);
+      // "empty" promises no values, but a daemon never hands out bytes its
+      // memory held before (another tensor's): zeros, free of cost for the
+      // memory files shards live in.
+      return ShardedTensor::Zeros(spec, sizes, options);
   }
 }
 
@@ -1182,9 +1185,14 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
               .WithDType(latest.metadata().tensor_properties.dtype)
               .WithRank(rank_)
               .WithTensorId(VersionId(one.versions->tensor_id(), number));
-      ASSIGN_OR_RETURN(
-          one.tensor,
-          ShardedTensor::Empty(latest.sharding_spec(), latest.size(), options));
+      // An empty version is zeros until written (see NewTensor): a shard
+      // its writers miss never shows older bytes of this daemon's memory.
+      ASSIGN_OR_RETURN(one.tensor,
+                       request.empty()
+                           ? ShardedTensor::Zeros(latest.sharding_spec(),
+                                                  latest.size(), options)
+                           : ShardedTensor::Empty(latest.sharding_spec(),
+                                                  latest.size(), options));
       ASSIGN_OR_RETURN(const v1::TensorInfo info, table_->Info(one.name));
       std::shared_ptr<RegisteredTensor> copies;
       MemoryBudget::Reservation copies_held;

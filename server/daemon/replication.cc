@@ -120,9 +120,11 @@ absl::StatusOr<std::shared_ptr<RegisteredTensor>> Replication::AllocateCopies(
     const auto& ranks = info.replicas(shard).ranks();
     if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end()) continue;
     const ShardMetadata& where = metadata.shards_metadata[shard];
+    // Zeros, never older bytes of this daemon's memory, for copies that are
+    // not filled from their owners (an empty tensor or version).
     ASSIGN_OR_RETURN(
         Tensor copy,
-        Tensor::Empty(where.shard_sizes(), TensorOptions().WithDType(dtype)));
+        Tensor::Zeros(where.shard_sizes(), TensorOptions().WithDType(dtype)));
     *host_bytes += static_cast<int64_t>(copy.nbytes());
     copies->local_shards.push_back(LocalShard{shard, std::move(copy)});
   }

@@ -300,3 +300,23 @@ def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
         v[0:2] = 9
     assert pinned.version == 2
     assert (pinned[0:2] == 9).all() and (pinned[2:8] == 2).all()
+
+
+def test_bytes_nobody_wrote_read_as_zeros(client, rows4):
+    # An empty create and an empty version whose writers miss half of it
+    # never show older bytes of the daemons' memory (another tensor's).
+    # Small shards live on the daemons' heap, large ones in memory files.
+    for shape in [(8, 4), (1024, 512)]:
+        for i in range(3):
+            client.put(f"junk{i}", np.full(shape, 1234.5, np.float32), rows4)
+            client.delete(f"junk{i}")
+        assert (client.create("ez", shape, rows4).read() == 0).all()
+        w = client.create("vz", shape, rows4, init="ones", versions=2)
+        v = w.begin(empty=True)
+        half = shape[0] // 2
+        v.write((0, 0), np.full((half, shape[1]), 7, np.float32))
+        v.publish()
+        got = client.open("vz").read()
+        assert (got[:half] == 7).all() and (got[half:] == 0).all(), shape
+        client.delete("ez")
+        client.delete("vz")

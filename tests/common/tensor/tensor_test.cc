@@ -139,6 +139,40 @@ TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   EXPECT_GE(u.storage()->shared_memory_fd(), 0);
 }
 
+// A new memory file is known zero (Zeros then writes nothing); heap
+// memory, which may be reused, never is. Zeros is all zeros either way.
+TEST(StorageTest, OnlyNewMemoryFilesAreKnownZero) {
+  SetHostMemorySharing(4096);
+  absl::Cleanup off = [] { DisableHostMemorySharing(); };
+  const size_t bytes = size_t{4} << 20;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> shared,
+                       Storage::Allocate(bytes, Device::Cpu(), false));
+  ASSERT_GE(shared->shared_memory_fd(), 0);
+  EXPECT_TRUE(shared->allocated_zeroed());
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Storage> mine,
+      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
+  EXPECT_FALSE(mine->allocated_zeroed());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> small,
+                       Storage::Allocate(64, Device::Cpu(), false));
+  EXPECT_FALSE(small->allocated_zeroed());
+  for (const TensorOptions& options :
+       {TensorOptions(), TensorOptions().Private()}) {
+    for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
+      for (int round = 0; round < 3; ++round) {
+        ASSERT_OK_AND_ASSIGN(Tensor dirty, Tensor::Empty({n}, options));
+        std::memset(dirty.data_ptr(), 0x5a, dirty.nbytes());
+      }
+      ASSERT_OK_AND_ASSIGN(Tensor zeros, Tensor::Zeros({n}, options));
+      const auto* bytes_of =
+          static_cast<const unsigned char*>(zeros.data_ptr());
+      EXPECT_TRUE(std::all_of(bytes_of, bytes_of + zeros.nbytes(),
+                              [](unsigned char b) { return b == 0; }))
+          << n;
+    }
+  }
+}
+
 // Large private buffers are kept when freed and handed to the next
 // allocation of the same size (the process's host buffer cache); a live
 // buffer never is, and Zeros still zeroes a reused one.
