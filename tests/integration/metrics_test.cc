@@ -271,11 +271,23 @@ TEST_F(MetricsTest, ControlOperationsAreCountedByCodeOnEveryDaemon) {
     return std::max(Value(now, name, labels), 0.0) -
            std::max(Value(then, name, labels), 0.0);
   };
-  // Once every daemon counted both creates, and then the delete.
+  // Once every daemon counted both creates, and then the delete. A scrape
+  // reads one family after the other, so it may see an op's seconds but
+  // not yet its count (or the reverse): it waits for both.
   const std::vector<std::string> during =
       ScrapeAllWhen([&](int r, const std::string& scrape) {
         return moved(before[r], scrape, "tessera_control_op_seconds_count",
-                     create) >= 2;
+                     create) >= 2 &&
+               moved(before[r], scrape, "tessera_control_ops_total",
+                     create_ok) >= 1 &&
+               moved(before[r], scrape, "tessera_control_ops_total",
+                     create_failed) >= 1 &&
+               (r != 0 ||
+                (moved(before[r], scrape, "tessera_rpc_seconds_count",
+                       {{"method",
+                         "tessera.v1.ControlService/CreateTensor"}}) >= 2 &&
+                 moved(before[r], scrape,
+                       "tessera_control_op_wait_seconds_count", create) >= 2));
       });
   ASSERT_OK(client_->Delete("counted"));
   const std::map<std::string, std::string> delete_ok = {{"op", "DeleteTensor"},
