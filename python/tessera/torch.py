@@ -225,6 +225,24 @@ def _full_like(value: Any, shape: Optional[Sequence[int]]) -> Any:
     return numpy.broadcast_to(numpy.empty((), dtype=value.dtype), shape)
 
 
+def _check_part(name: str, part: Sequence[int],
+                shape: Optional[Sequence[int]],
+                at: Optional[Sequence[int]]) -> None:
+    """InvalidArgumentError unless the entry ``name`` (of sizes ``part``),
+    placed at ``at`` (zeros by default), lies inside its full ``shape``
+    (its own sizes by default): checked before anything is created or
+    begun."""
+    full = tuple(part) if shape is None else tuple(int(s) for s in shape)
+    where = (0,) * len(part) if at is None else tuple(int(i) for i in at)
+    if (len(full) != len(part) or len(where) != len(part) or
+            any(i < 0 for i in where) or
+            any(i + p > f for i, p, f in zip(where, part, full))):
+        raise _invalid(
+            f"publishing {name}: its part of sizes {list(part)} at offsets "
+            f"{list(where)} does not lie inside the full shape {list(full)}; "
+            f"nothing was created or written")
+
+
 def _check_existing(tensor: Any, name: str, shape: Sequence[int],
                     dtype: str) -> None:
     """InvalidArgumentError unless the tensor already there holds the
@@ -269,7 +287,17 @@ def publish_state_dict(client: Client, prefix: str,
     The tensors of one call are begun and
     published together, so their version numbers stay alike and a read
     plan reads them with no metadata call."""
+    if not state_dict:
+        raise _invalid("publish_state_dict: the state dict is empty: there "
+                       "is nothing to publish")
     names = [prefix + name for name in state_dict]
+    for name, value in state_dict.items():
+        shape = None if shapes is None else shapes.get(name)
+        # A joining rank that names no full shape writes into tensors it
+        # has not listed: the daemons check its boxes.
+        if join is None or shape is not None:
+            _check_part(name, _source(value)[0].shape, shape,
+                        None if offsets is None else offsets.get(name))
     if join is None:
         layout = spec_fn if spec_fn is not None else default_layout(client)
         # One control call for the names already there (every call after

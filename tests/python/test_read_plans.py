@@ -200,3 +200,15 @@ def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
     assert client.open("sc.a").versions() == [first - 1, first]
     assert (client.open("sc.a").read() == 1).all()
     assert tt.publish_state_dict(client, "sc.", sd) == first + 1
+    # A part outside its full shape, or nothing at all, is refused before
+    # anything is created.
+    for shapes, offsets in [({"a": (2, 8)}, None), ({"a": (8, 8)}, {"a": (6, 0)}),
+                            ({"a": (8, 8)}, {"a": (-1, 0)}),
+                            ({"a": (8,)}, {"a": (0, 0)})]:
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="does not lie inside the full shape"):
+            tt.publish_state_dict(client, "sd_part.", sd, shapes=shapes,
+                                  offsets=offsets)
+    with pytest.raises(tessera.InvalidArgumentError, match="empty"):
+        tt.publish_state_dict(client, "sd_part.", {})
+    assert not [t for t in client.list() if t.name.startswith("sd_part.")]
