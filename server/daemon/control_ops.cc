@@ -875,6 +875,11 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
     if (request.path().empty()) {
       return absl::InvalidArgumentError("LoadCheckpoint: path is required");
     }
+    if (!request.as_names().empty() && request.names().empty()) {
+      return absl::InvalidArgumentError(
+          "LoadCheckpoint: as_names renames the entries listed in names, and "
+          "no names are given");
+    }
     if (!request.as_names().empty() &&
         request.as_names_size() != request.names_size()) {
       return absl::InvalidArgumentError(

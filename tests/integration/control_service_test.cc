@@ -603,6 +603,14 @@ TEST_F(ControlServiceTest, SaveAndLoadCheckpoints) {
     EXPECT_THAT(
         Call(3, &v1::ControlService::Stub::LoadCheckpoint, all, &loaded),
         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("as_names")));
+    v1::LoadCheckpointRequest renamed_only;
+    renamed_only.set_path(path);
+    renamed_only.add_as_names("x");
+    EXPECT_THAT(
+        Call(3, &v1::ControlService::Stub::LoadCheckpoint, renamed_only,
+             &loaded),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("as_names renames the entries listed in names")));
     // Failed loads left the daemons in step.
     ASSERT_OK(CreateOn(3, Create("after", {4}, v1::INIT_KIND_ZEROS)).status());
     std::vector<std::string> listed = ListOn(0);
