@@ -59,10 +59,11 @@ absl::Status Tensor::CheckFillValue(double value, DType dtype) {
       }
       low = -high;
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("fill value ", value, " cannot be converted to ",
-                     DTypeName(dtype), " without overflow (", DTypeName(dtype),
-                     " holds ", low, " to ", high, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fill value ", value, " cannot be converted to ", DTypeName(dtype),
+        " without overflow (", DTypeName(dtype), " takes ", low, " to ", high,
+        low < 0 && std::is_unsigned_v<T> ? ", negative values wrapping" : "",
+        ")"));
   });
 }
 
