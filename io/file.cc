@@ -103,9 +103,26 @@ bool IsExecutableFile(const std::string& path) {
          access(path.c_str(), X_OK) == 0;
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
+absl::StatusOr<std::string> ReadFileToString(const std::string& path,
+                                             size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (regular files
+  // ignore the flag). A pipe is read to its end as usual (`--token-file
+  // <(...)`); one without a writer reads as empty.
+  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY | O_NONBLOCK);
   if (!fd.ok()) return fd.status();
+  struct stat info;
+  if (::fstat(fd->get(), &info) != 0) {
+    return ErrnoError(errno, absl::StrCat("stat ", path));
+  }
+  if (S_ISFIFO(info.st_mode)) {
+    const int flags = ::fcntl(fd->get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd->get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      return ErrnoError(errno, absl::StrCat("fcntl ", path));
+    }
+  } else if (!S_ISREG(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a regular file or a pipe"));
+  }
   std::string contents;
   char buffer[1 << 16];
   while (true) {
@@ -113,6 +130,10 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
         ReadAll(fd->get(), buffer, sizeof(buffer), path);
     if (!got.ok()) return got.status();
     contents.append(buffer, *got);
+    if (contents.size() > max_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " holds more than ", max_bytes, " bytes"));
+    }
     if (*got < sizeof(buffer)) return contents;
   }
 }

@@ -42,8 +42,16 @@ absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
 // Writes all `size` bytes. Error context: "write <name>".
 absl::Status WriteAll(int fd, const void* data, size_t size,
                       absl::string_view name);
-// The whole file at `path`. Error contexts: "open <path>", "read <path>".
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// The whole file at `path` (settings, tokens, PEM, specs, /proc and
+// cgroup files), at most `max_bytes` bytes: a regular file or a pipe (read
+// to its end; a FIFO nobody writes to reads as empty, without waiting for
+// a writer to open it). A device such as /dev/zero, which never ends, or a
+// directory is INVALID_ARGUMENT before a byte is read ("<path> is not a
+// regular file or a pipe"); so is more than `max_bytes` ("<path> holds
+// more than N bytes"). Error contexts: "open <path>", "read <path>".
+inline constexpr size_t kMaxReadFileBytes = size_t{16} << 20;
+absl::StatusOr<std::string> ReadFileToString(
+    const std::string& path, size_t max_bytes = kMaxReadFileBytes);
 // What changes when the file at `path` is rewritten or replaced (its
 // modification time, size and inode), to notice a rotation cheaply; "-"
 // when it cannot be stat'ed.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -127,6 +128,47 @@ TEST_F(FileTest, ReadFileToString) {
   EXPECT_EQ(read, "");
   EXPECT_THAT(ReadFileToString(Path("missing")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+  // Kernel files read whole; a limit is a limit.
+  ASSERT_OK_AND_ASSIGN(read, ReadFileToString("/proc/self/status"));
+  EXPECT_THAT(read, HasSubstr("Name:"));
+  ASSERT_OK_AND_ASSIGN(read, ReadFileToString(Path("big"), big.size()));
+  EXPECT_EQ(read, big);
+  EXPECT_THAT(ReadFileToString(Path("big"), big.size() - 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("holds more than ",
+                                              big.size() - 1, " bytes"))));
+}
+
+// What never ends (a device) is refused at once, as is a directory; a
+// FIFO without a writer does not wait for one, and a pipe is read to its
+// end within the limit.
+TEST_F(FileTest, ReadFileToStringRefusesDevicesAndNeverWaitsOnAFifo) {
+  for (const std::string& path : {std::string("/dev/zero"), dir_}) {
+    EXPECT_THAT(ReadFileToString(path),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(path + " is not a regular file or a pipe")));
+  }
+  ASSERT_EQ(mkfifo(Path("fifo").c_str(), 0600), 0);
+  ASSERT_OK_AND_ASSIGN(std::string read, ReadFileToString(Path("fifo")));
+  EXPECT_EQ(read, "");
+  const std::string piped = "token-in-a-pipe\n";
+  for (size_t limit : {kMaxReadFileBytes, size_t{4}}) {
+    int ends[2];
+    ASSERT_EQ(pipe(ends), 0);
+    ASSERT_EQ(write(ends[1], piped.data(), piped.size()),
+              static_cast<ssize_t>(piped.size()));
+    close(ends[1]);
+    const absl::StatusOr<std::string> got =
+        ReadFileToString(absl::StrCat("/proc/self/fd/", ends[0]), limit);
+    close(ends[0]);
+    if (limit == 4) {
+      EXPECT_THAT(got, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("holds more than 4 bytes")));
+    } else {
+      ASSERT_OK(got.status());
+      EXPECT_EQ(*got, piped);
+    }
+  }
 }
 
 TEST_F(FileTest, SyncDirectory) {
