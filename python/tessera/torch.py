@@ -113,6 +113,21 @@ def read(tensor: Tensor, out: Optional[torch.Tensor] = None,
     return out
 
 
+def _cast_for(tensor: Tensor, out: torch.Tensor) -> Optional[str]:
+    """The cast= that reads floating ``tensor`` into ``out`` of another
+    floating dtype (rounded as torch rounds, as read plans convert), or
+    None: same dtypes, or kinds that do not convert (refused by the read)."""
+    want = str(out.dtype).replace("torch.", "")
+    have = tensor.dtype_name
+    if want == have or not out.is_floating_point() or have not in _FLOATS:
+        return None
+    # A torch.bfloat16 out takes float32 values, rounded into it.
+    return "float32" if want == "bfloat16" else want
+
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
 def default_layout(client: Client, chunk_bytes: int = CHUNK_BYTES) -> Layout:
     """The layout put_state_dict uses when given none, as a
     ``spec_fn(name, tensor)``: a tensor of at least ``chunk_bytes`` bytes
@@ -204,13 +219,17 @@ def get_state_dict(
     """Fills the tensors of ``like`` in place from ``prefix + name``. A
     value may be a tensor (the whole tensor is read into it) or a pair
     (tensor, offsets): only the box of the tensor's shape at ``offsets``
-    moves, which is how an inference rank gets its slice. Returns
+    moves, which is how an inference rank gets its slice. A tensor of
+    another floating dtype takes the values converted (as a read plan
+    converts them: float32 into bfloat16, rounded as torch rounds). Returns
     ``like``."""
     for name, value in like.items():
-        tensor, offsets = (value if isinstance(value, tuple) else
-                           (value, None))
-        read(client.open(prefix + name), out=tensor, offsets=offsets,
-             timeout=timeout)
+        out, offsets = (value if isinstance(value, tuple) else
+                        (value, None))
+        tensor = client.open(prefix + name)
+        origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
+        tensor.read_region(origin, tuple(out.shape), out=out,
+                           timeout=timeout, cast=_cast_for(tensor, out))
     return like
 
 

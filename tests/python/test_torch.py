@@ -136,6 +136,17 @@ def test_state_dict_weight_sync(client, rows4):
     mine = torch.zeros(8, 8)
     tt.get_state_dict(client, "m.", {"weight": (mine, (8, 0))})
     assert torch.equal(mine, state["weight"][8:])
+    # Another floating dtype is converted as torch converts, as plans do;
+    # an integer one is still refused.
+    for dtype in [torch.bfloat16, torch.float16, torch.float64]:
+        like = {"weight": (torch.zeros(8, 8, dtype=dtype), (8, 0)),
+                "bias": torch.zeros(16, dtype=dtype)}
+        tt.get_state_dict(client, "m.", like)
+        assert torch.equal(like["weight"][0], state["weight"][8:].to(dtype))
+        assert torch.equal(like["bias"], state["bias"].to(dtype))
+    with pytest.raises(tessera.InvalidArgumentError, match="dtype"):
+        tt.get_state_dict(client, "m.", {"bias": torch.zeros(16,
+                                                             dtype=torch.int32)})
 
 
 def test_state_dict_default_layout(client):
