@@ -139,13 +139,14 @@ class Client:
         """Creates a named tensor laid out by ``spec``, filled by ``init``
         (empty, zeros, ones, full with ``fill_value``, rand, randn from
         ``seed``; "empty" promises no values, and reads as zeros: a daemon
-        never hands out older bytes of its memory), with ``copies`` copies of every shard, the owner's
-        included (1 to the number of daemons; C > 1 keeps C - 1 replicas on
-        other daemons: docs/control_log.md, "Replicas"). ``replicas`` is an
-        older name of ``copies``. ``versions=K`` (2 to 64) makes it a
-        versioned tensor keeping K published versions, written through
-        ``begin`` and read one published version at a time
-        (docs/versions.md); None or 1 writes it in place."""
+        never hands out older bytes of its memory), with ``copies`` copies
+        of every shard, the owner's included (1 to the number of daemons;
+        C > 1 keeps C - 1 replicas on other daemons: docs/control_log.md,
+        "Replicas"). ``replicas`` is an older name of ``copies``.
+        ``versions=K`` (2 to 64) makes it a versioned tensor keeping K
+        published versions, written through ``begin`` and read one
+        published version at a time (docs/versions.md); None or 1 writes it
+        in place."""
         copies = _copies(copies, replicas)
         kept = 0 if versions is None else int(versions)
         if kept < 0 or kept > 64:
@@ -246,7 +247,8 @@ class Client:
         ``lease`` seconds (10 minutes)."""
         single = isinstance(names, str)
         listed = [names] if single else list(names)
-        native = self._native.begin(listed, bool(empty), _seconds(lease, "lease"))
+        native = self._native.begin(listed, bool(empty),
+                                    _seconds(lease, "lease"))
         return (Version if single else VersionGroup)(self, native)
 
     def join(self, id: str) -> Any:
@@ -280,7 +282,8 @@ class Client:
         or ``lease`` seconds (5 minutes): ``snapshot["a"]`` reads it."""
         listed = [names] if isinstance(names, str) else list(names)
         return Snapshot(self, self._native.pin(
-            listed, _seconds(lease, "lease"), [int(v) for v in versions or []]))
+            listed, _seconds(lease, "lease"),
+            [int(v) for v in versions or []]))
 
     def watch(self, name: str, timeout: Optional[float] = None,
               after: int = 0) -> Iterator[int]:

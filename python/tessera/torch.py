@@ -108,8 +108,17 @@ def read(tensor: Tensor, out: Optional[torch.Tensor] = None,
         if tensor.dtype_name != "bfloat16":
             return torch.from_numpy(tensor.read(timeout=timeout))
         out = torch.empty(tensor.shape, dtype=torch.bfloat16)
+    return _read_box(tensor, out, offsets, timeout)
+
+
+def _read_box(tensor: Tensor, out: torch.Tensor,
+              offsets: Optional[Sequence[int]], timeout: Optional[float],
+              cast: Optional[str] = None) -> torch.Tensor:
+    """Reads the box of ``out``'s shape at ``offsets`` (the origin when
+    None) into ``out``, converted to ``cast`` first when given."""
     origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
-    tensor.read_region(origin, tuple(out.shape), out=out, timeout=timeout)
+    tensor.read_region(origin, tuple(out.shape), out=out, timeout=timeout,
+                       cast=cast)
     return out
 
 
@@ -227,9 +236,7 @@ def get_state_dict(
         out, offsets = (value if isinstance(value, tuple) else
                         (value, None))
         tensor = client.open(prefix + name)
-        origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
-        tensor.read_region(origin, tuple(out.shape), out=out,
-                           timeout=timeout, cast=_cast_for(tensor, out))
+        _read_box(tensor, out, offsets, timeout, _cast_for(tensor, out))
     return like
 
 

@@ -202,7 +202,8 @@ def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
     assert tt.publish_state_dict(client, "sc.", sd) == first + 1
     # A part outside its full shape, or nothing at all, is refused before
     # anything is created.
-    for shapes, offsets in [({"a": (2, 8)}, None), ({"a": (8, 8)}, {"a": (6, 0)}),
+    for shapes, offsets in [({"a": (2, 8)}, None),
+                            ({"a": (8, 8)}, {"a": (6, 0)}),
                             ({"a": (8, 8)}, {"a": (-1, 0)}),
                             ({"a": (8,)}, {"a": (0, 0)})]:
         with pytest.raises(tessera.InvalidArgumentError,

@@ -145,8 +145,8 @@ def test_state_dict_weight_sync(client, rows4):
         assert torch.equal(like["weight"][0], state["weight"][8:].to(dtype))
         assert torch.equal(like["bias"], state["bias"].to(dtype))
     with pytest.raises(tessera.InvalidArgumentError, match="dtype"):
-        tt.get_state_dict(client, "m.", {"bias": torch.zeros(16,
-                                                             dtype=torch.int32)})
+        tt.get_state_dict(client, "m.",
+                          {"bias": torch.zeros(16, dtype=torch.int32)})
 
 
 def test_state_dict_default_layout(client):

@@ -125,8 +125,8 @@ def test_refusals(client, rows4):
     with pytest.raises(tessera.FailedPreconditionError, match="not open"):
         client.join(v.id)
     # A write into it names the version, not the shards it no longer has.
-    with pytest.raises(tessera.FailedPreconditionError,
-                       match=f"version {v.number} is not open: it was aborted"):
+    not_open = f"version {v.number} is not open: it was aborted"
+    with pytest.raises(tessera.FailedPreconditionError, match=not_open):
         v.write((0, 0), np.ones((8, 4), np.float32))
 
 
