@@ -118,7 +118,8 @@ TEST(StorageTest, CpuAllocationIsAligned) {
 
 // With sharing on, large allocations are memory files unless they ask for
 // private memory (fetched copies, staging, collective buffers), and the
-// private ones are as usable.
+// private ones are as usable. A new memory file is known zero (Zeros then
+// writes nothing); heap memory, which may be reused, never is.
 TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   SetHostMemorySharing(4096);
   absl::Cleanup off = [] { DisableHostMemorySharing(); };
@@ -126,10 +127,15 @@ TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> shared,
                        Storage::Allocate(bytes, Device::Cpu(), false));
   EXPECT_GE(shared->shared_memory_fd(), 0);
+  EXPECT_TRUE(shared->allocated_zeroed());
   ASSERT_OK_AND_ASSIGN(
       std::shared_ptr<Storage> mine,
       Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
   EXPECT_EQ(mine->shared_memory_fd(), -1);
+  EXPECT_FALSE(mine->allocated_zeroed());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> small,
+                       Storage::Allocate(64, Device::Cpu(), false));
+  EXPECT_FALSE(small->allocated_zeroed());
   std::memset(mine->data(), 7, bytes);
   EXPECT_EQ(static_cast<const char*>(mine->data())[bytes - 1], 7);
   ASSERT_OK_AND_ASSIGN(Tensor t,
@@ -139,23 +145,11 @@ TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   EXPECT_GE(u.storage()->shared_memory_fd(), 0);
 }
 
-// A new memory file is known zero (Zeros then writes nothing); heap
-// memory, which may be reused, never is. Zeros is all zeros either way.
-TEST(StorageTest, OnlyNewMemoryFilesAreKnownZero) {
+// Zeros is all zeros whether it wrote them (heap memory reused dirty) or
+// the memory file came zero (StorageTest.PrivateAllocationsAreNeverShared).
+TEST(StorageTest, ZerosIsZeroFromEveryKindOfHostMemory) {
   SetHostMemorySharing(4096);
   absl::Cleanup off = [] { DisableHostMemorySharing(); };
-  const size_t bytes = size_t{4} << 20;
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> shared,
-                       Storage::Allocate(bytes, Device::Cpu(), false));
-  ASSERT_GE(shared->shared_memory_fd(), 0);
-  EXPECT_TRUE(shared->allocated_zeroed());
-  ASSERT_OK_AND_ASSIGN(
-      std::shared_ptr<Storage> mine,
-      Storage::Allocate(bytes, Device::Cpu(), false, HostSharing::kPrivate));
-  EXPECT_FALSE(mine->allocated_zeroed());
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> small,
-                       Storage::Allocate(64, Device::Cpu(), false));
-  EXPECT_FALSE(small->allocated_zeroed());
   for (const TensorOptions& options :
        {TensorOptions(), TensorOptions().Private()}) {
     for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
