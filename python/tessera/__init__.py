@@ -318,7 +318,9 @@ class Client:
         self._native.delete(name)
 
     def reshard(self, name: str, spec: ShardingSpec) -> Tensor:
-        """Lays the tensor out by ``spec``; returns its new view."""
+        """Lays the tensor out by ``spec``; returns its new view. A
+        versioned tensor moves its latest published version (same number)
+        and drops the older ones; refused while a version is open."""
         return Tensor(self, self._native.reshard(name, spec))
 
     def gather(self, name: str, timeout: Optional[float] = None

@@ -586,15 +586,34 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   MemoryBudget::Reservation held;
   Replication::PlacedCopies copies;
   bool unchanged = false;
+  // A versioned tensor's versions, the number of its latest published one
+  // (which the new layout holds) and the number its next begin takes.
+  std::shared_ptr<VersionSet> versions;
+  int64_t version = 0;
+  int64_t next_version = 0;
   absl::Status local = [&]() -> absl::Status {
     // Deterministic first: every daemon holds the same tensor.
     RETURN_IF_ERROR(tensor.status());
+    RETURN_IF_ERROR(table_->Update(
+        name, [&](TableEntry& entry) { versions = entry.versions; }));
+    if (versions != nullptr) {
+      // A versioned tensor is resharded as its latest published version
+      // (docs/versions.md, "Resharding"): no writer may be filling one.
+      versions->Expire(absl::Now());
+    }
     ASSIGN_OR_RETURN(const v1::TensorInfo old_info, table_->Info(name));
-    if (Versioned(old_info)) {
+    if (versions != nullptr && old_info.open_versions_size() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "Reshard: tensor ", name,
-          " is versioned; resharding a versioned tensor is not supported "
-          "yet"));
+          "Reshard: tensor ", name, " has open version",
+          old_info.open_versions_size() > 1 ? "s " : " ",
+          absl::StrJoin(old_info.open_versions(), ", "), ": publish or abort ",
+          old_info.open_versions_size() > 1 ? "them" : "it",
+          " first (a reshard keeps only the latest published version, ",
+          old_info.version(), ")"));
+    }
+    if (versions != nullptr) {
+      version = old_info.version();
+      next_version = old_info.next_version();
     }
     RETURN_IF_ERROR(spec.status());
     RETURN_IF_ERROR(CheckDeadline(op));
@@ -606,6 +625,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(info, LayoutInfo(name, metadata));
+    if (versions != nullptr) info.set_versions_kept(old_info.versions_kept());
     const int count = CopiesOf(old_info);
     // Then this daemon's part, reserved before anything is allocated: its
     // new shards, its copies of others' new shards, and the staging of the
@@ -682,17 +702,36 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   // ids stay aligned whatever follows), registered but not yet named.
   const std::string id = rank_->NextTensorId(*tensor->process_group());
   info.set_tensor_id(id);
+  // A versioned tensor's new layout is its latest version, under that
+  // version's own id (version_set.h), in a new set of versions.
+  const std::string registration =
+      versions != nullptr ? RegistrationId(id, version) : id;
   std::optional<ShardedTensor> made;
   std::shared_ptr<ReplicaCopies> registered;
+  std::shared_ptr<VersionSet> new_versions;
   local = [&]() -> absl::Status {
     ShardedTensorOptions options = tensor->options();
-    options.tensor_id = id;
+    options.tensor_id = registration;
     ASSIGN_OR_RETURN(made, ShardedTensor::InitFromLocalShardsWithSpec(
                                std::move(shards), metadata, *spec, options));
     if (copies.mine != nullptr) {
       ASSIGN_OR_RETURN(
-          registered, ReplicaCopies::Register(rank_, id, std::move(copies.mine),
-                                              std::move(copies.held)));
+          registered,
+          ReplicaCopies::Register(rank_, registration, std::move(copies.mine),
+                                  std::move(copies.held)));
+    }
+    if (versions != nullptr) {
+      new_versions =
+          std::make_shared<VersionSet>(rank_, id, info.versions_kept());
+      new_versions->AddPublished(version, *made, std::move(registered),
+                                 std::move(held), next_version);
+      // A snapshot of the latest keeps it, under the new layout; the older
+      // versions (and their pins) end with the old layout.
+      for (const VersionSet::PinState& pin : versions->Pins()) {
+        if (pin.number == version) {
+          new_versions->Pin(pin.id, pin.number, pin.until);
+        }
+      }
     }
     return absl::OkStatus();
   }();
@@ -708,12 +747,14 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     MemoryBudget::Reservation held;
     std::optional<ShardedTensor> tensor;
     std::shared_ptr<ReplicaCopies> copies;
+    std::shared_ptr<VersionSet> versions;
   };
   struct NewLayout {
     std::optional<ShardedTensor> made;
     v1::TensorInfo info;
     MemoryBudget::Reservation held;
     std::shared_ptr<ReplicaCopies> registered;
+    std::shared_ptr<VersionSet> versions;
     // Kept by a commit on time until every daemon confirmed it.
     std::shared_ptr<Retired> retired = std::make_shared<Retired>();
   };
@@ -722,6 +763,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   layout->info = std::move(info);
   layout->held = std::move(held);
   layout->registered = std::move(registered);
+  layout->versions = std::move(new_versions);
   outcome = AgreeThenCommit(local, [this, name, layout]() {
     table_
         ->Update(name,
@@ -730,14 +772,18 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
                    retired.held = std::move(entry.held);
                    retired.tensor = std::move(entry.tensor);
                    retired.copies = std::move(entry.replicas);
+                   retired.versions = std::move(entry.versions);
                    entry.tensor = std::move(layout->made);
                    entry.info = layout->info;
                    entry.held = std::move(layout->held);
                    entry.replicas = std::move(layout->registered);
+                   entry.versions = std::move(layout->versions);
                  })
         .IgnoreError();  // Looked up above; only the executor removes.
     OpResult result;
-    result.info = layout->info;
+    // With the versions a versioned tensor keeps (as Describe tells).
+    absl::StatusOr<v1::TensorInfo> info = table_->Info(name);
+    result.info = info.ok() ? *std::move(info) : layout->info;
     return result;
   });
   if (outcome.status.ok()) outcome.retired = std::move(layout->retired);

@@ -20,7 +20,11 @@
 // the box), and only once every daemon agreed that its boxes are filled
 // does the name move to the new layout under a new tensor id; the old one
 // is freed after every daemon confirmed the commit (OpOutcome::retired).
-// A refused reshard changes nothing.
+// A versioned tensor's new layout is its latest published version, in a
+// new VersionSet with that number and the pins of it; the old set (its
+// older versions) is retired with the old layout; refused while a version
+// is open (docs/versions.md, "Resharding"). A refused reshard changes
+// nothing.
 //
 // Errors (as the client sees them): INVALID_ARGUMENT for a bad name, size,
 // spec, placement, init kind or copies count; ALREADY_EXISTS for a taken

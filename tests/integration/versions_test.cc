@@ -21,7 +21,9 @@
 // its lease ends. Published versions and a versioned tensor's own id are
 // read-only; an unversioned tensor has no versions; a begin beyond the
 // memory budget is refused before anything is allocated; an aborted
-// version gives its budget back.
+// version gives its budget back. A reshard moves the latest version (and
+// a snapshot of it) to the new layout, refused while a version is open;
+// older versions end; a replicated one is refilled after a restart.
 #include <signal.h>
 
 #include <algorithm>
@@ -438,6 +440,106 @@ TEST_F(VersionsTest, OldVersionsAreFreedUnlessPinned) {
   EXPECT_EQ(read_version, 8);
 }
 
+// Columns in chunks over every daemon, in reverse: another owner for
+// almost every element than Rows().
+ShardingSpec Columns() {
+  return *ChunkShardingSpec::Create(
+      1, {"rank:3/cpu", "rank:2/cpu", "rank:1/cpu", "rank:0/cpu"});
+}
+
+// A reshard of a versioned tensor (docs/versions.md, "Resharding") moves
+// its latest published version to the new layout, under the same number:
+// refused while a version is open; a snapshot of the latest reads on,
+// through the new layout; older versions end with the old layout, their
+// reads NOT_FOUND saying so; the numbers go on, and a new version starts
+// from the resharded values.
+TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
+  auto client = Connect(1);
+  ASSERT_NE(client, nullptr);
+  Create(*client, "m", 3);
+  const auto publish = [&](float value) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(VersionWriter writer, client->Begin({"m"}));
+    RETURN_IF_ERROR(Fill(*writer.view("m"), 0, kRows, value));
+    ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
+    return group.versions(0).number();
+  };
+  const auto value_of = [](const ShardedTensorView& view,
+                           int64_t* version) -> absl::StatusOr<float> {
+    TransferOptions options;
+    options.version = version;
+    ASSIGN_OR_RETURN(Tensor whole, view.Read(options));
+    float value = 0;
+    return Uniform(whole, &value) ? value : -1;
+  };
+  EXPECT_THAT(publish(2), IsOkAndHolds(2));
+  EXPECT_THAT(publish(3), IsOkAndHolds(3));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView before, client->Open("m"));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView two, before.AtVersion(2));
+  ASSERT_OK_AND_ASSIGN(Snapshot pin, client->Pin({"m"}));
+  EXPECT_EQ(pin.version("m"), 3);
+
+  // A writer filling a version would lose its writes: refused, nothing
+  // changes.
+  ASSERT_OK_AND_ASSIGN(VersionWriter open, client->Begin({"m"}));
+  EXPECT_THAT(client->Reshard("m", Columns()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("open version 4"),
+                             HasSubstr("publish or abort"))));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView same, client->Open("m"));
+  EXPECT_EQ(same.tensor_id(), before.tensor_id());
+  ASSERT_OK(open.Abort());
+
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView after,
+                       client->Reshard("m", Columns()));
+  EXPECT_NE(after.tensor_id(), before.tensor_id());
+  EXPECT_EQ(after.metadata().shards_metadata.size(), 4u);
+  EXPECT_EQ(after.version(), 3);
+  EXPECT_THAT(after.info().kept_versions(), ElementsAre(3));
+  EXPECT_EQ(after.info().versions_kept(), 3);
+  int64_t version = 0;
+  EXPECT_THAT(value_of(after, &version), IsOkAndHolds(3));
+  EXPECT_EQ(version, 3);
+  // The snapshot, made on the old layout, reads its version on the new.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView pinned, pin.view("m"));
+  EXPECT_THAT(value_of(pinned, &version), IsOkAndHolds(3));
+  EXPECT_EQ(version, 3);
+  // Version 2 ended with the old layout.
+  EXPECT_THAT(value_of(two, &version),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("not kept"), HasSubstr("resharded"))));
+
+  // The numbers go on; a version begins as the resharded latest.
+  {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"m"}));
+    ASSERT_OK_AND_ASSIGN(Tensor nines, Tensor::Full({2, kCols}, 9.0));
+    ASSERT_OK(writer.view("m")->Write({0, 0}, nines));
+    ASSERT_OK_AND_ASSIGN(v1::VersionGroup group, writer.Publish());
+    EXPECT_EQ(group.versions(0).number(), 5);  // 4 was aborted.
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor five, after.Read());
+  ASSERT_OK_AND_ASSIGN(Tensor rows, five.Narrow(0, 0, 2));
+  float value = 0;
+  EXPECT_TRUE(Uniform(rows, &value));
+  EXPECT_EQ(value, 9);
+  ASSERT_OK_AND_ASSIGN(Tensor rest, five.Narrow(0, 2, kRows - 2));
+  EXPECT_TRUE(Uniform(rest, &value));
+  EXPECT_EQ(value, 3);
+  // The pin still holds version 3 while versions go on, until released.
+  EXPECT_THAT(publish(6), IsOkAndHolds(6));
+  EXPECT_THAT(publish(7), IsOkAndHolds(7));
+  EXPECT_THAT(publish(8), IsOkAndHolds(8));
+  EXPECT_THAT(value_of(pinned, &version), IsOkAndHolds(3));
+  ASSERT_OK(pin.Release());
+  EXPECT_THAT(publish(9), IsOkAndHolds(9));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView now, client->Open("m"));
+  EXPECT_THAT(now.info().kept_versions(), ElementsAre(7, 8, 9));
+  // The same layout again is no change: the versions stay.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView again,
+                       client->Reshard("m", Columns()));
+  EXPECT_EQ(again.tensor_id(), now.tensor_id());
+  EXPECT_THAT(again.info().kept_versions(), ElementsAre(7, 8, 9));
+}
+
 // Checkpoints of versions: a save writes the latest version, a kept older
 // one (Save's versions) or a snapshot's pinned versions of several tensors
 // (Snapshot::Save), whatever is published meanwhile; a load can make the
@@ -644,6 +746,80 @@ TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {
 
 // Replicas of a versioned tensor: every version has its copies, and a
 // restarted daemon refills every kept and pinned version from the others.
+// A replicated versioned tensor resharded: its latest version has its
+// copies under the new layout, is read whole with a daemon killed, and is
+// refilled by that daemon restarted; the versions go on.
+TEST(VersionReplicasTest, AReshardedVersionHasItsCopiesAndIsRefilled) {
+  testing::DaemonClusterOptions options =
+      testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
+  options.extra_args[1] = "3";  // --timeout: a dead daemon is noticed soon
+  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
+  ClientOptions patient;  // past the restart
+  patient.timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Connect(cluster->address(0), patient));
+  ASSERT_OK(
+      client->Create("q", {kRows, kCols}, Rows(), ZerosKeeping(2, 2)).status());
+  for (const float value : {2, 3}) {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"q"}));
+    ASSERT_OK(Fill(*writer.view("q"), 0, kRows, value));
+    ASSERT_OK(writer.Publish().status());
+  }
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view, client->Reshard("q", Columns()));
+  ASSERT_EQ(CopiesOf(view.info()), 2);
+  const std::string id = view.tensor_id();
+  // Shard 2 (columns 256-383) is rank 1's; its copy is on rank 2.
+  const auto held = [&](int rank, const std::string& id,
+                        int shard) -> absl::StatusOr<float> {
+    ASSIGN_OR_RETURN(
+        Shard got,
+        ShardClient::Create(cluster->address(rank))->FetchShard(id, shard));
+    float value = 0;
+    return Uniform(got.tensor, &value) ? value : -1;
+  };
+  EXPECT_THAT(held(1, id, 2), IsOkAndHolds(3));
+  EXPECT_THAT(held(2, ReplicaTensorId(id), 2), IsOkAndHolds(3));
+
+  cluster->Kill(1);
+  TransferOptions transfer;
+  transfer.timeout = absl::Seconds(20);
+  int64_t version = 0;
+  transfer.version = &version;
+  ASSERT_OK_AND_ASSIGN(Tensor whole, view.Read(transfer));
+  float value = 0;
+  EXPECT_TRUE(Uniform(whole, &value));
+  EXPECT_EQ(value, 3);
+  EXPECT_EQ(version, 3);
+
+  ASSERT_OK(cluster->Restart(1)) << cluster->Log(1);
+  absl::StatusOr<float> own = absl::UnavailableError("not asked");
+  for (const absl::Time until = absl::Now() + absl::Seconds(30);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
+    own = held(1, id, 2);
+    if (own.ok()) break;
+  }
+  ASSERT_THAT(own, IsOkAndHolds(3)) << cluster->Log(1) << cluster->Log(0);
+  // Its copy of rank 0's shard 3.
+  EXPECT_THAT(held(1, ReplicaTensorId(id), 3), IsOkAndHolds(3));
+  // The versions go on from the next number (once every daemon takes
+  // ops again).
+  const auto publish = [&]() -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(VersionWriter writer, client->Begin({"q"}));
+    RETURN_IF_ERROR(Fill(*writer.view("q"), 0, kRows, 4));
+    ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
+    return group.versions(0).number();
+  };
+  absl::StatusOr<int64_t> next = absl::UnavailableError("not asked");
+  for (const absl::Time until = absl::Now() + absl::Seconds(30);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
+    next = publish();
+    if (next.ok()) break;
+  }
+  EXPECT_THAT(next, IsOkAndHolds(4)) << cluster->Log(1);
+  EXPECT_THAT(held(1, id, 2), IsOkAndHolds(4));
+  EXPECT_THAT(held(2, ReplicaTensorId(id), 2), IsOkAndHolds(4));
+}
+
 TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
   testing::DaemonClusterOptions options =
       testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);

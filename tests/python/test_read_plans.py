@@ -213,3 +213,37 @@ def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
     with pytest.raises(tessera.InvalidArgumentError, match="empty"):
         tt.publish_state_dict(client, "sd_part.", {})
     assert not [t for t in client.list() if t.name.startswith("sd_part.")]
+
+
+def test_a_published_tensor_resharded_between_runs(client):
+    # Versioned tensors (a published state dict) keep their latest version
+    # through a reshard (docs/versions.md, "Resharding"): the plan's next
+    # run reads the same version from the new layout, and the trainer goes
+    # on publishing into it.
+    sd = {"w": torch.arange(24 * 8, dtype=torch.float32).reshape(24, 8),
+          "b": torch.arange(8, dtype=torch.float32)}
+    first = tt.publish_state_dict(client, "rs.", sd)
+    out = np.zeros((24, 4), np.float32)
+    plan = client.plan_reads([("rs.w", (0, 4), (24, 4), out)])
+    assert plan.run() == first
+    assert (out == sd["w"][:, 4:].numpy()).all()
+    resharded = client.reshard("rs.w",
+                               tessera.chunk(1, ["rank:2/cpu", "rank:0/cpu"]))
+    assert len(resharded.shards) == 2
+    with pytest.raises(tessera.FailedPreconditionError, match="open version"):
+        with client.begin(["rs.w"]):
+            client.reshard("rs.w", tessera.chunk(0, ["rank:1/cpu"]))
+    for _ in range(100):
+        out[:] = 0
+        assert plan.run() == first
+        assert (out == sd["w"][:, 4:].numpy()).all()
+        if plan.replanned:
+            break
+        time.sleep(0.05)
+    assert plan.replanned
+    sd["w"] += 1000
+    second = tt.publish_state_dict(client, "rs.", sd)
+    assert second > first
+    assert plan.run() == second
+    assert (out == sd["w"][:, 4:].numpy()).all()
+    assert client.open("rs.w").shards == resharded.shards
