@@ -238,6 +238,55 @@ std::string ShardedTensorView::DataId() const {
   return at_version_ > 0 ? VersionId(tensor_id(), at_version_) : tensor_id();
 }
 
+absl::StatusOr<ShardedTensorView> ShardedTensorView::Relocated(
+    const absl::Status& read) const {
+  const std::string what = absl::StrCat("reading tensor ", name());
+  const auto not_kept = [&](absl::string_view why) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": version ", at_version_, " is not kept (", why,
+                     "; `tessera versions ", name(),
+                     "` lists the kept ones): ", read.message()));
+  };
+  v1::DescribeNamedTensorRequest request;
+  request.set_name(name());
+  absl::StatusOr<Described> now =
+      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
+               absl::StrCat("opening tensor ", name()));
+  if (absl::IsNotFound(now.status())) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": it was deleted since this view was made (",
+                     read.message(), ")"));
+  }
+  if (!now.ok() || now->info.tensor_id() == tensor_id()) {
+    return at_version_ > 0 ? not_kept("it was freed, or never published")
+                           : read;
+  }
+  // Resharded (or deleted and created again) since this view was made.
+  const std::string moved = absl::StrCat(
+      "it was resharded or created again since this view was made: it is "
+      "now ",
+      now->info.tensor_id(), ", not ", tensor_id());
+  if (now->metadata.size != metadata_.size ||
+      now->metadata.tensor_properties.dtype != dtype()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", moved, ", of sizes [",
+        absl::StrJoin(now->metadata.size, ", "), "] ",
+        DTypeName(now->metadata.tensor_properties.dtype),
+        " where this view has [", absl::StrJoin(metadata_.size, ", "), "] ",
+        DTypeName(dtype()), "; open it again"));
+  }
+  const auto& kept = now->info.kept_versions();
+  if (at_version_ > 0 &&
+      (!Versioned(now->info) ||
+       std::find(kept.begin(), kept.end(), at_version_) == kept.end())) {
+    return not_kept(moved);
+  }
+  ShardedTensorView view(cluster_, std::move(now->info),
+                         std::move(now->metadata));
+  view.at_version_ = at_version_;
+  return view;
+}
+
 absl::StatusOr<ShardedTensorView> ShardedTensorView::AtVersion(
     int64_t number) const {
   if (!versioned()) {
@@ -280,6 +329,17 @@ absl::Status ShardedTensorView::ReadPieces(
 absl::Status ShardedTensorView::ReadRegionInto(
     absl::Span<const int64_t> offsets, const Tensor& destination,
     const TransferOptions& options) const {
+  absl::Status read = ReadFromThisLayout(offsets, destination, options);
+  if (!absl::IsNotFound(read) || open_version_) return read;
+  // This layout is gone: read the tensor's new one, once.
+  absl::StatusOr<ShardedTensorView> moved = Relocated(read);
+  if (!moved.ok()) return moved.status();
+  return moved->ReadFromThisLayout(offsets, destination, options);
+}
+
+absl::Status ShardedTensorView::ReadFromThisLayout(
+    absl::Span<const int64_t> offsets, const Tensor& destination,
+    const TransferOptions& options) const {
   const std::string what = absl::StrCat("reading tensor ", name());
   RETURN_IF_ERROR(CheckDType(destination, dtype(), what));
   if (!destination.device().is_cpu()) {
@@ -300,13 +360,6 @@ absl::Status ShardedTensorView::ReadRegionInto(
     // an open one.
     absl::Status read = ReadPieces(offsets, destination, options, DataId(), all,
                                    &versions, &progress);
-    if (absl::IsNotFound(read) && at_version_ > 0 && !open_version_) {
-      read = absl::NotFoundError(absl::StrCat(
-          what, ": version ", at_version_,
-          " is not kept (it was freed, or never published; `tessera "
-          "versions ",
-          name(), "` lists the kept ones): ", read.message()));
-    }
     RETURN_IF_ERROR(read);
     if (options.version != nullptr)
       *options.version = open_version_ ? 0 : at_version_;

@@ -209,7 +209,9 @@ class ShardedTensorView {
   // This tensor at published version `number`: its reads return exactly
   // that version, NOT_FOUND once it is no longer kept (naming the kept
   // ones). FAILED_PRECONDITION for an unversioned tensor; INVALID_ARGUMENT
-  // for a number below 1.
+  // for a number below 1. A reshard after this view was made keeps the
+  // latest version under the new layout (docs/versions.md, "Resharding"):
+  // reads of that version then come from there.
   absl::StatusOr<ShardedTensorView> AtVersion(int64_t number) const;
   // This view at_version() as an open version (VersionWriter's views).
   ShardedTensorView AsOpenVersion() const {
@@ -230,7 +232,9 @@ class ShardedTensorView {
                                     absl::Span<const int64_t> sizes,
                                     const TransferOptions& options = {}) const;
   // Same, into `destination` (a CPU tensor of the box's sizes and the
-  // tensor's dtype, any strides), written in place.
+  // tensor's dtype, any strides), written in place. A tensor resharded (or
+  // created again with the same sizes and dtype) since this view was made
+  // is read from its new layout, as a read plan does.
   absl::Status ReadRegionInto(absl::Span<const int64_t> offsets,
                               const Tensor& destination,
                               const TransferOptions& options = {}) const;
@@ -263,6 +267,17 @@ class ShardedTensorView {
 
   // The id reads and writes name: the tensor's, or its version's.
   std::string DataId() const;
+  // ReadRegionInto from this view's layout alone.
+  absl::Status ReadFromThisLayout(absl::Span<const int64_t> offsets,
+                                  const Tensor& destination,
+                                  const TransferOptions& options) const;
+  // After a read of this view ended NOT_FOUND (`read`): the tensor named
+  // name() now, at at_version(), when it is no longer tensor_id()
+  // (resharded, or created again, since this view was made) with the same
+  // sizes and dtype, and keeps that version. Otherwise the error to
+  // report: NOT_FOUND saying why (deleted, version not kept),
+  // FAILED_PRECONDITION for other sizes or dtype.
+  absl::StatusOr<ShardedTensorView> Relocated(const absl::Status& read) const;
   // Asks a holder that took a piece to mark holders[k] stale for each k in
   // `missed` (ControlService.MarkStale): they missed it.
   absl::Status MarkStale(const std::vector<int>& holders,
@@ -344,7 +359,10 @@ class Client {
   // makes the retry safe. A call that ends DEADLINE_EXCEEDED names its id:
   // Operation(id) tells what became of it.
   absl::Status Delete(const std::string& name);
-  // Lays the tensor out by `spec`; returns its new view.
+  // Lays the tensor out by `spec`; returns its new view. A versioned
+  // tensor moves its latest published version, under the same number, and
+  // drops the older ones (docs/versions.md, "Resharding");
+  // FAILED_PRECONDITION while one of its versions is open.
   absl::StatusOr<ShardedTensorView> Reshard(const std::string& name,
                                             const ShardingSpec& spec);
   // The whole tensor gathered by the connected daemon (one collective) and

@@ -3,7 +3,8 @@
 // a delete and a create of the same name, a reshard, a published version
 // and a daemon's restart, Open answers what DescribeTensor answers; and a
 // repeated Open of an unchanged tensor makes no gRPC call (the daemon's
-// DescribeTensor counter does not move).
+// DescribeTensor counter does not move). A view made before a change
+// reads the tensor as it is now, or says why it cannot.
 #include <signal.h>
 
 #include <memory>
@@ -129,6 +130,43 @@ TEST_F(OpenCacheTest, EveryChangeIsSeenAtTheNextOpen) {
     ASSERT_OK_AND_ASSIGN(opened, client_->Open("v"));
     EXPECT_EQ(opened.version(), published + step);
   }
+}
+
+// A view made before another client changed the tensor is never read
+// stale: resharded (or created again alike), its reads come from the new
+// layout, as a read plan's do; deleted, or created again with another
+// shape, its reads say so.
+TEST_F(OpenCacheTest, AViewMadeBeforeAChangeReadsTheTensorAsItIsNow) {
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView made,
+                       client_->Create("s", {16, 4}, Rows(4)));
+  ASSERT_OK_AND_ASSIGN(Tensor sevens, Tensor::Full({16, 4}, 7.0));
+  ASSERT_OK(made.Write({0, 0}, sevens));
+  ASSERT_OK(other_->Reshard("s", Rows(2)).status());
+  // The old layout leaves once every daemon confirmed the reshard.
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_OK_AND_ASSIGN(Tensor box, made.ReadRegion({3, 1}, {10, 3}));
+    ASSERT_EQ(box.data<float>()[0], 7);
+    ASSERT_EQ(box.data<float>()[29], 7);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Created again alike by another client: read as it is now.
+  ASSERT_OK(other_->Delete("s"));
+  EXPECT_THAT(made.Read(), StatusIs(absl::StatusCode::kNotFound,
+                                    ::testing::HasSubstr("deleted")));
+  CreateOptions ones;
+  ones.init = TensorInit::kOnes;
+  ASSERT_OK(other_->Create("s", {16, 4}, Rows(3), ones).status());
+  ASSERT_OK_AND_ASSIGN(Tensor now, made.Read());
+  EXPECT_EQ(now.data<float>()[63], 1);
+  // Created again with another shape: refused, naming both.
+  ASSERT_OK(other_->Delete("s"));
+  ASSERT_OK(other_->Create("s", {8, 4}, Rows(4)).status());
+  EXPECT_THAT(
+      made.Read(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               ::testing::AllOf(::testing::HasSubstr("[8, 4]"),
+                                ::testing::HasSubstr("[16, 4]"),
+                                ::testing::HasSubstr("open it again"))));
 }
 
 TEST_F(OpenCacheTest, ADaemonRestartedIsAskedAgain) {

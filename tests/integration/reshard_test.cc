@@ -140,9 +140,17 @@ class ReshardTest : public ::tessera::testing::DaemonClusterTest {
       EXPECT_EQ(seen.tensor_id(), after.tensor_id()) << "on rank " << r;
       EXPECT_EQ(seen.metadata(), after.metadata()) << "on rank " << r;
     }
-    // The old layout's shards are gone: a view of it fails, never reading
-    // the new layout as if it were the old one.
-    EXPECT_FALSE(before.ReadRegion({0, 0}, {1, 1}).ok());
+    // The old layout's shards are gone: a view of it reads the new layout
+    // as the new one (every value in its place), never the new shards as
+    // if they were the old ones; a daemon's ReadRegion naming the old id
+    // is refused.
+    ASSIGN_OR_RETURN(Tensor stale, before.Read());
+    ExpectIotaBox(stale, 0, 0, before.sizes()[1]);
+    EXPECT_THAT(testing::ReadRegionThroughDaemon(
+                    cluster_->address(via), before.name(), before.tensor_id(),
+                    {0, 0}, {1, 1}, absl::Seconds(10)),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("resharded")));
     return after;
   }
 };
