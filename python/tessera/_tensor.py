@@ -457,8 +457,18 @@ class Tensor:
         offsets, sizes, shape = self._native.box(key)
         value = _as_numpy(value)
         dtype: DTypeLike = numpy.float32 if self._bf16 else self.dtype
-        data = numpy.broadcast_to(numpy.asarray(value, dtype=dtype),
-                                  shape).reshape(sizes)
+        array = numpy.asarray(value, dtype=dtype)
+        # As numpy assigns: leading dimensions of size 1 beyond the box's
+        # are dropped (t[0] = rows of shape (1, n)).
+        extra = array.ndim - len(shape)
+        if extra > 0 and all(d == 1 for d in array.shape[:extra]):
+            array = array.reshape(array.shape[extra:])
+        try:
+            data = numpy.broadcast_to(array, shape).reshape(sizes)
+        except ValueError:
+            raise ValueError(
+                f"could not broadcast input array from shape {array.shape} "
+                f"into shape {tuple(shape)}") from None
         if 0 in sizes:
             return
         self.write(offsets, data)

@@ -180,6 +180,14 @@ def test_writes_and_reads_in_place(client, rows4):
     expected[5, :] = 7
     w[2:9, 3] = np.arange(7)
     expected[2:9, 3] = np.arange(7)
+    # Leading dimensions of size 1 are dropped, as numpy does.
+    w[6] = np.full((1, 8), 4, np.float32)
+    expected[6] = np.full((1, 8), 4, np.float32)
+    w[7:9, 0:2] = np.full((1, 1, 2, 2), 5, np.float32)
+    expected[7:9, 0:2] = np.full((1, 1, 2, 2), 5, np.float32)
+    for bad in (np.ones((2, 8)), np.ones((2, 1, 8))):
+        with pytest.raises(ValueError, match="could not broadcast"):
+            w[6] = bad
     w.write((10, 4), np.full((2, 4), 3, np.float32))
     expected[10:12, 4:8] = 3
     np.testing.assert_array_equal(w.read(), expected)
