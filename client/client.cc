@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -330,11 +331,19 @@ absl::Status ShardedTensorView::ReadRegionInto(
     absl::Span<const int64_t> offsets, const Tensor& destination,
     const TransferOptions& options) const {
   absl::Status read = ReadFromThisLayout(offsets, destination, options);
-  if (!absl::IsNotFound(read) || open_version_) return read;
-  // This layout is gone: read the tensor's new one, once.
-  absl::StatusOr<ShardedTensorView> moved = Relocated(read);
-  if (!moved.ok()) return moved.status();
-  return moved->ReadFromThisLayout(offsets, destination, options);
+  // This layout is gone: read the tensor's new one (again when that one
+  // was resharded too while it was read; each time takes a reshard).
+  constexpr int kRelocations = 8;
+  std::optional<ShardedTensorView> moved;
+  for (int k = 0; k < kRelocations && absl::IsNotFound(read) && !open_version_;
+       ++k) {
+    absl::StatusOr<ShardedTensorView> now =
+        (moved.has_value() ? *moved : *this).Relocated(read);
+    if (!now.ok()) return now.status();
+    moved = *std::move(now);
+    read = moved->ReadFromThisLayout(offsets, destination, options);
+  }
+  return read;
 }
 
 absl::Status ShardedTensorView::ReadFromThisLayout(

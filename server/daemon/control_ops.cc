@@ -591,6 +591,11 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   std::shared_ptr<VersionSet> versions;
   int64_t version = 0;
   int64_t next_version = 0;
+  // The tensor as it is, and each box of the new layout this daemon fills
+  // (its shards and copies) with the tensor it goes into.
+  v1::TensorInfo old_info;
+  std::vector<std::pair<const ShardMetadata*, Tensor>> targets;
+  MemoryBudget::Reservation staging;
   absl::Status local = [&]() -> absl::Status {
     // Deterministic first: every daemon holds the same tensor.
     RETURN_IF_ERROR(tensor.status());
@@ -601,7 +606,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
       // (docs/versions.md, "Resharding"): no writer may be filling one.
       versions->Expire(absl::Now());
     }
-    ASSIGN_OR_RETURN(const v1::TensorInfo old_info, table_->Info(name));
+    ASSIGN_OR_RETURN(old_info, table_->Info(name));
     if (versions != nullptr && old_info.open_versions_size() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Reshard: tensor ", name, " has open version",
@@ -641,8 +646,6 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
                        replication_->PlaceCopies(&info, metadata, count));
     }
     const TensorProperties& p = old_metadata.tensor_properties;
-    // Each box to fill, from the old layout, and the tensor it goes into.
-    std::vector<std::pair<const ShardMetadata*, Tensor>> targets;
     int64_t staging_bytes = 0;
     for (size_t j = 0; j < metadata.shards_metadata.size(); ++j) {
       const ShardMetadata& box = metadata.shards_metadata[j];
@@ -671,30 +674,61 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
       }
     }
     ASSIGN_OR_RETURN(
-        const MemoryBudget::Reservation staging,
+        staging,
         budget_->Reserve(staging_bytes,
                          absl::StrCat("Reshard \"", name,
                                       "\" (staging its strided pieces on rank ",
                                       rank(), ")")));
-    // Every box from the old layout's holders (copied where this daemon
-    // holds it), while the old layout still serves: no daemon drops it
-    // before every daemon agreed that its boxes are filled.
-    const absl::Time deadline =
-        std::min(DeadlineOf(op), absl::Now() + options_.op_timeout);
-    constexpr int kParallelism = 4;
-    return RunInParallel(
-        targets.size(), kParallelism, [&](size_t k) -> absl::Status {
-          return ReadBoxInto(*rank_, old_info, old_metadata, *targets[k].first,
-                             targets[k].second, kParallelism, deadline,
-                             "Reshard");
-        });
+    return absl::OkStatus();
   }();
+  const absl::Time deadline =
+      std::min(DeadlineOf(op), absl::Now() + options_.op_timeout);
+  // No write may land in the old layout once a daemon has copied from it
+  // (it would be lost): every daemon fences writes to its part of an
+  // unversioned tensor (whose published versions take none) and waits for
+  // those in flight before any daemon copies. The fence lasts while the
+  // old layout is registered, or until the reshard fails.
+  std::vector<std::string> fenced;
+  if (local.ok() && !unchanged && versions == nullptr) {
+    std::vector<std::string> ids = {old_info.tensor_id()};
+    if (CopiesOf(old_info) > 1) ids.push_back(ReplicaTensorId(ids[0]));
+    for (const std::string& id : ids) {
+      if (rank_->registry().Find(id) == nullptr) continue;
+      fenced.push_back(id);
+      local = rank_->registry().Fence(
+          id, absl::StrCat("tensor ", name, " is being resharded"), deadline);
+      if (!local.ok()) break;
+    }
+  }
+  const std::shared_ptr<Rank> rank = rank_;
+  const auto lift = [rank, fenced]() {
+    for (const std::string& id : fenced) rank->registry().Lift(id);
+  };
   outcome.status = Agree(local, &outcome.agreed);
-  if (!outcome.status.ok()) return outcome;  // Nothing changed.
+  if (!outcome.status.ok()) {  // Nothing changed.
+    lift();
+    return outcome;
+  }
   if (unchanged) {
     absl::StatusOr<v1::TensorInfo> same = table_->Info(name);
     outcome.status = same.status();
     if (same.ok()) outcome.result.info = *std::move(same);
+    return outcome;
+  }
+  // Every box from the old layout's holders (copied where this daemon
+  // holds it), while the old layout still serves: no daemon drops it
+  // before every daemon agreed that its boxes are filled.
+  constexpr int kParallelism = 4;
+  local = RunInParallel(
+      targets.size(), kParallelism, [&](size_t k) -> absl::Status {
+        return ReadBoxInto(*rank_, old_info, tensor->metadata(),
+                           *targets[k].first, targets[k].second, kParallelism,
+                           deadline, "Reshard");
+      });
+  staging = MemoryBudget::Reservation();
+  outcome.status = Agree(local, &outcome.agreed);
+  if (!outcome.status.ok()) {
+    lift();
     return outcome;
   }
 
@@ -764,28 +798,31 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   layout->held = std::move(held);
   layout->registered = std::move(registered);
   layout->versions = std::move(new_versions);
-  outcome = AgreeThenCommit(local, [this, name, layout]() {
-    table_
-        ->Update(name,
-                 [&](TableEntry& entry) {
-                   Retired& retired = *layout->retired;
-                   retired.held = std::move(entry.held);
-                   retired.tensor = std::move(entry.tensor);
-                   retired.copies = std::move(entry.replicas);
-                   retired.versions = std::move(entry.versions);
-                   entry.tensor = std::move(layout->made);
-                   entry.info = layout->info;
-                   entry.held = std::move(layout->held);
-                   entry.replicas = std::move(layout->registered);
-                   entry.versions = std::move(layout->versions);
-                 })
-        .IgnoreError();  // Looked up above; only the executor removes.
-    OpResult result;
-    // With the versions a versioned tensor keeps (as Describe tells).
-    absl::StatusOr<v1::TensorInfo> info = table_->Info(name);
-    result.info = info.ok() ? *std::move(info) : layout->info;
-    return result;
-  });
+  outcome = AgreeThenCommit(
+      local,
+      [this, name, layout]() {
+        table_
+            ->Update(name,
+                     [&](TableEntry& entry) {
+                       Retired& retired = *layout->retired;
+                       retired.held = std::move(entry.held);
+                       retired.tensor = std::move(entry.tensor);
+                       retired.copies = std::move(entry.replicas);
+                       retired.versions = std::move(entry.versions);
+                       entry.tensor = std::move(layout->made);
+                       entry.info = layout->info;
+                       entry.held = std::move(layout->held);
+                       entry.replicas = std::move(layout->registered);
+                       entry.versions = std::move(layout->versions);
+                     })
+            .IgnoreError();  // Looked up above; only the executor removes.
+        OpResult result;
+        // With the versions a versioned tensor keeps (as Describe tells).
+        absl::StatusOr<v1::TensorInfo> info = table_->Info(name);
+        result.info = info.ok() ? *std::move(info) : layout->info;
+        return result;
+      },
+      lift);
   if (outcome.status.ok()) outcome.retired = std::move(layout->retired);
   return outcome;
 }

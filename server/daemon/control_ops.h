@@ -20,6 +20,11 @@
 // the box), and only once every daemon agreed that its boxes are filled
 // does the name move to the new layout under a new tensor id; the old one
 // is freed after every daemon confirmed the commit (OpOutcome::retired).
+// Before any daemon copies, every daemon fences writes to its part of an
+// unversioned tensor's old layout (ShardRegistry::Fence: new ones are
+// refused, those in flight waited for) and they agree that all did, so
+// that no write answered OK is lost; the fence is lifted if the reshard
+// fails.
 // A versioned tensor's new layout is its latest published version, in a
 // new VersionSet with that number and the pins of it; the old set (its
 // older versions) is retired with the old layout; refused while a version

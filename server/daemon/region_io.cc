@@ -626,11 +626,13 @@ class WriteRegionReactor final
       ASSIGN_OR_RETURN(const bool taken, refill_->Write(replica, piece));
       if (taken) return absl::OkStatus();
     }
+    const std::string target_id = replica ? ReplicaTensorId(id) : id;
     const std::shared_ptr<const RegisteredTensor> target =
-        env_.rank->registry()
-            .Resolve(replica ? ReplicaTensorId(id) : id)
-            .tensor;
+        env_.rank->registry().Resolve(target_id).tensor;
     if (const LocalShard* mine = Mine(target, piece.shard)) {
+      // Held while the bytes change (a reshard fences them).
+      ASSIGN_OR_RETURN(const ShardRegistry::WritePass pass,
+                       env_.rank->registry().EnterWrite(target_id));
       return CopyBox(piece.view, std::vector<int64_t>(piece.view.dim(), 0),
                      mine->tensor, piece.offsets_in_shard,
                      piece.box->shard_sizes());

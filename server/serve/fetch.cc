@@ -117,6 +117,11 @@ absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
   found.writable = resolved.writable;
   if (found.tensor == nullptr) return UnknownTensorError(request.tensor_id());
   RETURN_IF_ERROR(registry.CheckServe(request.tensor_id(), write, deadline));
+  if (write) {
+    ASSIGN_OR_RETURN(ShardRegistry::WritePass pass,
+                     registry.EnterWrite(request.tensor_id()));
+    found.pass = std::make_shared<ShardRegistry::WritePass>(std::move(pass));
+  }
   const LocalShard* local = found.tensor->FindShard(request.shard_index());
   if (local == nullptr) {
     return absl::NotFoundError(absl::StrCat(

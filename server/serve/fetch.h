@@ -87,6 +87,9 @@ struct FetchView {
   // False for a published version (or a versioned tensor's own id): it
   // must not be written.
   bool writable = true;
+  // For a write: its pass (ShardRegistry::EnterWrite), held while the
+  // view is.
+  std::shared_ptr<ShardRegistry::WritePass> pass;
 };
 // FAILED_PRECONDITION for a write (`what`) of a versioned tensor's id or
 // of one of its published versions: they are read-only (docs/versions.md).

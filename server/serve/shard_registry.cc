@@ -132,7 +132,81 @@ bool ShardRegistry::Unregister(absl::string_view tensor_id) {
       return false;
     }
   }
+  ForgetWrites({std::string(tensor_id)});
   return true;
+}
+
+ShardRegistry::WritePass::WritePass(WritePass&& other) noexcept
+    : registry_(std::exchange(other.registry_, nullptr)),
+      id_(std::move(other.id_)) {}
+
+ShardRegistry::WritePass& ShardRegistry::WritePass::operator=(
+    WritePass&& other) noexcept {
+  if (this != &other) {
+    Release();
+    registry_ = std::exchange(other.registry_, nullptr);
+    id_ = std::move(other.id_);
+  }
+  return *this;
+}
+
+ShardRegistry::WritePass::~WritePass() { Release(); }
+
+void ShardRegistry::WritePass::Release() {
+  if (registry_ == nullptr) return;
+  const ShardRegistry* registry = std::exchange(registry_, nullptr);
+  absl::MutexLock lock(&registry->writes_mu_);
+  auto it = registry->writes_.find(id_);
+  if (it == registry->writes_.end()) return;
+  if (--it->second.writers <= 0 && !it->second.fenced) {
+    registry->writes_.erase(it);
+  }
+}
+
+absl::StatusOr<ShardRegistry::WritePass> ShardRegistry::EnterWrite(
+    absl::string_view id) const {
+  absl::MutexLock lock(&writes_mu_);
+  WriteState& state = writes_[id];
+  if (state.fenced) {
+    return absl::UnavailableError(
+        absl::StrCat("tensor ", id, " takes no writes now (", state.why,
+                     "): this write was not applied; write it again"));
+  }
+  ++state.writers;
+  return WritePass(this, std::string(id));
+}
+
+absl::Status ShardRegistry::Fence(const std::string& id, const std::string& why,
+                                  absl::Time deadline) {
+  absl::MutexLock lock(&writes_mu_);
+  WriteState& state = writes_[id];
+  state.fenced = true;
+  state.why = why;
+  const auto drained = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(writes_mu_) {
+    return writes_[id].writers <= 0;
+  };
+  if (!writes_mu_.AwaitWithDeadline(absl::Condition(&drained), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("tensor ", id, ": ", writes_[id].writers,
+                     " writes in flight did not end in time (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void ShardRegistry::Lift(const std::string& id) {
+  absl::MutexLock lock(&writes_mu_);
+  auto it = writes_.find(id);
+  if (it == writes_.end()) return;
+  it->second.fenced = false;
+  if (it->second.writers <= 0) writes_.erase(it);
+}
+
+void ShardRegistry::ForgetWrites(const std::vector<std::string>& ids) {
+  absl::MutexLock lock(&writes_mu_);
+  for (const std::string& id : ids) {
+    auto it = writes_.find(id);
+    if (it != writes_.end() && it->second.writers <= 0) writes_.erase(it);
+  }
 }
 
 bool ShardRegistry::Retire(absl::string_view tensor_id) {
@@ -151,16 +225,21 @@ uint64_t ShardRegistry::RetirementMark() const {
 
 size_t ShardRegistry::ReleaseRetired(uint64_t mark) {
   std::vector<std::shared_ptr<const RegisteredTensor>> released;
-  absl::MutexLock lock(&mu_);
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    if (it->second.sequence < mark) {
-      released.push_back(std::move(it->second.tensor));
-      retired_.erase(it++);
-    } else {
-      ++it;
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (it->second.sequence < mark) {
+        released.push_back(std::move(it->second.tensor));
+        ids.push_back(it->first);
+        retired_.erase(it++);
+      } else {
+        ++it;
+      }
     }
   }
   // `released` is destroyed after the lock is dropped (declared first).
+  ForgetWrites(ids);
   return released.size();
 }
 

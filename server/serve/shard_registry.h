@@ -129,6 +129,40 @@ class ShardRegistry {
   absl::Status CheckServe(absl::string_view id, bool write,
                           absl::Time deadline) const;
 
+  // Writes into a registration hold a WritePass while they change its
+  // bytes (the data plane's and WriteRegion's, and the local path's for as
+  // long as it lends the memory writable). Fence(id) refuses new passes
+  // and waits until every pass held is returned, so that whatever reads
+  // the bytes after it (a reshard copying the old layout) holds every
+  // write that was answered OK, and no later write lands where it would
+  // be lost. A fence lasts until Lift, or until `id` is unregistered.
+  class WritePass {
+   public:
+    WritePass() = default;  // Holds nothing.
+    WritePass(WritePass&& other) noexcept;
+    WritePass& operator=(WritePass&& other) noexcept;
+    WritePass(const WritePass&) = delete;
+    WritePass& operator=(const WritePass&) = delete;
+    ~WritePass();
+
+   private:
+    friend class ShardRegistry;
+    WritePass(const ShardRegistry* registry, std::string id)
+        : registry_(registry), id_(std::move(id)) {}
+    void Release();
+    const ShardRegistry* registry_ = nullptr;
+    std::string id_;
+  };
+  // A pass for a write into `id`; UNAVAILABLE while `id` is fenced,
+  // saying why (the write was not applied).
+  absl::StatusOr<WritePass> EnterWrite(absl::string_view id) const;
+  // Fences `id` (`why`: what the refusals say) and waits for the passes
+  // held to be returned: DEADLINE_EXCEEDED by `deadline` (the fence stays
+  // up: Lift it).
+  absl::Status Fence(const std::string& id, const std::string& why,
+                     absl::Time deadline);
+  void Lift(const std::string& id);
+
   // Live tensors only.
   size_t size() const;
   size_t retired_size() const;
@@ -160,6 +194,20 @@ class ShardRegistry {
     uint64_t sequence;
     std::shared_ptr<const RegisteredTensor> tensor;
   };
+
+  // Writes in flight and fences, by id (an entry only while either is).
+  struct WriteState {
+    int writers = 0;
+    bool fenced = false;
+    std::string why;
+  };
+  // Drops the write state of ids no longer registered (no writer can
+  // reach them).
+  void ForgetWrites(const std::vector<std::string>& ids);
+
+  mutable absl::Mutex writes_mu_;
+  mutable absl::flat_hash_map<std::string, WriteState> writes_
+      ABSL_GUARDED_BY(writes_mu_);
 
   mutable absl::Mutex gate_mu_;
   std::shared_ptr<const ServeGate> gate_ ABSL_GUARDED_BY(gate_mu_);
