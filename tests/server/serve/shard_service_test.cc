@@ -42,6 +42,7 @@ namespace {
 
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -159,6 +160,49 @@ TEST(ShardRegistryTest, RegisterFindUnregister) {
   // A reference taken before unregistering stays usable.
   EXPECT_EQ(found->local_shards[0].tensor.numel(), 4);
   EXPECT_EQ(registry.size(), 1u);
+}
+
+// A fence refuses new writes at once, waits for the passes held (up to
+// its deadline), and ends when lifted or when the id is unregistered.
+TEST(ShardRegistryTest, AFenceRefusesNewWritesAndWaitsForThoseInFlight) {
+  ShardRegistry registry;
+  ASSERT_OK(
+      registry.Register("w", OneLocalShard(Pattern({4}, DType::kInt32), 0)));
+  ASSERT_OK_AND_ASSIGN(ShardRegistry::WritePass held, registry.EnterWrite("w"));
+  // A pass held past the deadline: DEADLINE_EXCEEDED, still fenced.
+  EXPECT_THAT(
+      registry.Fence("w", "tensor w is being resharded",
+                     absl::Now() + absl::Milliseconds(50)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("in flight")));
+  EXPECT_THAT(
+      registry.EnterWrite("w").status(),
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("being resharded"), HasSubstr("not applied"))));
+  // Another id is not fenced.
+  EXPECT_OK(registry.EnterWrite("other").status());
+  // The fence waits for the pass in flight, returned from another thread.
+  std::thread writer([&held] {
+    absl::SleepFor(absl::Milliseconds(100));
+    held = ShardRegistry::WritePass();
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_OK(registry.Fence("w", "tensor w is being resharded",
+                           absl::Now() + absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  writer.join();
+  EXPECT_THAT(registry.EnterWrite("w").status(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  registry.Lift("w");
+  ASSERT_OK_AND_ASSIGN(ShardRegistry::WritePass again,
+                       registry.EnterWrite("w"));
+  again = ShardRegistry::WritePass();
+  // Unregistered, a fenced id's state goes (a new registration under the
+  // same id would take writes).
+  ASSERT_OK(registry.Fence("w", "x", absl::Now() + absl::Seconds(1)));
+  EXPECT_TRUE(registry.Unregister("w"));
+  ASSERT_OK(
+      registry.Register("w", OneLocalShard(Pattern({4}, DType::kInt32), 0)));
+  EXPECT_OK(registry.EnterWrite("w").status());
 }
 
 TEST(ShardRegistryTest, DuplicateIdIsAlreadyExists) {
