@@ -418,9 +418,70 @@ absl::StatusOr<Tensor> ShardedTensorView::Read(
   return ReadRegion(origin, metadata_.size, options);
 }
 
+namespace {
+
+// Whether a write was refused because the tensor's layout is moving: a
+// reshard fences the old layout's writes (nothing applied), then the old
+// layout goes (its id refused, then unknown).
+bool RefusedByAReshard(const absl::Status& status) {
+  return (absl::IsUnavailable(status) &&
+          absl::StrContains(status.message(), "takes no writes now")) ||
+         (absl::IsFailedPrecondition(status) &&
+          absl::StrContains(status.message(), "resharded or re-created")) ||
+         (absl::IsNotFound(status) &&
+          absl::StrContains(status.message(), "unknown tensor"));
+}
+
+}  // namespace
+
 absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
                                       const Tensor& data,
                                       const TransferOptions& options) const {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  absl::Status written = WriteToThisLayout(offsets, data, options);
+  // Refused while the tensor is resharded: written again, whole, into the
+  // tensor as it is once the reshard ends (or fails), within the deadline.
+  std::optional<ShardedTensorView> moved;
+  absl::Duration wait = absl::Milliseconds(10);
+  while (!written.ok() && !open_version_ && at_version_ == 0 &&
+         RefusedByAReshard(written) && absl::Now() + wait < deadline) {
+    absl::SleepFor(wait);
+    wait = std::min(2 * wait, absl::Milliseconds(200));
+    absl::StatusOr<ShardedTensorView> now =
+        (moved.has_value() ? *moved : *this).Reopened();
+    if (!now.ok()) return now.status();
+    moved = *std::move(now);
+    TransferOptions rest = options;
+    rest.timeout = deadline - absl::Now();
+    written = moved->WriteToThisLayout(offsets, data, rest);
+  }
+  return written;
+}
+
+absl::StatusOr<ShardedTensorView> ShardedTensorView::Reopened() const {
+  const std::string what = absl::StrCat("writing tensor ", name());
+  v1::DescribeNamedTensorRequest request;
+  request.set_name(name());
+  ASSIGN_OR_RETURN(
+      Described now,
+      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
+               absl::StrCat(what, ": opening it again")));
+  if (now.metadata.size != metadata_.size ||
+      now.metadata.tensor_properties.dtype != dtype()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": it was created again since this view was made, of sizes [",
+        absl::StrJoin(now.metadata.size, ", "), "] ",
+        DTypeName(now.metadata.tensor_properties.dtype),
+        " where this view has [", absl::StrJoin(metadata_.size, ", "), "] ",
+        DTypeName(dtype()), "; open it again"));
+  }
+  return ShardedTensorView(cluster_, std::move(now.info),
+                           std::move(now.metadata));
+}
+
+absl::Status ShardedTensorView::WriteToThisLayout(
+    absl::Span<const int64_t> offsets, const Tensor& data,
+    const TransferOptions& options) const {
   const std::string what = absl::StrCat("writing tensor ", name());
   RETURN_IF_ERROR(CheckDType(data, dtype(), what));
   RETURN_IF_ERROR(ValidateRegion(offsets, data.sizes(), metadata_.size,

@@ -251,7 +251,10 @@ class ShardedTensorView {
   // into the shard, when the holder can take it there
   // (ShardClient::WriteRegion), else through ControlService.WriteRegion;
   // a box named not written may then hold part of the new bytes
-  // (docs/data_plane.md, "Writes").
+  // (docs/data_plane.md, "Writes"). A write refused because the tensor is
+  // being resharded (or was, since this view was made) is written again,
+  // whole, into the tensor as it is once the reshard ends, within the
+  // timeout; created again with other sizes or dtype, FAILED_PRECONDITION.
   absl::Status Write(absl::Span<const int64_t> offsets, const Tensor& data,
                      const TransferOptions& options = {}) const;
 
@@ -267,6 +270,13 @@ class ShardedTensorView {
 
   // The id reads and writes name: the tensor's, or its version's.
   std::string DataId() const;
+  // Write into this view's layout alone.
+  absl::Status WriteToThisLayout(absl::Span<const int64_t> offsets,
+                                 const Tensor& data,
+                                 const TransferOptions& options) const;
+  // The tensor named name() as it is now, when its sizes and dtype are
+  // this view's (FAILED_PRECONDITION otherwise; NOT_FOUND when deleted).
+  absl::StatusOr<ShardedTensorView> Reopened() const;
   // ReadRegionInto from this view's layout alone.
   absl::Status ReadFromThisLayout(absl::Span<const int64_t> offsets,
                                   const Tensor& destination,

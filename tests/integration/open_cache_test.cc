@@ -133,9 +133,9 @@ TEST_F(OpenCacheTest, EveryChangeIsSeenAtTheNextOpen) {
 }
 
 // A view made before another client changed the tensor is never read
-// stale: resharded (or created again alike), its reads come from the new
-// layout, as a read plan's do; deleted, or created again with another
-// shape, its reads say so.
+// stale: resharded (or created again alike), its reads and writes go to
+// the new layout, as a read plan's do; deleted, or created again with
+// another shape, they say so.
 TEST_F(OpenCacheTest, AViewMadeBeforeAChangeReadsTheTensorAsItIsNow) {
   ASSERT_OK_AND_ASSIGN(ShardedTensorView made,
                        client_->Create("s", {16, 4}, Rows(4)));
@@ -149,6 +149,12 @@ TEST_F(OpenCacheTest, AViewMadeBeforeAChangeReadsTheTensorAsItIsNow) {
     ASSERT_EQ(box.data<float>()[29], 7);
     absl::SleepFor(absl::Milliseconds(20));
   }
+  // Written through the old view: into the new layout.
+  ASSERT_OK_AND_ASSIGN(Tensor eights, Tensor::Full({2, 4}, 8.0));
+  ASSERT_OK(made.Write({5, 0}, eights));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView now_view, client_->Open("s"));
+  ASSERT_OK_AND_ASSIGN(Tensor row, now_view.ReadRegion({6, 0}, {1, 4}));
+  EXPECT_EQ(row.data<float>()[3], 8);
   // Created again alike by another client: read as it is now.
   ASSERT_OK(other_->Delete("s"));
   EXPECT_THAT(made.Read(), StatusIs(absl::StatusCode::kNotFound,
@@ -167,6 +173,9 @@ TEST_F(OpenCacheTest, AViewMadeBeforeAChangeReadsTheTensorAsItIsNow) {
                ::testing::AllOf(::testing::HasSubstr("[8, 4]"),
                                 ::testing::HasSubstr("[16, 4]"),
                                 ::testing::HasSubstr("open it again"))));
+  EXPECT_THAT(made.Write({0, 0}, eights),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("open it again")));
 }
 
 TEST_F(OpenCacheTest, ADaemonRestartedIsAskedAgain) {

@@ -361,10 +361,14 @@ def test_every_error_class(client, rows4):
         tessera.connect("127.0.0.1:1", timeout=2)
     with pytest.raises(tessera.PermissionDeniedError, match="outside"):
         client.save("/definitely/outside/the/root")
+    # A view made before a reshard writes into the new layout.
     stale = client.open("t")
     client.reshard("t", tessera.chunk(1, ["rank:0/cpu", "rank:1/cpu"]))
-    with pytest.raises(tessera.FailedPreconditionError):
-        stale.write((0, 0), np.zeros((4, 4), np.float32))
+    stale.write((0, 0), np.full((4, 4), 5, np.float32))
+    assert (client.open("t")[0:4, 0:4] == 5).all()
+    published = client.create("fp", (4, 4), rows4, versions=2)
+    with pytest.raises(tessera.FailedPreconditionError, match="read-only"):
+        published.write((0, 0), np.zeros((4, 4), np.float32))
     for cls in [tessera.NotFoundError, tessera.AlreadyExistsError,
                 tessera.InvalidArgumentError, tessera.OutOfRangeError,
                 tessera.UnavailableError, tessera.DeadlineExceededError,
