@@ -101,7 +101,8 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
   load->add_option("--versions", options->versions,
                    "Load versioned tensors keeping this many published "
                    "versions (2 to 64; docs/versions.md): the checkpoint's "
-                   "values are their version 1")
+                   "values are their version 1; 1 loads them in place "
+                   "(default: each as it was saved)")
       ->check(CLI::Range(1, 64))
       ->type_name("K");
   load->add_flag("--json", options->json,

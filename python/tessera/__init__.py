@@ -345,9 +345,10 @@ class Client:
              replace: bool = False,
              versions: Optional[int] = None) -> List[Tensor]:
         """Loads a checkpoint (entries ``names``, renamed ``as_names``,
-        resharded to ``spec``); returns the loaded tensors. ``versions``
-        (2 to 64) loads them as versioned tensors, as ``create`` does,
-        the checkpoint's values being their version 1."""
+        resharded to ``spec``); returns the loaded tensors, each held as
+        it was saved (its versions kept, its copies) unless ``versions``
+        says: 2 to 64 loads them as versioned tensors, as ``create`` does,
+        the checkpoint's values being their version 1; 1, in place."""
         views = self._native.load(path, list(names or []),
                                   list(as_names or []), spec, bool(replace),
                                   int(versions or 0))

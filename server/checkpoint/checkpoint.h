@@ -105,6 +105,14 @@ struct SaveOptions {
   // torch.save replaces a file); false: ALREADY_EXISTS naming it. The
   // daemon's SaveCheckpoint defaults to false.
   bool overwrite = true;
+  // How the daemons hold sharded entries, by name, recorded in the
+  // manifest (ShardedTensorEntry.versions_kept and copies) for a load to
+  // restore; entries not named record neither.
+  struct Keeping {
+    int versions_kept = 0;
+    int copies = 0;
+  };
+  std::map<std::string, Keeping> keeping;
 };
 
 // Where a resharding load puts one sharded entry: new shards laid out by a

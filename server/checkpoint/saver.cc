@@ -157,7 +157,9 @@ absl::Status ValidateForSave(const StateDict& state_dict) {
 // The manifest every member can build on its own: names, dtypes, sizes and
 // sharded metadata, without data extents. Equal on every member saving the
 // same state dict, so its digest detects members that disagree.
-v1::CheckpointManifest Skeleton(const StateDict& state_dict) {
+v1::CheckpointManifest Skeleton(
+    const StateDict& state_dict,
+    const std::map<std::string, SaveOptions::Keeping>& keeping) {
   v1::CheckpointManifest manifest;
   manifest.set_format_version(kCheckpointFormatVersion);
   for (const auto& [name, value] : state_dict) {
@@ -177,6 +179,10 @@ v1::CheckpointManifest Skeleton(const StateDict& state_dict) {
     }
     sharded.set_world_size(st.rank()->world_size());
     *sharded.mutable_sharding_spec() = ToProto(st.sharding_spec());
+    if (auto kept = keeping.find(name); kept != keeping.end()) {
+      sharded.set_versions_kept(kept->second.versions_kept);
+      sharded.set_copies(kept->second.copies);
+    }
     for (size_t i = 0; i < st.metadata().shards_metadata.size(); ++i) {
       sharded.add_shards();
     }
@@ -208,6 +214,7 @@ class Saver {
         open_dir_(open_dir),
         group_(std::move(group)),
         overwrite_(options.overwrite),
+        keeping_(options.keeping),
         start_ns_(absl::GetCurrentTimeNanos()),
         block_bytes_(
             CeilDiv(std::clamp<int64_t>(options.block_bytes, 1, kMaxBlockBytes),
@@ -240,7 +247,7 @@ class Saver {
 
   absl::Status WriteLocal() {
     RETURN_IF_ERROR(ValidateForSave(state_dict_));
-    manifest_ = Skeleton(state_dict_);
+    manifest_ = Skeleton(state_dict_, keeping_);
     const std::string plan = manifest_.SerializeAsString();
     piece_.set_plan_digest(Checksum64(plan.data(), plan.size()));
     absl::StatusOr<Directory> dir = open_dir_();
@@ -431,6 +438,7 @@ class Saver {
   std::optional<Directory> dir_;
   std::shared_ptr<ProcessGroup> group_;
   const bool overwrite_;
+  const std::map<std::string, SaveOptions::Keeping> keeping_;
   const int64_t start_ns_;
   std::set<std::string> replaced_;
   const int64_t block_bytes_;

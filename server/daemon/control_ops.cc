@@ -939,6 +939,13 @@ OpOutcome ControlOps::RunSave(const v1::ControlOp& op) {
   SaveOptions options;
   options.rank = rank_;
   options.overwrite = request.overwrite();
+  // How each tensor is held, for a load to restore (its versions, copies).
+  for (const auto& [name, value] : dict) {
+    absl::StatusOr<v1::TensorInfo> info = table_->Info(name);
+    if (!info.ok()) continue;
+    options.keeping[name] = SaveOptions::Keeping{
+        Versioned(*info) ? info->versions_kept() : 0, CopiesOf(*info)};
+  }
   outcome.status =
       Agree(SaveStateDict(
                 dict, [&dir]() -> absl::StatusOr<Directory> { return *dir; },
@@ -978,6 +985,9 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
   // Then what depends on the files and the daemon: the entries, the names
   // they get, and the load itself.
   std::vector<std::pair<std::string, std::string>> wanted;  // entry, name
+  // Per wanted entry: the versions it keeps and its copies (the request's
+  // versions, else as saved).
+  std::vector<std::pair<int, int>> keeping;
   std::vector<std::pair<std::string, ShardedTensor>> loaded;
   std::vector<v1::TensorInfo> infos;
   std::vector<MemoryBudget::Reservation> held;  // One per wanted entry.
@@ -1029,6 +1039,18 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       // Every loaded tensor's shards here, reserved before they are read.
       for (const auto& [entry_name, name] : wanted) {
         const v1::ShardedTensorEntry& saved = entries.at(entry_name)->sharded();
+        const int versions =
+            request.versions() > 0 ? request.versions() : saved.versions_kept();
+        RETURN_IF_ERROR(CheckVersionsKept(
+            versions, absl::StrCat("LoadCheckpoint of \"", entry_name, "\"")));
+        const int copies = std::max(saved.copies(), 1);
+        if (copies > rank_->world_size()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "LoadCheckpoint: entry \"", entry_name, "\" was saved with ",
+              copies, " copies of each shard, more than the ",
+              rank_->world_size(), " daemons of this cluster"));
+        }
+        keeping.emplace_back(versions, copies);
         absl::StatusOr<ShardedTensorMetadata> metadata =
             FromProto(saved.metadata());
         if (!metadata.ok()) {
@@ -1084,16 +1106,32 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       TableEntry entry;
       entry.tensor = loaded[i].second;
       entry.info = infos[i];
-      if (request.versions() >= 2) {
+      if (keeping[i].first >= 2) {
         // Version 1 is the checkpoint's values (version_set.h).
         entry.versions = std::make_shared<VersionSet>(
-            rank_, infos[i].tensor_id(), request.versions());
+            rank_, infos[i].tensor_id(), keeping[i].first);
         entry.versions->AddFirst(loaded[i].second, std::move(held[i]));
         entry.versions->Describe(&infos[i]);
       } else {
         entry.held = std::move(held[i]);
       }
       table_->Put(loaded[i].first, std::move(entry));
+    }
+    // Then the copies each was saved with, filled from their owners; a
+    // load that cannot place them (memory) loads nothing.
+    for (size_t i = 0; i < loaded.size() && outcome.status.ok(); ++i) {
+      if (keeping[i].second > 1) {
+        outcome.status = replication_->Replicate(
+            loaded[i].first, keeping[i].second, nullptr, &outcome.agreed);
+      }
+    }
+    if (!outcome.status.ok()) {
+      for (const auto& [name, tensor] : loaded) table_->Remove(name);
+      return outcome;
+    }
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      absl::StatusOr<v1::TensorInfo> info = table_->Info(loaded[i].first);
+      if (info.ok()) infos[i] = *std::move(info);
     }
     outcome.result.infos = std::move(infos);
   } else if (valid.ok()) {

@@ -291,8 +291,18 @@ def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
         assert s.save("vsave_pinned") == ["vsave"]
     with pytest.raises(tessera.NotFoundError, match="not kept"):
         client.save("vsave_gone", ["vsave"], versions={"vsave": 1})
+    # Loaded as it was saved: versioned, keeping 3; or in place when told.
     (two,) = client.load("vsave_two", as_names=["vsave_2"], names=["vsave"])
-    assert (two.read() == 1).all() and two.version == 0
+    assert (two.read() == 1).all() and two.versioned and two.version == 1
+    with two.begin() as v:
+        v[0:1] = 5
+    for _ in range(3):
+        with two.begin():
+            pass
+    assert two.versions() == [3, 4, 5]
+    (flat,) = client.load("vsave_two", as_names=["vsave_f"], names=["vsave"],
+                          versions=1)
+    assert (flat.read() == 1).all() and not flat.versioned
     (pinned,) = client.load("vsave_pinned", names=["vsave"],
                             as_names=["vsave_p"], versions=2)
     assert (pinned.read() == 2).all() and pinned.version == 1
@@ -300,6 +310,29 @@ def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
         v[0:2] = 9
     assert pinned.version == 2
     assert (pinned[0:2] == 9).all() and (pinned[2:8] == 2).all()
+
+
+def test_a_checkpoint_keeps_how_its_tensors_were_held(client, rows4):
+    # Versions kept and copies of each shard come back with a load.
+    client.create("held_r", (8, 4), rows4, init="ones", copies=2)
+    client.create("held_v", (8, 4), rows4, init="ones", versions=4, copies=3)
+    client.create("held_p", (8, 4), rows4, init="ones")
+    assert sorted(client.save("held", ["held_r", "held_v", "held_p"])) == \
+        ["held_p", "held_r", "held_v"]
+    for name in ("held_r", "held_v", "held_p"):
+        client.delete(name)
+    loaded = {t.name: t for t in client.load("held")}
+    assert loaded["held_r"].copies == 2 and not loaded["held_r"].versioned
+    assert loaded["held_v"].copies == 3 and loaded["held_v"].versioned
+    assert loaded["held_p"].copies == 1 and not loaded["held_p"].versioned
+    v = client.open("held_v")
+    assert v.copies == 3 and v.version == 1
+    for _ in range(5):
+        with v.begin():
+            pass
+    assert len(v.versions()) == 4
+    for t in loaded.values():
+        assert (t.read() == 1).all()
 
 
 def test_bytes_nobody_wrote_read_as_zeros(client, rows4):
