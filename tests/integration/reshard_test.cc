@@ -121,6 +121,23 @@ class ReshardTest : public ::tessera::testing::DaemonClusterTest {
     ExpectIotaBox(via_daemon, 0, 0, cols);
   }
 
+  // Reshards `name` through four layouts (columns, fewer shards, several
+  // per rank, back to rows on ranks 0-2), `rounds` times, pausing `pause`
+  // after each.
+  absl::Status ReshardRounds(const std::string& name, int rounds,
+                             absl::Duration pause) {
+    const std::vector<ShardingSpec> layouts = {
+        Chunks(1, {3, 2, 1, 0}), Chunks(0, {1, 2}),
+        Chunks(0, {0, 1, 2, 3, 0, 1}), Chunks(0, {0, 1, 2})};
+    for (int round = 0; round < rounds; ++round) {
+      for (const ShardingSpec& spec : layouts) {
+        RETURN_IF_ERROR(client_->Reshard(name, spec).status());
+        absl::SleepFor(pause);
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Reshards `name` to `spec` and checks the new layout's id, shards
   // (those BuildMetadata gives), owners and values.
   absl::StatusOr<ShardedTensorView> ReshardAndCheck(
@@ -346,14 +363,7 @@ TEST_F(ReshardTest, ReadersDuringReshardsSeeWholeValuesOrAClearError) {
   };
   std::thread direct(reader_loop, 1, false);
   std::thread via_daemon(reader_loop, 3, true);
-  const std::vector<ShardingSpec> layouts = {
-      Chunks(1, {3, 2, 1, 0}), Chunks(0, {1, 2}), Chunks(0, {0, 1, 2, 3, 0, 1}),
-      Chunks(0, {0, 1, 2})};
-  for (int round = 0; round < 5; ++round) {
-    for (const ShardingSpec& spec : layouts) {
-      ASSERT_OK(client_->Reshard("busy", spec).status());
-    }
-  }
+  ASSERT_OK(ReshardRounds("busy", 5, absl::ZeroDuration()));
   stop = true;
   direct.join();
   via_daemon.join();
@@ -415,15 +425,7 @@ TEST_F(ReshardTest, WritesDuringReshardsAreNeverLost) {
   };
   std::thread fast(writer_loop, 1, false, 0);
   std::thread streamed(writer_loop, 2, true, kRows / 2);
-  const std::vector<ShardingSpec> layouts = {
-      Chunks(1, {3, 2, 1, 0}), Chunks(0, {1, 2}), Chunks(0, {0, 1, 2, 3, 0, 1}),
-      Chunks(0, {0, 1, 2})};
-  for (int round = 0; round < 4; ++round) {
-    for (const ShardingSpec& spec : layouts) {
-      ASSERT_OK(client_->Reshard("written", spec).status());
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  }
+  ASSERT_OK(ReshardRounds("written", 4, absl::Milliseconds(20)));
   stop = true;
   fast.join();
   streamed.join();

@@ -115,6 +115,28 @@ CreateOptions ZerosKeeping(int versions, int copies = 1) {
   return options;
 }
 
+// Begins a version of `name`, fills it with `value`, publishes it; its
+// number.
+absl::StatusOr<int64_t> Publish(Client& client, const std::string& name,
+                                float value) {
+  ASSIGN_OR_RETURN(VersionWriter writer, client.Begin({name}));
+  RETURN_IF_ERROR(Fill(*writer.view(name), 0, kRows, value));
+  ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
+  return group.versions(0).number();
+}
+
+// The value all of `view` holds (-1 when its values differ), and the
+// version read in `version`.
+absl::StatusOr<float> ValueOf(const ShardedTensorView& view, int64_t* version,
+                              absl::Duration timeout = absl::Seconds(20)) {
+  TransferOptions options;
+  options.version = version;
+  options.timeout = timeout;
+  ASSIGN_OR_RETURN(Tensor whole, view.Read(options));
+  float value = 0;
+  return Uniform(whole, &value) ? value : -1;
+}
+
 class VersionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -457,19 +479,8 @@ TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
   auto client = Connect(1);
   ASSERT_NE(client, nullptr);
   Create(*client, "m", 3);
-  const auto publish = [&](float value) -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(VersionWriter writer, client->Begin({"m"}));
-    RETURN_IF_ERROR(Fill(*writer.view("m"), 0, kRows, value));
-    ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
-    return group.versions(0).number();
-  };
-  const auto value_of = [](const ShardedTensorView& view,
-                           int64_t* version) -> absl::StatusOr<float> {
-    TransferOptions options;
-    options.version = version;
-    ASSIGN_OR_RETURN(Tensor whole, view.Read(options));
-    float value = 0;
-    return Uniform(whole, &value) ? value : -1;
+  const auto publish = [&](float value) {
+    return Publish(*client, "m", value);
   };
   EXPECT_THAT(publish(2), IsOkAndHolds(2));
   EXPECT_THAT(publish(3), IsOkAndHolds(3));
@@ -497,14 +508,14 @@ TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
   EXPECT_THAT(after.info().kept_versions(), ElementsAre(3));
   EXPECT_EQ(after.info().versions_kept(), 3);
   int64_t version = 0;
-  EXPECT_THAT(value_of(after, &version), IsOkAndHolds(3));
+  EXPECT_THAT(ValueOf(after, &version), IsOkAndHolds(3));
   EXPECT_EQ(version, 3);
   // The snapshot, made on the old layout, reads its version on the new.
   ASSERT_OK_AND_ASSIGN(ShardedTensorView pinned, pin.view("m"));
-  EXPECT_THAT(value_of(pinned, &version), IsOkAndHolds(3));
+  EXPECT_THAT(ValueOf(pinned, &version), IsOkAndHolds(3));
   EXPECT_EQ(version, 3);
   // Version 2 ended with the old layout.
-  EXPECT_THAT(value_of(two, &version),
+  EXPECT_THAT(ValueOf(two, &version),
               StatusIs(absl::StatusCode::kNotFound,
                        AllOf(HasSubstr("not kept"), HasSubstr("resharded"))));
 
@@ -528,7 +539,7 @@ TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
   EXPECT_THAT(publish(6), IsOkAndHolds(6));
   EXPECT_THAT(publish(7), IsOkAndHolds(7));
   EXPECT_THAT(publish(8), IsOkAndHolds(8));
-  EXPECT_THAT(value_of(pinned, &version), IsOkAndHolds(3));
+  EXPECT_THAT(ValueOf(pinned, &version), IsOkAndHolds(3));
   ASSERT_OK(pin.Release());
   EXPECT_THAT(publish(9), IsOkAndHolds(9));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView now, client->Open("m"));
@@ -744,132 +755,110 @@ TEST_F(VersionsTest, RefusalsAreClearAndLoseNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
-// Replicas of a versioned tensor: every version has its copies, and a
-// restarted daemon refills every kept and pinned version from the others.
+// A cluster whose dead daemons are noticed soon (--timeout 3), and a
+// client patient enough to wait out a restart.
+class VersionReplicasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::DaemonClusterOptions options =
+        testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
+    options.extra_args[1] = "3";  // --timeout
+    ASSERT_OK_AND_ASSIGN(cluster_, DaemonCluster::Start(options));
+    patient_.timeout = absl::Seconds(20);
+    ASSERT_OK_AND_ASSIGN(client_,
+                         Client::Connect(cluster_->address(0), patient_));
+  }
+
+  // The value all of `id`'s shard `shard` holds on daemon `rank` (-1 when
+  // its values differ).
+  absl::StatusOr<float> Held(int rank, const std::string& id, int shard) {
+    ASSIGN_OR_RETURN(
+        Shard got,
+        ShardClient::Create(cluster_->address(rank))->FetchShard(id, shard));
+    float value = 0;
+    return Uniform(got.tensor, &value) ? value : -1;
+  }
+
+  // Restarts daemon `rank` and waits (up to 30 s) until its refill
+  // serves shard `shard` of `id`: the value held there.
+  absl::StatusOr<float> RestartAndWaitFor(int rank, const std::string& id,
+                                          int shard) {
+    RETURN_IF_ERROR(cluster_->Restart(rank));
+    absl::StatusOr<float> held = absl::UnavailableError("not asked");
+    for (const absl::Time until = absl::Now() + absl::Seconds(30);
+         absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
+      held = Held(rank, id, shard);
+      if (held.ok()) break;
+    }
+    return held;
+  }
+
+  std::unique_ptr<DaemonCluster> cluster_;
+  ClientOptions patient_;
+  std::shared_ptr<Client> client_;
+};
+
 // A replicated versioned tensor resharded: its latest version has its
 // copies under the new layout, is read whole with a daemon killed, and is
 // refilled by that daemon restarted; the versions go on.
-TEST(VersionReplicasTest, AReshardedVersionHasItsCopiesAndIsRefilled) {
-  testing::DaemonClusterOptions options =
-      testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
-  options.extra_args[1] = "3";  // --timeout: a dead daemon is noticed soon
-  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
-  ClientOptions patient;  // past the restart
-  patient.timeout = absl::Seconds(20);
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Connect(cluster->address(0), patient));
-  ASSERT_OK(
-      client->Create("q", {kRows, kCols}, Rows(), ZerosKeeping(2, 2)).status());
+TEST_F(VersionReplicasTest, AReshardedVersionHasItsCopiesAndIsRefilled) {
+  ASSERT_OK(client_->Create("q", {kRows, kCols}, Rows(), ZerosKeeping(2, 2))
+                .status());
   for (const float value : {2, 3}) {
-    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"q"}));
-    ASSERT_OK(Fill(*writer.view("q"), 0, kRows, value));
-    ASSERT_OK(writer.Publish().status());
+    ASSERT_OK(Publish(*client_, "q", value).status());
   }
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView view, client->Reshard("q", Columns()));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client_->Reshard("q", Columns()));
   ASSERT_EQ(CopiesOf(view.info()), 2);
   const std::string id = view.tensor_id();
   // Shard 2 (columns 256-383) is rank 1's; its copy is on rank 2.
-  const auto held = [&](int rank, const std::string& id,
-                        int shard) -> absl::StatusOr<float> {
-    ASSIGN_OR_RETURN(
-        Shard got,
-        ShardClient::Create(cluster->address(rank))->FetchShard(id, shard));
-    float value = 0;
-    return Uniform(got.tensor, &value) ? value : -1;
-  };
-  EXPECT_THAT(held(1, id, 2), IsOkAndHolds(3));
-  EXPECT_THAT(held(2, ReplicaTensorId(id), 2), IsOkAndHolds(3));
+  EXPECT_THAT(Held(1, id, 2), IsOkAndHolds(3));
+  EXPECT_THAT(Held(2, ReplicaTensorId(id), 2), IsOkAndHolds(3));
 
-  cluster->Kill(1);
-  TransferOptions transfer;
-  transfer.timeout = absl::Seconds(20);
+  cluster_->Kill(1);
   int64_t version = 0;
-  transfer.version = &version;
-  ASSERT_OK_AND_ASSIGN(Tensor whole, view.Read(transfer));
-  float value = 0;
-  EXPECT_TRUE(Uniform(whole, &value));
-  EXPECT_EQ(value, 3);
+  EXPECT_THAT(ValueOf(view, &version), IsOkAndHolds(3));
   EXPECT_EQ(version, 3);
 
-  ASSERT_OK(cluster->Restart(1)) << cluster->Log(1);
-  absl::StatusOr<float> own = absl::UnavailableError("not asked");
-  for (const absl::Time until = absl::Now() + absl::Seconds(30);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
-    own = held(1, id, 2);
-    if (own.ok()) break;
-  }
-  ASSERT_THAT(own, IsOkAndHolds(3)) << cluster->Log(1) << cluster->Log(0);
+  ASSERT_THAT(RestartAndWaitFor(1, id, 2), IsOkAndHolds(3))
+      << cluster_->Log(1) << cluster_->Log(0);
   // Its copy of rank 0's shard 3.
-  EXPECT_THAT(held(1, ReplicaTensorId(id), 3), IsOkAndHolds(3));
+  EXPECT_THAT(Held(1, ReplicaTensorId(id), 3), IsOkAndHolds(3));
   // The versions go on from the next number (once every daemon takes
   // ops again).
-  const auto publish = [&]() -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(VersionWriter writer, client->Begin({"q"}));
-    RETURN_IF_ERROR(Fill(*writer.view("q"), 0, kRows, 4));
-    ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
-    return group.versions(0).number();
-  };
   absl::StatusOr<int64_t> next = absl::UnavailableError("not asked");
   for (const absl::Time until = absl::Now() + absl::Seconds(30);
        absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
-    next = publish();
+    next = Publish(*client_, "q", 4);
     if (next.ok()) break;
   }
-  EXPECT_THAT(next, IsOkAndHolds(4)) << cluster->Log(1);
-  EXPECT_THAT(held(1, id, 2), IsOkAndHolds(4));
-  EXPECT_THAT(held(2, ReplicaTensorId(id), 2), IsOkAndHolds(4));
+  EXPECT_THAT(next, IsOkAndHolds(4)) << cluster_->Log(1);
+  EXPECT_THAT(Held(1, id, 2), IsOkAndHolds(4));
+  EXPECT_THAT(Held(2, ReplicaTensorId(id), 2), IsOkAndHolds(4));
 }
 
-TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
-  testing::DaemonClusterOptions options =
-      testing::QuietClusterOptions(kWorld, TESSERA_SERVER_PATH);
-  options.extra_args[1] = "3";  // --timeout: a dead daemon is noticed soon
-  ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
-  ClientOptions patient;  // past the restart
-  patient.timeout = absl::Seconds(20);
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Connect(cluster->address(0), patient));
+// Replicas of a versioned tensor: every version has its copies, and a
+// restarted daemon refills every kept and pinned version from the others.
+TEST_F(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
   ASSERT_OK_AND_ASSIGN(
       ShardedTensorView view,
-      client->Create("r", {kRows, kCols}, Rows(), ZerosKeeping(2, 2)));
+      client_->Create("r", {kRows, kCols}, Rows(), ZerosKeeping(2, 2)));
   ASSERT_EQ(CopiesOf(view.info()), 2);
   const std::string id = view.tensor_id();
-  const auto publish = [&](float value) -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(VersionWriter writer, client->Begin({"r"}));
-    RETURN_IF_ERROR(Fill(*writer.view("r"), 0, kRows, value));
-    ASSIGN_OR_RETURN(v1::VersionGroup group, writer.Publish());
-    return group.versions(0).number();
-  };
-  // The value all of `id`'s shard `shard` holds on daemon `rank` (-1 when
-  // its values differ).
-  const auto held = [&](int rank, const std::string& id,
-                        int shard) -> absl::StatusOr<float> {
-    ASSIGN_OR_RETURN(
-        Shard got,
-        ShardClient::Create(cluster->address(rank))->FetchShard(id, shard));
-    float value = 0;
-    return Uniform(got.tensor, &value) ? value : -1;
-  };
-  const auto read = [](const ShardedTensorView& v,
-                       int64_t* version) -> absl::StatusOr<float> {
-    TransferOptions transfer;
-    transfer.version = version;
-    transfer.timeout = absl::Seconds(20);
-    ASSIGN_OR_RETURN(Tensor whole, v.Read(transfer));
-    float value = 0;
-    return Uniform(whole, &value) ? value : -1;
+  const auto publish = [&](float value) {
+    return Publish(*client_, "r", value);
   };
   EXPECT_THAT(publish(2), IsOkAndHolds(2));
-  ASSERT_OK_AND_ASSIGN(Snapshot pin, client->Pin({"r"}));
+  ASSERT_OK_AND_ASSIGN(Snapshot pin, client_->Pin({"r"}));
   EXPECT_EQ(pin.version("r"), 2);
   EXPECT_THAT(publish(3), IsOkAndHolds(3));
   EXPECT_THAT(publish(4), IsOkAndHolds(4));
   // Shard 1 is rank 1's; its copy is on rank 2 (one host: the next rank).
-  EXPECT_THAT(held(2, ReplicaTensorId(id), 1), IsOkAndHolds(4));
-  EXPECT_THAT(held(2, ReplicaTensorId(VersionId(id, 3)), 1), IsOkAndHolds(3));
-  EXPECT_THAT(held(2, ReplicaTensorId(VersionId(id, 2)), 1), IsOkAndHolds(2));
+  EXPECT_THAT(Held(2, ReplicaTensorId(id), 1), IsOkAndHolds(4));
+  EXPECT_THAT(Held(2, ReplicaTensorId(VersionId(id, 3)), 1), IsOkAndHolds(3));
+  EXPECT_THAT(Held(2, ReplicaTensorId(VersionId(id, 2)), 1), IsOkAndHolds(2));
   // Version 1 was freed with its copies (K = 2, not pinned).
-  EXPECT_THAT(held(2, ReplicaTensorId(VersionId(id, 1)), 1),
+  EXPECT_THAT(Held(2, ReplicaTensorId(VersionId(id, 1)), 1),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   // Published copies are read-only, as the versions.
   ASSERT_OK_AND_ASSIGN(ShardedTensorView three, view.AtVersion(3));
@@ -877,32 +866,26 @@ TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
 
   // Rank 1 killed: every version is read whole, from the replicas.
-  cluster->Kill(1);
+  cluster_->Kill(1);
   int64_t version = 0;
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView latest, client->Open("r"));
-  EXPECT_THAT(read(latest, &version), IsOkAndHolds(4));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView latest, client_->Open("r"));
+  EXPECT_THAT(ValueOf(latest, &version), IsOkAndHolds(4));
   EXPECT_EQ(version, 4);
-  EXPECT_THAT(read(three, &version), IsOkAndHolds(3));
+  EXPECT_THAT(ValueOf(three, &version), IsOkAndHolds(3));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView pinned, pin.view("r"));
-  EXPECT_THAT(read(pinned, &version), IsOkAndHolds(2));
+  EXPECT_THAT(ValueOf(pinned, &version), IsOkAndHolds(2));
   EXPECT_EQ(version, 2);
 
   // Restarted, it refills its shards and copies of versions 2 (pinned), 3
   // and 4 from the others.
-  ASSERT_OK(cluster->Restart(1)) << cluster->Log(1);
-  absl::StatusOr<float> own = absl::UnavailableError("not asked");
-  for (const absl::Time until = absl::Now() + absl::Seconds(30);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
-    own = held(1, id, 1);
-    if (own.ok()) break;
-  }
-  ASSERT_THAT(own, IsOkAndHolds(4)) << cluster->Log(1) << cluster->Log(0);
-  EXPECT_THAT(held(1, VersionId(id, 3), 5), IsOkAndHolds(3));
-  EXPECT_THAT(held(1, VersionId(id, 2), 1), IsOkAndHolds(2));
+  ASSERT_THAT(RestartAndWaitFor(1, id, 1), IsOkAndHolds(4))
+      << cluster_->Log(1) << cluster_->Log(0);
+  EXPECT_THAT(Held(1, VersionId(id, 3), 5), IsOkAndHolds(3));
+  EXPECT_THAT(Held(1, VersionId(id, 2), 1), IsOkAndHolds(2));
   // Its copy of rank 0's shard 0, of each version.
-  EXPECT_THAT(held(1, ReplicaTensorId(id), 0), IsOkAndHolds(4));
-  EXPECT_THAT(held(1, ReplicaTensorId(VersionId(id, 2)), 4), IsOkAndHolds(2));
-  ASSERT_OK_AND_ASSIGN(auto from1, Client::Connect(cluster->address(1)));
+  EXPECT_THAT(Held(1, ReplicaTensorId(id), 0), IsOkAndHolds(4));
+  EXPECT_THAT(Held(1, ReplicaTensorId(VersionId(id, 2)), 4), IsOkAndHolds(2));
+  ASSERT_OK_AND_ASSIGN(auto from1, Client::Connect(cluster_->address(1)));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView seen, from1->Open("r"));
   EXPECT_FALSE(seen.degraded());
   EXPECT_THAT(seen.info().kept_versions(), ElementsAre(2, 3, 4));
@@ -916,19 +899,19 @@ TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
     five = publish(5);
     if (five.ok()) break;
   }
-  EXPECT_THAT(five, IsOkAndHolds(5)) << cluster->Log(1);
-  EXPECT_THAT(read(seen, &version), IsOkAndHolds(5));
-  EXPECT_THAT(held(1, VersionId(id, 2), 1), IsOkAndHolds(2));
-  EXPECT_THAT(held(1, VersionId(id, 3), 1),
+  EXPECT_THAT(five, IsOkAndHolds(5)) << cluster_->Log(1);
+  EXPECT_THAT(ValueOf(seen, &version), IsOkAndHolds(5));
+  EXPECT_THAT(Held(1, VersionId(id, 2), 1), IsOkAndHolds(2));
+  EXPECT_THAT(Held(1, VersionId(id, 3), 1),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   ASSERT_OK(pin.Release());
   EXPECT_THAT(publish(6), IsOkAndHolds(6));
   for (const int rank : {0, 1, 2}) {
-    EXPECT_THAT(held(rank, VersionId(id, 2), rank),
+    EXPECT_THAT(Held(rank, VersionId(id, 2), rank),
                 StatusIs(absl::StatusCode::kNotFound, ::testing::_))
         << rank;
   }
-  EXPECT_THAT(held(1, ReplicaTensorId(VersionId(id, 2)), 0),
+  EXPECT_THAT(Held(1, ReplicaTensorId(VersionId(id, 2)), 0),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 
   // Rank 3 killed while a publish runs: it commits everywhere or nowhere.
@@ -937,21 +920,21 @@ TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
   // daemons may have completed: DEADLINE_EXCEEDED naming it), the daemons
   // decide it once rank 3 is back, and GetOperation tells which. Every
   // daemon then serves that version, whole, rank 3 refilled.
-  ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"r"}));
+  ASSERT_OK_AND_ASSIGN(VersionWriter writer, client_->Begin({"r"}));
   ASSERT_OK(Fill(*writer.view("r"), 0, kRows, 7));
   absl::StatusOr<v1::VersionGroup> published;
   std::thread publisher([&] { published = writer.Publish(); });
   absl::SleepFor(absl::Milliseconds(2));
-  cluster->Kill(3);
+  cluster_->Kill(3);
   publisher.join();
   const auto agreed = [&](std::vector<int> ranks) -> absl::StatusOr<float> {
     std::optional<float> seen_value;
     for (const int rank : ranks) {
       ASSIGN_OR_RETURN(auto at,
-                       Client::Connect(cluster->address(rank), patient));
+                       Client::Connect(cluster_->address(rank), patient_));
       ASSIGN_OR_RETURN(ShardedTensorView latest_there, at->Open("r"));
       int64_t read_version = 0;
-      ASSIGN_OR_RETURN(const float value, read(latest_there, &read_version));
+      ASSIGN_OR_RETURN(const float value, ValueOf(latest_there, &read_version));
       if (value != static_cast<float>(read_version) ||
           (seen_value.has_value() && *seen_value != value)) {
         return absl::DataLossError(absl::StrCat("rank ", rank, " read ", value,
@@ -983,27 +966,22 @@ TEST(VersionReplicasTest, EveryVersionHasItsCopiesAndARestartRefillsThem) {
     if (absl::StrContains(message, "in doubt")) {
       // Undecided until rank 3 is back: still running, not failed.
       ASSERT_OK_AND_ASSIGN(v1::OperationStatus op,
-                           client->Operation(request_id));
+                           client_->Operation(request_id));
       EXPECT_EQ(op.state(), v1::OperationStatus::STATE_PENDING)
           << op.DebugString();
     }
   }
-  ASSERT_OK(cluster->Restart(3)) << cluster->Log(3);
-  own = absl::UnavailableError("not asked");
-  for (const absl::Time until = absl::Now() + absl::Seconds(30);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(100))) {
-    own = held(3, id, 3);
-    if (own.ok()) break;
-  }
+  const absl::StatusOr<float> own = RestartAndWaitFor(3, id, 3);
   absl::StatusOr<float> agreed_after = agreed({0, 1, 2, 3});
-  ASSERT_OK(agreed_after.status()) << cluster->Log(0);
+  ASSERT_OK(agreed_after.status()) << cluster_->Log(0);
   const float after = *agreed_after;
   std::cout << "[ versions ] after rank 3's restart every daemon serves "
             << after << "\n";
-  EXPECT_THAT(own, IsOkAndHolds(after)) << cluster->Log(3);
+  EXPECT_THAT(own, IsOkAndHolds(after)) << cluster_->Log(3);
   if (in_doubt) {
     // Decided as the group formed again: the record says which.
-    ASSERT_OK_AND_ASSIGN(v1::OperationStatus op, client->Operation(request_id));
+    ASSERT_OK_AND_ASSIGN(v1::OperationStatus op,
+                         client_->Operation(request_id));
     EXPECT_EQ(op.state(), after == 7 ? v1::OperationStatus::STATE_COMMITTED
                                      : v1::OperationStatus::STATE_FAILED)
         << op.DebugString();
