@@ -424,7 +424,7 @@ namespace {
 // reshard fences the old layout's writes (nothing applied), then the old
 // layout goes (its id refused, then unknown).
 bool RefusedByAReshard(const absl::Status& status) {
-  return (absl::IsUnavailable(status) &&
+  return (absl::IsAborted(status) &&
           absl::StrContains(status.message(), "takes no writes now")) ||
          (absl::IsFailedPrecondition(status) &&
           absl::StrContains(status.message(), "resharded or re-created")) ||

@@ -172,6 +172,16 @@ absl::Status WriteToHolders(
     }
   }
   for (std::thread& thread : threads) thread.join();
+  // A holder that takes no writes now (ABORTED: a reshard fences its
+  // layout) fails the piece, whatever the others took: passing it over or
+  // marking it stale would let the reshard copy its bytes without this
+  // write. The caller writes the piece again once the fence ends.
+  for (size_t k = 0; k < holders; ++k) {
+    if (absl::IsAborted(results[k])) {
+      *names = named[k];
+      return results[k];
+    }
+  }
   std::vector<std::string> written;
   std::vector<std::string> skipped;
   std::vector<std::string> failed;

@@ -168,7 +168,7 @@ absl::StatusOr<ShardRegistry::WritePass> ShardRegistry::EnterWrite(
   absl::MutexLock lock(&writes_mu_);
   WriteState& state = writes_[id];
   if (state.fenced) {
-    return absl::UnavailableError(
+    return absl::AbortedError(
         absl::StrCat("tensor ", id, " takes no writes now (", state.why,
                      "): this write was not applied; write it again"));
   }

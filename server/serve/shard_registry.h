@@ -153,8 +153,10 @@ class ShardRegistry {
     const ShardRegistry* registry_ = nullptr;
     std::string id_;
   };
-  // A pass for a write into `id`; UNAVAILABLE while `id` is fenced,
-  // saying why (the write was not applied).
+  // A pass for a write into `id`; ABORTED while `id` is fenced, saying
+  // why (the write was not applied: write it again once the fence ends).
+  // Not UNAVAILABLE: a writer takes that for a holder that is down, and
+  // would let the write succeed on the other holders without this one.
   absl::StatusOr<WritePass> EnterWrite(absl::string_view id) const;
   // Fences `id` (`why`: what the refusals say) and waits for the passes
   // held to be returned: DEADLINE_EXCEEDED by `deadline` (the fence stays

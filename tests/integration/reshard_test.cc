@@ -378,62 +378,73 @@ TEST_F(ReshardTest, ReadersDuringReshardsSeeWholeValuesOrAClearError) {
 
 // Writers that keep writing while the tensor is resharded back and forth
 // (one over the data plane and the local path, one over gRPC streams, each
-// its own half): a write answered OK is never lost (the reshard fences the
+// its own half; with one copy of each shard, then two): a write answered
+// OK is never lost (the reshard fences the
 // old layout's writes on every daemon before any daemon copies it), and a
 // write that is not answered OK says it was not applied.
 TEST_F(ReshardTest, WritesDuringReshardsAreNeverLost) {
   constexpr int64_t kRows = 256;
   constexpr int64_t kCols = 1024;  // 512 KiB halves: the local path takes
                                    // each owner's part.
-  ASSERT_OK(client_->Create("written", {kRows, kCols}, Chunks(0, {0, 1, 2}))
-                .status());
-  std::atomic<bool> stop{false};
-  std::atomic<int> applied{0};
-  std::atomic<int> refused{0};
-  std::atomic<int> lost{0};
-  auto writer_loop = [&](int via, bool streams, int64_t first_row) {
-    ClientOptions options;
-    options.data_plane = !streams;
-    options.use_local_path = !streams;
-    ASSERT_OK_AND_ASSIGN(auto client,
-                         Client::Connect(cluster_->address(via), options));
-    for (float value = 1; !stop.load(); ++value) {
-      absl::StatusOr<ShardedTensorView> view = client->Open("written");
-      ASSERT_OK(view.status());
-      ASSERT_OK_AND_ASSIGN(Tensor half,
-                           Tensor::Full({kRows / 2, kCols}, value));
-      const absl::Status written = view->Write({first_row, 0}, half);
-      if (!written.ok()) {
-        EXPECT_THAT(written.code(), AnyOf(absl::StatusCode::kUnavailable,
-                                          absl::StatusCode::kFailedPrecondition,
-                                          absl::StatusCode::kNotFound))
-            << written;
-        ++refused;
-        continue;
+  // Unreplicated, then with a copy of each shard on another daemon (a
+  // holder refused by the fence fails the piece: the others' taking it
+  // would not do).
+  for (const int copies : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(copies, " copies"));
+    CreateOptions create;
+    create.copies = copies;
+    ASSERT_OK(
+        client_->Create("written", {kRows, kCols}, Chunks(0, {0, 1, 2}), create)
+            .status());
+    std::atomic<bool> stop{false};
+    std::atomic<int> applied{0};
+    std::atomic<int> refused{0};
+    std::atomic<int> lost{0};
+    auto writer_loop = [&](int via, bool streams, int64_t first_row) {
+      ClientOptions options;
+      options.data_plane = !streams;
+      options.use_local_path = !streams;
+      ASSERT_OK_AND_ASSIGN(auto client,
+                           Client::Connect(cluster_->address(via), options));
+      for (float value = 1; !stop.load(); ++value) {
+        absl::StatusOr<ShardedTensorView> view = client->Open("written");
+        ASSERT_OK(view.status());
+        ASSERT_OK_AND_ASSIGN(Tensor half,
+                             Tensor::Full({kRows / 2, kCols}, value));
+        const absl::Status written = view->Write({first_row, 0}, half);
+        if (!written.ok()) {
+          EXPECT_THAT(written.code(),
+                      AnyOf(absl::StatusCode::kAborted,
+                            absl::StatusCode::kFailedPrecondition,
+                            absl::StatusCode::kNotFound))
+              << written;
+          ++refused;
+          continue;
+        }
+        ++applied;
+        // Read back by name, from whatever layout the tensor has now.
+        ASSERT_OK_AND_ASSIGN(ShardedTensorView now, client->Open("written"));
+        ASSERT_OK_AND_ASSIGN(
+            Tensor got, now.ReadRegion({first_row, 0}, {kRows / 2, kCols}));
+        const float* data = got.data<float>();
+        if (!std::all_of(data, data + got.numel(),
+                         [&](float v) { return v == value; })) {
+          ++lost;
+        }
       }
-      ++applied;
-      // Read back by name, from whatever layout the tensor has now.
-      ASSERT_OK_AND_ASSIGN(ShardedTensorView now, client->Open("written"));
-      ASSERT_OK_AND_ASSIGN(Tensor got,
-                           now.ReadRegion({first_row, 0}, {kRows / 2, kCols}));
-      const float* data = got.data<float>();
-      if (!std::all_of(data, data + got.numel(),
-                       [&](float v) { return v == value; })) {
-        ++lost;
-      }
-    }
-  };
-  std::thread fast(writer_loop, 1, false, 0);
-  std::thread streamed(writer_loop, 2, true, kRows / 2);
-  ASSERT_OK(ReshardRounds("written", 4, absl::Milliseconds(20)));
-  stop = true;
-  fast.join();
-  streamed.join();
-  std::cout << "writes: " << applied.load() << " applied, " << refused.load()
-            << " refused, " << lost.load() << " lost\n";
-  EXPECT_GT(applied.load(), 0);
-  EXPECT_EQ(lost.load(), 0);
-  ASSERT_OK(client_->Delete("written"));
+    };
+    std::thread fast(writer_loop, 1, false, 0);
+    std::thread streamed(writer_loop, 2, true, kRows / 2);
+    ASSERT_OK(ReshardRounds("written", 4, absl::Milliseconds(20)));
+    stop = true;
+    fast.join();
+    streamed.join();
+    std::cout << "writes: " << applied.load() << " applied, " << refused.load()
+              << " refused, " << lost.load() << " lost\n";
+    EXPECT_GT(applied.load(), 0);
+    EXPECT_EQ(lost.load(), 0);
+    ASSERT_OK(client_->Delete("written"));
+  }
 }
 
 // A tensor with two copies keeps two after a reshard to any layout: every

@@ -176,7 +176,7 @@ TEST(ShardRegistryTest, AFenceRefusesNewWritesAndWaitsForThoseInFlight) {
       StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("in flight")));
   EXPECT_THAT(
       registry.EnterWrite("w").status(),
-      StatusIs(absl::StatusCode::kUnavailable,
+      StatusIs(absl::StatusCode::kAborted,
                AllOf(HasSubstr("being resharded"), HasSubstr("not applied"))));
   // Another id is not fenced.
   EXPECT_OK(registry.EnterWrite("other").status());
@@ -191,7 +191,7 @@ TEST(ShardRegistryTest, AFenceRefusesNewWritesAndWaitsForThoseInFlight) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
   writer.join();
   EXPECT_THAT(registry.EnterWrite("w").status(),
-              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+              StatusIs(absl::StatusCode::kAborted, ::testing::_));
   registry.Lift("w");
   ASSERT_OK_AND_ASSIGN(ShardRegistry::WritePass again,
                        registry.EnterWrite("w"));
