@@ -123,6 +123,41 @@ absl::StatusOr<Described> Describe(
   return described;
 }
 
+// The tensor named `name` as the cluster describes it now.
+absl::StatusOr<Described> DescribeNamed(const Cluster& cluster,
+                                        const std::string& name) {
+  v1::DescribeNamedTensorRequest request;
+  request.set_name(name);
+  return Describe(cluster, &v1::ControlService::Stub::DescribeTensor, request,
+                  absl::StrCat("opening tensor ", name));
+}
+
+// What became of a view's tensor (of id `view_id`) that is `now`
+// another.
+std::string MovedSince(const std::string& view_id, const Described& now) {
+  return absl::StrCat(
+      "it was resharded or created again since this view was made: it is "
+      "now ",
+      now.info.tensor_id(), ", not ", view_id);
+}
+
+// FAILED_PRECONDITION (`what` names the call) when `now`, the tensor named
+// as a view (of id `view_id`, laid out as `view`) is now, has other sizes
+// or another dtype: the view cannot stand for it.
+absl::Status CheckSameSizesAndDType(absl::string_view what,
+                                    const std::string& view_id,
+                                    const ShardedTensorMetadata& view,
+                                    const Described& now) {
+  const DType was = view.tensor_properties.dtype;
+  const DType is = now.metadata.tensor_properties.dtype;
+  if (now.metadata.size == view.size && is == was) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": ", MovedSince(view_id, now), ", of sizes [",
+                   absl::StrJoin(now.metadata.size, ", "), "] ", DTypeName(is),
+                   " where this view has [", absl::StrJoin(view.size, ", "),
+                   "] ", DTypeName(was), "; open it again"));
+}
+
 v1::InitKind InitKindOf(TensorInit init) {
   switch (init) {
     case TensorInit::kEmpty:
@@ -248,11 +283,7 @@ absl::StatusOr<ShardedTensorView> ShardedTensorView::Relocated(
                      "; `tessera versions ", name(),
                      "` lists the kept ones): ", read.message()));
   };
-  v1::DescribeNamedTensorRequest request;
-  request.set_name(name());
-  absl::StatusOr<Described> now =
-      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
-               absl::StrCat("opening tensor ", name()));
+  absl::StatusOr<Described> now = DescribeNamed(*cluster_, name());
   if (absl::IsNotFound(now.status())) {
     return absl::NotFoundError(
         absl::StrCat(what, ": it was deleted since this view was made (",
@@ -263,24 +294,12 @@ absl::StatusOr<ShardedTensorView> ShardedTensorView::Relocated(
                            : read;
   }
   // Resharded (or deleted and created again) since this view was made.
-  const std::string moved = absl::StrCat(
-      "it was resharded or created again since this view was made: it is "
-      "now ",
-      now->info.tensor_id(), ", not ", tensor_id());
-  if (now->metadata.size != metadata_.size ||
-      now->metadata.tensor_properties.dtype != dtype()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": ", moved, ", of sizes [",
-        absl::StrJoin(now->metadata.size, ", "), "] ",
-        DTypeName(now->metadata.tensor_properties.dtype),
-        " where this view has [", absl::StrJoin(metadata_.size, ", "), "] ",
-        DTypeName(dtype()), "; open it again"));
-  }
+  RETURN_IF_ERROR(CheckSameSizesAndDType(what, tensor_id(), metadata_, *now));
   const auto& kept = now->info.kept_versions();
   if (at_version_ > 0 &&
       (!Versioned(now->info) ||
        std::find(kept.begin(), kept.end(), at_version_) == kept.end())) {
-    return not_kept(moved);
+    return not_kept(MovedSince(tensor_id(), *now));
   }
   ShardedTensorView view(cluster_, std::move(now->info),
                          std::move(now->metadata));
@@ -459,22 +478,9 @@ absl::Status ShardedTensorView::Write(absl::Span<const int64_t> offsets,
 }
 
 absl::StatusOr<ShardedTensorView> ShardedTensorView::Reopened() const {
-  const std::string what = absl::StrCat("writing tensor ", name());
-  v1::DescribeNamedTensorRequest request;
-  request.set_name(name());
-  ASSIGN_OR_RETURN(
-      Described now,
-      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
-               absl::StrCat(what, ": opening it again")));
-  if (now.metadata.size != metadata_.size ||
-      now.metadata.tensor_properties.dtype != dtype()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": it was created again since this view was made, of sizes [",
-        absl::StrJoin(now.metadata.size, ", "), "] ",
-        DTypeName(now.metadata.tensor_properties.dtype),
-        " where this view has [", absl::StrJoin(metadata_.size, ", "), "] ",
-        DTypeName(dtype()), "; open it again"));
-  }
+  ASSIGN_OR_RETURN(Described now, DescribeNamed(*cluster_, name()));
+  RETURN_IF_ERROR(CheckSameSizesAndDType(
+      absl::StrCat("writing tensor ", name()), tensor_id(), metadata_, now));
   return ShardedTensorView(cluster_, std::move(now.info),
                            std::move(now.metadata));
 }
@@ -754,11 +760,7 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
       return Annotate(digest.status(), absl::StrCat("opening tensor ", name));
     }
   }
-  v1::DescribeNamedTensorRequest request;
-  request.set_name(name);
-  absl::StatusOr<Described> opened =
-      Describe(*cluster_, &v1::ControlService::Stub::DescribeTensor, request,
-               absl::StrCat("opening tensor ", name));
+  absl::StatusOr<Described> opened = DescribeNamed(*cluster_, name);
   if (!opened.ok()) {
     absl::MutexLock lock(&opened_mu_);
     opened_.erase(name);
@@ -937,12 +939,7 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     std::vector<ShardedTensorView> views;
     if (names.size() <= kOpenEach) {
       for (const std::string& name : names) {
-        v1::DescribeNamedTensorRequest request;
-        request.set_name(name);
-        ASSIGN_OR_RETURN(
-            Described opened,
-            Describe(*cluster, &v1::ControlService::Stub::DescribeTensor,
-                     request, absl::StrCat("opening tensor ", name)));
+        ASSIGN_OR_RETURN(Described opened, DescribeNamed(*cluster, name));
         views.push_back(ShardedTensorView(cluster, std::move(opened.info),
                                           std::move(opened.metadata)));
       }

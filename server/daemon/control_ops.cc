@@ -1111,7 +1111,6 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
         entry.versions = std::make_shared<VersionSet>(
             rank_, infos[i].tensor_id(), keeping[i].first);
         entry.versions->AddFirst(loaded[i].second, std::move(held[i]));
-        entry.versions->Describe(&infos[i]);
       } else {
         entry.held = std::move(held[i]);
       }
@@ -1129,6 +1128,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       for (const auto& [name, tensor] : loaded) table_->Remove(name);
       return outcome;
     }
+    // As the table tells them: with their versions and copies.
     for (size_t i = 0; i < loaded.size(); ++i) {
       absl::StatusOr<v1::TensorInfo> info = table_->Info(loaded[i].first);
       if (info.ok()) infos[i] = *std::move(info);
