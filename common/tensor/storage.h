@@ -4,12 +4,14 @@
 // are visible.
 //
 // Thread-safety: a Storage does not change after creation (its bytes are
-// its users' to synchronise); the sharing switch and CudaAvailable are
-// thread-safe. Failure: allocation errors are Status values
-// (RESOURCE_EXHAUSTED, FAILED_PRECONDITION, INVALID_ARGUMENT), never aborts.
+// its users' to synchronise) but for its reuse flag, which is atomic; the
+// sharing switch and CudaAvailable are thread-safe. Failure: allocation errors
+// are Status values (RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
+// INVALID_ARGUMENT), never aborts.
 #ifndef TESSERA_COMMON_TENSOR_STORAGE_H_
 #define TESSERA_COMMON_TENSOR_STORAGE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -83,6 +85,16 @@ class Storage {
     return allocator_ == Allocator::kSharedMemory ||
            allocator_ == Allocator::kNone;
   }
+  // Whether its owner may fill this memory with other bytes of its own
+  // once every other holder let go (a versioned tensor's next version in a
+  // freed version's shards, server/daemon/version_set.h). False for good
+  // once MarkNotReusable was called: the memory was lent to another process
+  // that may still read or write it (a local-path lease that ended without
+  // the borrower's "done"). Thread-safe.
+  bool reusable() const { return reusable_.load(std::memory_order_acquire); }
+  void MarkNotReusable() const {
+    reusable_.store(false, std::memory_order_release);
+  }
 
  private:
   enum class Allocator {
@@ -107,7 +119,8 @@ class Storage {
   Device device_;
   bool pinned_;
   Allocator allocator_;
-  int shared_memory_fd_ = -1;      // kSharedMemory
+  int shared_memory_fd_ = -1;  // kSharedMemory
+  mutable std::atomic<bool> reusable_{true};
   std::function<void()> release_;  // kForeign
 };
 

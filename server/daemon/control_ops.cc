@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -1159,6 +1160,15 @@ absl::Duration LeaseOf(int64_t lease_ms, absl::Duration fallback) {
   return lease_ms > 0 ? absl::Milliseconds(lease_ms) : fallback;
 }
 
+// Zeros every byte of this daemon's shards of `tensor` (host memory, as a
+// spare's is: VersionSet::TakeSpare).
+void ZeroLocalShards(const ShardedTensor& tensor) {
+  for (const Shard& shard : tensor.local_shards()) {
+    const auto& storage = shard.tensor.storage();
+    std::memset(storage->data(), 0, storage->nbytes());
+  }
+}
+
 // The names of a version op: 1 to kMaxVersionGroup, none repeated.
 absl::Status CheckVersionNames(const std::vector<std::string>& names,
                                absl::string_view what) {
@@ -1298,28 +1308,42 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
       one.versions->Expire(absl::Now());
       const ShardedTensor latest = one.versions->Latest();
       const int64_t number = one.versions->next();
-      ASSIGN_OR_RETURN(const int64_t host_bytes,
-                       LocalHostBytes(latest.metadata()));
-      ASSIGN_OR_RETURN(
-          one.held,
-          budget_->Reserve(
-              host_bytes,
-              absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
-                           number, ": its shards on rank ", rank(), ")")));
+      ASSIGN_OR_RETURN(const v1::TensorInfo info, table_->Info(one.name));
       ShardedTensorOptions options =
           ShardedTensorOptions()
               .WithDType(latest.metadata().tensor_properties.dtype)
               .WithRank(rank_)
               .WithTensorId(VersionId(one.versions->tensor_id(), number));
-      // An empty version is zeros until written (see NewTensor): a shard
-      // its writers miss never shows older bytes of this daemon's memory.
-      ASSIGN_OR_RETURN(one.tensor,
-                       request.empty()
-                           ? ShardedTensor::Zeros(latest.sharding_spec(),
-                                                  latest.size(), options)
-                           : ShardedTensor::Empty(latest.sharding_spec(),
-                                                  latest.size(), options));
-      ASSIGN_OR_RETURN(const v1::TensorInfo info, table_->Info(one.name));
+      // The memory of a freed version when the set kept it (version_set.h,
+      // "Reuse"), else new memory within the budget.
+      std::optional<VersionSet::Spare> spare;
+      if (info.replicas_size() == 0) spare = one.versions->TakeSpare();
+      if (spare.has_value()) {
+        one.held = std::move(spare->held);
+        ASSIGN_OR_RETURN(one.tensor,
+                         ShardedTensor::InitFromLocalShardsWithSpec(
+                             std::move(spare->shards), latest.metadata(),
+                             latest.sharding_spec(), options));
+        // An empty version is zeros until written, as a new one is.
+        if (request.empty()) ZeroLocalShards(*one.tensor);
+      } else {
+        ASSIGN_OR_RETURN(const int64_t host_bytes,
+                         LocalHostBytes(latest.metadata()));
+        ASSIGN_OR_RETURN(
+            one.held,
+            budget_->Reserve(
+                host_bytes,
+                absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
+                             number, ": its shards on rank ", rank(), ")")));
+        // An empty version is zeros until written (see NewTensor): a shard
+        // its writers miss never shows older bytes of this daemon's memory.
+        ASSIGN_OR_RETURN(one.tensor,
+                         request.empty()
+                             ? ShardedTensor::Zeros(latest.sharding_spec(),
+                                                    latest.size(), options)
+                             : ShardedTensor::Empty(latest.sharding_spec(),
+                                                    latest.size(), options));
+      }
       std::shared_ptr<RegisteredTensor> copies;
       MemoryBudget::Reservation copies_held;
       if (info.replicas_size() > 0) {

@@ -36,26 +36,52 @@ std::shared_ptr<MemoryBudget> MemoryBudget::Create(int64_t limit,
       new MemoryBudget(std::max<int64_t>(limit, 0), std::move(source)));
 }
 
+bool MemoryBudget::TryReserve(int64_t bytes) {
+  int64_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes,
+                                        std::memory_order_relaxed));
+  return true;
+}
+
+void MemoryBudget::AddReclaimable(std::weak_ptr<Reclaimable> reclaimable) {
+  absl::MutexLock lock(&reclaimables_mu_);
+  reclaimables_.erase(std::remove_if(reclaimables_.begin(), reclaimables_.end(),
+                                     [](const auto& r) { return r.expired(); }),
+                      reclaimables_.end());
+  reclaimables_.push_back(std::move(reclaimable));
+}
+
 absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
     int64_t bytes, absl::string_view what) {
   if (bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": a negative size (", bytes, " bytes)"));
   }
-  int64_t used = used_.load(std::memory_order_relaxed);
-  do {
-    if (bytes > limit_ - used) {
-      const int64_t left = std::max<int64_t>(limit_ - used, 0);
-      CountBudgetRefusal();
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, " needs ", bytes, " bytes of host memory",
-                       InGiB(bytes), ", but this daemon has ", left,
-                       " bytes left", InGiB(left), " of its ", limit_,
-                       " bytes budget", InGiB(limit_), " (", source_, ")"));
+  if (TryReserve(bytes)) return Reservation(shared_from_this(), bytes);
+  // Memory kept only for reuse goes first; asked outside the lock, as
+  // giving it back releases reservations.
+  std::vector<std::shared_ptr<Reclaimable>> live;
+  {
+    absl::MutexLock lock(&reclaimables_mu_);
+    for (const auto& weak : reclaimables_) {
+      if (auto r = weak.lock()) live.push_back(std::move(r));
     }
-  } while (!used_.compare_exchange_weak(used, used + bytes,
-                                        std::memory_order_relaxed));
-  return Reservation(shared_from_this(), bytes);
+  }
+  int64_t reclaimed = 0;
+  for (const auto& r : live) reclaimed += r->Reclaim();
+  live.clear();
+  if (reclaimed > 0 && TryReserve(bytes)) {
+    return Reservation(shared_from_this(), bytes);
+  }
+  const int64_t left =
+      std::max<int64_t>(limit_ - used_.load(std::memory_order_relaxed), 0);
+  CountBudgetRefusal();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", bytes, " bytes of host memory", InGiB(bytes),
+      ", but this daemon has ", left, " bytes left", InGiB(left), " of its ",
+      limit_, " bytes budget", InGiB(limit_), " (", source_, ")"));
 }
 
 int64_t PhysicalMemoryBytes() {

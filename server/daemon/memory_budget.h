@@ -14,6 +14,11 @@
 // of the host; less a reserve for the daemon's own code, threads and gRPC
 // buffers (a tenth, at least 256 MiB, at most half).
 //
+// Memory a daemon keeps only to reuse it (a versioned tensor's spare
+// version, version_set.h) stays reserved, and is given back on demand: a
+// reservation that does not fit first asks every live Reclaimable to let
+// go of its memory, then tries once more.
+//
 // Thread-safety: every method may be called from any thread. A Reservation
 // is movable, owned by one holder, and gives its bytes back when destroyed
 // (it keeps its budget alive).
@@ -24,9 +29,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tessera {
 
@@ -51,6 +59,8 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
     ~Reservation() { Release(); }
 
     int64_t bytes() const { return bytes_; }
+    // The budget the bytes are reserved in; null once released.
+    const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
     // Gives the bytes back now.
     void Release();
 
@@ -73,16 +83,33 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   const std::string& source() const { return source_; }
 
   // Reserves `bytes` (>= 0) for `what`, or RESOURCE_EXHAUSTED saying what
-  // asked for how much and how much is left of the limit.
+  // asked for how much and how much is left of the limit (after every
+  // Reclaimable gave back what it could).
   absl::StatusOr<Reservation> Reserve(int64_t bytes, absl::string_view what);
+
+  // Something holding reserved memory it can drop on demand. Reclaim runs
+  // on the thread of the Reserve that did not fit, with no lock of the
+  // budget held, and returns the bytes it gave back.
+  class Reclaimable {
+   public:
+    virtual ~Reclaimable() = default;
+    virtual int64_t Reclaim() = 0;
+  };
+  // Asks `reclaimable` from now on, for as long as it lives (held weakly).
+  void AddReclaimable(std::weak_ptr<Reclaimable> reclaimable);
 
  private:
   MemoryBudget(int64_t limit, std::string source)
       : limit_(limit), source_(std::move(source)) {}
+  // Reserve without reclaiming: false when `bytes` do not fit.
+  bool TryReserve(int64_t bytes);
 
   const int64_t limit_;
   const std::string source_;
   std::atomic<int64_t> used_{0};
+  absl::Mutex reclaimables_mu_;
+  std::vector<std::weak_ptr<Reclaimable>> reclaimables_
+      ABSL_GUARDED_BY(reclaimables_mu_);
 };
 
 // The host's physical memory in bytes.

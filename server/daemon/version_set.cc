@@ -1,6 +1,7 @@
 #include "server/daemon/version_set.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
 #include <optional>
 #include <utility>
@@ -137,7 +138,7 @@ void VersionSet::Unclaim(int64_t number) {
 }
 
 void VersionSet::Publish(int64_t number) {
-  std::vector<Version> freed;
+  Freed freed;
   absl::MutexLock lock(&mu_);
   auto it = open_.find(number);
   if (it == open_.end()) return;
@@ -153,12 +154,13 @@ void VersionSet::Publish(int64_t number) {
 }
 
 void VersionSet::Abort(int64_t number) {
-  std::optional<Version> dropped;
+  Freed freed;
   absl::MutexLock lock(&mu_);
   auto it = open_.find(number);
   if (it == open_.end()) return;
-  dropped = std::move(it->second);
+  freed.versions.push_back(std::move(it->second));
   open_.erase(it);
+  KeepSpareLocked(&freed);
 }
 
 void VersionSet::Pin(const std::string& pin, int64_t number, absl::Time until) {
@@ -176,7 +178,7 @@ std::vector<VersionSet::PinState> VersionSet::Pins() const {
 }
 
 bool VersionSet::Unpin(const std::string& pin) {
-  std::vector<Version> freed;
+  Freed freed;
   absl::MutexLock lock(&mu_);
   if (pins_.erase(pin) == 0) return false;
   TrimLocked(&freed);
@@ -184,14 +186,14 @@ bool VersionSet::Unpin(const std::string& pin) {
 }
 
 void VersionSet::Expire(absl::Time now) {
-  std::vector<Version> freed;
+  Freed freed;
   absl::MutexLock lock(&mu_);
   for (auto it = pins_.begin(); it != pins_.end();) {
     it = it->second.until <= now ? pins_.erase(it) : std::next(it);
   }
   for (auto it = open_.begin(); it != open_.end();) {
     if (it->second.lease_end <= now && !it->second.claimed) {
-      freed.push_back(std::move(it->second));
+      freed.versions.push_back(std::move(it->second));
       it = open_.erase(it);
     } else {
       ++it;
@@ -200,7 +202,7 @@ void VersionSet::Expire(absl::Time now) {
   TrimLocked(&freed);
 }
 
-void VersionSet::TrimLocked(std::vector<Version>* freed) {
+void VersionSet::TrimLocked(Freed* freed) {
   // The kept newest, by number, stay; so does every pinned one.
   int64_t keep_from = latest_;
   int count = 0;
@@ -219,9 +221,67 @@ void VersionSet::TrimLocked(std::vector<Version>* freed) {
     }
     rank_->registry().ForgetVersion(tensor_id_, number);
     rank_->registry().ForgetVersion(ReplicaTensorId(tensor_id_), number);
-    freed->push_back(std::move(it->second));
+    freed->versions.push_back(std::move(it->second));
     it = published_.erase(it);
   }
+  KeepSpareLocked(freed);
+}
+
+void VersionSet::KeepSpareLocked(Freed* freed) {
+  for (auto it = freed->versions.rbegin(); it != freed->versions.rend(); ++it) {
+    Version& version = *it;
+    if (version.copies != nullptr || !version.held.budget()) continue;
+    const std::vector<Shard>& shards = version.tensor.local_shards();
+    const bool host =
+        !shards.empty() &&
+        std::all_of(shards.begin(), shards.end(), [](const Shard& s) {
+          const auto& storage = s.tensor.storage();
+          return storage != nullptr && storage->data() != nullptr &&
+                 storage->device().is_cpu() && storage->reusable();
+        });
+    if (!host) continue;
+    // The older spare goes; this version's registration goes with the
+    // version when `freed` is destroyed, its shards stay here.
+    freed->spare = std::move(spare_);
+    spare_ = Spare{shards, std::move(version.held)};
+    if (!reclaimable_added_) {
+      spare_->held.budget()->AddReclaimable(weak_from_this());
+      reclaimable_added_ = true;
+    }
+    return;
+  }
+}
+
+std::optional<VersionSet::Spare> VersionSet::TakeSpare() {
+  std::optional<Spare> spare;
+  {
+    absl::MutexLock lock(&mu_);
+    spare = std::move(spare_);
+    spare_.reset();
+  }
+  if (!spare.has_value()) return std::nullopt;
+  // Only this spare may hold the memory: a fetch or a lease of the freed
+  // version still running holds it too (the registry no longer hands it
+  // out, so no new holder can appear).
+  for (const Shard& shard : spare->shards) {
+    const auto& storage = shard.tensor.storage();
+    if (storage.use_count() != 1 || !storage->reusable()) {
+      return std::nullopt;  // Freed here.
+    }
+  }
+  // The last other holder's accesses happen before the new writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return spare;
+}
+
+int64_t VersionSet::Reclaim() {
+  std::optional<Spare> spare;
+  {
+    absl::MutexLock lock(&mu_);
+    spare = std::move(spare_);
+    spare_.reset();
+  }
+  return spare.has_value() ? spare->held.bytes() : 0;
 }
 
 std::string VersionSet::KeptListLocked() const {

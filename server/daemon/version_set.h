@@ -17,6 +17,18 @@
 // registry maps ReplicaTensorId(tensor id) to the latest published copies
 // as it maps the tensor's id.
 //
+// Reuse: the memory of a freed version (trimmed, aborted or expired) is
+// kept as the set's one spare, reserved in the budget as before, and the
+// next Open takes it (TakeSpare) instead of allocating: a writer that
+// publishes every step fills the same pages each time, which stay mapped
+// and warm on both ends, instead of faulting in fresh ones. A spare is
+// reused only when nothing else holds its memory (no fetch or lease of the
+// freed version is still running, nothing lent it past a lease:
+// Storage::reusable); it holds this daemon's CPU shards of a version
+// without copies of others' shards. The budget takes a spare back when a
+// reservation would not fit otherwise (MemoryBudget::Reclaimable); a
+// newer spare replaces an older one; the set's end frees it.
+//
 // Numbers: the control ops (control_ops.h) change a set only from the
 // executor thread, after every daemon agreed, so every daemon numbers the
 // versions alike: version 1 at create, then next() for each Open. Leases
@@ -35,6 +47,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,12 +66,13 @@ namespace tessera::control_internal {
 // The most published versions a tensor may keep.
 inline constexpr int kMaxKeptVersions = 64;
 
-class VersionSet {
+class VersionSet : public MemoryBudget::Reclaimable,
+                   public std::enable_shared_from_this<VersionSet> {
  public:
   // The versions of the tensor registered as `tensor_id`, keeping the
   // `kept` newest published ones (at least 1).
   VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id, int kept);
-  ~VersionSet();
+  ~VersionSet() override;
   VersionSet(const VersionSet&) = delete;
   VersionSet& operator=(const VersionSet&) = delete;
 
@@ -120,6 +134,19 @@ class VersionSet {
   // frees the published versions that only they kept.
   void Expire(absl::Time now);
 
+  // A freed version's shards and their reservation, for Open to reuse
+  // (see Reuse above).
+  struct Spare {
+    std::vector<Shard> shards;
+    MemoryBudget::Reservation held;
+  };
+  // The spare, when one is kept and its memory is this set's alone;
+  // nullopt otherwise (a spare some other holder still uses is dropped).
+  // The shards keep the bytes of the version they held.
+  std::optional<Spare> TakeSpare();
+  // Frees the spare; returns its bytes (MemoryBudget::Reclaimable).
+  int64_t Reclaim() override;
+
   // Writes the version fields of `info` (versions_kept, version,
   // kept_versions, pinned_versions, open_versions, next_version).
   void Describe(v1::TensorInfo* info) const;
@@ -139,11 +166,18 @@ class VersionSet {
     absl::Time until;
   };
 
+  // What a change frees, destroyed once the lock is released: versions,
+  // and a spare replaced by a newer one.
+  struct Freed {
+    std::vector<Version> versions;
+    std::optional<Spare> spare;
+  };
   // Removes the published versions beyond the kept newest that no pin
-  // holds (never the latest), handing them to `freed` to be destroyed
-  // outside the lock.
-  void TrimLocked(std::vector<Version>* freed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // holds (never the latest), handing them to `freed`.
+  void TrimLocked(Freed* freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the shards of the last of `freed`'s versions that may be reused
+  // as the spare (the one before goes to `freed`).
+  void KeepSpareLocked(Freed* freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string KeptListLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the registry that published version `number` (registered under
   // `id`) and its copies, if any, are readable.
@@ -162,6 +196,9 @@ class VersionSet {
   std::map<std::string, PinEntry> pins_ ABSL_GUARDED_BY(mu_);
   int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+  std::optional<Spare> spare_ ABSL_GUARDED_BY(mu_);
+  // Whether the budget of a spare knows this set (AddReclaimable).
+  bool reclaimable_added_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera::control_internal

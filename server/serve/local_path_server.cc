@@ -156,9 +156,13 @@ void LocalPathServer::Serve(ConnectionServer::Connection& connection) {
         // the connection; the lease ends either way. Counted first: whoever
         // sees the shard's memory go sees the lease gone too.
         active_leases_.fetch_sub(1);
-        lent->reset();
         const bool completed =
             done.ok() && done->size() == 1 && (*done)[0] == kLocalDone;
+        // A borrower that never said "done" may still read or write the
+        // memory through its descriptor: it is never refilled with other
+        // bytes (a later version's, storage.h).
+        if (!completed) (*lent)->view.storage()->MarkNotReusable();
+        lent->reset();
         if (completed) {
           CountTransfer(
               MetricsTransport::kLocalPath,

@@ -19,7 +19,10 @@
 // Lease: from the reply until the client's one-byte "done", the closing of
 // its connection, or `lease_timeout`, the connection holds the shard's
 // registration, so the memory the client maps cannot be freed (nor
-// recycled) under it even if the tensor is unregistered meanwhile.
+// recycled) under it even if the tensor is unregistered meanwhile. A lease
+// that ends any other way than by "done" marks the memory not reusable
+// (Storage::MarkNotReusable): the client may still hold it, so no later
+// version of a tensor is ever written into it.
 //
 // One thread accepts; each connection gets a thread serving its requests
 // one after another (clients pool connections, one per concurrent fetch),

@@ -1,10 +1,12 @@
 // MemoryBudget (server/daemon/memory_budget.h): reservations add up, are
 // refused past the limit with a message naming what asked, and give their
 // bytes back when released, moved from or destroyed; concurrent reserving
-// never overshoots. Plus the default limit's inputs.
+// never overshoots; memory kept for reuse is reclaimed only when a request
+// does not fit otherwise. Plus the default limit's inputs.
 #include "server/daemon/memory_budget.h"
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -47,6 +49,45 @@ TEST(MemoryBudgetTest, ReservesUpToTheLimitAndGivesBack) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_THAT(budget->Reserve(int64_t{1} << 62, "huge").status(),
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+}
+
+// Memory kept only for reuse: it gives its reservation back on demand.
+class KeptForReuse : public MemoryBudget::Reclaimable {
+ public:
+  explicit KeptForReuse(MemoryBudget::Reservation held)
+      : held_(std::move(held)) {}
+  int64_t Reclaim() override {
+    ++asked_;
+    const int64_t bytes = held_.bytes();
+    held_.Release();
+    return bytes;
+  }
+  int asked() const { return asked_; }
+
+ private:
+  MemoryBudget::Reservation held_;
+  int asked_ = 0;
+};
+
+TEST(MemoryBudgetTest, ReclaimsWhatIsKeptForReuseOnlyWhenARequestDoesNotFit) {
+  auto budget = MemoryBudget::Create(100, "test");
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation kept,
+                       budget->Reserve(50, "k"));
+  auto spare = std::make_shared<KeptForReuse>(std::move(kept));
+  budget->AddReclaimable(spare);
+  // A gone one is skipped.
+  budget->AddReclaimable(
+      std::make_shared<KeptForReuse>(MemoryBudget::Reservation()));
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation a, budget->Reserve(40, "a"));
+  EXPECT_EQ(spare->asked(), 0);  // It fit.
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation b, budget->Reserve(30, "b"));
+  EXPECT_EQ(spare->asked(), 1);
+  EXPECT_EQ(budget->used(), 70);
+  // Nothing left to reclaim: refused, saying what is left.
+  EXPECT_THAT(budget->Reserve(31, "c").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("30 bytes left")));
+  EXPECT_EQ(budget->used(), 70);
 }
 
 TEST(MemoryBudgetTest, AReservationOutlivesItsBudgetHandle) {
