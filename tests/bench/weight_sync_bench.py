@@ -41,6 +41,11 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Steps of the run before the measured one: it creates the tensors and
+# warms every path, the memory a daemon alternates between included (the
+# latest version's and the one kept for reuse: docs/versions.md,
+# "Memory"), as a training loop of many steps has.
+WARM_STEPS = 3
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "weight_sync")
 sys.path.insert(0, HERE)
@@ -70,13 +75,13 @@ def tessera_run(args, build: str) -> dict:
         events = tempfile.NamedTemporaryFile(prefix="tessera-ws-",
                                              suffix=".jsonl", delete=False)
         events.close()
-        # A first run creates the tensors and warms every path; the
-        # measured one starts from there.
+        # A first run (WARM_STEPS) creates the tensors and warms every
+        # path; the measured one starts from there.
         command = [sys.executable, os.path.join(EXAMPLE, "weight_sync.py"),
                    "all", "--address", daemons.addresses[0],
                    "--interval", str(args.interval)] + (
                        ["--tiny"] if args.tiny else [])
-        subprocess.run(command + ["--steps", "1"], check=True,
+        subprocess.run(command + ["--steps", str(WARM_STEPS)], check=True,
                        stdout=subprocess.DEVNULL, timeout=900)
         before = read_bytes(client)
         subprocess.run(command + ["--steps", str(args.steps), "--events",
@@ -124,7 +129,7 @@ def hosts_run(args, build: str) -> dict:
                    str(args.interval), "--trainer-netns", hosts.names[0],
                    "--reader-netns", hosts.names[1]] + (
                        ["--tiny"] if args.tiny else [])
-        subprocess.run(command + ["--steps", "1"], check=True,
+        subprocess.run(command + ["--steps", str(WARM_STEPS)], check=True,
                        stdout=subprocess.DEVNULL, timeout=900)
         subprocess.run(command + ["--steps", str(args.steps), "--events",
                                   events], check=True,
