@@ -1103,7 +1103,13 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
   OpOutcome outcome;
   outcome.status = Agree(local, &outcome.agreed);
   if (outcome.status.ok()) {
+    // The tensors a replacing load takes the names of, back in the table
+    // if the load fails after all.
+    std::vector<std::pair<std::string, TableEntry>> replaced;
     for (size_t i = 0; i < loaded.size(); ++i) {
+      if (std::optional<TableEntry> old = table_->Remove(loaded[i].first)) {
+        replaced.emplace_back(loaded[i].first, *std::move(old));
+      }
       TableEntry entry;
       entry.tensor = loaded[i].second;
       entry.info = infos[i];
@@ -1118,7 +1124,8 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       table_->Put(loaded[i].first, std::move(entry));
     }
     // Then the copies each was saved with, filled from their owners; a
-    // load that cannot place them (memory) loads nothing.
+    // load that cannot place them (memory) loads nothing and replaces
+    // nothing.
     for (size_t i = 0; i < loaded.size() && outcome.status.ok(); ++i) {
       if (keeping[i].second > 1) {
         outcome.status = replication_->Replicate(
@@ -1127,6 +1134,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
     }
     if (!outcome.status.ok()) {
       for (const auto& [name, tensor] : loaded) table_->Remove(name);
+      for (auto& [name, entry] : replaced) table_->Put(name, std::move(entry));
       return outcome;
     }
     // As the table tells them: with their versions and copies.

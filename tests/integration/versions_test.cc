@@ -23,7 +23,8 @@
 // memory budget is refused before anything is allocated; an aborted
 // version gives its budget back. A freed version's memory is reused by the
 // next version (zeros where an empty one is not written) and given back
-// when the budget needs it. A reshard moves the latest version (and
+// when the budget needs it. A replacing load that cannot place its copies
+// replaces nothing. A reshard moves the latest version (and
 // a snapshot of it) to the new layout, refused while a version is open;
 // older versions end; a replicated one is refilled after a restart.
 #include <signal.h>
@@ -536,6 +537,45 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
     ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"big"}, empty));
     EXPECT_THAT(writer.Publish(), IsOk());
   }
+}
+
+// A replacing load whose copies cannot be placed (memory) loads nothing and
+// replaces nothing: the tensors it would have replaced read on, with their
+// copies.
+TEST_F(VersionsTest, AReplacingLoadThatCannotPlaceItsCopiesReplacesNothing) {
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  // 8 MiB of shards and 8 MiB of copies per daemon.
+  CreateOptions two;
+  two.init = TensorInit::kOnes;
+  two.copies = 2;
+  ASSERT_OK(client->Create("kept", {2048, 4096}, Rows(), two).status());
+  ASSERT_OK(client->Save("two_copies", {"kept"}).status());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView kept, client->Open("kept"));
+  ASSERT_OK_AND_ASSIGN(Tensor seven, Tensor::Full({2048, 4096}, 7.0));
+  ASSERT_OK(kept.Write({0, 0}, seven));
+  // 20 MiB more per daemon: the load's shards (8 MiB) still fit beside the
+  // tensor it replaces on rank 0 (which sets 16 MiB aside for the store),
+  // their copies (8 MiB more) do not.
+  CreateOptions zeros;
+  zeros.init = TensorInit::kZeros;
+  ASSERT_OK(client->Create("filler", {5120, 4096}, Rows(), zeros).status());
+  v1::LoadCheckpointRequest request;
+  request.set_path("two_copies");
+  request.set_replace(true);
+  EXPECT_THAT(client->Load(request).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView after, client->Open("kept"));
+  EXPECT_EQ(after.tensor_id(), kept.tensor_id());
+  EXPECT_EQ(after.info().replicas_size(), kept.info().replicas_size());
+  int64_t version = 0;
+  EXPECT_THAT(ValueOf(after, &version), IsOkAndHolds(7));
+  // With room, it loads.
+  ASSERT_OK(client->Delete("filler"));
+  ASSERT_OK(client->Load(request).status());
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView loaded, client->Open("kept"));
+  EXPECT_NE(loaded.tensor_id(), kept.tensor_id());
+  EXPECT_THAT(ValueOf(loaded, &version), IsOkAndHolds(1));
 }
 
 // Columns in chunks over every daemon, in reverse: another owner for
