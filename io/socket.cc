@@ -8,12 +8,14 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -253,6 +255,43 @@ absl::Status WriteFull(int fd, const void* data, size_t size,
     absl::Status ready = AwaitReady(fd, POLLOUT, deadline, "send");
     if (!ready.ok()) return ready;
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteVFull(int fd, std::vector<struct iovec>& pieces,
+                        absl::Time deadline, bool more) {
+  const int flags = MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0);
+  size_t first = 0;  // The first piece not yet sent whole.
+  while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
+  while (first < pieces.size()) {
+    absl::Status in_time = CheckDeadline(deadline, "send");
+    if (!in_time.ok()) return in_time;
+    msghdr message{};
+    message.msg_iov = pieces.data() + first;
+    message.msg_iovlen = std::min<size_t>(pieces.size() - first, IOV_MAX);
+    // Pieces beyond this call: MSG_MORE so the segments stay full.
+    const bool rest = first + message.msg_iovlen < pieces.size();
+    ssize_t n = sendmsg(fd, &message, flags | (rest ? MSG_MORE : 0));
+    if (n > 0) {
+      size_t sent = static_cast<size_t>(n);
+      while (first < pieces.size() && sent >= pieces[first].iov_len) {
+        sent -= pieces[first].iov_len;
+        ++first;
+      }
+      if (sent > 0) {
+        pieces[first].iov_base =
+            static_cast<char*>(pieces[first].iov_base) + sent;
+        pieces[first].iov_len -= sent;
+      }
+      while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return Errno("send");
+    absl::Status ready = AwaitReady(fd, POLLOUT, deadline, "send");
+    if (!ready.ok()) return ready;
+  }
+  pieces.clear();
   return absl::OkStatus();
 }
 

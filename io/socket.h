@@ -11,6 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <sys/uio.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +66,12 @@ absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
 // reply leave in one segment despite TCP_NODELAY.
 absl::Status WriteFull(int fd, const void* data, size_t size,
                        absl::Time deadline, bool more = false);
+// WriteFull of the pieces `pieces` points at, in order, gathered by the
+// kernel (sendmsg with up to IOV_MAX pieces a call) instead of first
+// copied into one buffer. `pieces` is consumed (advanced past what was
+// sent); empty pieces are allowed.
+absl::Status WriteVFull(int fd, std::vector<struct iovec>& pieces,
+                        absl::Time deadline, bool more = false);
 }  // namespace tessera
 
 #endif  // TESSERA_IO_SOCKET_H_

@@ -513,6 +513,19 @@ absl::Status DataConnection::WriteFull(const void* data, size_t size,
   return more ? absl::OkStatus() : Flush(deadline);
 }
 
+absl::Status DataConnection::WriteVFull(std::vector<struct iovec>& pieces,
+                                        absl::Time deadline, bool more) {
+  if (ssl_ == nullptr) {
+    return tessera::WriteVFull(fd_, pieces, deadline, more);
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    RETURN_IF_ERROR(WriteFull(pieces[i].iov_base, pieces[i].iov_len, deadline,
+                              more || i + 1 < pieces.size()));
+  }
+  pieces.clear();
+  return absl::OkStatus();
+}
+
 absl::Status DataConnection::ReadIntoDestination(void* data, size_t size,
                                                  absl::Time deadline) {
   if (sealed_ == nullptr) return ReadFull(data, size, deadline);

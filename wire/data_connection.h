@@ -34,9 +34,12 @@
 #ifndef TESSERA_WIRE_DATA_CONNECTION_H_
 #define TESSERA_WIRE_DATA_CONNECTION_H_
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -129,6 +132,11 @@ class DataConnection {
   // `more`: more bytes follow at once (MSG_MORE in the clear).
   absl::Status WriteFull(const void* data, size_t size, absl::Time deadline,
                          bool more = false);
+  // WriteFull of the pieces `pieces` points at, joined: gathered by the
+  // kernel in the clear (io/socket.h WriteVFull), one by one through TLS.
+  // `pieces` is consumed.
+  absl::Status WriteVFull(std::vector<struct iovec>& pieces,
+                          absl::Time deadline, bool more = false);
   // A length-prefixed frame (chunk_codec.h's format).
   absl::Status WriteFrame(absl::string_view payload, absl::Time deadline,
                           bool more = false);

@@ -323,11 +323,28 @@ std::string Tensor::DebugString() const {
                       ", ", device().ToString(), ")");
 }
 
-absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
-                               void* out) {
+namespace {
+
+// The walk of a copy of `src` into its row-major (contiguous) layout.
+CopyShape RowMajorShapeOf(const Tensor& src) {
+  std::vector<int64_t> row_major(src.sizes().size());
+  int64_t elements = 1;
+  for (size_t d = row_major.size(); d-- > 0;) {
+    row_major[d] = elements;
+    elements *= src.sizes()[d];
+  }
+  return ShapeOfCopy(src.sizes(), src.strides(), row_major,
+                     static_cast<int64_t>(src.element_size()));
+}
+
+}  // namespace
+
+absl::Status ForEachRowMajorRun(
+    const Tensor& src, int64_t offset, size_t bytes,
+    absl::FunctionRef<void(const char*, size_t)> visit) {
   if (!src.defined() || !src.device().is_cpu()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CopyRowMajorBytes: ",
+        "row-major bytes of ",
         src.defined() ? src.DebugString() : std::string("undefined tensor"),
         " is not a tensor in host memory"));
   }
@@ -335,19 +352,12 @@ absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
   if (offset < 0 || offset > total ||
       bytes > static_cast<uint64_t>(total - offset)) {
     return absl::OutOfRangeError(
-        absl::StrCat("CopyRowMajorBytes: bytes [", offset, ", +", bytes,
-                     ") of ", src.DebugString(), ", which has ", total));
+        absl::StrCat("row-major bytes [", offset, ", +", bytes, ") of ",
+                     src.DebugString(), ", which has ", total));
   }
   if (bytes == 0) return absl::OkStatus();
   // The walk of a copy into the row-major (contiguous) layout.
-  std::vector<int64_t> row_major(src.sizes().size());
-  int64_t elements = 1;
-  for (size_t d = row_major.size(); d-- > 0;) {
-    row_major[d] = elements;
-    elements *= src.sizes()[d];
-  }
-  const CopyShape shape = ShapeOfCopy(src.sizes(), src.strides(), row_major,
-                                      static_cast<int64_t>(src.element_size()));
+  const CopyShape shape = RowMajorShapeOf(src);
   const std::vector<CopyDim>& dims = shape.dims;
   const int64_t run = shape.run;
   // The run holding `offset`, as an index per remaining dimension.
@@ -360,13 +370,11 @@ absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
     at += index[d] * dims[d].src_stride;
   }
   const char* base = static_cast<const char*>(src.data_ptr());
-  char* to = static_cast<char*>(out);
   int64_t within = offset % run;
   size_t left = bytes;
   while (true) {
     const size_t n = std::min(static_cast<size_t>(run - within), left);
-    std::memcpy(to, base + at + within, n);
-    to += n;
+    visit(base + at + within, n);
     left -= n;
     if (left == 0) return absl::OkStatus();
     within = 0;
@@ -377,6 +385,21 @@ absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
       index[d] = 0;
     }
   }
+}
+
+absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
+                               void* out) {
+  char* to = static_cast<char*>(out);
+  return ForEachRowMajorRun(src, offset, bytes,
+                            [&to](const char* run, size_t n) {
+                              std::memcpy(to, run, n);
+                              to += n;
+                            });
+}
+
+int64_t RowMajorRunBytes(const Tensor& src) {
+  if (!src.defined() || src.nbytes() == 0) return 0;
+  return RowMajorShapeOf(src).run;
 }
 
 absl::Status CopyBox(const Tensor& src, absl::Span<const int64_t> src_offsets,

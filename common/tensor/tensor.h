@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -218,6 +219,16 @@ absl::Status CopyInto(const Tensor& src, const Tensor& dst);
 // OUT_OF_RANGE for a range outside [0, src.nbytes()].
 absl::Status CopyRowMajorBytes(const Tensor& src, int64_t offset, size_t bytes,
                                void* out);
+// The same range handed to `visit` as the runs that are contiguous in
+// `src`, in order, without a copy (for a sender that gathers them with
+// one writev): visit(pointer into src, length). Same errors, before any
+// visit.
+absl::Status ForEachRowMajorRun(
+    const Tensor& src, int64_t offset, size_t bytes,
+    absl::FunctionRef<void(const char*, size_t)> visit);
+// The bytes of the longest runs ForEachRowMajorRun hands out for `src`
+// (all of them for a contiguous tensor); 0 for an undefined or empty one.
+int64_t RowMajorRunBytes(const Tensor& src);
 
 // True when both tensors have the same dtype, sizes and element values
 // (torch.equal: NaN != NaN, -0 == +0). Tensors on CUDA are compared via a

@@ -3,9 +3,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -167,6 +170,12 @@ absl::Status DataPlaneServer::AnswerFetch(
   if (!prepared.ok()) return SendError(stream, prepared.status(), deadline);
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
+  const Tensor& bytes = prepared->bytes;
+  if (bytes.defined() && bytes.device().is_cpu() && !bytes.is_contiguous() &&
+      bytes.nbytes() > 0 && !stream.authenticated() &&
+      RowMajorRunBytes(bytes) >= kMinGatheredRunBytes) {
+    return AnswerStridedFetch(stream, *prepared, chunk_bytes, asked, deadline);
+  }
   // The first chunk is had before the reply, so that a source that cannot
   // even start (a CUDA error) is answered with its error; later errors can
   // only cut the stream (the connection closes).
@@ -203,6 +212,43 @@ absl::Status DataPlaneServer::AnswerFetch(
   }
   CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
                 prepared->header.total_bytes(), absl::Now() - asked);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneServer::AnswerStridedFetch(DataConnection& stream,
+                                                 const PreparedFetch& prepared,
+                                                 int64_t chunk_bytes,
+                                                 absl::Time asked,
+                                                 absl::Time deadline) {
+  const Tensor& bytes = prepared.bytes;
+  const int64_t total = static_cast<int64_t>(bytes.nbytes());
+  v1::BulkFetchReply reply;
+  *reply.mutable_header() = prepared.header;
+  reply.set_chunk_bytes(chunk_bytes);
+  RETURN_IF_ERROR(SendReply(stream, reply, deadline, /*more=*/true));
+  // Each chunk's runs go out as they lie in the shard, gathered by the
+  // kernel (no staging copy), after its prefix with their checksum.
+  char prefix[kDataPlaneChunkPrefixBytes];
+  std::vector<struct iovec> pieces;
+  for (int64_t offset = 0; offset < total; offset += chunk_bytes) {
+    const size_t size =
+        static_cast<size_t>(std::min(chunk_bytes, total - offset));
+    pieces.clear();
+    pieces.push_back(iovec{prefix, sizeof(prefix)});
+    Checksum64Stream checksum;
+    RETURN_IF_ERROR(
+        ForEachRowMajorRun(bytes, offset, size, [&](const char* run, size_t n) {
+          checksum.Update(run, n);
+          pieces.push_back(iovec{const_cast<char*>(run), n});
+        }));
+    EncodeChunkPrefix(
+        ChunkPrefix{offset, static_cast<int64_t>(size), checksum.Digest()},
+        prefix);
+    RETURN_IF_ERROR(stream.WriteVFull(pieces, absl::Now() + options_.io_timeout,
+                                      /*more=*/offset + chunk_bytes < total));
+  }
+  CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kRead,
+                prepared.header.total_bytes(), absl::Now() - asked);
   return absl::OkStatus();
 }
 

@@ -7,7 +7,11 @@
 // into its destination tensor. gRPC remains the control plane.
 //
 // Chunks come from a ChunkSource (chunk_source.h): a host shard is written
-// from its own memory; a CUDA shard (made contiguous on its device first,
+// from its own memory; a strided box of one whose contiguous runs are at
+// least kMinGatheredRunBytes long is written from its own memory too on a
+// connection in the clear, each chunk's runs gathered by the kernel
+// (sendmsg) after the prefix with their checksum, instead of copied into a
+// staging buffer first; a CUDA shard (made contiguous on its device first,
 // when strided) is staged device -> pinned host chunk by chunk on a CUDA
 // stream, `chunks.staging_depth` chunks ahead, so that the copy of the next
 // chunks overlaps writing this one to the socket. The first chunk is staged
@@ -64,12 +68,19 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/serve/connection_server.h"
+#include "server/serve/fetch.h"
 #include "server/serve/shard_registry.h"
 #include "server/serve/shard_service.h"
 #include "tessera/v1/control.pb.h"
 #include "wire/data_connection.h"
 
 namespace tessera {
+
+// A strided box whose contiguous runs are this long or longer is sent from
+// the shard's memory run by run (gathered by the kernel); shorter runs are
+// copied into a staging buffer first, as one sendmsg piece per run would
+// cost more than the copy.
+inline constexpr int64_t kMinGatheredRunBytes = 1024;
 
 struct DataPlaneServerOptions {
   ShardServiceOptions chunks;
@@ -123,6 +134,11 @@ class DataPlaneServer {
   // closed.
   absl::Status AnswerFetch(DataConnection& stream,
                            const v1::FetchShardRequest& request);
+  // A strided host box, its runs sent in place (see above).
+  absl::Status AnswerStridedFetch(DataConnection& stream,
+                                  const PreparedFetch& prepared,
+                                  int64_t chunk_bytes, absl::Time asked,
+                                  absl::Time deadline);
   absl::Status AnswerWrite(DataConnection& stream,
                            const v1::BulkWriteRequest& request);
   absl::Status AnswerDescribeDigest(DataConnection& stream,

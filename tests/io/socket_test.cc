@@ -4,14 +4,17 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -133,6 +136,37 @@ TEST(TcpTest, NothingListeningIsUnavailable) {
   EXPECT_THAT(ConnectTcp("127.0.0.1", absl::Now() + kWait),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("without a port")));
+}
+
+// WriteVFull: pieces (empty ones among them; more than one sendmsg takes;
+// more bytes than a socket buffer holds, so calls send part of a piece)
+// arrive joined, in order; a peer that stops reading ends it at the
+// deadline.
+TEST(TcpTest, WriteVFullSendsPiecesJoined) {
+  auto [a, b] = StreamPair();
+  std::string source(4 << 20, '\0');
+  for (size_t i = 0; i < source.size(); ++i) {
+    source[i] = static_cast<char>((i * 131) >> 3);
+  }
+  std::vector<struct iovec> pieces;
+  std::string expected;
+  for (size_t at = 0, n = 0; at < source.size(); at += n + 17) {
+    n = std::min<size_t>((at % 5) * 700, source.size() - at);
+    pieces.push_back(iovec{source.data() + at, n});
+    expected.append(source, at, n);
+  }
+  ASSERT_GT(pieces.size(), 2000u);
+  std::thread writer(
+      [&] { EXPECT_OK(WriteVFull(a.get(), pieces, absl::Now() + kWait)); });
+  std::string got(expected.size(), '\0');
+  EXPECT_OK(ReadFull(b.get(), got.data(), got.size(), absl::Now() + kWait));
+  writer.join();
+  EXPECT_TRUE(got == expected);
+  EXPECT_TRUE(pieces.empty());
+
+  std::vector<struct iovec> stuck = {iovec{source.data(), source.size()}};
+  EXPECT_THAT(WriteVFull(a.get(), stuck, absl::Now() + absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("send")));
 }
 
 TEST(TcpTest, ReadAfterThePeerClosedIsUnavailable) {

@@ -1372,6 +1372,33 @@ TEST(CopyRowMajorBytesTest, EveryRangeOfEveryViewMatchesTheContiguousCopy) {
   }
 }
 
+// ForEachRowMajorRun hands out the runs of the same bytes in place: each
+// inside the view's storage, at most RowMajorRunBytes long, joined equal
+// to the copy.
+TEST(CopyRowMajorBytesTest, RunsAreTheSameBytesInPlace) {
+  ASSERT_OK_AND_ASSIGN(Tensor base, Iota({6, 8, 10}, DType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(Tensor columns, base.Narrow(2, 3, 5));
+  EXPECT_EQ(RowMajorRunBytes(columns), 20);
+  EXPECT_EQ(RowMajorRunBytes(base), static_cast<int64_t>(base.nbytes()));
+  EXPECT_EQ(RowMajorRunBytes(Tensor()), 0);
+  const char* begin = static_cast<const char*>(base.data_ptr());
+  const char* end = begin + base.nbytes();
+  std::string joined;
+  int runs = 0;
+  ASSERT_OK(ForEachRowMajorRun(columns, 7, 100, [&](const char* run, size_t n) {
+    EXPECT_TRUE(run >= begin && run + n <= end);
+    EXPECT_LE(static_cast<int64_t>(n), RowMajorRunBytes(columns));
+    joined.append(run, n);
+    ++runs;
+  }));
+  std::string copied(100, '\0');
+  ASSERT_OK(CopyRowMajorBytes(columns, 7, 100, copied.data()));
+  EXPECT_EQ(joined, copied);
+  EXPECT_EQ(runs, 6);  // 13, 20, 20, 20, 20 and 7 bytes.
+  EXPECT_THAT(ForEachRowMajorRun(columns, 1, 1000, [](const char*, size_t) {}),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+}
+
 TEST(CopyRowMajorBytesTest, RangesOutsideTheTensorAndOtherDevicesAreRefused) {
   ASSERT_OK_AND_ASSIGN(Tensor t, Iota({4, 4}, DType::kFloat32));
   char out[128];

@@ -257,6 +257,26 @@ TEST_F(DataPlaneServerTest, FetchesIntoAStridedView) {
   }
 }
 
+TEST_F(DataPlaneServerTest, StridedBoxesAreSentRunByRunOrStaged) {
+  // Rows of 2 KiB; boxes of 300 columns (runs of 1200 bytes: sent from the
+  // shard's memory, gathered by the kernel, thousands of runs a chunk, more
+  // than one sendmsg takes) and of 100 (400 bytes: staged), in chunks that
+  // end inside a run, inside an element, or hold all of it.
+  const Tensor shard = Serve("t", Filled({3000, 512}, DType::kFloat32, 7));
+  for (int64_t columns : {int64_t{300}, int64_t{100}}) {
+    for (int64_t chunk_bytes : {int64_t{0}, int64_t{5003}, int64_t{1200}}) {
+      SCOPED_TRACE(absl::StrCat(columns, " columns, chunks of ", chunk_bytes));
+      ASSERT_OK_AND_ASSIGN(Tensor box, Tensor::Zeros({2990, columns}));
+      ASSERT_OK(client_->FetchRegionInto("t", 1, {7, 128}, box,
+                                         Chunked(chunk_bytes)));
+      ASSERT_OK_AND_ASSIGN(const Tensor rows, shard.Narrow(0, 7, 2990));
+      ASSERT_OK_AND_ASSIGN(const Tensor expected, rows.Narrow(1, 128, columns));
+      EXPECT_EQ(RowMajorBytes(box), RowMajorBytes(expected));
+    }
+  }
+  EXPECT_OK(ServesGoodClient());
+}
+
 TEST_F(DataPlaneServerTest, FetchShardAllocates) {
   const Tensor tensor = Serve("t", Filled({9, 13}, DType::kFloat32), 2);
   ASSERT_OK_AND_ASSIGN(Shard shard, client_->FetchShard("t", 2, Chunked(4096)));
