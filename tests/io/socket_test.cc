@@ -156,8 +156,9 @@ TEST(TcpTest, WriteVFullSendsPiecesJoined) {
     expected.append(source, at, n);
   }
   ASSERT_GT(pieces.size(), 2000u);
+  const int sender = a.get();
   std::thread writer(
-      [&] { EXPECT_OK(WriteVFull(a.get(), pieces, absl::Now() + kWait)); });
+      [&] { EXPECT_OK(WriteVFull(sender, pieces, absl::Now() + kWait)); });
   std::string got(expected.size(), '\0');
   EXPECT_OK(ReadFull(b.get(), got.data(), got.size(), absl::Now() + kWait));
   writer.join();
