@@ -262,8 +262,9 @@ absl::Status WriteVFull(int fd, std::vector<struct iovec>& pieces,
                         absl::Time deadline, bool more) {
   const int flags = MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0);
   size_t first = 0;  // The first piece not yet sent whole.
-  while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
-  while (first < pieces.size()) {
+  while (true) {
+    while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
+    if (first == pieces.size()) break;
     absl::Status in_time = CheckDeadline(deadline, "send");
     if (!in_time.ok()) return in_time;
     msghdr message{};
@@ -283,7 +284,6 @@ absl::Status WriteVFull(int fd, std::vector<struct iovec>& pieces,
             static_cast<char*>(pieces[first].iov_base) + sent;
         pieces[first].iov_len -= sent;
       }
-      while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

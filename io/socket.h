@@ -8,12 +8,12 @@
 #ifndef TESSERA_IO_SOCKET_H_
 #define TESSERA_IO_SOCKET_H_
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <sys/uio.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -515,15 +515,12 @@ absl::Status DataConnection::WriteFull(const void* data, size_t size,
 
 absl::Status DataConnection::WriteVFull(std::vector<struct iovec>& pieces,
                                         absl::Time deadline, bool more) {
-  if (ssl_ == nullptr) {
-    return tessera::WriteVFull(fd_, pieces, deadline, more);
+  if (ssl_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "a gathered write is for connections in the clear; TLS records are "
+        "written from one buffer (WriteFull)");
   }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    RETURN_IF_ERROR(WriteFull(pieces[i].iov_base, pieces[i].iov_len, deadline,
-                              more || i + 1 < pieces.size()));
-  }
-  pieces.clear();
-  return absl::OkStatus();
+  return tessera::WriteVFull(fd_, pieces, deadline, more);
 }
 
 absl::Status DataConnection::ReadIntoDestination(void* data, size_t size,

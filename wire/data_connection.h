@@ -132,9 +132,9 @@ class DataConnection {
   // `more`: more bytes follow at once (MSG_MORE in the clear).
   absl::Status WriteFull(const void* data, size_t size, absl::Time deadline,
                          bool more = false);
-  // WriteFull of the pieces `pieces` points at, joined: gathered by the
-  // kernel in the clear (io/socket.h WriteVFull), one by one through TLS.
-  // `pieces` is consumed.
+  // WriteFull of the pieces `pieces` points at, joined, gathered by the
+  // kernel (io/socket.h WriteVFull); `pieces` is consumed. In the clear
+  // only: FAILED_PRECONDITION, with nothing sent, on a TLS connection.
   absl::Status WriteVFull(std::vector<struct iovec>& pieces,
                           absl::Time deadline, bool more = false);
   // A length-prefixed frame (chunk_codec.h's format).

@@ -252,13 +252,13 @@ void VersionSet::KeepSpareLocked(Freed* freed) {
   }
 }
 
+std::optional<VersionSet::Spare> VersionSet::PopSpare() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(spare_, std::nullopt);
+}
+
 std::optional<VersionSet::Spare> VersionSet::TakeSpare() {
-  std::optional<Spare> spare;
-  {
-    absl::MutexLock lock(&mu_);
-    spare = std::move(spare_);
-    spare_.reset();
-  }
+  std::optional<Spare> spare = PopSpare();
   if (!spare.has_value()) return std::nullopt;
   // Only this spare may hold the memory: a fetch or a lease of the freed
   // version still running holds it too (the registry no longer hands it
@@ -275,12 +275,7 @@ std::optional<VersionSet::Spare> VersionSet::TakeSpare() {
 }
 
 int64_t VersionSet::Reclaim() {
-  std::optional<Spare> spare;
-  {
-    absl::MutexLock lock(&mu_);
-    spare = std::move(spare_);
-    spare_.reset();
-  }
+  const std::optional<Spare> spare = PopSpare();  // Freed on return.
   return spare.has_value() ? spare->held.bytes() : 0;
 }
 

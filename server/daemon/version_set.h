@@ -175,6 +175,8 @@ class VersionSet : public MemoryBudget::Reclaimable,
   // Removes the published versions beyond the kept newest that no pin
   // holds (never the latest), handing them to `freed`.
   void TrimLocked(Freed* freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the spare, if any, and returns it.
+  std::optional<Spare> PopSpare() ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps the shards of the last of `freed`'s versions that may be reused
   // as the spare (the one before goes to `freed`).
   void KeepSpareLocked(Freed* freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

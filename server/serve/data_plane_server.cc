@@ -172,7 +172,7 @@ absl::Status DataPlaneServer::AnswerFetch(
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
   const Tensor& bytes = prepared->bytes;
   if (bytes.defined() && bytes.device().is_cpu() && !bytes.is_contiguous() &&
-      bytes.nbytes() > 0 && !stream.authenticated() &&
+      !stream.authenticated() &&
       RowMajorRunBytes(bytes) >= kMinGatheredRunBytes) {
     return AnswerStridedFetch(stream, *prepared, chunk_bytes, asked, deadline);
   }
