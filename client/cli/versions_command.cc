@@ -61,7 +61,7 @@ int RunWatch(const WatchOptions& options, const CommandContext& context) {
     return context.ReportUserError(kWatchCommand, client.status());
   }
   absl::StatusOr<std::unique_ptr<VersionWatcher>> watcher =
-      (*client)->Watch(options.name);
+      (*client)->Watch(options.name, options.after);
   if (!watcher.ok()) {
     if (absl::IsFailedPrecondition(watcher.status())) {
       context.PrintError(kWatchCommand, Unversioned(options.name).message());
@@ -125,6 +125,12 @@ void AddWatchCommand(CLI::App& app, CommandContext& context) {
       ->check(CLI::PositiveNumber)
       ->type_name("N");
   watch
+      ->add_option("--after", options->after,
+                   "Report the versions after N, those still kept first "
+                   "(default: those published from now on)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
+  watch
       ->add_option("--idle-timeout", options->timeout,
                    "Stop after this many seconds without a new version")
       ->check(Seconds(0, kMaxTimeoutSeconds))
@@ -133,7 +139,8 @@ void AddWatchCommand(CLI::App& app, CommandContext& context) {
   watch->footer(
       "Examples:\n"
       "  tessera watch w\n"
-      "  tessera watch w --count 3 --idle-timeout 60\n\n"
+      "  tessera watch w --count 3 --idle-timeout 60\n"
+      "  tessera watch w --after 41   # 42 and on, even if already out\n\n"
       "Exit status: 0 on success (also when --idle-timeout ends it), 1 when "
       "the "
       "tensor does not exist or is deleted, or the cluster cannot be "

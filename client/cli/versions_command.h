@@ -34,6 +34,7 @@ struct WatchOptions {
   ConnectionFlags connection;
   std::string name;
   int64_t count = 0;   // 0: no limit
+  int64_t after = 0;   // report versions after this one; 0: from now on
   double timeout = 0;  // seconds without a version; 0: none
 };
 

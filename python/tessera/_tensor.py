@@ -334,9 +334,10 @@ class Tensor:
         ``lease`` seconds (5 minutes by default)."""
         return self._client.snapshot([self.name], lease=lease)
 
-    def watch(self, timeout: Optional[float] = None) -> Any:
-        """Yields each newly published version number (Client.watch)."""
-        return self._client.watch(self.name, timeout=timeout)
+    def watch(self, timeout: Optional[float] = None, after: int = 0) -> Any:
+        """Yields each newly published version number, or each after
+        ``after`` (Client.watch)."""
+        return self._client.watch(self.name, timeout=timeout, after=after)
 
     # ---- Bytes.
     def read_region(self, offsets: Sequence[int], sizes: Sequence[int],

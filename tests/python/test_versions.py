@@ -150,6 +150,17 @@ def test_watch_sees_each_published_version(client, rows4):
     assert seen == [2, 3, 4]
 
 
+def test_watch_after_a_number_reports_those_kept_first(client, rows4):
+    w = client.create("vafter", (8, 4), rows4, versions=3)
+    for _ in range(3):
+        with w.begin() as v:
+            v[...] = 1
+    # Versions 3 and 4 are kept; 2 is gone. A watcher that had 2 sees 3, 4.
+    assert list(w.watch(timeout=1, after=2)) == [3, 4]
+    with pytest.raises(tessera.InvalidArgumentError, match="negative"):
+        next(w.watch(after=-1))
+
+
 def test_watch_ends_when_the_tensor_is_deleted(client, rows4):
     w = client.create("vgone", (8, 4), rows4, versions=2)
     watching = w.watch(timeout=10)

@@ -188,10 +188,13 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
       HasSubstr("\"versions\":{\"latest\":1,\"keeps\":2,\"kept\":[1],"
                 "\"pinned\":[],\"open\":[],\"bytes_per_version\":128}"));
 
-  // `watch` runs while a writer publishes version 2 (as 3 in a file).
+  // `watch --after 1` runs while a writer publishes version 2 (as 3 in a
+  // file): it reports 2 whether its stream opened before the publish or
+  // after it (a loaded machine can start the CLI late).
   SpawnOptions spawn;
   spawn.program = TESSERA_CLI_PATH;
-  spawn.args = {"watch", "cli_v", "--count", "1", "--idle-timeout", "30"};
+  spawn.args = {"watch",   "cli_v", "--after",        "1",
+                "--count", "1",     "--idle-timeout", "30"};
   spawn.env = {{"TESSERA_ADDRESS", cluster_->address(1)}};
   spawn.log_path = Path("watch.log");
   ASSERT_OK_AND_ASSIGN(Subprocess watch, Subprocess::Spawn(spawn));
@@ -233,6 +236,7 @@ TEST_F(CliDaemonTest, VersionsReadAndWatch) {
             0);
   EXPECT_EQ(Run({"versions", "cli_nv"}).exit_code, 2);
   EXPECT_EQ(Run({"watch", "cli_nv", "--idle-timeout", "1"}).exit_code, 2);
+  EXPECT_EQ(Run({"watch", "cli_v", "--after", "0"}).exit_code, 2);
 }
 
 // `tessera bench` against real daemons: a table per daemon, a JSON
@@ -275,8 +279,8 @@ TEST_F(CliDaemonTest, BenchMeasuresEachTransportAndCleansUp) {
                 1e-6 * std::max(1.0, std::abs(fit.bytes_per_second / 1e9)))
         << row.dump();
   }
-  for (const std::string& expected : {"data_plane/1/read", "data_plane/2/write",
-                                      "grpc/0/read", "local_path/0/write"}) {
+  for (const char* expected : {"data_plane/1/read", "data_plane/2/write",
+                               "grpc/0/read", "local_path/0/write"}) {
     EXPECT_TRUE(seen.count(expected)) << expected << ": " << json.output;
   }
   EXPECT_THAT(Run({"ls"}).output, Not(HasSubstr("tessera_bench")));
