@@ -196,6 +196,7 @@ GroupState ReformableGroup::State() const {
       shut_down_ ? absl::FailedPreconditionError("shut down") : broken_;
   state.forming = forming_;
   state.missing = missing_;
+  state.all_arrived = all_arrived_;
   return state;
 }
 
@@ -242,10 +243,12 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
   int64_t target = 0;
   absl::Status last_error;
   absl::Time next_census = absl::InfinitePast();
-  auto set_forming = [&](int64_t forming, std::vector<int> missing) {
+  auto set_forming = [&](int64_t forming, std::vector<int> missing,
+                         bool all_arrived = false) {
     absl::MutexLock lock(&mu_);
     forming_ = forming;
     missing_ = std::move(missing);
+    all_arrived_ = all_arrived;
   };
   auto stopped = [&]() -> absl::Status {
     {
@@ -348,7 +351,7 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
       target = 0;
       continue;
     }
-    set_forming(target, {});
+    set_forming(target, {}, /*all_arrived=*/true);
 
     ProcessGroupOptions formed_options = options_;
     formed_options.store = std::make_shared<PrefixStore>(
@@ -369,6 +372,7 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
       broken_ = absl::OkStatus();
       forming_ = 0;
       missing_.clear();
+      all_arrived_ = false;
       return absl::OkStatus();
     }
     // A member gave up or vanished during the rendezvous: ask for the next
@@ -376,6 +380,7 @@ absl::Status ReformableGroup::FormFrom(int64_t current,
     spdlog::warn("process group {}: forming generation {} failed: {}", name(),
                  target, formed.status().ToString());
     last_error = formed.status();
+    set_forming(target, {});
     current = target;
     target = 0;
   }

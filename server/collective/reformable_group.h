@@ -70,9 +70,12 @@ struct GroupState {
   // OK while that generation's transport works, else what broke it.
   absl::Status usable;
   // While Reform() runs: the generation being formed and the global ranks
-  // it still waits for (empty once all arrived); forming == 0 otherwise.
+  // it still waits for, as last counted (empty before the first count);
+  // forming == 0 otherwise. all_arrived: every member arrived for
+  // `forming` (missing alone cannot tell: it is empty until counted).
   int64_t forming = 0;
   std::vector<int> missing;
+  bool all_arrived = false;
 };
 
 class ReformableGroup final : public ProcessGroup {
@@ -160,6 +163,7 @@ class ReformableGroup final : public ProcessGroup {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   int64_t forming_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> missing_ ABSL_GUARDED_BY(mu_);
+  bool all_arrived_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera

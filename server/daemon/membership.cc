@@ -159,7 +159,10 @@ absl::Status Membership::ReformingLocked(bool even_if_all_here) const {
   if (reforming_.empty()) return absl::OkStatus();
   const GroupState state = rank_->world_group()->State();
   // Every daemon is taking part: the op runs once the generation formed.
-  if (state.missing.empty() && !even_if_all_here) return absl::OkStatus();
+  // Not before every one arrived (before that, and before the group first
+  // counts who is missing, a partitioned daemon may never come: an op
+  // logged then would wait for it inside a collective and end in doubt).
+  if (state.all_arrived && !even_if_all_here) return absl::OkStatus();
   std::string waiting;
   if (state.forming > 0) {
     waiting =

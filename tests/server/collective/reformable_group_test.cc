@@ -149,11 +149,16 @@ TEST_F(ReformableGroupTest, AMemberThatNeverReturnsIsNamedAtTheDeadline) {
   ASSERT_NE(groups[1], nullptr);
   // Rank 1 is gone; rank 0 waits for it, and says so while it waits.
   groups[1]->Shutdown();
+  // Never "all arrived" meanwhile (also before it first counted who is
+  // missing, when `missing` is still empty): the daemons log new operations
+  // only once it is.
   std::atomic<bool> saw_missing{false};
+  std::atomic<bool> saw_all_arrived{false};
   std::thread watcher([&] {
     const absl::Time until = absl::Now() + absl::Seconds(3);
     while (absl::Now() < until && !saw_missing) {
       GroupState state = groups[0]->State();
+      if (state.all_arrived) saw_all_arrived = true;
       if (state.forming == 2 && state.missing == std::vector<int>{1}) {
         saw_missing = true;
       }
@@ -168,6 +173,8 @@ TEST_F(ReformableGroupTest, AMemberThatNeverReturnsIsNamedAtTheDeadline) {
                              HasSubstr("ranks [1] did not take part"))));
   watcher.join();
   EXPECT_TRUE(saw_missing);
+  EXPECT_FALSE(saw_all_arrived);
+  EXPECT_FALSE(groups[0]->State().all_arrived);
 
   // Cancelled while waiting.
   options.deadline = absl::InfiniteFuture();
