@@ -45,17 +45,20 @@ constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
 constexpr absl::Duration kRetryRoom = absl::Seconds(1);
 
 // Runs one unary control call on the coordinator under the control
-// deadline; errors keep the daemon's code, prefixed with `what`. A logged
-// call (its op goes through the operation log) carries one request id for
-// every attempt and retries attempts answered UNAVAILABLE (Client::Delete).
+// deadline (or `by`, when sooner); errors keep the daemon's code, prefixed
+// with `what`. A logged call (its op goes through the operation log)
+// carries one request id for every attempt and retries attempts answered
+// UNAVAILABLE (Client::Delete).
 template <typename Request, typename Response>
 absl::Status Control(const Cluster& cluster,
                      grpc::Status (v1::ControlService::Stub::*method)(
                          grpc::ClientContext*, const Request&, Response*),
                      const Request& request, Response* response,
-                     absl::string_view what, bool logged = false) {
+                     absl::string_view what, bool logged = false,
+                     absl::Time by = absl::InfiniteFuture()) {
   const std::string id = logged ? cluster.LoggedCallId() : cluster.CallId();
-  const absl::Time deadline = absl::Now() + cluster.options().timeout;
+  const absl::Time deadline =
+      std::min(by, absl::Now() + cluster.options().timeout);
   const int attempts = logged ? kLoggedCallAttempts : 1;
   absl::Duration pause = kFirstRetryPause;
   absl::Status status;
@@ -115,10 +118,11 @@ absl::StatusOr<Described> Describe(
     grpc::Status (v1::ControlService::Stub::*method)(grpc::ClientContext*,
                                                      const Request&,
                                                      v1::TensorInfo*),
-    const Request& request, absl::string_view what, bool logged = false) {
+    const Request& request, absl::string_view what, bool logged = false,
+    absl::Time by = absl::InfiniteFuture()) {
   Described described;
   RETURN_IF_ERROR(
-      Control(cluster, method, request, &described.info, what, logged));
+      Control(cluster, method, request, &described.info, what, logged, by));
   ASSIGN_OR_RETURN(described.metadata, MetadataOf(described.info));
   return described;
 }
@@ -1020,12 +1024,34 @@ absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
   v1::ReshardRequest request;
   request.set_name(name);
   *request.mutable_spec() = tessera::ToProto(spec);
-  ASSIGN_OR_RETURN(Described resharded,
-                   Describe(*cluster_, &v1::ControlService::Stub::Reshard,
-                            request, absl::StrCat("resharding tensor ", name),
-                            /*logged=*/true));
-  return ShardedTensorView(cluster_, std::move(resharded.info),
-                           std::move(resharded.metadata));
+  // A versioned tensor with an open version refuses the reshard, applying
+  // nothing (ABORTED: its writers would lose their writes). Writers publish
+  // or abort soon (a training loop's step, or the version's lease), so the
+  // reshard is sent again, as a new call, until the deadline.
+  const absl::Time deadline = absl::Now() + cluster_->options().timeout;
+  absl::Duration pause = absl::Milliseconds(20);
+  const absl::Time started = absl::Now();
+  while (true) {
+    absl::StatusOr<Described> resharded =
+        Describe(*cluster_, &v1::ControlService::Stub::Reshard, request,
+                 absl::StrCat("resharding tensor ", name),
+                 /*logged=*/true, deadline);
+    if (resharded.ok()) {
+      return ShardedTensorView(cluster_, std::move(resharded->info),
+                               std::move(resharded->metadata));
+    }
+    if (!absl::IsAborted(resharded.status()) ||
+        absl::Now() + pause + kRetryRoom >= deadline) {
+      if (!absl::IsAborted(resharded.status())) return resharded.status();
+      return absl::AbortedError(
+          absl::StrCat(resharded.status().message(), " (asked again for ",
+                       absl::FormatDuration(absl::Trunc(absl::Now() - started,
+                                                        absl::Milliseconds(1))),
+                       ", until the deadline; nothing was applied)"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(2 * pause, absl::Milliseconds(500));
+  }
 }
 
 absl::StatusOr<Tensor> Client::Gather(const std::string& name,

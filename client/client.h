@@ -371,8 +371,10 @@ class Client {
   absl::Status Delete(const std::string& name);
   // Lays the tensor out by `spec`; returns its new view. A versioned
   // tensor moves its latest published version, under the same number, and
-  // drops the older ones (docs/versions.md, "Resharding");
-  // FAILED_PRECONDITION while one of its versions is open.
+  // drops the older ones (docs/versions.md, "Resharding"). While one of
+  // its versions is open the daemons refuse it, applying nothing, and it is
+  // asked again (a new logged call each time) until one is not or the
+  // timeout comes: ABORTED then, naming the open versions.
   absl::StatusOr<ShardedTensorView> Reshard(const std::string& name,
                                             const ShardingSpec& spec);
   // The whole tensor gathered by the connected daemon (one collective) and

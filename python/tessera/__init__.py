@@ -320,7 +320,9 @@ class Client:
     def reshard(self, name: str, spec: ShardingSpec) -> Tensor:
         """Lays the tensor out by ``spec``; returns its new view. A
         versioned tensor moves its latest published version (same number)
-        and drops the older ones; refused while a version is open."""
+        and drops the older ones. While a version is open it waits, asking
+        again, until the version is published or aborted: AbortedError at
+        the client's timeout, having applied nothing."""
         return Tensor(self, self._native.reshard(name, spec))
 
     def gather(self, name: str, timeout: Optional[float] = None

@@ -21,6 +21,7 @@ __all__ = [
     "ResourceExhaustedError",
     "PermissionDeniedError",
     "UnauthenticatedError",
+    "AbortedError",
 ]
 
 # absl::StatusCode (the gRPC codes) by number.
@@ -107,6 +108,13 @@ class UnauthenticatedError(Error):
     """No token, or an unknown one."""
 
 
+class AbortedError(Error):
+    """A conflict with another operation under way, applying nothing: a
+    write into a tensor being resharded, or a reshard while a version is
+    open (asked again until the timeout first). The call can be made
+    again."""
+
+
 _CLASSES: dict[int, type[Error]] = {
     3: InvalidArgumentError,
     4: DeadlineExceededError,
@@ -115,6 +123,7 @@ _CLASSES: dict[int, type[Error]] = {
     7: PermissionDeniedError,
     8: ResourceExhaustedError,
     9: FailedPreconditionError,
+    10: AbortedError,
     11: OutOfRangeError,
     14: UnavailableError,
     15: DataLossError,

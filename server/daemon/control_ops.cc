@@ -609,7 +609,9 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     }
     ASSIGN_OR_RETURN(old_info, table_->Info(name));
     if (versions != nullptr && old_info.open_versions_size() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      // ABORTED: a conflict with writers that ends by itself (the client
+      // asks again; Client::Reshard).
+      return absl::AbortedError(absl::StrCat(
           "Reshard: tensor ", name, " has open version",
           old_info.open_versions_size() > 1 ? "s " : " ",
           absl::StrJoin(old_info.open_versions(), ", "), ": publish or abort ",

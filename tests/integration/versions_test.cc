@@ -587,10 +587,10 @@ ShardingSpec Columns() {
 
 // A reshard of a versioned tensor (docs/versions.md, "Resharding") moves
 // its latest published version to the new layout, under the same number:
-// refused while a version is open; a snapshot of the latest reads on,
-// through the new layout; older versions end with the old layout, their
-// reads NOT_FOUND saying so; the numbers go on, and a new version starts
-// from the resharded values.
+// it waits, up to its timeout, while a version is open; a snapshot of the
+// latest reads on, through the new layout; older versions end with the old
+// layout, their reads NOT_FOUND saying so; the numbers go on, and a new version
+// starts from the resharded values.
 TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
   auto client = Connect(1);
   ASSERT_NE(client, nullptr);
@@ -605,19 +605,36 @@ TEST_F(VersionsTest, AReshardMovesTheLatestVersionAndItsSnapshots) {
   ASSERT_OK_AND_ASSIGN(Snapshot pin, client->Pin({"m"}));
   EXPECT_EQ(pin.version("m"), 3);
 
-  // A writer filling a version would lose its writes: refused, nothing
+  // A writer filling a version would lose its writes: the daemons refuse
+  // the reshard, and the client asks again until its timeout; nothing
   // changes.
   ASSERT_OK_AND_ASSIGN(VersionWriter open, client->Begin({"m"}));
-  EXPECT_THAT(client->Reshard("m", Columns()).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("open version 4"),
-                             HasSubstr("publish or abort"))));
+  ClientOptions impatient_options;
+  impatient_options.timeout = absl::Seconds(2);
+  auto impatient = Connect(2, impatient_options);
+  ASSERT_NE(impatient, nullptr);
+  const absl::Time asked = absl::Now();
+  EXPECT_THAT(
+      impatient->Reshard("m", Columns()).status(),
+      StatusIs(
+          absl::StatusCode::kAborted,
+          AllOf(HasSubstr("open version 4"), HasSubstr("publish or abort"),
+                HasSubstr("asked again"), HasSubstr("nothing was applied"))));
+  EXPECT_GE(absl::Now() - asked, absl::Milliseconds(500));
+  EXPECT_LE(absl::Now() - asked, absl::Seconds(3));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView same, client->Open("m"));
   EXPECT_EQ(same.tensor_id(), before.tensor_id());
-  ASSERT_OK(open.Abort());
 
-  ASSERT_OK_AND_ASSIGN(ShardedTensorView after,
-                       client->Reshard("m", Columns()));
+  // One that the writer ends meanwhile (here an abort) goes through.
+  std::thread writer([&open] {
+    absl::SleepFor(absl::Milliseconds(400));
+    EXPECT_OK(open.Abort());
+  });
+  const absl::Time waited = absl::Now();
+  absl::StatusOr<ShardedTensorView> resharded = client->Reshard("m", Columns());
+  writer.join();
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView after, std::move(resharded));
+  EXPECT_GE(absl::Now() - waited, absl::Milliseconds(400));
   EXPECT_NE(after.tensor_id(), before.tensor_id());
   EXPECT_EQ(after.metadata().shards_metadata.size(), 4u);
   EXPECT_EQ(after.version(), 3);

@@ -215,7 +215,7 @@ def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
     assert not [t for t in client.list() if t.name.startswith("sd_part.")]
 
 
-def test_a_published_tensor_resharded_between_runs(client):
+def test_a_published_tensor_resharded_between_runs(daemons, client):
     # Versioned tensors (a published state dict) keep their latest version
     # through a reshard (docs/versions.md, "Resharding"): the plan's next
     # run reads the same version from the new layout, and the trainer goes
@@ -230,9 +230,13 @@ def test_a_published_tensor_resharded_between_runs(client):
     resharded = client.reshard("rs.w",
                                tessera.chunk(1, ["rank:2/cpu", "rank:0/cpu"]))
     assert len(resharded.shards) == 2
-    with pytest.raises(tessera.FailedPreconditionError, match="open version"):
+    # While a version is open the reshard waits (asking again) up to its
+    # client's timeout, then ends ABORTED having applied nothing.
+    impatient = tessera.connect(daemons.addresses[0], timeout=1.5)
+    with pytest.raises(tessera.AbortedError, match="open version"):
         with client.begin(["rs.w"]):
-            client.reshard("rs.w", tessera.chunk(0, ["rank:1/cpu"]))
+            impatient.reshard("rs.w", tessera.chunk(0, ["rank:1/cpu"]))
+    assert len(client.open("rs.w").shards) == 2
     for _ in range(100):
         out[:] = 0
         assert plan.run() == first
@@ -247,3 +251,30 @@ def test_a_published_tensor_resharded_between_runs(client):
     assert plan.run() == second
     assert (out == sd["w"][:, 4:].numpy()).all()
     assert client.open("rs.w").shards == resharded.shards
+
+
+def test_a_reshard_waits_for_the_trainer_to_publish(client):
+    # A trainer holds a version open while an operator reshards: the
+    # reshard goes through once the version is published, and moves it.
+    sd = {"w": torch.zeros(16, 8)}
+    first = tt.publish_state_dict(client, "rw.", sd)
+    opened = threading.Event()
+
+    def trainer():
+        with client.begin("rw.w") as v:
+            opened.set()
+            time.sleep(0.5)
+            v[...] = np.full((16, 8), 7, np.float32)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    assert opened.wait(10)
+    started = time.monotonic()
+    moved = client.reshard("rw.w", tessera.chunk(1, ["rank:3/cpu",
+                                                     "rank:1/cpu"]))
+    waited = time.monotonic() - started
+    thread.join(10)
+    assert waited > 0.2
+    assert moved.version == first + 1
+    assert len(moved.shards) == 2
+    assert (moved.read() == 7).all()
