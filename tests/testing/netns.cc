@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "io/subprocess.h"
@@ -90,8 +91,17 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int hosts) {
         made->Ip({"link", "set", outside, "master", made->bridge_}));
     RETURN_IF_ERROR(made->Ip({"link", "set", outside, "up"}));
   }
+  // A loaded machine (a parallel ctest) can take seconds to bring new
+  // links up: a host is given up on (and the tests skipped) only after
+  // several probes.
   for (int h = 0; h < hosts; ++h) {
-    if (absl::Status reached = made->Probe(h); !reached.ok()) {
+    absl::Status reached;
+    for (int attempt = 1; attempt <= 4; ++attempt) {
+      reached = made->Probe(h);
+      if (reached.ok()) break;
+      absl::SleepFor(absl::Milliseconds(500));
+    }
+    if (!reached.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "host ", h, " cannot reach the bridge: ", reached.message()));
     }
