@@ -22,13 +22,18 @@
 # third less than -O1), and they spend their run time in the code they
 # test. In the first build they have no debug info either (-g0, a tenth
 # less; a failed expectation names its file and line without it, and the
-# code under test keeps its line tables). The test binaries reuse one precompiled header of the headers
-# they share (TESSERA_TEST_PCH, tests/CMakeLists.txt). The libraries are
-# unity builds (8 sources a
+# code under test keeps its line tables). The test binaries reuse one
+# precompiled header of the headers they share (TESSERA_TEST_PCH,
+# tests/CMakeLists.txt). The libraries are unity builds (8 sources a
 # compile, CMAKE_UNITY_BUILD; tests/ and the generated protobuf code are
 # not), which parses their shared headers once a batch: so file-local
 # names in one library's .cc files must differ. Build Tessera yourself
 # (cmake, README) for full debug info.
+#
+# Each unit and process test binary runs whole, as one ctest test
+# (TESSERA_WHOLE_BINARY_LABELS; gtest still reports each test), the
+# cluster tests one process per test. The sanitized run's request fuzz sends 1000
+# requests per method (TESSERA_FUZZ_REQUESTS; the first run 2000).
 #
 # Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
 # (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
@@ -59,7 +64,7 @@ if ((normal)); then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
-    "-DTESSERA_TEST_OPTIMIZE=-O0;-g0"
+    "-DTESSERA_TEST_OPTIMIZE=-O0;-g0" "-DTESSERA_WHOLE_BINARY_LABELS=unit;process"
   cmake --build "$build_dir" -j "$jobs"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300
 fi
@@ -73,7 +78,7 @@ if [[ -n "$sanitize" ]]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
     -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
-    -DTESSERA_TEST_OPTIMIZE=-O0 \
+    -DTESSERA_TEST_OPTIMIZE=-O0 "-DTESSERA_WHOLE_BINARY_LABELS=unit;process" \
     -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
     -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-20}"
   cmake --build "$san_dir" -j "$jobs"
@@ -83,6 +88,7 @@ if [[ -n "$sanitize" ]]; then
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=1:strict_string_checks=1} \
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  TESSERA_FUZZ_REQUESTS=${TESSERA_FUZZ_REQUESTS:-1000} \
     ctest --test-dir "$san_dir" --output-on-failure -j "$jobs" --timeout 600 \
       -LE 'bench|style|gpu'
 fi
