@@ -46,6 +46,11 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// Checks for a line read the whole log, not its last 4 KiB: a restarted
+// daemon's startup lines (more of them under the sanitizers) can push a
+// launcher's line out of a tail.
+constexpr size_t kWholeLog = size_t{1} << 20;
+
 struct CliResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
@@ -469,7 +474,7 @@ TEST(CliLaunchTest, LaunchServesAndStopsOnSigint) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("rank 0: " + address));
   EXPECT_THAT(log, HasSubstr("rank 1: "));
 
@@ -490,7 +495,7 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
   // "rank 1: HOST:PORT (pid P)": kill that daemon.
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   const size_t at = log.find("rank 1: ");
   ASSERT_NE(at, std::string::npos) << log;
   const size_t pid_at = log.find("(pid ", at);
@@ -500,7 +505,7 @@ TEST(CliLaunchTest, LaunchStopsAllWhenOneDaemonDies) {
 
   ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
   EXPECT_THAT(
-      launched.launcher->LogTail(),
+      launched.launcher->LogTail(kWholeLog),
       HasSubstr(absl::StrCat("rank 1 (pid ", pid, ") exited with signal 9")));
   CliResult after = RunCli(address, {"health", "--timeout", "2"},
                            launched.dir + "/after.log");
@@ -541,7 +546,7 @@ std::string RankAddressOf(const std::string& log, int rank) {
 pid_t KillAndCreateUntilServing(Launched& launched, int rank,
                                 const std::string& address,
                                 int max_restarts = 1) {
-  const pid_t pid = LastPidOf(launched.launcher->LogTail(), rank);
+  const pid_t pid = LastPidOf(launched.launcher->LogTail(kWholeLog), rank);
   EXPECT_GT(pid, 0) << launched.launcher->LogTail();
   if (pid <= 0 || kill(pid, SIGKILL) != 0) return pid;
   const absl::Time killed = absl::Now();
@@ -554,7 +559,7 @@ pid_t KillAndCreateUntilServing(Launched& launched, int rank,
     if (created.exit_code == 0) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_EQ(created.exit_code, 0) << created.output << "\n" << log;
   EXPECT_THAT(log, HasSubstr(absl::StrCat(
                        "rank ", rank, " (pid ", pid,
@@ -572,9 +577,9 @@ TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  const pid_t rank0 = LastPidOf(launched.launcher->LogTail(), 0);
+  const pid_t rank0 = LastPidOf(launched.launcher->LogTail(kWholeLog), 0);
   const pid_t first = KillAndCreateUntilServing(launched, 1, address);
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("restarted)"));
   const pid_t second = LastPidOf(log, 1);
   EXPECT_NE(second, first);
@@ -586,7 +591,7 @@ TEST(CliLaunchTest, MaxRestartsStartsAKilledDaemonAgain) {
   // The second death is past --max-restarts.
   ASSERT_EQ(kill(second, SIGKILL), 0);
   ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
-  EXPECT_THAT(launched.launcher->LogTail(),
+  EXPECT_THAT(launched.launcher->LogTail(kWholeLog),
               HasSubstr("after 1 restarts (--max-restarts)"));
 }
 
@@ -602,15 +607,16 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  const pid_t rank1 = LastPidOf(launched.launcher->LogTail(), 1);
-  const std::string address1 = RankAddressOf(launched.launcher->LogTail(), 1);
+  const pid_t rank1 = LastPidOf(launched.launcher->LogTail(kWholeLog), 1);
+  const std::string address1 =
+      RankAddressOf(launched.launcher->LogTail(kWholeLog), 1);
   CliResult created = RunCli(
       address1,
       {"create", "kept", "--size", "4,4", "--spec", "chunk:dim=0:rank:1/cpu"},
       launched.dir + "/kept.log");
   ASSERT_EQ(created.exit_code, 0) << created.output;
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1);
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_NE(LastPidOf(log, 0), first);
   EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
   CliResult listed = RunCli(address1, {"ls"}, launched.dir + "/ls.log");
@@ -630,7 +636,7 @@ TEST(CliLaunchTest, TopAndJsonLogsFollowTrafficOnFourDaemons) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  const std::string launch_log = launched.launcher->LogTail();
+  const std::string launch_log = launched.launcher->LogTail(kWholeLog);
   for (int r = 0; r < 4; ++r) {
     EXPECT_THAT(launch_log, HasSubstr(absl::StrCat("rank ", r, ": ")));
   }
@@ -851,7 +857,7 @@ TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  std::string log = launched.launcher->LogTail();
+  std::string log = launched.launcher->LogTail(kWholeLog);
   const pid_t etcd = LocalEtcdPid(log);
   ASSERT_GT(etcd, 0) << log;
   EXPECT_THAT(log, HasSubstr("mutual TLS)"));
@@ -876,11 +882,12 @@ TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1, 3);
   // The restarted rank 0 serves too, once it printed its line again.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline &&
-         !absl::StrContains(launched.launcher->LogTail(), "restarted)")) {
+  while (
+      absl::Now() < deadline &&
+      !absl::StrContains(launched.launcher->LogTail(kWholeLog), "restarted)")) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  log = launched.launcher->LogTail();
+  log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("restarted)"));
   const pid_t second = LastPidOf(log, 0);
   EXPECT_NE(second, first);
@@ -917,14 +924,14 @@ TEST(CliLaunchTest, EmbeddedStoreRankZeroEndsTheLaunch) {
   const std::string address =
       WaitForReady(*launched.launcher, absl::Seconds(60));
   ASSERT_FALSE(address.empty()) << launched.launcher->LogTail();
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("store: rank 0 (embedded, 127.0.0.1:"));
   EXPECT_EQ(LocalEtcdPid(log), -1);
   const pid_t rank0 = LastPidOf(log, 0);
   ASSERT_GT(rank0, 0) << log;
   ASSERT_EQ(kill(rank0, SIGKILL), 0);
   ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
-  EXPECT_THAT(launched.launcher->LogTail(),
+  EXPECT_THAT(launched.launcher->LogTail(kWholeLog),
               HasSubstr("rank 0 serves the cluster's store (--store embedded"));
   std::filesystem::remove_all(launched.dir);
 }
@@ -945,7 +952,7 @@ TEST(CliLaunchTest, AnEtcdThatCannotStartFailsTheLaunchQuotingItsLog) {
       Launch(2, {}, {{"PATH", absl::StrCat(bin, ":", path ? path : "")}});
   ASSERT_NE(launched.launcher, nullptr);
   ASSERT_NO_FATAL_FAILURE(ExpectExitsWith(*launched.launcher, 1));
-  const std::string log = launched.launcher->LogTail();
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("tessera launch: error: the local etcd ("));
   EXPECT_THAT(log, HasSubstr("stopped before serving (exit code 3)"));
   EXPECT_THAT(log, HasSubstr("fake etcd: no disk today"));
@@ -966,8 +973,8 @@ TEST(CliLaunchTest, TwoLaunchesAtOnceEachRunTheirOwnEtcd) {
       WaitForReady(*second.launcher, absl::Seconds(60));
   ASSERT_FALSE(address1.empty()) << first.launcher->LogTail();
   ASSERT_FALSE(address2.empty()) << second.launcher->LogTail();
-  const pid_t etcd1 = LocalEtcdPid(first.launcher->LogTail());
-  const pid_t etcd2 = LocalEtcdPid(second.launcher->LogTail());
+  const pid_t etcd1 = LocalEtcdPid(first.launcher->LogTail(kWholeLog));
+  const pid_t etcd2 = LocalEtcdPid(second.launcher->LogTail(kWholeLog));
   ASSERT_GT(etcd1, 0) << first.launcher->LogTail();
   ASSERT_GT(etcd2, 0) << second.launcher->LogTail();
   EXPECT_NE(etcd1, etcd2);
