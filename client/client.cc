@@ -1028,9 +1028,9 @@ absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
   // nothing (ABORTED: its writers would lose their writes). Writers publish
   // or abort soon (a training loop's step, or the version's lease), so the
   // reshard is sent again, as a new call, until the deadline.
-  const absl::Time deadline = absl::Now() + cluster_->options().timeout;
-  absl::Duration pause = absl::Milliseconds(20);
   const absl::Time started = absl::Now();
+  const absl::Time deadline = started + cluster_->options().timeout;
+  absl::Duration pause = absl::Milliseconds(20);
   while (true) {
     absl::StatusOr<Described> resharded =
         Describe(*cluster_, &v1::ControlService::Stub::Reshard, request,
@@ -1040,9 +1040,8 @@ absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
       return ShardedTensorView(cluster_, std::move(resharded->info),
                                std::move(resharded->metadata));
     }
-    if (!absl::IsAborted(resharded.status()) ||
-        absl::Now() + pause + kRetryRoom >= deadline) {
-      if (!absl::IsAborted(resharded.status())) return resharded.status();
+    if (!absl::IsAborted(resharded.status())) return resharded.status();
+    if (absl::Now() + pause + kRetryRoom >= deadline) {
       return absl::AbortedError(
           absl::StrCat(resharded.status().message(), " (asked again for ",
                        absl::FormatDuration(absl::Trunc(absl::Now() - started,
