@@ -616,8 +616,16 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
       launched.dir + "/kept.log");
   ASSERT_EQ(created.exit_code, 0) << created.output;
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1);
-  const std::string log = launched.launcher->LogTail(kWholeLog);
-  EXPECT_NE(LastPidOf(log, 0), first);
+  // The cluster may serve through rank 1 before the new rank 0 prints its
+  // line: wait for it.
+  std::string log = launched.launcher->LogTail(kWholeLog);
+  for (const absl::Time until = absl::Now() + absl::Seconds(30);
+       LastPidOf(log, 0) == first && absl::Now() < until;
+       log = launched.launcher->LogTail(kWholeLog)) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_NE(LastPidOf(log, 0), first) << log;
+  EXPECT_GT(LastPidOf(log, 0), 0) << log;
   EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
   CliResult listed = RunCli(address1, {"ls"}, launched.dir + "/ls.log");
   EXPECT_THAT(listed.output, AllOf(HasSubstr("kept"), HasSubstr("t ")));
