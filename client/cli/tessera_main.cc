@@ -20,6 +20,7 @@
 #include "client/cli/versions_command.h"
 #include "client/cli/write_command.h"
 #include "common/mutex_checks.h"
+#include "io/heap.h"
 
 namespace {
 
@@ -40,6 +41,8 @@ constexpr tessera::cli::AddCommandFn kCommands[] = {
 
 int main(int argc, char** argv) {
   tessera::SkipMutexDeadlockChecks();
+  // gRPC's receive buffers reused, not faulted in again per message.
+  tessera::KeepFreedHeapForReuse();
   return tessera::cli::RunCommandLine(kCommands, argc, argv, std::cout,
                                       std::cerr);
 }

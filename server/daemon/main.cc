@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/log_context.h"
 #include "common/mutex_checks.h"
+#include "io/heap.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/daemon_options.h"
 #include "server/daemon/log_format.h"
@@ -89,6 +90,8 @@ void SetUpLogging(const DaemonOptions& options) {
 
 int Run(int argc, char** argv) {
   SkipMutexDeadlockChecks();
+  // gRPC's receive buffers reused, not faulted in again per message.
+  KeepFreedHeapForReuse();
   // Before any thread exists, so that every thread inherits the mask.
   const sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
