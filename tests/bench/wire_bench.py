@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The wire against its limit (docs/benchmarks.md, "The wire"): one
 client reading and writing one daemon's shard over the data plane with 1,
-2 and 4 lanes (client/lanes.h), next to iperf3 between the same two ends
-on the same run.
+2 and 4 lanes (client/lanes.h), and over gRPC (`tessera bench`), next to
+iperf3 between the same two ends on the same run.
 
 - loopback (always): the client and one daemon on this host; the client
   takes the data plane (its local path off, so that every byte crosses a
@@ -89,11 +89,36 @@ def run_client(args, address: str, prefix: list) -> list:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def run_grpc(args, address: str, prefix: list) -> list:
+    """The same transfer over gRPC, measured by `tessera bench` (the CLI,
+    whose process keeps freed heap memory: io/heap.h) in the client's
+    host: its median read and write of one --mib box."""
+    cli = os.path.join(args.build, "bin", "tessera")
+    result = subprocess.run(
+        prefix + [cli, "bench", "-a", address, "--rank", "0", "--lanes", "1",
+                  "--sizes", f"{args.mib}MiB", "--reps", str(args.reps),
+                  "--json"],
+        capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"tessera bench failed:\n{result.stderr}")
+    measured = []
+    for row in json.loads(result.stdout)["daemons"][0]["rows"]:
+        if row["transport"] != "grpc":
+            continue
+        point = row["points"][0]
+        measured.append({"op": row["op"], "lanes": "-",
+                         "seconds": point["p50_s"],
+                         "gbs": point["bytes"] / point["p50_s"] / 1e9})
+    return measured
+
+
 def report(where: str, transport: str, measured: list, limits: dict,
-           mib: int) -> None:
-    """Prints the limits, then each Tessera row with its ratio against the
-    best limit of its direction (reads: the daemon's side sends)."""
-    for (op, streams), gbs in sorted(limits.items()):
+           mib: int, limits_printed: bool = False) -> None:
+    """Prints the limits (unless already printed), then each Tessera row
+    with its ratio against the best limit of its direction (reads: the
+    daemon's side sends)."""
+    for (op, streams), gbs in sorted(limits.items()) if not limits_printed \
+            else []:
         print(json.dumps({"bench": "iperf3", "where": where, "direction": op,
                           "streams": streams, "gbs": round(gbs, 3)}))
     for row in measured:
@@ -133,6 +158,7 @@ def main() -> None:
     daemons = Daemons(server, 1)
     try:
         measured = run_client(args, daemons.address, [])
+        grpc = run_grpc(args, daemons.address, [])
     finally:
         daemons.close()
     limits = {("read", n): iperf3("127.0.0.1", streams=n, length="1M",
@@ -140,6 +166,8 @@ def main() -> None:
     limits.update({("write", n): v for (_, n), v in limits.items()})
     report("loopback", "data plane (local path off)", measured, limits,
            args.mib)
+    report("loopback", "grpc (tessera bench)", grpc, limits, args.mib,
+           limits_printed=True)
 
     if not args.hosts:
         return
@@ -149,6 +177,7 @@ def main() -> None:
                           prefix=hosts.exec(0), insecure=True)
         try:
             measured = run_client(args, daemons.address, hosts.exec(1))
+            grpc = run_grpc(args, daemons.address, hosts.exec(1))
         finally:
             daemons.close()
         limits = {}
@@ -160,6 +189,8 @@ def main() -> None:
                     client_prefix=hosts.exec(1))
         report("two netns hosts, one veth", "data plane", measured, limits,
                args.mib)
+        report("two netns hosts, one veth", "grpc (tessera bench)", grpc,
+               limits, args.mib, limits_printed=True)
     finally:
         hosts.close()
 
