@@ -7,14 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define TESSERA_TEST_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TESSERA_TEST_UNDER_ASAN 1
-#endif
-#endif
+#include "tests/testing/sanitizers.h"
 
 namespace tessera {
 namespace {

@@ -22,15 +22,8 @@
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/status_matchers.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define TESSERA_TEST_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TESSERA_TEST_UNDER_ASAN 1
-#endif
-#endif
 
 namespace tessera {
 namespace {
