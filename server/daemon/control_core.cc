@@ -267,6 +267,12 @@ void Core::RegisterGauges() {
       [this, one] { return one(static_cast<double>(budget_->limit())); });
   add("tessera_memory_budget_used_bytes", "Host memory reserved in the budget",
       [this, one] { return one(static_cast<double>(budget_->used())); });
+  add("tessera_memory_kept_for_reuse_bytes",
+      "Host memory reserved in the budget only for reuse (freed versions "
+      "kept for the next begin; given back when a request would not fit)",
+      [this, one] {
+        return one(static_cast<double>(budget_->kept_for_reuse()));
+      });
   add("tessera_generation",
       "Generation of the default process group this daemon runs", [this, one] {
         return one(static_cast<double>(rank_->world_group()->generation()));

@@ -53,6 +53,19 @@ void MemoryBudget::AddReclaimable(std::weak_ptr<Reclaimable> reclaimable) {
   reclaimables_.push_back(std::move(reclaimable));
 }
 
+int64_t MemoryBudget::kept_for_reuse() const {
+  std::vector<std::shared_ptr<Reclaimable>> live;
+  {
+    absl::MutexLock lock(&reclaimables_mu_);
+    for (const auto& weak : reclaimables_) {
+      if (auto r = weak.lock()) live.push_back(std::move(r));
+    }
+  }
+  int64_t kept = 0;
+  for (const auto& r : live) kept += r->KeptBytes();
+  return kept;
+}
+
 absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
     int64_t bytes, absl::string_view what) {
   if (bytes < 0) {

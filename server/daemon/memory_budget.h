@@ -94,9 +94,15 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
    public:
     virtual ~Reclaimable() = default;
     virtual int64_t Reclaim() = 0;
+    // The reserved bytes Reclaim would give back now.
+    virtual int64_t KeptBytes() const = 0;
   };
   // Asks `reclaimable` from now on, for as long as it lives (held weakly).
   void AddReclaimable(std::weak_ptr<Reclaimable> reclaimable);
+  // The bytes of used() that every live Reclaimable keeps only for reuse
+  // (the tessera_memory_kept_for_reuse_bytes gauge). Asks each outside
+  // the budget's lock, as Reserve does.
+  int64_t kept_for_reuse() const;
 
  private:
   MemoryBudget(int64_t limit, std::string source)
@@ -107,7 +113,7 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   const int64_t limit_;
   const std::string source_;
   std::atomic<int64_t> used_{0};
-  absl::Mutex reclaimables_mu_;
+  mutable absl::Mutex reclaimables_mu_;
   std::vector<std::weak_ptr<Reclaimable>> reclaimables_
       ABSL_GUARDED_BY(reclaimables_mu_);
 };

@@ -279,6 +279,11 @@ int64_t VersionSet::Reclaim() {
   return spare.has_value() ? spare->held.bytes() : 0;
 }
 
+int64_t VersionSet::KeptBytes() const {
+  absl::MutexLock lock(&mu_);
+  return spare_.has_value() ? spare_->held.bytes() : 0;
+}
+
 std::string VersionSet::KeptListLocked() const {
   std::vector<int64_t> kept;
   for (const auto& [number, version] : published_) kept.push_back(number);

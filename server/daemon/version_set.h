@@ -146,6 +146,8 @@ class VersionSet : public MemoryBudget::Reclaimable,
   std::optional<Spare> TakeSpare();
   // Frees the spare; returns its bytes (MemoryBudget::Reclaimable).
   int64_t Reclaim() override;
+  // The spare's reserved bytes; 0 without one (MemoryBudget::Reclaimable).
+  int64_t KeptBytes() const override;
 
   // Writes the version fields of `info` (versions_kept, version,
   // kept_versions, pinned_versions, open_versions, next_version).

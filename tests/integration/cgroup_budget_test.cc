@@ -24,10 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/region_transfer.h"
@@ -37,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/gauge.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_cgroup.h"
 #include "wire/auth.h"
@@ -46,6 +44,7 @@ namespace {
 
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
+using ::tessera::testing::GaugeValue;
 using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
 using ::tessera::testing::TestCgroup;
@@ -142,14 +141,7 @@ class CgroupBudgetTest : public ::testing::TestWithParam<int> {
     if (!Stub(r)->GetStats(&context, v1::GetStatsRequest(), &stats).ok()) {
       return -1;
     }
-    for (absl::string_view line : absl::StrSplit(stats.metrics(), '\n')) {
-      if (!absl::StartsWith(line, "tessera_memory_budget_used_bytes")) continue;
-      double value = 0;
-      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-        return static_cast<int64_t>(value);
-      }
-    }
-    return -1;
+    return GaugeValue(stats.metrics(), "tessera_memory_budget_used_bytes");
   }
 
   // Waits until rank r's budget is back to `used` bytes: a call gives its

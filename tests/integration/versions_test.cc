@@ -44,6 +44,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -57,6 +58,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_cluster.h"
+#include "tests/testing/gauge.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/replicas.h"
 #include "wire/version_id.h"
@@ -65,6 +67,7 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::DaemonCluster;
+using ::tessera::testing::GaugeValue;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
@@ -75,6 +78,29 @@ using ::testing::HasSubstr;
 constexpr int kWorld = 4;
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 512;
+
+// Waits (up to 10 s) until each daemon's
+// tessera_memory_kept_for_reuse_bytes gauge reads its entry of `bytes`
+// (in rank order): a freed version is dropped with the last reference to
+// it, which may be just after its caller heard the answer.
+void ExpectKeptForReuse(const Client& client,
+                        const std::vector<int64_t>& bytes) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::vector<int64_t> kept;
+  do {
+    kept.clear();
+    for (const absl::StatusOr<v1::DaemonStats>& stats : client.Stats()) {
+      kept.push_back(stats.ok()
+                         ? GaugeValue(stats->metrics(),
+                                      "tessera_memory_kept_for_reuse_bytes")
+                         : -1);
+    }
+    if (kept == bytes) return;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  ADD_FAILURE() << "kept for reuse, per daemon: " << absl::StrJoin(kept, ", ")
+                << "; expected " << absl::StrJoin(bytes, ", ");
+}
 
 // Rows in chunks over every daemon, twice over: 8 shards.
 ShardingSpec Rows() {
@@ -527,7 +553,12 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
     ASSERT_OK(writer.Publish().status());
   }
   ASSERT_OK(client->Delete("r"));
+  // What each daemon keeps for reuse now: version 1 of "big" (8 MiB).
+  constexpr int64_t kBigShards = 8 << 20;
+  ExpectKeptForReuse(*client, {kBigShards, kBigShards, kBigShards, kBigShards});
   ASSERT_OK(client->Create("other", {7168, 4096}, Rows(), zeros).status());
+  // Only rank 0 needed it back for "other" (28 MiB per daemon).
+  ExpectKeptForReuse(*client, {0, kBigShards, kBigShards, kBigShards});
   // Nothing is kept for reuse now: the next version needs new memory.
   EXPECT_THAT(client->Begin({"big"}, empty).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,

@@ -62,6 +62,7 @@ class KeptForReuse : public MemoryBudget::Reclaimable {
     held_.Release();
     return bytes;
   }
+  int64_t KeptBytes() const override { return held_.bytes(); }
   int asked() const { return asked_; }
 
  private:
@@ -78,10 +79,13 @@ TEST(MemoryBudgetTest, ReclaimsWhatIsKeptForReuseOnlyWhenARequestDoesNotFit) {
   // A gone one is skipped.
   budget->AddReclaimable(
       std::make_shared<KeptForReuse>(MemoryBudget::Reservation()));
+  EXPECT_EQ(budget->kept_for_reuse(), 50);
   ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation a, budget->Reserve(40, "a"));
   EXPECT_EQ(spare->asked(), 0);  // It fit.
+  EXPECT_EQ(budget->kept_for_reuse(), 50);
   ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation b, budget->Reserve(30, "b"));
   EXPECT_EQ(spare->asked(), 1);
+  EXPECT_EQ(budget->kept_for_reuse(), 0);
   EXPECT_EQ(budget->used(), 70);
   // Nothing left to reclaim: refused, saying what is left.
   EXPECT_THAT(budget->Reserve(31, "c").status(),
