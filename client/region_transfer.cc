@@ -287,6 +287,7 @@ void ProgressCounter::SetTotal(int64_t total) {
 void ProgressCounter::Add(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   done_ += bytes;
+  if (total_ > 0) done_ = std::min(done_, total_);  // Pieces moved again.
   reported_done_ = done_ == total_;
   if (progress_) progress_(done_, total_);
 }

@@ -123,7 +123,11 @@ std::string BoxString(const ShardMetadata& box);
 
 // Sums the bytes of concurrent transfers and reports (done, total) to
 // `progress` (which may be empty), one call at a time, under a lock: done
-// only grows. Keep `progress` cheap: transfers wait for it.
+// only grows, and never passes total (once known): a piece moved again (a
+// read failing over from a stalled holder to a replica, a read taken again
+// at a newer version, a write sent again to a restarted holder) counts
+// again, so done may reach total before the transfer ends. Keep
+// `progress` cheap: transfers wait for it.
 class ProgressCounter {
  public:
   ProgressCounter(int64_t total,

@@ -3,6 +3,7 @@
 #include "client/region_transfer.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -225,6 +226,38 @@ TEST(RegionPieceTest, EmptyLayoutVisitsNothing) {
     return absl::OkStatus();
   }));
   EXPECT_EQ(calls, 0);
+}
+
+// A piece moved again (60 of 100 bytes, then all 100 once more, as a read
+// failing over to a replica does) never reports more than the total, and
+// the finished transfer ends at (total, total) once.
+TEST(ProgressCounterTest, DoneNeverPassesTheTotal) {
+  std::vector<std::pair<int64_t, int64_t>> reports;
+  ProgressCounter progress(100, [&](int64_t done, int64_t total) {
+    reports.emplace_back(done, total);
+  });
+  progress.Add(60);
+  progress.Add(60);
+  progress.Add(40);
+  progress.Finish();
+  EXPECT_THAT(reports, ElementsAre(std::pair<int64_t, int64_t>(60, 100),
+                                   std::pair<int64_t, int64_t>(100, 100),
+                                   std::pair<int64_t, int64_t>(100, 100)));
+}
+
+// A transfer that learns its size late (a gather's header) counts from
+// there.
+TEST(ProgressCounterTest, ATotalLearnedLateCountsFromThere) {
+  std::vector<std::pair<int64_t, int64_t>> reports;
+  ProgressCounter progress(0, [&](int64_t done, int64_t total) {
+    reports.emplace_back(done, total);
+  });
+  progress.SetTotal(10);
+  progress.Add(4);
+  progress.Add(6);
+  progress.Finish();  // Already reported (10, 10).
+  EXPECT_THAT(reports, ElementsAre(std::pair<int64_t, int64_t>(4, 10),
+                                   std::pair<int64_t, int64_t>(10, 10)));
 }
 
 }  // namespace
