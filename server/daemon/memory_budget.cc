@@ -53,16 +53,19 @@ void MemoryBudget::AddReclaimable(std::weak_ptr<Reclaimable> reclaimable) {
   reclaimables_.push_back(std::move(reclaimable));
 }
 
-int64_t MemoryBudget::kept_for_reuse() const {
+std::vector<std::shared_ptr<MemoryBudget::Reclaimable>>
+MemoryBudget::LiveReclaimables() const {
   std::vector<std::shared_ptr<Reclaimable>> live;
-  {
-    absl::MutexLock lock(&reclaimables_mu_);
-    for (const auto& weak : reclaimables_) {
-      if (auto r = weak.lock()) live.push_back(std::move(r));
-    }
+  absl::MutexLock lock(&reclaimables_mu_);
+  for (const auto& weak : reclaimables_) {
+    if (auto r = weak.lock()) live.push_back(std::move(r));
   }
+  return live;
+}
+
+int64_t MemoryBudget::kept_for_reuse() const {
   int64_t kept = 0;
-  for (const auto& r : live) kept += r->KeptBytes();
+  for (const auto& r : LiveReclaimables()) kept += r->KeptBytes();
   return kept;
 }
 
@@ -75,16 +78,8 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
   if (TryReserve(bytes)) return Reservation(shared_from_this(), bytes);
   // Memory kept only for reuse goes first; asked outside the lock, as
   // giving it back releases reservations.
-  std::vector<std::shared_ptr<Reclaimable>> live;
-  {
-    absl::MutexLock lock(&reclaimables_mu_);
-    for (const auto& weak : reclaimables_) {
-      if (auto r = weak.lock()) live.push_back(std::move(r));
-    }
-  }
   int64_t reclaimed = 0;
-  for (const auto& r : live) reclaimed += r->Reclaim();
-  live.clear();
+  for (const auto& r : LiveReclaimables()) reclaimed += r->Reclaim();
   if (reclaimed > 0 && TryReserve(bytes)) {
     return Reservation(shared_from_this(), bytes);
   }

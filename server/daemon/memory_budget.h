@@ -109,6 +109,9 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
       : limit_(limit), source_(std::move(source)) {}
   // Reserve without reclaiming: false when `bytes` do not fit.
   bool TryReserve(int64_t bytes);
+  // The Reclaimables still alive, held strongly, for asking each outside
+  // reclaimables_mu_ (giving memory back releases reservations).
+  std::vector<std::shared_ptr<Reclaimable>> LiveReclaimables() const;
 
   const int64_t limit_;
   const std::string source_;

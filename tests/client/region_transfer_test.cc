@@ -3,6 +3,7 @@
 #include "client/region_transfer.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@ using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
 // A 10x10 tensor as a 2x2 grid of 5x5 shards, in row-major shard order.
 std::vector<ShardMetadata> Grid() {
@@ -228,36 +230,39 @@ TEST(RegionPieceTest, EmptyLayoutVisitsNothing) {
   EXPECT_EQ(calls, 0);
 }
 
+// What a ProgressCounter reported, in order.
+struct Reports {
+  std::function<void(int64_t, int64_t)> Fn() {
+    return
+        [this](int64_t done, int64_t total) { seen.emplace_back(done, total); };
+  }
+  std::vector<std::pair<int64_t, int64_t>> seen;
+};
+
 // A piece moved again (60 of 100 bytes, then all 100 once more, as a read
 // failing over to a replica does) never reports more than the total, and
-// the finished transfer ends at (total, total) once.
+// the finished transfer ends at (total, total).
 TEST(ProgressCounterTest, DoneNeverPassesTheTotal) {
-  std::vector<std::pair<int64_t, int64_t>> reports;
-  ProgressCounter progress(100, [&](int64_t done, int64_t total) {
-    reports.emplace_back(done, total);
-  });
+  Reports reports;
+  ProgressCounter progress(100, reports.Fn());
   progress.Add(60);
   progress.Add(60);
   progress.Add(40);
-  progress.Finish();
-  EXPECT_THAT(reports, ElementsAre(std::pair<int64_t, int64_t>(60, 100),
-                                   std::pair<int64_t, int64_t>(100, 100),
-                                   std::pair<int64_t, int64_t>(100, 100)));
+  progress.Finish();  // Already reported (100, 100).
+  EXPECT_THAT(reports.seen,
+              ElementsAre(Pair(60, 100), Pair(100, 100), Pair(100, 100)));
 }
 
 // A transfer that learns its size late (a gather's header) counts from
 // there.
 TEST(ProgressCounterTest, ATotalLearnedLateCountsFromThere) {
-  std::vector<std::pair<int64_t, int64_t>> reports;
-  ProgressCounter progress(0, [&](int64_t done, int64_t total) {
-    reports.emplace_back(done, total);
-  });
+  Reports reports;
+  ProgressCounter progress(0, reports.Fn());
   progress.SetTotal(10);
   progress.Add(4);
   progress.Add(6);
-  progress.Finish();  // Already reported (10, 10).
-  EXPECT_THAT(reports, ElementsAre(std::pair<int64_t, int64_t>(4, 10),
-                                   std::pair<int64_t, int64_t>(10, 10)));
+  progress.Finish();
+  EXPECT_THAT(reports.seen, ElementsAre(Pair(4, 10), Pair(10, 10)));
 }
 
 }  // namespace
