@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Carries a built tree to a GPU machine that lacks the build's dependencies
 # (gRPC, protobuf, Abseil, Gloo, ...): packs the test and server binaries
-# (without debug info), CTest's files and every shared library they load
-# except the C runtime, the CUDA driver and NCCL, which the GPU machine has.
+# (without debug info), CTest's files (with the label lists that
+# tests/CMakeLists.txt's tessera_add_test writes) and every shared library
+# they load except the C runtime, the CUDA driver and NCCL, which the GPU
+# machine has.
 #
 #   tests/gpu/pack_build.sh pack BUNDLE.tar.xz     (here, after a CUDA build)
 #   tests/gpu/pack_build.sh run BUNDLE.tar.xz [RESULTS_DIR]   (there)
@@ -25,7 +27,8 @@ pack)
   (cd "$build_dir" &&
     find . -path '*/CMakeFiles' -prune -o -type f \( -perm -u+x -o \
       -name CTestTestfile.cmake -o -name '*_include.cmake' -o \
-      -name '*_tests.cmake' -o -name CMakeCache.txt \) -print) |
+      -name '*_tests.cmake' -o -name '*_labels.cmake' -o \
+      -name CMakeCache.txt \) -print) |
     grep -v '\.so' |
     while read -r f; do
       mkdir -p "$stage/build/$(dirname "$f")"
