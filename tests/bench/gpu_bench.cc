@@ -7,8 +7,10 @@
 //        FetchShardInto of a CUDA shard served by ANOTHER process (this
 //        binary re-executed with --serve, a one-rank world holding one
 //        shard per size on cuda:0) into a tensor on cuda:0, over the gRPC
-//        stream, the raw data plane, or the local path (CUDA IPC,
-//        required: an error rather than a fallback), wall-clock median;
+//        stream, the raw data plane (twice: "lanes":1, one connection, and
+//        striped across the client's default lanes), or the local path
+//        (CUDA IPC, required: an error rather than a fallback), wall-clock
+//        median;
 //   {"bench":"gpu","op":"nccl_gather|nccl_allgather", ..., "d2d_gbps":y}
 //        a one-rank NcclBackend Gather/AllGather of the same bytes, wall
 //        clock, with a synchronous device-to-device copy of the same bytes
@@ -37,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/lanes.h"
 #include "client/remote_shard.h"
 #include "client/shard_client.h"
 #include "common/device.h"
@@ -352,13 +355,18 @@ bool FetchThroughput(const Served& served, int reps) {
       absl::StatusOr<std::pair<std::shared_ptr<ShardClient>, FetchOptions>>
           client;
     };
+    // The data plane twice: one connection (like with fetch_bench's one
+    // TCP stream) and striped across the client's default lanes.
+    FetchOptions one_lane = SocketOptions(options);
+    one_lane.lanes = 1;
+    const auto data_plane =
+        ShardClient::Create(served.address, served.data_plane_address);
     Path paths[] = {
         {"fetch_grpc", std::make_pair(ShardClient::Create(served.address),
                                       SocketOptions(options))},
+        {"fetch_data_plane", std::make_pair(data_plane, one_lane)},
         {"fetch_data_plane",
-         std::make_pair(
-             ShardClient::Create(served.address, served.data_plane_address),
-             SocketOptions(options))},
+         std::make_pair(data_plane, SocketOptions(options))},
         {"fetch_local", SameHostClient(served, options)},
     };
     for (const Path& path : paths) {
@@ -383,7 +391,11 @@ bool FetchThroughput(const Served& served, int reps) {
         ok = ReportError(path.op, bytes, samples.status());
         continue;
       }
-      Report(path.op, bytes, *samples, where);
+      JsonLine row = where;
+      if (absl::string_view(path.op) == "fetch_data_plane") {
+        row["lanes"] = LaneCount(bytes, fetch_options.lanes);
+      }
+      Report(path.op, bytes, *samples, row);
     }
   }
   return ok;
