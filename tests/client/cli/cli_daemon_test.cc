@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -408,20 +409,36 @@ TEST(CliFailureTest, ABrokenGroupIsAFailureNotAUsageError) {
   EXPECT_TRUE(saw_precondition) << results.back().output;
 }
 
+// The launcher's whole log once `done(log)` holds, the launcher exited or
+// `timeout` passed (then the log as it was): callers check the log for
+// what they waited for.
+std::string WaitForLog(Subprocess& launcher, absl::Duration timeout,
+                       const std::function<bool(const std::string&)>& done) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string log = launcher.LogTail(kWholeLog);
+  while (!done(log) && absl::Now() < deadline &&
+         !launcher.WaitFor(absl::ZeroDuration()).has_value()) {
+    absl::SleepFor(absl::Milliseconds(50));
+    log = launcher.LogTail(kWholeLog);
+  }
+  return log;
+}
+
 // The address of the "ready: export TESSERA_ADDRESS=HOST:PORT" line once
 // the launcher printed it; "" when the launcher exited or `timeout` passed.
 std::string WaitForReady(Subprocess& launcher, absl::Duration timeout) {
   constexpr absl::string_view kReady = "ready: export TESSERA_ADDRESS=";
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    for (absl::string_view line :
-         absl::StrSplit(launcher.LogTail(1 << 16), '\n')) {
-      if (absl::ConsumePrefix(&line, kReady)) return std::string(line);
+  std::string address;
+  WaitForLog(launcher, timeout, [&](const std::string& text) {
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::ConsumePrefix(&line, kReady)) {
+        address = std::string(line);
+        return true;
+      }
     }
-    if (launcher.WaitFor(absl::ZeroDuration()).has_value()) return "";
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return "";
+    return false;
+  });
+  return address;
 }
 
 // Waits up to 30 s for `launcher` to exit, expecting exit code `code`
@@ -618,12 +635,9 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1);
   // The cluster may serve through rank 1 before the new rank 0 prints its
   // line: wait for it.
-  std::string log = launched.launcher->LogTail(kWholeLog);
-  for (const absl::Time until = absl::Now() + absl::Seconds(30);
-       LastPidOf(log, 0) == first && absl::Now() < until;
-       log = launched.launcher->LogTail(kWholeLog)) {
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const std::string log = WaitForLog(
+      *launched.launcher, absl::Seconds(30),
+      [&](const std::string& text) { return LastPidOf(text, 0) != first; });
   EXPECT_NE(LastPidOf(log, 0), first) << log;
   EXPECT_GT(LastPidOf(log, 0), 0) << log;
   EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
@@ -889,13 +903,10 @@ TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
 
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1, 3);
   // The restarted rank 0 serves too, once it printed its line again.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (
-      absl::Now() < deadline &&
-      !absl::StrContains(launched.launcher->LogTail(kWholeLog), "restarted)")) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  log = launched.launcher->LogTail(kWholeLog);
+  log = WaitForLog(*launched.launcher, absl::Seconds(30),
+                   [](const std::string& text) {
+                     return absl::StrContains(text, "restarted)");
+                   });
   EXPECT_THAT(log, HasSubstr("restarted)"));
   const pid_t second = LastPidOf(log, 0);
   EXPECT_NE(second, first);
