@@ -112,15 +112,17 @@ def run_grpc(args, address: str, prefix: list) -> list:
     return measured
 
 
-def report(where: str, transport: str, measured: list, limits: dict,
-           mib: int, limits_printed: bool = False) -> None:
-    """Prints the limits (unless already printed), then each Tessera row
-    with its ratio against the best limit of its direction (reads: the
-    daemon's side sends)."""
-    for (op, streams), gbs in sorted(limits.items()) if not limits_printed \
-            else []:
+def print_limits(where: str, limits: dict) -> None:
+    """Prints iperf3's rate per direction and stream count."""
+    for (op, streams), gbs in sorted(limits.items()):
         print(json.dumps({"bench": "iperf3", "where": where, "direction": op,
                           "streams": streams, "gbs": round(gbs, 3)}))
+
+
+def report(where: str, transport: str, measured: list, limits: dict,
+           mib: int) -> None:
+    """Prints each Tessera row with its ratio against the best limit of its
+    direction (reads: the daemon's side sends)."""
     for row in measured:
         direction = {k: v for k, v in limits.items() if k[0] == row["op"]}
         best = max(direction, key=direction.get)
@@ -164,10 +166,10 @@ def main() -> None:
     limits = {("read", n): iperf3("127.0.0.1", streams=n, length="1M",
                                   seconds=seconds) for n in (1, 4)}
     limits.update({("write", n): v for (_, n), v in limits.items()})
+    print_limits("loopback", limits)
     report("loopback", "data plane (local path off)", measured, limits,
            args.mib)
-    report("loopback", "grpc (tessera bench)", grpc, limits, args.mib,
-           limits_printed=True)
+    report("loopback", "grpc (tessera bench)", grpc, limits, args.mib)
 
     if not args.hosts:
         return
@@ -187,10 +189,10 @@ def main() -> None:
                     hosts.addresses[0], streams=n, reverse=reverse,
                     seconds=seconds, server_prefix=hosts.exec(0),
                     client_prefix=hosts.exec(1))
-        report("two netns hosts, one veth", "data plane", measured, limits,
-               args.mib)
-        report("two netns hosts, one veth", "grpc (tessera bench)", grpc,
-               limits, args.mib, limits_printed=True)
+        where = "two netns hosts, one veth"
+        print_limits(where, limits)
+        report(where, "data plane", measured, limits, args.mib)
+        report(where, "grpc (tessera bench)", grpc, limits, args.mib)
     finally:
         hosts.close()
 
