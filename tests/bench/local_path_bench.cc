@@ -3,13 +3,16 @@
 // and serves it over the raw-TCP data plane and the local path; this
 // process fetches it whole into one preallocated host tensor, --reps times
 // per path, and prints one JSON line per path:
-//   {"bench":"local_path","path":"data_plane|local|local_to_here|memcpy",
+//   {"bench":"local_path",
+//    "path":"data_plane|local|local_to_here|memcpy|memcpy_fresh",
 //    "mib":N,
 //    "p50_ms":...,"best_ms":...,"gbps":...}   (gbps from the median)
 // The data plane runs with LocalPath::kOff, the local path with kRequired
 // (an error, never a silent fallback); local_to_here allocates its result
-// (ShardClient::FetchShard) and memcpy copies between two touched buffers
-// of this process (the same-host ceiling). --quick shrinks it for ctest.
+// (ShardClient::FetchShard), memcpy copies between two touched buffers
+// of this process (the same-host ceiling) and memcpy_fresh into a tensor
+// allocated for each copy (the ceiling of a copy that allocates its
+// result, as to_here does). --quick shrinks it for ctest.
 #include <signal.h>
 #include <unistd.h>
 
@@ -165,6 +168,13 @@ absl::Status Measure(int64_t mib, int reps) {
   RETURN_IF_ERROR(measure("memcpy", [&]() -> absl::Status {
     std::memcpy(destination.data_ptr(), source.data_ptr(), source.nbytes());
     return check(destination);
+  }));
+  // The ceiling of any allocating copy, to_here's like with like: a tensor
+  // allocated as to_here allocates its result, then memcpy into it.
+  RETURN_IF_ERROR(measure("memcpy_fresh", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor fresh, Tensor::Empty({Elements(mib)}));
+    std::memcpy(fresh.data_ptr(), source.data_ptr(), source.nbytes());
+    return check(fresh);
   }));
   owner.Signal(SIGTERM);
   owner.WaitFor(absl::Seconds(10));
