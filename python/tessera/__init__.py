@@ -21,7 +21,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Union)
 
 from . import _tessera
-from ._tensor import Shard, Tensor, RemoteShard, _seconds, _source
+from ._tensor import (Shard, Tensor, RemoteShard, _integer, _integers,
+                      _seconds, _source)
 from ._versions import Snapshot, Version, VersionGroup
 from ._plans import ReadPlan
 from . import _plans
@@ -56,7 +57,7 @@ ShardingSpec = _tessera.ShardingSpec
 def chunk(dim: int, placements: Iterable[object]) -> ShardingSpec:
     """ChunkShardingSpec: the tensor cut along ``dim`` into one chunk per
     placement ("rank:0/cpu", "worker1/cuda:0", ...), as torch's."""
-    return _tessera.chunk(int(dim), [str(p) for p in placements])
+    return _tessera.chunk(_integer(dim, "dim"), [str(p) for p in placements])
 
 
 def parse_spec(text: str) -> ShardingSpec:
@@ -88,7 +89,7 @@ def _copies(copies: int, replicas: Optional[int]) -> int:
         _warnings.warn("'replicas' is now 'copies' (the owner's copy "
                       "included)", DeprecationWarning, stacklevel=3)
         copies = replicas
-    copies = int(copies)
+    copies = _integer(copies, "copies")
     # Above int32 the native call could not even take it.
     if copies < 1 or copies > 2**31 - 1:
         raise errors.InvalidArgumentError(
@@ -148,7 +149,7 @@ class Client:
         published version at a time (docs/versions.md); None or 1 writes it
         in place."""
         copies = _copies(copies, replicas)
-        kept = 0 if versions is None else int(versions)
+        kept = 0 if versions is None else _integer(versions, "versions")
         if kept < 0 or kept > 64:
             raise errors.InvalidArgumentError(
                 3, f"versions must be between 1 and 64, not {kept}")
@@ -157,8 +158,8 @@ class Client:
         elif init == "empty" and fill_value != 0.0:
             init = "full"
         return Tensor(self, self._native.create(
-            name, [int(s) for s in shape], spec, _dtype_name(dtype), init,
-            float(fill_value), int(seed), copies, kept))
+            name, _integers(shape, "shape"), spec, _dtype_name(dtype), init,
+            float(fill_value), _integer(seed, "seed"), copies, kept))
 
     def create_many(self, tensors: Sequence[Mapping[str, Any]]
                     ) -> List[Tensor]:
@@ -177,7 +178,7 @@ class Client:
                     3, f"tensor {i}: a dict with name, shape and spec, not "
                        f"{t!r:.80}") from None
             kept = t.get("versions")
-            kept = 0 if kept is None else int(kept)
+            kept = 0 if kept is None else _integer(kept, "versions")
             if kept < 0 or kept > 64:
                 raise errors.InvalidArgumentError(
                     3, f"tensor {name}: versions must be between 1 and 64, "
@@ -188,9 +189,10 @@ class Client:
                 fill_value = 0.0
             elif init == "empty" and fill_value != 0.0:
                 init = "full"
-            native.append((str(name), [int(s) for s in shape], spec,
+            native.append((str(name), _integers(shape, "shape"), spec,
                            _dtype_name(t.get("dtype", "float32")), init,
-                           float(fill_value), int(t.get("seed", 0)),
+                           float(fill_value),
+                           _integer(t.get("seed", 0), "seed"),
                            _copies(t.get("copies", 1), None), kept))
         return [Tensor(self, v) for v in self._native.create_many(native)]
 
@@ -283,7 +285,7 @@ class Client:
         listed = [names] if isinstance(names, str) else list(names)
         return Snapshot(self, self._native.pin(
             listed, _seconds(lease, "lease"),
-            [int(v) for v in versions or []]))
+            _integers(versions or [], "versions")))
 
     def watch(self, name: str, timeout: Optional[float] = None,
               after: int = 0) -> Iterator[int]:
@@ -296,7 +298,7 @@ class Client:
         if timeout is not None:
             timeout = _seconds(timeout)
         # The stream starts now, not at the first next().
-        watcher = self._native.watch(name, int(after))
+        watcher = self._native.watch(name, _integer(after, "after"))
 
         def versions() -> Iterator[int]:
             idle = 0.0
@@ -338,7 +340,7 @@ class Client:
         of versioned tensors, by name (the others save their latest);
         ``Snapshot.save`` saves a snapshot's pinned versions."""
         return self._native.save(path, list(names or []), bool(overwrite),
-                                 {str(k): int(v)
+                                 {str(k): _integer(v, "version")
                                   for k, v in (versions or {}).items()})
 
     def load(self, path: str, names: Optional[Iterable[str]] = None,
@@ -353,7 +355,7 @@ class Client:
         the checkpoint's values being their version 1; 1, in place."""
         views = self._native.load(path, list(names or []),
                                   list(as_names or []), spec, bool(replace),
-                                  int(versions or 0))
+                                  _integer(versions or 0, "versions"))
         return [Tensor(self, v) for v in views]
 
     def __repr__(self) -> str:
@@ -397,5 +399,6 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
     if token is not None:
         _tessera.set_token(token)
     return Client(_tessera.Client.connect(address, _seconds(timeout),
-                                          request_id or "", int(data_lanes),
+                                          request_id or "",
+                                          _integer(data_lanes, "data_lanes"),
                                           bool(local_path)))

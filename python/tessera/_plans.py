@@ -21,18 +21,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _tessera
-from ._tensor import _invalid, _is_torch, _seconds, _target
+from ._tensor import (_integer, _integers, _invalid, _is_torch, _seconds,
+                      _target)
 
 if TYPE_CHECKING:
     from . import Client
-
-
-def _ints(values: Sequence[int], what: str) -> List[int]:
-    try:
-        return [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise _invalid(f"{what} must be a sequence of ints, not "
-                       f"{values!r}") from None
 
 
 def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
@@ -72,9 +65,9 @@ def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
         out_offsets = source[3] if len(source) == 4 else []
         if not isinstance(name, str):
             raise _invalid(f"item {index} source {k}: the name must be a str")
-        planned.append((name, _ints(offsets, "offsets"),
-                        _ints(sizes, "sizes"),
-                        _ints(out_offsets, "out_offsets")))
+        planned.append((name, _integers(offsets, "offsets"),
+                        _integers(sizes, "sizes"),
+                        _integers(out_offsets, "out_offsets")))
     return planned, target, dtype
 
 
@@ -100,7 +93,8 @@ class ReadPlan:
         highest when the tensors' numbers differ: ``versions`` has each).
         Ctrl-C stops it; a failed run leaves the outs partly written."""
         number, versions, replanned, pinned, moved = self._native.run(
-            0 if version is None else int(version), _seconds(timeout))
+            0 if version is None else _integer(version, "version"),
+            _seconds(timeout))
         self.versions = dict(versions)
         self.replanned = bool(replanned)
         self.pinned = bool(pinned)

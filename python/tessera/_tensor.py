@@ -225,6 +225,27 @@ def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
 
 
+def _integer(value: Any, what: str) -> int:
+    """``value`` as an int: an int, a numpy integer, anything with
+    ``__index__``; a TypeError naming ``what`` for anything else (a float
+    is refused, not truncated: 2.5 elements or version 1.9 is a mistake,
+    as torch and numpy say)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {value!r:.40}") from None
+
+
+def _integers(values: Any, what: str) -> list[int]:
+    """Each of ``values`` as an int (_integer), in a list."""
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of ints, not "
+                        f"{values!r:.40}") from None
+    return [_integer(v, what) for v in items]
+
+
 class Tensor:
     """A view of a named sharded tensor: its metadata as the daemon
     described it. After a reshard or a delete its reads and writes fail
@@ -320,7 +341,8 @@ class Tensor:
     def at(self, version: int) -> Tensor:
         """This tensor at published ``version``: its reads return exactly
         that version (NotFoundError once it is no longer kept)."""
-        return Tensor(self._client, self._native.at(int(version)))
+        return Tensor(self._client,
+                      self._native.at(_integer(version, "version")))
 
     def begin(self, empty: bool = False,
               lease: Optional[float] = None) -> Any:

@@ -15,7 +15,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional,
 import torch
 
 from . import _tessera, errors
-from ._tensor import _source
+from ._tensor import _integers, _source
 
 if TYPE_CHECKING:
     from . import Client, ShardingSpec, Tensor
@@ -258,8 +258,8 @@ def _check_part(name: str, part: Sequence[int],
     placed at ``at`` (zeros by default), lies inside its full ``shape``
     (its own sizes by default): checked before anything is created or
     begun."""
-    full = tuple(part) if shape is None else tuple(int(s) for s in shape)
-    where = (0,) * len(part) if at is None else tuple(int(i) for i in at)
+    full = tuple(part) if shape is None else tuple(_integers(shape, "shape"))
+    where = (0,) * len(part) if at is None else tuple(_integers(at, "at"))
     if (len(full) != len(part) or len(where) != len(part) or
             any(i < 0 for i in where) or
             any(i + p > f for i, p, f in zip(where, part, full))):

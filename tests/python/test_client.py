@@ -407,6 +407,41 @@ def test_timeouts_and_leases_must_be_positive_finite_seconds(daemons, client,
     np.testing.assert_array_equal(t.read(), np.ones((4, 4), np.float32))
 
 
+def test_counts_and_indices_must_be_ints_not_truncated(client, rows4):
+    # int() turned 2.5 elements into 2 and version 1.9 into 1, silently.
+    client.create("ints_v", (4, 4), rows4, init="zeros", versions=2)
+    client.begin("ints_v").publish()
+    out = np.empty((2, 2), np.float32)
+    calls = [
+        ("shape", lambda: client.create("ints_bad", (2.5, 4), rows4)),
+        ("shape", lambda: client.create_many(
+            [{"name": "ints_bad", "shape": (4, 4.0), "spec": rows4}])),
+        ("versions", lambda: client.create("ints_bad", (4, 4), rows4,
+                                           versions=2.5)),
+        ("seed", lambda: client.create("ints_bad", (4, 4), rows4,
+                                       init="randn", seed=1.5)),
+        ("copies", lambda: client.create("ints_bad", (4, 4), rows4,
+                                         copies=1.5)),
+        ("dim", lambda: tessera.chunk(0.5, ["rank:0/cpu"])),
+        ("version", lambda: client.open("ints_v").at(1.9)),
+        ("versions", lambda: client.snapshot("ints_v", versions=[1.0])),
+        ("offsets", lambda: client.plan_reads([("ints_v", (0.5, 0), (2, 2),
+                                                out)])),
+        ("sizes", lambda: client.plan_reads([("ints_v", (0, 0), ("2", 2),
+                                              out)])),
+        ("version", lambda: client.plan_reads(
+            [("ints_v", (0, 0), (2, 2), out)]).run(version=1.0)),
+    ]
+    for what, call in calls:
+        with pytest.raises(TypeError, match=what):
+            call()
+    assert "ints_bad" not in [t.name for t in client.list()]
+    # numpy integers are ints.
+    plan = client.plan_reads([("ints_v", (np.int64(0), 0), (2, np.int32(2)),
+                               out)])
+    assert plan.run(version=np.int64(1)) == 1
+
+
 def test_concurrent_readers(client, rows4):
     values = np.arange(64 * 256, dtype=np.float64).reshape(64, 256)
     w = client.put("w", values, rows4)
