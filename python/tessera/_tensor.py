@@ -104,7 +104,8 @@ def _is_torch(data: Any) -> bool:
 def _source(data: ArrayLike) -> tuple[NDArray, bool]:
     """(numpy array, bfloat16 bits?) of ``data``: numpy, anything
     array-like, or a CPU torch tensor, whose memory the array shares (a
-    torch.bfloat16 one as its bits, int16)."""
+    torch.bfloat16 one as its bits, int16). TypeError for data that is not
+    numbers (a str, objects)."""
     if _is_torch(data):
         if data.device.type != "cpu":
             raise _invalid("only CPU torch tensors: call .cpu()")
@@ -114,7 +115,14 @@ def _source(data: ArrayLike) -> tuple[NDArray, bool]:
 
             return data.view(torch.int16).numpy(), True
         return data.numpy(), False
-    return numpy.asarray(data), False
+    array = numpy.asarray(data)
+    if array.dtype.kind not in "biufc":
+        # Strings, bytes, objects: numpy makes an array of anything.
+        raise TypeError(f"expected numbers (a numpy array, a CPU torch "
+                        f"tensor or nested sequences of numbers), not "
+                        f"{type(data).__name__} {data!r:.40} (numpy makes "
+                        f"dtype {array.dtype} of it)")
+    return array, False
 
 
 def _target(out: ArrayLike) -> tuple[NDArray, bool]:

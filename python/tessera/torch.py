@@ -391,6 +391,11 @@ def plan_state_dict(client: Client, prefix: str,
     items = []
     for name, value in like.items():
         tensor, at = value if isinstance(value, tuple) else (value, None)
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
+            raise _invalid(f"plan_state_dict: like[{name!r}] must be a "
+                           f"contiguous torch tensor: a plan fills it in "
+                           f"place on every run (get_state_dict takes any "
+                           f"strides)")
         origin = (0,) * tensor.dim() if at is None else tuple(at)
         items.append((prefix + name, origin, tuple(tensor.shape), tensor))
     return client.plan_reads(items)

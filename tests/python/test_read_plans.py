@@ -105,6 +105,15 @@ def test_plan_refusals(client, rows4):
             plan.run(timeout=bad)
     with pytest.raises(tessera.InvalidArgumentError, match="negative version"):
         plan.run(version=-1)
+    # A state dict's plan names the entry it refuses.
+    with pytest.raises(tessera.InvalidArgumentError, match=r"like\['pf'\]"):
+        tt.plan_state_dict(client, "", {"pf": torch.empty(8, 8).t()})
+    # Data that is not numbers is named as such, not as a dtype.
+    for bad in ["hello", [object()]]:
+        with pytest.raises(TypeError, match="expected numbers"):
+            client.put("pstr", bad, rows4)
+        with pytest.raises(TypeError, match="expected numbers"):
+            tt.publish_state_dict(client, "pstr.", {"x": bad})
 
 
 def test_empty_boxes_read_nothing(client, rows4):
