@@ -386,8 +386,8 @@ class Tensor:
         ``progress=True`` shows a tqdm bar. A bfloat16 tensor (numpy has
         no such dtype) is read with ``cast``, or as its bits into a 16-bit
         integer ``out`` or a torch.bfloat16 one."""
-        offsets = [operator.index(o) for o in offsets]
-        sizes = [operator.index(s) for s in sizes]
+        offsets = _integers(offsets, "offsets")
+        sizes = _integers(sizes, "sizes")
         target, bits = (None, False) if out is None else _target(out)
         # Checked before any byte moves, whatever the layout of out (a
         # strided one is filled by assignment, which would broadcast or
@@ -474,7 +474,7 @@ class Tensor:
             array = float_to_bf16(array)
         if not array.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
             array = numpy.ascontiguousarray(array)
-        offsets = [operator.index(o) for o in offsets]
+        offsets = _integers(offsets, "offsets")
         with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
             self._native.write(offsets, array, _seconds(timeout),
                                bar.callback)

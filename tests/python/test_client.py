@@ -431,6 +431,10 @@ def test_counts_and_indices_must_be_ints_not_truncated(client, rows4):
                                               out)])),
         ("version", lambda: client.plan_reads(
             [("ints_v", (0, 0), (2, 2), out)]).run(version=1.0)),
+        ("offsets", lambda: client.open("ints_v").read_region((0.5, 0), (2, 2))),
+        ("sizes", lambda: client.open("ints_v").read_region((0, 0), (2, 2.0))),
+        ("offsets", lambda: client.open("ints_v").write((0, 1.0), out)),
+        ("offsets", lambda: client.open("ints_v").read_region(3, (2, 2))),
     ]
     for what, call in calls:
         with pytest.raises(TypeError, match=what):
