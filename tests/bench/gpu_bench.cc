@@ -354,6 +354,7 @@ bool FetchThroughput(const Served& served, int reps) {
       const char* op;
       absl::StatusOr<std::pair<std::shared_ptr<ShardClient>, FetchOptions>>
           client;
+      bool reports_lanes = false;  // The data plane: its lane count.
     };
     // The data plane twice: one connection (like with fetch_bench's one
     // TCP stream) and striped across the client's default lanes.
@@ -364,9 +365,9 @@ bool FetchThroughput(const Served& served, int reps) {
     Path paths[] = {
         {"fetch_grpc", std::make_pair(ShardClient::Create(served.address),
                                       SocketOptions(options))},
-        {"fetch_data_plane", std::make_pair(data_plane, one_lane)},
-        {"fetch_data_plane",
-         std::make_pair(data_plane, SocketOptions(options))},
+        {"fetch_data_plane", std::make_pair(data_plane, one_lane), true},
+        {"fetch_data_plane", std::make_pair(data_plane, SocketOptions(options)),
+         true},
         {"fetch_local", SameHostClient(served, options)},
     };
     for (const Path& path : paths) {
@@ -392,7 +393,7 @@ bool FetchThroughput(const Served& served, int reps) {
         continue;
       }
       JsonLine row = where;
-      if (absl::string_view(path.op) == "fetch_data_plane") {
+      if (path.reports_lanes) {
         row["lanes"] = LaneCount(bytes, fetch_options.lanes);
       }
       Report(path.op, bytes, *samples, row);
