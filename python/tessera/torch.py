@@ -230,13 +230,30 @@ def get_state_dict(
     (tensor, offsets): only the box of the tensor's shape at ``offsets``
     moves, which is how an inference rank gets its slice. A tensor of
     another floating dtype takes the values converted (as a read plan
-    converts them: float32 into bfloat16, rounded as torch rounds). Returns
-    ``like``."""
+    converts them: float32 into bfloat16, rounded as torch rounds).
+    Versioned tensors (publish_state_dict's) are read at one point, as
+    a read plan reads them: a publish that lands meanwhile is seen whole
+    or not at all. Returns ``like``."""
+    if not like:
+        return like
+    items, staged = [], []
     for name, value in like.items():
-        out, offsets = (value if isinstance(value, tuple) else
-                        (value, None))
-        tensor = client.open(prefix + name)
-        _read_box(tensor, out, offsets, timeout, _cast_for(tensor, out))
+        out, at = value if isinstance(value, tuple) else (value, None)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"get_state_dict: like[{name!r}] must be a "
+                            f"torch tensor, not {type(out).__name__}")
+        target = out
+        if not out.is_contiguous():  # Filled through a dense copy.
+            target = torch.empty(out.shape, dtype=out.dtype,
+                                 device=out.device)
+            staged.append((out, target))
+        origin = (0,) * out.dim() if at is None else tuple(at)
+        items.append((prefix + name, origin, tuple(out.shape), target))
+    # One plan: one metadata call, every piece checked to be of one
+    # version (tensor by tensor, a publish between two reads mixed them).
+    client.plan_reads(items).run(timeout=timeout)
+    for out, target in staged:
+        out.copy_(target)
     return like
 
 

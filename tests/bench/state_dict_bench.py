@@ -8,7 +8,7 @@ torch.save / torch.load through the page cache, in one run (JSON lines):
   writes, publish) and later calls (list, begin, writes, publish);
 - put_state_dict (one create and one write per tensor, unversioned);
 - a read plan of the whole state dict: build, then run;
-- get_state_dict (one read per tensor).
+- get_state_dict (one read plan of the whole state dict, made and run).
 
 Medians of --reps; the last line holds the goals (docs/weight_sync.md).
 

@@ -176,6 +176,45 @@ def test_published_state_dicts_are_read_whole_by_plans(client):
     assert plan.plans == 1 and not plan.pinned
 
 
+def test_get_state_dict_never_mixes_versions(client):
+    """get_state_dict read tensor by tensor: a publish landing between two
+    reads gave a state dict half old, half new."""
+    sd = {f"l{i}.weight": torch.zeros(48, 40) for i in range(6)}
+    first = tt.publish_state_dict(client, "gs.", sd)
+    like = {name: torch.empty(40, 48).t() for name in sd}  # any strides
+    like["l0.weight"] = (torch.empty(8, 40, dtype=torch.bfloat16), (16, 0))
+    stop = threading.Event()
+    published = [first]
+
+    def trainer():
+        step = 0
+        while not stop.is_set() and step < 400:
+            step += 1
+            for value in sd.values():
+                value.fill_(float(step))
+            published.append(tt.publish_state_dict(client, "gs.", sd))
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    overlapped = reads = 0
+    try:
+        while overlapped < 20 and thread.is_alive():
+            before = len(published)
+            tt.get_state_dict(client, "gs.", like)
+            reads += 1
+            overlapped += len(published) != before
+            values = set()
+            for value in like.values():
+                t = value[0] if isinstance(value, tuple) else value
+                values.update(t.float().unique().tolist())
+            assert len(values) == 1, (reads, values)
+    finally:
+        stop.set()
+        thread.join()
+    # Reads that a publish overlapped are what this test is about.
+    assert overlapped >= 20, (overlapped, reads)
+
+
 def test_create_many_is_one_call_all_or_none(client, rows4):
     made = client.create_many([
         {"name": f"cm.{i}", "shape": (8, 4), "spec": rows4,
