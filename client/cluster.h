@@ -30,6 +30,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
 #include "wire/request_id.h"
 
@@ -53,6 +54,8 @@ class Cluster {
  public:
   static absl::StatusOr<std::shared_ptr<Cluster>> Connect(
       const std::string& address, const ClientOptions& options) {
+    RETURN_IF_ERROR(
+        CheckNotForkedAfterGrpc(absl::StrCat("connecting to ", address)));
     if (!options.request_id.empty() &&
         (!IsValidRequestId(options.request_id) ||
          options.request_id.size() > kMaxClientRequestIdBytes)) {

@@ -29,6 +29,7 @@
 #include "io/unix_socket.h"
 #include "tessera/v1/local.pb.h"
 #include "wire/chunk_codec.h"
+#include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
 
 #if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
@@ -308,6 +309,9 @@ absl::StatusOr<UniqueFd> LocalPathClient::TakeConnection(absl::Time deadline,
                                                          bool reuse,
                                                          bool* pooled) const {
   *pooled = false;
+  // Pooled connections may be the parent's (wire/fork_guard.h).
+  RETURN_IF_ERROR(CheckNotForkedAfterGrpc(
+      absl::StrCat("connecting to local path ", socket_name_)));
   if (reuse) {
     absl::MutexLock lock(&mu_);
     if (!idle_.empty()) {

@@ -24,6 +24,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
+#include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
@@ -473,6 +474,9 @@ absl::Status ShardClient::FetchStriped(
 absl::StatusOr<DataConnection> ShardClient::TakeConnection(
     absl::Time deadline, bool reuse,
     const std::shared_ptr<Cancellation>& cancel) const {
+  // Pooled connections may be the parent's (wire/fork_guard.h).
+  RETURN_IF_ERROR(CheckNotForkedAfterGrpc(
+      absl::StrCat("connecting to data plane ", data_plane_address_)));
   if (reuse) {
     absl::MutexLock lock(&pool_mu_);
     if (!idle_.empty()) {

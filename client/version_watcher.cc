@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "grpcpp/support/sync_stream.h"
+#include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
 #include "wire/request_id.h"
 
@@ -25,6 +26,14 @@ VersionWatcher::VersionWatcher(std::shared_ptr<v1::ControlService::Stub> stub,
 }
 
 VersionWatcher::~VersionWatcher() {
+  if (ForkedAfterGrpc()) {
+    // Inherited from the parent: its thread is not in this process (it
+    // can be neither joined nor detached: its handle is left, never
+    // freed), and its lock and call may be mid-use there
+    // (wire/fork_guard.h).
+    new std::thread(std::move(thread_));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -34,6 +43,8 @@ VersionWatcher::~VersionWatcher() {
 }
 
 absl::StatusOr<int64_t> VersionWatcher::Next(absl::Duration timeout) {
+  RETURN_IF_ERROR(
+      CheckNotForkedAfterGrpc(absl::StrCat("watching tensor ", name_)));
   absl::MutexLock lock(&mu_);
   const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !ready_.empty() || !ended_.ok();

@@ -17,10 +17,12 @@
 // Failure: Next returns DEADLINE_EXCEEDED when nothing was published within
 // its timeout (the watcher goes on), NOT_FOUND once the tensor is deleted
 // or if there is none, FAILED_PRECONDITION for an unversioned tensor
-// (both final); a daemon that cannot be reached is retried.
+// (both final), or in a child forked after gRPC started
+// (wire/fork_guard.h); a daemon that cannot be reached is retried.
 //
 // Thread-safety: Next may be called from one thread at a time; the
-// destructor ends the stream and joins the thread.
+// destructor ends the stream and joins the thread (in a forked child, whose
+// copy of the watcher has no thread, it leaves both alone).
 #ifndef TESSERA_CLIENT_VERSION_WATCHER_H_
 #define TESSERA_CLIENT_VERSION_WATCHER_H_
 

@@ -21,6 +21,7 @@
 #include "io/file.h"
 #include "io/socket.h"
 #include "wire/credentials.h"
+#include "wire/fork_guard.h"
 #include "wire/openssl_init.h"
 #include "wire/user_token.h"
 
@@ -479,6 +480,7 @@ std::shared_ptr<grpc::Channel> CreateTesseraChannel(
   // not wait for the channel fail at once. The time one attempt may take
   // stays gRPC's (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20 s): a stalled peer
   // costs a call its deadline, not a quick UNAVAILABLE.
+  NoteGrpcInUse();
   grpc::ChannelArguments args = given;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -488,6 +490,9 @@ std::shared_ptr<grpc::Channel> CreateTesseraChannel(
   std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
       interceptors;
+  // First: in a child forked after this process started gRPC, every call
+  // ends there (wire/fork_guard.h).
+  interceptors.push_back(ForkGuardInterceptorFactory());
   if (token.ok() && !token->empty()) {
     interceptors.push_back(std::make_unique<TokenInterceptorFactory>(*token));
   } else {
@@ -498,15 +503,14 @@ std::shared_ptr<grpc::Channel> CreateTesseraChannel(
     }
     // Only the user's file, on loopback, may still appear (a daemon makes
     // it after this channel): looked for at each call until then.
-    if (!token.ok() || chosen || !IsLoopbackTarget(target)) {
-      return grpc::CreateCustomChannel(target, ProcessChannelCredentials(),
-                                       args);
+    if (token.ok() && !chosen && IsLoopbackTarget(target)) {
+      interceptors.push_back(
+          std::make_unique<LateTokenInterceptorFactory>(target));
     }
-    interceptors.push_back(
-        std::make_unique<LateTokenInterceptorFactory>(target));
   }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, ProcessChannelCredentials(), args, std::move(interceptors));
+  return KeptInForkedChildren(
+      grpc::experimental::CreateCustomChannelWithInterceptors(
+          target, ProcessChannelCredentials(), args, std::move(interceptors)));
 }
 
 }  // namespace tessera

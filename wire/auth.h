@@ -174,7 +174,9 @@ absl::StatusOr<std::string> ReadClientTokenFile(const std::string& path,
 // (wire/credentials.h) that presents the process token on every call. It
 // dials a lost peer again after 100 ms, backing off to at most 1 s (gRPC's
 // default grows to 120 s, failing calls at once meanwhile); `args` may set
-// anything else.
+// anything else. In a process forked after this one made a channel, every
+// call on any such channel fails FAILED_PRECONDITION at once
+// (wire/fork_guard.h).
 std::shared_ptr<grpc::Channel> CreateTesseraChannel(
     const std::string& target,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());

@@ -599,3 +599,50 @@ def test_progress_reports_every_byte(client, rows4, capsys):
     assert seen[-1] == (data.nbytes, data.nbytes)
     np.testing.assert_array_equal(w.read(progress=True), data)
     w.write((0, 0), data, progress=True)
+
+
+FORK_CHILD = r"""
+import os, sys, time, numpy as np, tessera
+address = sys.argv[1]
+c = tessera.connect(address, timeout=30)
+t = c.open("fork_t")
+out = np.empty(t.shape, np.float32)
+plan = c.plan_reads([("fork_t", (0, 0), t.shape, out)])
+plan.run()
+watch = c.watch("fork_t")
+pid = os.fork()
+if pid == 0:
+    for label, call in [("connect", lambda: tessera.connect(address)),
+                        ("open", lambda: c.open("fork_t")),
+                        ("read", lambda: t.read()),
+                        ("plan", lambda: plan.run()),
+                        ("watch", lambda: next(watch))]:
+        start = time.monotonic()
+        try:
+            call()
+            print(label, "worked", flush=True)
+        except tessera.FailedPreconditionError as e:
+            ok = "forked" in str(e) and time.monotonic() - start < 5
+            print(label, "refused" if ok else "slow", flush=True)
+    sys.exit(0)  # the interpreter's own exit: inherited clients destroyed
+_, status = os.waitpid(pid, 0)
+print("child status", status, flush=True)
+plan.run()
+assert (out == 1).all() and (t.read() == 1).all()
+print("parent goes on", flush=True)
+"""
+
+
+def test_a_child_forked_after_connecting_is_refused_not_hung(daemons, client,
+                                                             rows4):
+    # gRPC does not survive fork(): such a child's calls waited forever
+    # (past their deadlines), and its interpreter's exit aborted.
+    client.create("fork_t", (256, 64), rows4, init="ones", versions=2)
+    client.begin("fork_t").publish()
+    done = subprocess.run([sys.executable, "-c", FORK_CHILD,
+                           daemons.addresses[0]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:-1] == [
+        "connect refused", "open refused", "read refused", "plan refused",
+        "watch refused", "child status 0", "parent goes on"], done.stdout
