@@ -785,13 +785,75 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
 
 namespace {
 
-// The views of a group's versions: each tensor opened, at its version.
+// Up to this many tensors are opened one by one; more, by one list.
+constexpr size_t kOpenEach = 2;
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenMany(
+    const std::vector<std::string>& names) const {
+  return OpenNamed(cluster_, names);
+}
+
+absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
+    const std::shared_ptr<Cluster>& cluster,
+    const std::vector<std::string>& names) {
+  std::vector<ShardedTensorView> views;
+  views.reserve(names.size());
+  if (names.size() <= kOpenEach) {
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(Described opened, DescribeNamed(*cluster, name));
+      views.push_back(ShardedTensorView(cluster, std::move(opened.info),
+                                        std::move(opened.metadata)));
+    }
+    return views;
+  }
+  v1::ListTensorsRequest request;
+  for (const std::string& name : names) request.add_names(name);
+  v1::ListTensorsResponse response;
+  RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::ListTensors,
+                          request, &response, "listing tensors"));
+  absl::flat_hash_map<std::string, v1::TensorInfo*> index;
+  for (v1::TensorInfo& info : *response.mutable_tensors()) {
+    index[info.name()] = &info;
+  }
+  for (const std::string& name : names) {
+    auto it = index.find(name);
+    if (it == index.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("opening tensor ", name, ": no tensor named ", name));
+    }
+    ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(*it->second));
+    views.push_back(
+        ShardedTensorView(cluster, *it->second, std::move(metadata)));
+  }
+  return views;
+}
+
+namespace {
+
+// The views of a group's versions: each tensor opened (a few through the
+// client's open cache, more by one list), at its version.
 absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
     const Client& client, const v1::VersionGroup& group, bool open) {
+  std::vector<ShardedTensorView> opened;
+  if (static_cast<size_t>(group.versions_size()) <= kOpenEach) {
+    for (const v1::VersionHandle& handle : group.versions()) {
+      ASSIGN_OR_RETURN(ShardedTensorView view, client.Open(handle.name()));
+      opened.push_back(std::move(view));
+    }
+  } else {
+    std::vector<std::string> names;
+    for (const v1::VersionHandle& handle : group.versions()) {
+      names.push_back(handle.name());
+    }
+    ASSIGN_OR_RETURN(opened, client.OpenMany(names));
+  }
   std::vector<ShardedTensorView> views;
   views.reserve(group.versions_size());
-  for (const v1::VersionHandle& handle : group.versions()) {
-    ASSIGN_OR_RETURN(ShardedTensorView view, client.Open(handle.name()));
+  for (int i = 0; i < group.versions_size(); ++i) {
+    const v1::VersionHandle& handle = group.versions(i);
+    ShardedTensorView view = std::move(opened[i]);
     if (handle.tensor_id() != VersionId(view.tensor_id(), handle.number())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "tensor ", handle.name(), " is now ", view.tensor_id(), ", not ",
@@ -804,11 +866,23 @@ absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
   return views;
 }
 
+using ViewIndex = absl::flat_hash_map<std::string, size_t>;
+
+// Each view's position by name.
+std::shared_ptr<const ViewIndex> IndexViews(
+    const std::vector<ShardedTensorView>& views) {
+  auto index = std::make_shared<ViewIndex>();
+  for (size_t i = 0; i < views.size(); ++i) index->emplace(views[i].name(), i);
+  return index;
+}
+
 absl::StatusOr<ShardedTensorView> ViewNamed(
-    const std::vector<ShardedTensorView>& views, const std::string& name,
+    const std::vector<ShardedTensorView>& views,
+    const std::shared_ptr<const ViewIndex>& index, const std::string& name,
     absl::string_view what) {
-  for (const ShardedTensorView& view : views) {
-    if (view.name() == name) return view;
+  if (index != nullptr) {
+    auto it = index->find(name);
+    if (it != index->end()) return views[it->second];
   }
   return absl::NotFoundError(
       absl::StrCat("tensor ", name, " is not in this ", what));
@@ -818,7 +892,7 @@ absl::StatusOr<ShardedTensorView> ViewNamed(
 
 absl::StatusOr<ShardedTensorView> VersionWriter::view(
     const std::string& name) const {
-  return ViewNamed(views_, name, "version group");
+  return ViewNamed(views_, index_, name, "version group");
 }
 
 absl::StatusOr<v1::VersionGroup> VersionWriter::Publish() const {
@@ -842,15 +916,15 @@ absl::Status VersionWriter::Abort() const {
 }
 
 int64_t Snapshot::version(const std::string& name) const {
-  for (const v1::VersionHandle& handle : group_.versions()) {
-    if (handle.name() == name) return handle.number();
-  }
-  return 0;
+  if (index_ == nullptr) return 0;
+  auto it = index_->find(name);
+  if (it == index_->end()) return 0;
+  return group_.versions(static_cast<int>(it->second)).number();
 }
 
 absl::StatusOr<ShardedTensorView> Snapshot::view(
     const std::string& name) const {
-  return ViewNamed(views_, name, "snapshot");
+  return ViewNamed(views_, index_, name, "snapshot");
 }
 
 absl::Status Snapshot::Release() const {
@@ -877,6 +951,7 @@ absl::StatusOr<VersionWriter> Client::Begin(
       absl::StrCat("beginning a version of ", absl::StrJoin(names, ", ")),
       /*logged=*/true));
   ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
+  writer.index_ = IndexViews(writer.views_);
   return writer;
 }
 
@@ -910,6 +985,7 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
     handle->set_tensor_id(VersionId(view.tensor_id(), number));
   }
   ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
+  writer.index_ = IndexViews(writer.views_);
   return writer;
 }
 
@@ -927,47 +1003,18 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
                           absl::StrCat("pinning ", absl::StrJoin(names, ", ")),
                           /*logged=*/true));
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
+  snapshot.index_ = IndexViews(snapshot.views_);
   return snapshot;
 }
 
 absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     std::vector<ReadItem> items) const {
-  // Up to this many tensors are opened one by one; more, by one list.
-  constexpr size_t kOpenEach = 2;
   // The lease of a run's pin (ReadPlan releases it when the run ends).
   constexpr int64_t kPinLeaseMs = 60'000;
   std::shared_ptr<Cluster> cluster = cluster_;
   ReadPlan::Control control;
-  control.open = [cluster](const std::vector<std::string>& names)
-      -> absl::StatusOr<std::vector<ShardedTensorView>> {
-    std::vector<ShardedTensorView> views;
-    if (names.size() <= kOpenEach) {
-      for (const std::string& name : names) {
-        ASSIGN_OR_RETURN(Described opened, DescribeNamed(*cluster, name));
-        views.push_back(ShardedTensorView(cluster, std::move(opened.info),
-                                          std::move(opened.metadata)));
-      }
-      return views;
-    }
-    v1::ListTensorsResponse response;
-    RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::ListTensors,
-                            v1::ListTensorsRequest(), &response,
-                            "listing tensors"));
-    absl::flat_hash_map<std::string, v1::TensorInfo*> index;
-    for (v1::TensorInfo& info : *response.mutable_tensors()) {
-      index[info.name()] = &info;
-    }
-    for (const std::string& name : names) {
-      auto it = index.find(name);
-      if (it == index.end()) {
-        return absl::NotFoundError(
-            absl::StrCat("opening tensor ", name, ": no tensor named ", name));
-      }
-      ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(*it->second));
-      views.push_back(
-          ShardedTensorView(cluster, *it->second, std::move(metadata)));
-    }
-    return views;
+  control.open = [cluster](const std::vector<std::string>& names) {
+    return OpenNamed(cluster, names);
   };
   control.pin = [cluster](const std::vector<std::string>& names)
       -> absl::StatusOr<v1::VersionGroup> {

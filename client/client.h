@@ -362,6 +362,12 @@ class Client {
   // (ClientOptions::timeout) gives DEADLINE_EXCEEDED then, as the gRPC call
   // would.
   absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
+  // Views of `names`, in their order, from the daemons' descriptions now:
+  // one DescribeTensor each for one or two names, else one ListTensors of
+  // just those names (one call for a state dict of any size). NOT_FOUND
+  // names the first that does not exist.
+  absl::StatusOr<std::vector<ShardedTensorView>> OpenMany(
+      const std::vector<std::string>& names) const;
   // Create, Delete, Reshard, Save and Load are logged calls: each carries a
   // request id (ClientOptions::request_id) and is retried with it, up to
   // kLoggedCallAttempts in all within the timeout, when a daemon answers
@@ -445,6 +451,11 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<internal_client::Cluster> cluster);
+
+  // OpenMany on `cluster` (also what a read plan opens its tensors with).
+  static absl::StatusOr<std::vector<ShardedTensorView>> OpenNamed(
+      const std::shared_ptr<internal_client::Cluster>& cluster,
+      const std::vector<std::string>& names);
 
   // A description Open received, with its digest (wire/message_digest.h).
   struct Opened {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
@@ -40,6 +41,8 @@ class VersionWriter {
   std::shared_ptr<internal_client::Cluster> cluster_;
   v1::VersionGroup group_;
   std::vector<ShardedTensorView> views_;
+  // Position in views_ (and in group_) by name.
+  std::shared_ptr<const absl::flat_hash_map<std::string, size_t>> index_;
 };
 
 }  // namespace tessera

@@ -89,7 +89,10 @@ class Core : public std::enable_shared_from_this<Core> {
               const absl::Status& status, OpResult result = {});
 
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
-  v1::ListTensorsResponse List() const { return table_.List(); }
+  v1::ListTensorsResponse List(
+      const std::vector<std::string>& names = {}) const {
+    return table_.List(names);
+  }
   // What became of the logged call with client request id `request_id`
   // (GetOperation): committed, pending here, failed, or unknown.
   // INVALID_ARGUMENT for an id no client may send.

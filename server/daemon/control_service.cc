@@ -203,7 +203,10 @@ grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
     return control_internal::Done(context, allowed);
   }
   absl::Status accepting = core_->Accepting();
-  if (accepting.ok()) *response = core_->List();
+  if (accepting.ok()) {
+    *response = core_->List(std::vector<std::string>(request->names().begin(),
+                                                     request->names().end()));
+  }
   return control_internal::Done(context, accepting);
 }
 

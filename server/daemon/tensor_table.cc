@@ -102,11 +102,21 @@ absl::StatusOr<v1::TensorInfo> TensorTable::Describe(
   return InfoWithState(it->second);
 }
 
-v1::ListTensorsResponse TensorTable::List() const {
+v1::ListTensorsResponse TensorTable::List(
+    const std::vector<std::string>& names) const {
   v1::ListTensorsResponse response;
   absl::MutexLock lock(&mu_);
-  for (const auto& [name, entry] : entries_) {
-    *response.add_tensors() = InfoWithState(entry);
+  if (names.empty()) {
+    for (const auto& [name, entry] : entries_) {
+      *response.add_tensors() = InfoWithState(entry);
+    }
+    return response;
+  }
+  std::set<std::string> wanted(names.begin(), names.end());  // sorted, once
+  for (const std::string& name : wanted) {
+    auto it = entries_.find(name);
+    if (it != entries_.end())
+      *response.add_tensors() = InfoWithState(it->second);
   }
   return response;
 }

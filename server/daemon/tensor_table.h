@@ -97,7 +97,10 @@ class TensorTable {
   // The info of `name` as clients see it: with this daemon's refill in
   // progress marked (ShardReplicas.refilling). NOT_FOUND when absent.
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
-  v1::ListTensorsResponse List() const;
+  // Every tensor's info as Describe gives it, sorted by name; with `names`,
+  // only those of them that exist (each once).
+  v1::ListTensorsResponse List(
+      const std::vector<std::string>& names = {}) const;
   size_t size() const;
   // The name of the tensor with id `tensor_id`; nullopt when none.
   std::optional<std::string> NameOf(absl::string_view tensor_id) const;

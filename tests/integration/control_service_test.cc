@@ -188,10 +188,13 @@ class ControlServiceTest : public testing::MultiProcessTest {
     return Call(r, &v1::ControlService::Stub::DeleteTensor, request, &response);
   }
   // "name=tensor_id" of every tensor daemon `r` lists, in its order.
-  std::vector<std::string> ListOn(int r) {
+  std::vector<std::string> ListOn(int r,
+                                  const std::vector<std::string>& names = {}) {
+    v1::ListTensorsRequest request;
+    for (const std::string& name : names) request.add_names(name);
     v1::ListTensorsResponse response;
-    EXPECT_OK(Call(r, &v1::ControlService::Stub::ListTensors,
-                   v1::ListTensorsRequest(), &response));
+    EXPECT_OK(
+        Call(r, &v1::ControlService::Stub::ListTensors, request, &response));
     std::vector<std::string> listed;
     for (const v1::TensorInfo& info : response.tensors()) {
       listed.push_back(absl::StrCat(info.name(), "=", info.tensor_id()));
@@ -276,6 +279,13 @@ TEST_F(ControlServiceTest, CreateListDescribeDelete) {
         CreateOn(3, Create("by_worker", {4}, v1::INIT_KIND_ONES,
                            ChunkOn(0, {"worker3/cpu", "worker1/cpu"}))));
     EXPECT_THAT(by_worker.shard_ranks(), ElementsAre(3, 1));
+    // Named: only those that exist, sorted, each once.
+    EXPECT_THAT(ListOn(2, {"by_worker", "nope", "a", "by_worker"}),
+                ElementsAre(absl::StrCat("a=", a.tensor_id()),
+                            absl::StrCat("by_worker=", by_worker.tensor_id())));
+    EXPECT_THAT(ListOn(2, {"nope"}), ElementsAre());
+    EXPECT_THAT(ListOn(2, {"a"}),
+                ElementsAre(absl::StrCat("a=", a.tensor_id())));
 
     // Name errors agree on every daemon.
     EXPECT_THAT(CreateOn(2, Create("a", {2}, v1::INIT_KIND_ONES)).status(),

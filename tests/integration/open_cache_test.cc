@@ -3,7 +3,8 @@
 // a delete and a create of the same name, a reshard, a published version
 // and a daemon's restart, Open answers what DescribeTensor answers; and a
 // repeated Open of an unchanged tensor makes no gRPC call (the daemon's
-// DescribeTensor counter does not move). A view made before a change
+// DescribeTensor counter does not move); many tensors (OpenMany, Begin)
+// are opened with one ListTensors. A view made before a change
 // reads the tensor as it is now, or says why it cannot.
 #include <signal.h>
 
@@ -41,14 +42,16 @@ ShardingSpec Rows(int ranks) {
   return *ChunkShardingSpec::Create(0, placements);
 }
 
-// DescribeTensor calls rank 0 answered so far (tessera_rpcs_total).
-double Describes(const Client& client) {
+// Calls of ControlService's `method` rank 0 answered so far
+// (tessera_rpcs_total).
+double Calls(const Client& client, absl::string_view method) {
   const absl::StatusOr<v1::DaemonStats> stats = client.Stats()[0];
   if (!stats.ok()) return -1;
   double total = 0;
   for (absl::string_view line : absl::StrSplit(stats->metrics(), '\n')) {
     if (!absl::StartsWith(line, "tessera_rpcs_total{") ||
-        !absl::StrContains(line, "ControlService/DescribeTensor\"")) {
+        !absl::StrContains(line,
+                           absl::StrCat("ControlService/", method, "\""))) {
       continue;
     }
     double value = 0;
@@ -57,6 +60,10 @@ double Describes(const Client& client) {
     }
   }
   return total;
+}
+
+double Describes(const Client& client) {
+  return Calls(client, "DescribeTensor");
 }
 
 class OpenCacheTest : public ::testing::Test {
@@ -97,6 +104,44 @@ TEST_F(OpenCacheTest, UnchangedTensorsAreCheckedWithoutAGrpcCall) {
                        Client::Connect(cluster_->address(0), grpc_only));
   for (int i = 0; i < 3; ++i) ASSERT_OK(plain->Open("w").status());
   EXPECT_EQ(Describes(*client_), before + 3);
+}
+
+TEST_F(OpenCacheTest, ManyTensorsAreOpenedAndBegunWithOneList) {
+  // A state dict's worth: one ListTensors of just those names, where each
+  // was described (or digest-checked) one by one.
+  std::vector<TensorToCreate> tensors;
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) {
+    TensorToCreate tensor{absl::StrCat("many.", i), {8, 4}, Rows(4), {}};
+    tensor.options.versions = 2;
+    tensors.push_back(tensor);
+    names.insert(names.begin(), tensor.name);  // any order
+  }
+  ASSERT_OK(client_->CreateMany(tensors).status());
+  ASSERT_OK(client_->Create("other", {4}, Rows(1)).status());
+  const double describes = Describes(*client_);
+  const double lists = Calls(*client_, "ListTensors");
+  ASSERT_OK_AND_ASSIGN(const std::vector<ShardedTensorView> views,
+                       client_->OpenMany(names));
+  ASSERT_EQ(views.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(views[i].name(), names[i]);
+  }
+  ASSERT_OK_AND_ASSIGN(const VersionWriter writer, client_->Begin(names));
+  for (const std::string& name : names) {
+    ASSERT_OK_AND_ASSIGN(const ShardedTensorView view, writer.view(name));
+    EXPECT_EQ(view.name(), name);
+  }
+  EXPECT_THAT(writer.view("other"),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  ASSERT_OK(writer.Publish().status());
+  EXPECT_EQ(Describes(*client_), describes);
+  EXPECT_EQ(Calls(*client_, "ListTensors"), lists + 2);
+  // A name that does not exist is named.
+  names.push_back("many.nope");
+  EXPECT_THAT(
+      client_->OpenMany(names),
+      StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("many.nope")));
 }
 
 TEST_F(OpenCacheTest, EveryChangeIsSeenAtTheNextOpen) {
