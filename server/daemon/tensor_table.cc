@@ -246,6 +246,7 @@ void TensorTable::FailRefill(const std::string& name,
 std::vector<std::shared_ptr<VersionSet>> TensorTable::VersionSets() const {
   std::vector<std::shared_ptr<VersionSet>> sets;
   absl::MutexLock lock(&mu_);
+  sets.reserve(entries_.size());
   for (const auto& [name, entry] : entries_) {
     if (entry.versions != nullptr) sets.push_back(entry.versions);
   }

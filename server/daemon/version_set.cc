@@ -80,6 +80,7 @@ void VersionSet::AddPublished(int64_t number, ShardedTensor tensor,
       number, Version{std::move(tensor), std::move(copies), std::move(held)});
   latest_ = std::max(latest_, number);
   next_ = std::max({next_, number + 1, next});
+  untrimmed_ = true;  // Trimmed at the next Expire (its pins may follow).
   RegisterPublishedLocked(number, RegistrationId(tensor_id_, number),
                           it->second);
 }
@@ -188,21 +189,32 @@ bool VersionSet::Unpin(const std::string& pin) {
 void VersionSet::Expire(absl::Time now) {
   Freed freed;
   absl::MutexLock lock(&mu_);
+  // Called for every versioned tensor every lease tick: nothing more is
+  // done for one whose leases all run on and that nothing added to since
+  // it was trimmed.
+  bool ended = false;
   for (auto it = pins_.begin(); it != pins_.end();) {
-    it = it->second.until <= now ? pins_.erase(it) : std::next(it);
+    if (it->second.until <= now) {
+      it = pins_.erase(it);
+      ended = true;
+    } else {
+      ++it;
+    }
   }
   for (auto it = open_.begin(); it != open_.end();) {
     if (it->second.lease_end <= now && !it->second.claimed) {
       freed.versions.push_back(std::move(it->second));
       it = open_.erase(it);
+      ended = true;
     } else {
       ++it;
     }
   }
-  TrimLocked(&freed);
+  if (ended || untrimmed_) TrimLocked(&freed);
 }
 
 void VersionSet::TrimLocked(Freed* freed) {
+  untrimmed_ = false;
   // The kept newest, by number, stay; so does every pinned one.
   int64_t keep_from = latest_;
   int count = 0;

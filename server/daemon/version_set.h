@@ -203,6 +203,8 @@ class VersionSet : public MemoryBudget::Reclaimable,
   std::optional<Spare> spare_ ABSL_GUARDED_BY(mu_);
   // Whether the budget of a spare knows this set (AddReclaimable).
   bool reclaimable_added_ ABSL_GUARDED_BY(mu_) = false;
+  // Versions were added (AddPublished) since the last trim.
+  bool untrimmed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera::control_internal
