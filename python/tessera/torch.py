@@ -112,29 +112,13 @@ def read(tensor: Tensor, out: Optional[torch.Tensor] = None,
 
 
 def _read_box(tensor: Tensor, out: torch.Tensor,
-              offsets: Optional[Sequence[int]], timeout: Optional[float],
-              cast: Optional[str] = None) -> torch.Tensor:
+              offsets: Optional[Sequence[int]],
+              timeout: Optional[float]) -> torch.Tensor:
     """Reads the box of ``out``'s shape at ``offsets`` (the origin when
-    None) into ``out``, converted to ``cast`` first when given."""
+    None) into ``out``."""
     origin = (0,) * tensor.ndim if offsets is None else tuple(offsets)
-    tensor.read_region(origin, tuple(out.shape), out=out, timeout=timeout,
-                       cast=cast)
+    tensor.read_region(origin, tuple(out.shape), out=out, timeout=timeout)
     return out
-
-
-def _cast_for(tensor: Tensor, out: torch.Tensor) -> Optional[str]:
-    """The cast= that reads floating ``tensor`` into ``out`` of another
-    floating dtype (rounded as torch rounds, as read plans convert), or
-    None: same dtypes, or kinds that do not convert (refused by the read)."""
-    want = str(out.dtype).replace("torch.", "")
-    have = tensor.dtype_name
-    if want == have or not out.is_floating_point() or have not in _FLOATS:
-        return None
-    # A torch.bfloat16 out takes float32 values, rounded into it.
-    return "float32" if want == "bfloat16" else want
-
-
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def default_layout(client: Client, chunk_bytes: int = CHUNK_BYTES) -> Layout:
@@ -236,22 +220,21 @@ def get_state_dict(
     or not at all. Returns ``like``."""
     if not like:
         return like
-    items, staged = [], []
+    dense, staged = {}, []
     for name, value in like.items():
         out, at = value if isinstance(value, tuple) else (value, None)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"get_state_dict: like[{name!r}] must be a "
                             f"torch tensor, not {type(out).__name__}")
-        target = out
         if not out.is_contiguous():  # Filled through a dense copy.
             target = torch.empty(out.shape, dtype=out.dtype,
                                  device=out.device)
             staged.append((out, target))
-        origin = (0,) * out.dim() if at is None else tuple(at)
-        items.append((prefix + name, origin, tuple(out.shape), target))
+            out = target
+        dense[name] = out if at is None else (out, at)
     # One plan: one metadata call, every piece checked to be of one
     # version (tensor by tensor, a publish between two reads mixed them).
-    client.plan_reads(items).run(timeout=timeout)
+    plan_state_dict(client, prefix, dense).run(timeout=timeout)
     for out, target in staged:
         out.copy_(target)
     return like
