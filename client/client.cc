@@ -785,14 +785,21 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
 
 namespace {
 
-// Up to this many tensors are opened one by one; more, by one list.
+// Up to this many tensors are opened one by one (through Open's cache);
+// more, by one list.
 constexpr size_t kOpenEach = 2;
 
 }  // namespace
 
 absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenMany(
     const std::vector<std::string>& names) const {
-  return OpenNamed(cluster_, names);
+  if (names.size() > kOpenEach) return OpenNamed(cluster_, names);
+  std::vector<ShardedTensorView> views;
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(ShardedTensorView view, Open(name));
+    views.push_back(std::move(view));
+  }
+  return views;
 }
 
 absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
@@ -800,14 +807,6 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
     const std::vector<std::string>& names) {
   std::vector<ShardedTensorView> views;
   views.reserve(names.size());
-  if (names.size() <= kOpenEach) {
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(Described opened, DescribeNamed(*cluster, name));
-      views.push_back(ShardedTensorView(cluster, std::move(opened.info),
-                                        std::move(opened.metadata)));
-    }
-    return views;
-  }
   v1::ListTensorsRequest request;
   for (const std::string& name : names) request.add_names(name);
   v1::ListTensorsResponse response;
@@ -832,23 +831,17 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
 
 namespace {
 
-// The views of a group's versions: each tensor opened (a few through the
-// client's open cache, more by one list), at its version.
+// The views of a group's versions: each tensor opened (Client::OpenMany),
+// at its version.
 absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
     const Client& client, const v1::VersionGroup& group, bool open) {
-  std::vector<ShardedTensorView> opened;
-  if (static_cast<size_t>(group.versions_size()) <= kOpenEach) {
-    for (const v1::VersionHandle& handle : group.versions()) {
-      ASSIGN_OR_RETURN(ShardedTensorView view, client.Open(handle.name()));
-      opened.push_back(std::move(view));
-    }
-  } else {
-    std::vector<std::string> names;
-    for (const v1::VersionHandle& handle : group.versions()) {
-      names.push_back(handle.name());
-    }
-    ASSIGN_OR_RETURN(opened, client.OpenMany(names));
+  std::vector<std::string> names;
+  names.reserve(group.versions_size());
+  for (const v1::VersionHandle& handle : group.versions()) {
+    names.push_back(handle.name());
   }
+  ASSIGN_OR_RETURN(std::vector<ShardedTensorView> opened,
+                   client.OpenMany(names));
   std::vector<ShardedTensorView> views;
   views.reserve(group.versions_size());
   for (int i = 0; i < group.versions_size(); ++i) {

@@ -363,9 +363,9 @@ class Client {
   // would.
   absl::StatusOr<ShardedTensorView> Open(const std::string& name) const;
   // Views of `names`, in their order, from the daemons' descriptions now:
-  // one DescribeTensor each for one or two names, else one ListTensors of
-  // just those names (one call for a state dict of any size). NOT_FOUND
-  // names the first that does not exist.
+  // one or two names each as Open opens it (its cache checked by digest),
+  // more by one ListTensors of just those names (one call for a state dict
+  // of any size). NOT_FOUND names the first that does not exist.
   absl::StatusOr<std::vector<ShardedTensorView>> OpenMany(
       const std::vector<std::string>& names) const;
   // Create, Delete, Reshard, Save and Load are logged calls: each carries a
@@ -452,7 +452,9 @@ class Client {
  private:
   explicit Client(std::shared_ptr<internal_client::Cluster> cluster);
 
-  // OpenMany on `cluster` (also what a read plan opens its tensors with).
+  // Views of `names` from one ListTensors of just those names on
+  // `cluster`, without the open cache (what OpenMany does for more than
+  // two names, and what a read plan opens its tensors with).
   static absl::StatusOr<std::vector<ShardedTensorView>> OpenNamed(
       const std::shared_ptr<internal_client::Cluster>& cluster,
       const std::vector<std::string>& names);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/interceptor.h"
 #include "grpcpp/support/status.h"
+#include "wire/grpc_status.h"
 
 namespace tessera {
 namespace {
@@ -40,10 +41,7 @@ class ForkRefusal final : public grpc::experimental::Interceptor {
     }
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_RECV_STATUS)) {
-      const absl::Status refused = ForkedAfterGrpcError(method_);
-      *methods->GetRecvStatus() =
-          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                       std::string(refused.message()));
+      *methods->GetRecvStatus() = ToGrpcStatus(ForkedAfterGrpcError(method_));
     }
     if (starts) {
       methods->Hijack();
