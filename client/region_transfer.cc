@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "common/region.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
+#include "io/thread_cache.h"
 #include "wire/grpc_status.h"
 
 namespace tessera {
@@ -33,10 +33,11 @@ absl::Status RunInParallel(size_t n, int parallelism,
   };
   const size_t threads =
       std::min(n, static_cast<size_t>(std::max(parallelism, 1)));
-  std::vector<std::thread> workers;
-  workers.reserve(threads);
-  for (size_t t = 0; t < threads; ++t) workers.emplace_back(work);
-  for (std::thread& worker : workers) worker.join();
+  std::vector<std::shared_ptr<ThreadJob>> workers;
+  workers.reserve(threads - 1);
+  for (size_t t = 1; t < threads; ++t) workers.push_back(StartThread(work));
+  work();  // this thread is one of the workers
+  for (const std::shared_ptr<ThreadJob>& worker : workers) worker->Wait();
   for (const absl::Status& result : results) {
     RETURN_IF_ERROR(result);
   }
@@ -136,16 +137,16 @@ absl::Status WriteToHolders(
   std::vector<bool> done(holders, false);
   absl::Time first_ok = absl::InfiniteFuture();
   const absl::Time start = absl::Now();
-  std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<ThreadJob>> threads;
   for (size_t k = 0; k < holders; ++k) {
-    threads.emplace_back([&, k] {
+    threads.push_back(StartThread([&, k] {
       absl::Status result = write(k, cancels[k], &named[k]);
       absl::MutexLock lock(&mu);
       results[k] = std::move(result);
       done[k] = true;
       ++finished;
       if (results[k].ok()) first_ok = std::min(first_ok, absl::Now());
-    });
+    }));
   }
   std::vector<bool> given_up(holders, false);
   {
@@ -171,7 +172,7 @@ absl::Status WriteToHolders(
       }
     }
   }
-  for (std::thread& thread : threads) thread.join();
+  for (const std::shared_ptr<ThreadJob>& thread : threads) thread->Wait();
   // A holder that takes no writes now (ABORTED: a reshard fences its
   // layout) fails the piece, whatever the others took: passing it over or
   // marking it stale would let the reshard copy its bytes without this

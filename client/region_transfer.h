@@ -36,7 +36,7 @@
 namespace tessera {
 
 // Runs body(0), ..., body(n - 1), at most `parallelism` (at least 1) at
-// once, on threads of its own (a single task runs on the calling thread).
+// once, on the calling thread and cached threads (io/thread_cache.h).
 // Once a task has failed no new one starts; the call returns when every
 // started task has ended, with the error of the lowest-numbered task that
 // failed, or OK.

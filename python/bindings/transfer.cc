@@ -2,28 +2,27 @@
 // Ctrl-C and progress callbacks honoured every 50 ms, the transfer
 // cancelled (and waited for) when a signal handler raises.
 #include <algorithm>
-#include <chrono>
-#include <future>
-#include <thread>
 #include <utility>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "io/thread_cache.h"
 #include "python/bindings/support.h"
 
 namespace tessera::python {
 namespace {
 
-// Transfers at least this large, or watched by a progress bar, run on a
-// thread of their own (Interruptible); smaller ones end sooner than a
-// thread starts.
+// Transfers at least this large, or watched by a progress bar, run on
+// another thread (Interruptible); smaller reads run on the caller's
+// thread first (kInlineSlice).
 constexpr int64_t kThreadedBytes = int64_t{1} << 20;
 // How long a small read runs on the caller's thread before it is started
 // again interruptibly (a read is idempotent): the most a Ctrl-C waits for.
 constexpr absl::Duration kInlineSlice = absl::Milliseconds(200);
 
-// Runs `work` (which must not touch Python) on a thread of its own while
-// this thread, the GIL released, waits for it in slices of 50 ms; between
+// Runs `work` (which must not touch Python) on a cached thread
+// (io/thread_cache.h) while this thread, the GIL released, waits for it in
+// slices of 50 ms; between
 // them it runs Python's signal handlers (Ctrl-C raises KeyboardInterrupt
 // there) and calls `progress(done, total)` when given. When a handler
 // raises, `cancel` is cancelled, which interrupts the work even where it
@@ -33,21 +32,18 @@ absl::Status Interruptible(const std::function<absl::Status()>& work,
                            const std::shared_ptr<Cancellation>& cancel,
                            const std::shared_ptr<std::atomic<int64_t>>& done,
                            int64_t total, const py::object& progress) {
-  std::promise<absl::Status> promise;
-  std::future<absl::Status> future = promise.get_future();
-  std::thread worker([&] { promise.set_value(work()); });
+  absl::Status result;
+  const std::shared_ptr<ThreadJob> job = StartThread([&] { result = work(); });
   const auto join = [&] {
     py::gil_scoped_release release;
-    future.wait();
-    worker.join();
+    job->Wait();
   };
   try {
     while (true) {
       bool ready;
       {
         py::gil_scoped_release release;
-        ready = future.wait_for(std::chrono::milliseconds(50)) ==
-                std::future_status::ready;
+        ready = job->WaitFor(absl::Milliseconds(50));
       }
       if (!progress.is_none()) progress(done->load(), total);
       if (ready) break;
@@ -58,8 +54,7 @@ absl::Status Interruptible(const std::function<absl::Status()>& work,
     join();
     throw;
   }
-  join();
-  return future.get();
+  return result;
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+#include "io/thread_cache.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+// Waits up to 10 s for at least `count` idle cached threads.
+bool AwaitIdle(size_t count) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (IdleCachedThreads() < count) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST(ThreadCacheTest, WaitReturnsAfterTheWorkAndItsCapturesAreGone) {
+  auto captured = std::make_shared<int>(7);
+  std::weak_ptr<int> watch = captured;
+  int seen = 0;
+  std::shared_ptr<ThreadJob> job =
+      StartThread([&seen, captured = std::move(captured)] {
+        absl::SleepFor(absl::Milliseconds(20));
+        seen = *captured;
+      });
+  job->Wait();
+  EXPECT_EQ(seen, 7);
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(ThreadCacheTest, AFinishedThreadRunsTheNextWork) {
+  const size_t idle = IdleCachedThreads();
+  std::thread::id first;
+  StartThread([&first] { first = std::this_thread::get_id(); })->Wait();
+  // Parked last: the next Start takes it (the idle are taken last first).
+  ASSERT_TRUE(AwaitIdle(idle + 1));
+  std::thread::id second;
+  StartThread([&second] { second = std::this_thread::get_id(); })->Wait();
+  EXPECT_EQ(second, first);
+  EXPECT_NE(second, std::this_thread::get_id());
+}
+
+TEST(ThreadCacheTest, WaitForTimesOutWhileTheWorkRuns) {
+  std::atomic<bool> release{false};
+  std::shared_ptr<ThreadJob> job = StartThread([&release] {
+    while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+  });
+  EXPECT_FALSE(job->WaitFor(absl::Milliseconds(30)));
+  release.store(true);
+  EXPECT_TRUE(job->WaitFor(absl::Seconds(30)));
+}
+
+// Every Start gets a thread at once: work that waits for work it started
+// (as nested transfers do) never waits for a free thread.
+TEST(ThreadCacheTest, WorkWaitingForWorkItStartedNeverDeadlocks) {
+  constexpr int kOuter = 100;  // more than kMaxIdleThreads
+  std::atomic<int> inner_done{0};
+  std::atomic<int> started{0};
+  std::vector<std::shared_ptr<ThreadJob>> outer;
+  for (int i = 0; i < kOuter; ++i) {
+    outer.push_back(StartThread([&] {
+      ++started;
+      // All outer work holds its thread until every one has started.
+      while (started.load() < kOuter) absl::SleepFor(absl::Milliseconds(1));
+      StartThread([&inner_done] { ++inner_done; })->Wait();
+    }));
+  }
+  for (const auto& job : outer) {
+    ASSERT_TRUE(job->WaitFor(absl::Seconds(60)));
+  }
+  EXPECT_EQ(inner_done.load(), kOuter);
+  EXPECT_LE(IdleCachedThreads(), kMaxIdleThreads);
+}
+
+// A child forked while the parent had idle threads has none of them: its
+// work must run on a thread of its own, not be handed to one that is not
+// there (it would never run).
+TEST(ThreadCacheTest, AForkedChildRunsWorkOnThreadsOfItsOwn) {
+  StartThread([] {})->Wait();
+  ASSERT_TRUE(AwaitIdle(1));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::atomic<bool> ran{false};
+    const bool finished =
+        StartThread([&ran] { ran.store(true); })->WaitFor(absl::Seconds(10));
+    _exit(finished && ran.load() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace tessera
