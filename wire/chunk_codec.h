@@ -50,6 +50,9 @@ inline constexpr absl::string_view kDataPlaneRequestMagic = "TSRBULK3";
 inline constexpr absl::string_view kDataPlaneRequestTokenMagic = "TSRBULK4";
 // Largest control frame (request or reply) either side accepts.
 inline constexpr uint32_t kMaxDataPlaneFrameBytes = 1 << 20;
+// Largest box a data-plane write carries inside its request
+// (BulkWriteRequest.data): one round trip instead of two.
+inline constexpr int64_t kInlineWriteBytes = int64_t{64} << 10;
 // Size of the binary prefix of each data-plane chunk.
 inline constexpr size_t kDataPlaneChunkPrefixBytes = 24;
 

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -305,6 +306,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   if (!box.is_contiguous()) {
     return fall_back("the box is not one dense run of the shard");
   }
+  if (!request.data().empty()) return WriteInline(stream, request, box, what);
   const int64_t chunk_bytes =
       ChunkBytesFor(options_.chunks, request.chunk_bytes());
   reply.set_chunk_bytes(chunk_bytes);
@@ -372,6 +374,44 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   }
   return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }
+absl::Status DataPlaneServer::WriteInline(DataConnection& stream,
+                                          const v1::BulkWriteRequest& request,
+                                          const Tensor& box,
+                                          const std::string& what) {
+  const absl::Time asked = absl::Now();
+  const absl::Time deadline = asked + options_.io_timeout;
+  const std::string& data = request.data();
+  const int64_t total = static_cast<int64_t>(box.nbytes());
+  if (static_cast<int64_t>(data.size()) != total || total > kInlineWriteBytes) {
+    return SendReply(stream,
+                     WriteError(absl::InvalidArgumentError(absl::StrCat(
+                         what, ": the request carries ", data.size(),
+                         " bytes for a box of ", total,
+                         " (a request may carry a whole "
+                         "box of at most ",
+                         kInlineWriteBytes, " bytes); nothing written"))),
+                     deadline);
+  }
+  if (!stream.authenticated()) {
+    absl::Status intact = ChunkSequence::CheckChecksum(
+        Checksum64(data.data(), data.size()), request.data_checksum(), what);
+    if (!intact.ok()) {
+      CountChecksumFailure(MetricsTransport::kDataPlane);
+      return SendReply(stream,
+                       WriteError(absl::Status(
+                           intact.code(), absl::StrCat(intact.message(),
+                                                       "; nothing written"))),
+                       deadline);
+    }
+  }
+  std::memcpy(box.data_ptr(), data.data(), data.size());
+  v1::BulkWriteReply done;
+  done.set_bytes_written(total);
+  CountTransfer(MetricsTransport::kDataPlane, MetricsDirection::kWrite, total,
+                absl::Now() - asked);
+  return SendReply(stream, done, deadline);
+}
+
 absl::Status DataPlaneServer::AnswerDescribeDigest(
     DataConnection& stream, const v1::DescribeDigestRequest& request) {
   const absl::Time deadline = absl::Now() + options_.io_timeout;

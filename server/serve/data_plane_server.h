@@ -141,6 +141,11 @@ class DataPlaneServer {
                                   absl::Time deadline);
   absl::Status AnswerWrite(DataConnection& stream,
                            const v1::BulkWriteRequest& request);
+  // The rest of AnswerWrite for a box that came whole in the request
+  // (`data`): checked, copied into `box`, answered with the last reply.
+  absl::Status WriteInline(DataConnection& stream,
+                           const v1::BulkWriteRequest& request,
+                           const Tensor& box, const std::string& what);
   absl::Status AnswerDescribeDigest(DataConnection& stream,
                                     const v1::DescribeDigestRequest& request);
 

@@ -707,6 +707,18 @@ UniqueFd StartRawWrite(const std::string& address) {
   return socket;
 }
 
+// That the connection `fd` is in step: shard 1 of "t" fetched over it
+// next holds `bytes`.
+void ExpectFetchesNext(int fd, const std::string& bytes) {
+  v1::DataPlaneRequest fetch;
+  fetch.mutable_fetch()->set_tensor_id("t");
+  fetch.mutable_fetch()->set_shard_index(1);
+  ASSERT_OK(WriteFrame(fd, fetch.SerializeAsString(), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply fetched, ReadReply(fd));
+  ASSERT_EQ(fetched.code(), 0) << fetched.message();
+  EXPECT_THAT(ReadChunks(fd, fetched), IsOkAndHolds(bytes));
+}
+
 class DataPlaneWriteTest : public DataPlaneServerTest {
  protected:
   void SetUp() override {
@@ -845,6 +857,71 @@ TEST_F(DataPlaneWriteTest, BadWritesAreRefusedBeforeAnyByteMoves) {
   EXPECT_EQ(RowMajorBytes(shard).substr(7 * 32), RowMajorBytes(row));
 }
 
+// A box of at most kInlineWriteBytes travels inside its request: one
+// request, one reply, no go-ahead and no chunks.
+TEST_F(DataPlaneWriteTest, ASmallBoxComesWithItsRequestInOneRoundTrip) {
+  const Tensor shard = Serve("t", Filled({4, 1024}, DType::kInt32, 1));
+  const std::string before = RowMajorBytes(shard);
+  const std::string bytes = RowMajorBytes(Filled({2, 1024}, DType::kInt32, 2));
+  const auto inline_frame = [&](const std::string& data, uint64_t checksum) {
+    v1::DataPlaneRequest framed;
+    framed.ParseFromString(
+        WriteRequestFrame("t", 1, {1, 0}, {2, 1024}, DType::kInt32, 8192));
+    framed.mutable_write()->set_data(data);
+    framed.mutable_write()->set_data_checksum(checksum);
+    return framed.SerializeAsString();
+  };
+  UniqueFd socket = Dial(server_->address(), kDataPlaneRequestMagic);
+  // Refused, nothing written, the connection kept in step: bytes whose
+  // checksum does not match, and fewer bytes than the box holds.
+  ASSERT_OK(
+      WriteFrame(socket.get(), inline_frame(bytes, 42), absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(v1::BulkWriteReply reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(reply.message(), HasSubstr("nothing written"));
+  const std::string short_data = bytes.substr(0, 100);
+  ASSERT_OK(
+      WriteFrame(socket.get(),
+                 inline_frame(short_data, XXH3_64bits(short_data.data(), 100)),
+                 absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply.message(), HasSubstr("100 bytes for a box of 8192"));
+  EXPECT_EQ(RowMajorBytes(shard), before);
+  // Written: the one reply is the last (bytes written, no chunk size).
+  ASSERT_OK(WriteFrame(socket.get(),
+                       inline_frame(bytes, XXH3_64bits(bytes.data(), 8192)),
+                       absl::Now() + kWait));
+  ASSERT_OK_AND_ASSIGN(reply, ReadWriteReply(socket.get()));
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(reply.bytes_written(), 8192);
+  EXPECT_EQ(reply.chunk_bytes(), 0);
+  const std::string after = RowMajorBytes(shard);
+  EXPECT_EQ(after.substr(0, 4096), before.substr(0, 4096));
+  EXPECT_EQ(after.substr(4096, 8192), bytes);
+  EXPECT_EQ(after.substr(12288), before.substr(12288));
+  ExpectFetchesNext(socket.get(), after);
+}
+
+// The client sends a box of at most kInlineWriteBytes with its request and
+// streams a larger one in chunks; both land whole.
+TEST_F(DataPlaneWriteTest, TheClientSendsSmallBoxesInlineAndLargeOnesInChunks) {
+  const int64_t columns = kInlineWriteBytes / 4;  // one row: the most inline
+  const Tensor shard = Serve("t", Filled({4, columns}, DType::kFloat32, 1));
+  for (int64_t rows : {int64_t{1}, int64_t{3}}) {
+    SCOPED_TRACE(rows);
+    const Tensor data = Filled({rows, columns}, DType::kFloat32, 2 + rows);
+    ASSERT_OK_AND_ASSIGN(
+        const bool written,
+        client_->WriteRegion("t", 1, {1, 0}, data, WriteOptions(4096)));
+    EXPECT_TRUE(written);
+    const size_t row = static_cast<size_t>(kInlineWriteBytes);
+    EXPECT_EQ(RowMajorBytes(shard).substr(row, rows * row),
+              RowMajorBytes(data));
+  }
+  EXPECT_OK(ServesGoodClient());
+}
+
 TEST_F(DataPlaneWriteTest, ACorruptChunkIsDataLossAndTheConnectionStaysInStep) {
   const Tensor shard = Serve("t", Filled({4, 1024}, DType::kInt32, 1));
   const std::string before = RowMajorBytes(shard);
@@ -867,15 +944,7 @@ TEST_F(DataPlaneWriteTest, ACorruptChunkIsDataLossAndTheConnectionStaysInStep) {
   const std::string after = RowMajorBytes(shard);
   EXPECT_EQ(after.substr(0, 8192), bytes.substr(0, 8192));
   EXPECT_EQ(after.substr(8192), before.substr(8192));
-  // The same connection fetches next.
-  v1::DataPlaneRequest fetch;
-  fetch.mutable_fetch()->set_tensor_id("t");
-  fetch.mutable_fetch()->set_shard_index(1);
-  ASSERT_OK(
-      WriteFrame(socket.get(), fetch.SerializeAsString(), absl::Now() + kWait));
-  ASSERT_OK_AND_ASSIGN(v1::BulkFetchReply fetched, ReadReply(socket.get()));
-  ASSERT_EQ(fetched.code(), 0) << fetched.message();
-  EXPECT_THAT(ReadChunks(socket.get(), fetched), IsOkAndHolds(after));
+  ExpectFetchesNext(socket.get(), after);
 }
 
 TEST_F(DataPlaneWriteTest, AStreamOutOfStepIsRefusedAndClosed) {
