@@ -102,6 +102,15 @@ void InterruptSocket(int fd) {
   if (fd >= 0) shutdown(fd, SHUT_RDWR);
 }
 
+bool PeerHungUp(int fd) {
+  pollfd entry{fd, POLLRDHUP, 0};
+  int ready;
+  do {
+    ready = poll(&entry, 1, 0);
+  } while (ready < 0 && errno == EINTR);
+  return ready > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 absl::Status CheckDeadline(absl::Time deadline, absl::string_view what) {
   if (absl::Now() < deadline) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat(what, ": deadline exceeded"));

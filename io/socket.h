@@ -32,6 +32,13 @@ bool IsIpAddress(absl::string_view host);
 // ways); does not close it.
 void InterruptSocket(int fd);
 
+// Whether the peer of the connected socket `fd` has shut down its sending
+// side or the connection failed (poll(2) POLLRDHUP, POLLHUP or POLLERR, not
+// waiting): a client that gave up on its request (cancelled, or past its
+// deadline) has closed or shut down its socket. Bytes it sent before
+// remain readable either way.
+bool PeerHungUp(int fd);
+
 // Waits until `fd` is ready for `events` (poll(2) flags; an error or hang-up
 // counts as ready) or `deadline` passes: DEADLINE_EXCEEDED "<what>:
 // deadline exceeded", or UNAVAILABLE when poll fails.

@@ -16,6 +16,7 @@
 #include "common/checksum.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "io/socket.h"
 #include "server/metrics/metrics.h"
 #include "server/serve/chunk_source.h"
 #include "tessera/v1/control.grpc.pb.h"
@@ -44,6 +45,17 @@ absl::Status SendError(DataConnection& stream, const absl::Status& error,
 
 v1::BulkWriteReply WriteError(const absl::Status& status) {
   return ErrorReply<v1::BulkWriteReply>(status);
+}
+
+// CANCELLED when the writing client has hung up: it gave up on the write
+// (cancelled, or past its deadline, while this daemon was stalled), so
+// bytes it sent before must not land now, after writes it made since.
+// The connection is then closed without a reply (nobody reads it).
+absl::Status CheckClientWaits(const DataConnection& stream,
+                              absl::string_view what) {
+  if (!PeerHungUp(stream.fd())) return absl::OkStatus();
+  return absl::CancelledError(
+      absl::StrCat(what, ": the client hung up; the rest is not written"));
 }
 
 }  // namespace
@@ -343,6 +355,9 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
     }
     const size_t length = static_cast<size_t>(chunk.length);
     if (failed.ok()) {
+      RETURN_IF_ERROR(
+          CheckClientWaits(stream, absl::StrCat(what, " (bytes [0, ", written,
+                                                ") of the box were written)")));
       char* place = base + chunk.offset;
       RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
       if (!stream.authenticated()) {
@@ -404,6 +419,7 @@ absl::Status DataPlaneServer::WriteInline(DataConnection& stream,
                        deadline);
     }
   }
+  RETURN_IF_ERROR(CheckClientWaits(stream, what));
   std::memcpy(box.data_ptr(), data.data(), data.size());
   v1::BulkWriteReply done;
   done.set_bytes_written(total);
