@@ -489,6 +489,20 @@ absl::StatusOr<ShardedTensorView> ShardedTensorView::Reopened() const {
                            std::move(now.metadata));
 }
 
+absl::Status WriteMany(absl::Span<const BoxWrite> writes,
+                       const TransferOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  return RunInParallel(
+      writes.size(), options.parallelism, [&](size_t i) -> absl::Status {
+        TransferOptions one = options;
+        one.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+        one.progress = nullptr;
+        one.version = nullptr;
+        const BoxWrite& write = writes[i];
+        return write.view.Write(write.offsets, write.data, one);
+      });
+}
+
 absl::Status ShardedTensorView::WriteToThisLayout(
     absl::Span<const int64_t> offsets, const Tensor& data,
     const TransferOptions& options) const {

@@ -309,6 +309,25 @@ class ShardedTensorView {
   bool open_version_ = false;
 };
 
+// One box of WriteMany: `data` written at `offsets` of `view`.
+struct BoxWrite {
+  ShardedTensorView view;
+  std::vector<int64_t> offsets;
+  Tensor data;
+};
+
+// Writes every box as ShardedTensorView::Write does, up to
+// options.parallelism at once and all within options.timeout: a state
+// dict's small tensors cost one call, not a round trip each in turn. The
+// boxes are written in no order, so boxes that overlap end with either's
+// bytes. Returns OK, or the error of the first box (in `writes`' order)
+// that failed; once one failed no other starts, and those started may
+// have been written, as after any failed write. options.progress and
+// options.version are not used. Thread-safe; `writes` must outlive the
+// call.
+absl::Status WriteMany(absl::Span<const BoxWrite> writes,
+                       const TransferOptions& options = {});
+
 // "committed", "failed", "pending" or "unknown" (also for
 // STATE_UNSPECIFIED), as `tessera op` and Python's Client.operation say it.
 absl::string_view OperationStateName(v1::OperationStatus::State state);

@@ -88,13 +88,17 @@ py::array PyView::GetItem(const py::handle& key, double timeout) const {
   return target;
 }
 
-void PyView::Write(const std::vector<int64_t>& offsets, const py::array& data,
-                   double timeout, const py::object& progress) const {
+Tensor PyView::Source(const py::array& data) const {
   const DType dtype =
       view_.dtype() == DType::kBFloat16 && CarriesBitsOf(data, view_.dtype())
           ? DType::kBFloat16
           : DTypeFromName(std::string(py::str(data.dtype().attr("name"))));
-  const Tensor source = Wrap(data, dtype);
+  return Wrap(data, dtype);
+}
+
+void PyView::Write(const std::vector<int64_t>& offsets, const py::array& data,
+                   double timeout, const py::object& progress) const {
+  const Tensor source = Source(data);
   PyTransfer transfer(timeout, static_cast<int64_t>(data.nbytes()), progress);
   Check(transfer.Run(
       [&](const TransferOptions& options) {
@@ -149,7 +153,27 @@ PyView PyView::At(int64_t number) const {
   return PyView(Check(view_.AtVersion(number)));
 }
 
+void WriteMany(const std::vector<std::tuple<const PyView*, std::vector<int64_t>,
+                                            py::array>>& items,
+               double timeout) {
+  std::vector<BoxWrite> writes;
+  writes.reserve(items.size());
+  int64_t bytes = 0;
+  for (const auto& [view, offsets, data] : items) {
+    if (view == nullptr) Raise(absl::InvalidArgumentError("no view"));
+    writes.push_back(BoxWrite{view->view(), offsets, view->Source(data)});
+    bytes += static_cast<int64_t>(data.nbytes());
+  }
+  PyTransfer transfer(timeout, bytes, py::none());
+  Check(transfer.Run(
+      [&](const TransferOptions& options) {
+        return tessera::WriteMany(writes, options);
+      },
+      /*idempotent=*/false));
+}
+
 void BindTensor(py::module_& m) {
+  m.def("write_many", &WriteMany, py::arg("items"), py::arg("timeout") = 0.0);
   py::class_<PyView>(m, "View")
       .def_property_readonly("name", &PyView::name)
       .def_property_readonly("tensor_id", &PyView::tensor_id)

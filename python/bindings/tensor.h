@@ -103,6 +103,10 @@ class PyView {
 
   const ShardedTensorView& view() const { return view_; }
 
+  // `data` as the bytes Write sends: a tensor of its dtype over its
+  // memory (a bfloat16 tensor's bits from a 16-bit integer array).
+  Tensor Source(const py::array& data) const;
+
  private:
   // Reads the box at `offsets` into `destination` (memory of a numpy
   // array), interruptibly (PyTransfer).
@@ -117,6 +121,13 @@ class PyView {
   mutable py::object numpy_dtype_;
   mutable py::object bits_dtype_;
 };
+
+// write_many(items, timeout): each item a (View, offsets, array) written
+// as View.write would, all in one interruptible call (client/client.h
+// WriteMany).
+void WriteMany(const std::vector<std::tuple<const PyView*, std::vector<int64_t>,
+                                            py::array>>& items,
+               double timeout);
 
 }  // namespace tessera::python
 

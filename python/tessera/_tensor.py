@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy
 
@@ -466,6 +466,15 @@ class Tensor:
         takes numbers (rounded to bfloat16 as torch does) or a
         torch.bfloat16 tensor. Ctrl-C stops a long write promptly (owners
         may hold part of it, as after any failed write)."""
+        offsets, array = self._write_source(offsets, data)
+        with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
+            self._native.write(offsets, array, _seconds(timeout),
+                               bar.callback)
+
+    def _write_source(self, offsets: Sequence[int],
+                      data: ArrayLike) -> tuple[list[int], NDArray]:
+        """``offsets`` checked and ``data`` as the C-contiguous array
+        ``write`` sends (bfloat16 as its bits)."""
         array, bits = _source(data)
         if bits and not self._bf16:
             raise _invalid(f"data is bfloat16 but tensor {self.name} is "
@@ -474,10 +483,7 @@ class Tensor:
             array = float_to_bf16(array)
         if not array.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
             array = numpy.ascontiguousarray(array)
-        offsets = _integers(offsets, "offsets")
-        with _Progress(progress, array.nbytes, f"write {self.name}") as bar:
-            self._native.write(offsets, array, _seconds(timeout),
-                               bar.callback)
+        return _integers(offsets, "offsets"), array
 
     # ---- numpy basic indexing (ints, slices of step 1, '...'; parsed by
     # the native view, so a small read is one call).
@@ -519,3 +525,15 @@ class Tensor:
                 f"dtype={self.dtype_name}, shards={len(self.shards)}, "
                 f"id={self.tensor_id!r}"
                 f"{f', version={at}' if at else ''})")
+
+
+def _write_many(items: Iterable[tuple[Tensor, Sequence[int], ArrayLike]],
+                timeout: Optional[float]) -> None:
+    """Writes each ``(tensor, offsets, data)`` as ``tensor.write`` would,
+    in one native call (several at once, in no order; ``timeout`` bounds
+    the whole call)."""
+    prepared = []
+    for tensor, offsets, data in items:
+        at, array = tensor._write_source(offsets, data)
+        prepared.append((tensor._native, at, array))
+    _tessera.write_many(prepared, _seconds(timeout))

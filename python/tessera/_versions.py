@@ -3,10 +3,11 @@ and then published atomically, and snapshots that pin published ones."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
+from typing import (TYPE_CHECKING, Any, Iterable, Iterator, List, Optional,
+                    Sequence)
 
 from . import _tessera, errors
-from ._tensor import Tensor
+from ._tensor import Tensor, _write_many
 
 if TYPE_CHECKING:
     from . import Client
@@ -56,6 +57,18 @@ class VersionGroup:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
+
+    def write_many(self, items: Iterable[tuple[str, Sequence[int], Any]],
+                   timeout: Optional[float] = None) -> None:
+        """Writes each ``(name, offsets, data)`` as ``group[name].write``
+        would, all in one call (several at once): a state dict of many
+        small tensors costs one call, not a round trip per tensor in turn.
+        The boxes are written in no order (boxes that overlap end with
+        either's bytes); ``timeout`` bounds the whole call. On an error
+        (the first item's, in order, that failed) the items started may
+        have been written, as after any failed write."""
+        _write_many([(self[name], offsets, data)
+                     for name, offsets, data in items], timeout)
 
     def publish(self) -> dict[str, int]:
         """Makes every version of the group the latest, atomically;

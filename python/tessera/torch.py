@@ -15,7 +15,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional,
 import torch
 
 from . import _tessera, errors
-from ._tensor import _integers, _source
+from ._tensor import _integers, _source, _write_many
 
 if TYPE_CHECKING:
     from . import Client, ShardingSpec, Tensor
@@ -189,11 +189,10 @@ def put_state_dict(client: Client, prefix: str,
     try:
         for first in range(0, len(wanted), CREATE_BATCH):
             made += client.create_many(wanted[first:first + CREATE_BATCH])
-        put = {}
-        for (name, value), tensor in zip(state_dict.items(), made):
-            data, _ = _source(value)
-            tensor.write((0,) * data.ndim, value, timeout=timeout)
-            put[name] = tensor
+        put = dict(zip(state_dict, made))
+        _write_many([(tensor, (0,) * _source(value)[0].ndim, value)
+                     for value, tensor in zip(state_dict.values(), made)],
+                    timeout)
     except BaseException:
         for tensor in made:
             try:
@@ -364,11 +363,13 @@ def publish_state_dict(client: Client, prefix: str,
     else:
         group = client.join(join)
     try:
+        writes = []
         for name, value in state_dict.items():
             data, _ = _source(value)
             at = ((0,) * data.ndim if offsets is None or name not in offsets
                   else tuple(offsets[name]))
-            group[prefix + name].write(at, value, timeout=timeout)
+            writes.append((prefix + name, at, value))
+        group.write_many(writes, timeout=timeout)
     except BaseException:
         if join is None:
             group.abort()

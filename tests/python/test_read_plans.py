@@ -215,6 +215,49 @@ def test_get_state_dict_never_mixes_versions(client):
     assert overlapped >= 20, (overlapped, reads)
 
 
+def test_write_many_writes_every_box_in_one_call(client, rows4):
+    client.create("wm.a", (8, 4), rows4, versions=2)
+    client.create("wm.b", (6,), tessera.chunk(0, ["rank:1/cpu"]),
+                  dtype="bfloat16", versions=2)
+    client.create("wm.c", (3,), tessera.chunk(0, ["rank:2/cpu"]),
+                  dtype="int64", versions=2)
+    big = np.arange(4 * 40000, dtype=np.float32).reshape(4, 40000)
+    client.create("wm.big", big.shape, rows4, versions=2)  # over 64 KiB
+    with client.begin(["wm.a", "wm.b", "wm.c", "wm.big"], empty=True) as g:
+        g.write_many([
+            ("wm.a", (2, 0), np.full((4, 4), 3, np.float32)),
+            ("wm.a", [0, 0], torch.ones(2, 4)),
+            ("wm.a", (6, 0), np.full((2, 4), 7, np.float32).T.copy().T),
+            ("wm.b", (0,), torch.tensor([1.5, 2, 3, 4, 5, 6.25],
+                                        dtype=torch.bfloat16)),
+            ("wm.c", (0,), np.array([5, 6, 7])),
+            ("wm.big", (0, 0), big),
+        ])
+    a = client.open("wm.a").read()
+    assert (a[:2] == 1).all() and (a[2:6] == 3).all() and (a[6:] == 7).all()
+    assert tt.read(client.open("wm.b")).float().tolist() == [
+        1.5, 2, 3, 4, 5, 6.25]
+    assert client.open("wm.c").read().tolist() == [5, 6, 7]
+    assert (client.open("wm.big").read() == big).all()
+    # Refused before any byte moves: a name not in the group, a dtype the
+    # tensor cannot take, offsets that are not integers.
+    g = client.begin(["wm.a", "wm.c"])
+    with pytest.raises(tessera.NotFoundError, match="wm.x"):
+        g.write_many([("wm.c", (0,), np.array([9, 9, 9])),
+                      ("wm.x", (0,), np.zeros(3))])
+    with pytest.raises(tessera.InvalidArgumentError, match="bfloat16"):
+        g.write_many([("wm.a", (0, 0), torch.zeros(8, 4,
+                                                   dtype=torch.bfloat16))])
+    with pytest.raises(TypeError, match="offsets"):
+        g.write_many([("wm.a", (0.5, 0), np.zeros((8, 4), np.float32))])
+    # A box outside its tensor fails the call, naming the tensor.
+    with pytest.raises(tessera.OutOfRangeError, match="wm.a"):
+        g.write_many([("wm.c", (0,), np.array([8, 8, 8])),
+                      ("wm.a", (6, 0), np.zeros((4, 4), np.float32))])
+    g.abort()
+    assert client.open("wm.c").read().tolist() == [5, 6, 7]
+
+
 def test_create_many_is_one_call_all_or_none(client, rows4):
     made = client.create_many([
         {"name": f"cm.{i}", "shape": (8, 4), "spec": rows4,
