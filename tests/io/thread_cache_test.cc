@@ -3,9 +3,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
-#include <thread>
+#include <set>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -38,16 +39,22 @@ TEST(ThreadCacheTest, WaitReturnsAfterTheWorkAndItsCapturesAreGone) {
   EXPECT_TRUE(watch.expired());
 }
 
+// Work started one after another, each once the last one's thread is
+// idle again, runs on the few threads idle already, not on a new thread
+// each time (kernel thread ids are not reused soon; pthread ids are).
 TEST(ThreadCacheTest, AFinishedThreadRunsTheNextWork) {
-  const size_t idle = IdleCachedThreads();
-  std::thread::id first;
-  StartThread([&first] { first = std::this_thread::get_id(); })->Wait();
-  // Parked last: the next Start takes it (the idle are taken last first).
-  ASSERT_TRUE(AwaitIdle(idle + 1));
-  std::thread::id second;
-  StartThread([&second] { second = std::this_thread::get_id(); })->Wait();
-  EXPECT_EQ(second, first);
-  EXPECT_NE(second, std::this_thread::get_id());
+  std::set<pid_t> threads;
+  for (int i = 0; i < 20; ++i) {
+    // As many idle as before once this one's thread is idle again.
+    const size_t idle = std::max<size_t>(IdleCachedThreads(), 1);
+    pid_t tid = 0;
+    StartThread([&tid] { tid = gettid(); })->Wait();
+    ASSERT_TRUE(AwaitIdle(idle));
+    threads.insert(tid);
+  }
+  EXPECT_FALSE(threads.count(gettid()));
+  // Other tests' idle threads may be taken too, but not 20 new ones.
+  EXPECT_LE(threads.size(), 3u);
 }
 
 TEST(ThreadCacheTest, WaitForTimesOutWhileTheWorkRuns) {
