@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -21,7 +22,6 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "io/thread_cache.h"
 #include "wire/auth.h"
 #include "wire/chunk_codec.h"
 #include "wire/fork_guard.h"
@@ -221,13 +221,11 @@ absl::Status RunLanes(size_t count, const std::shared_ptr<Cancellation>& cancel,
     }
     lanes->Cancel();
   };
-  std::vector<std::shared_ptr<ThreadJob>> threads;
+  std::vector<std::thread> threads;
   threads.reserve(count);
-  for (size_t i = 1; i < count; ++i) {
-    threads.push_back(StartThread([&run, i] { run(i); }));
-  }
+  for (size_t i = 1; i < count; ++i) threads.emplace_back(run, i);
   run(0);
-  for (const std::shared_ptr<ThreadJob>& thread : threads) thread->Wait();
+  for (std::thread& thread : threads) thread.join();
   return first;
 }
 
