@@ -355,9 +355,6 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
     }
     const size_t length = static_cast<size_t>(chunk.length);
     if (failed.ok()) {
-      RETURN_IF_ERROR(
-          CheckClientWaits(stream, absl::StrCat(what, " (bytes [0, ", written,
-                                                ") of the box were written)")));
       char* place = base + chunk.offset;
       RETURN_IF_ERROR(stream.ReadFull(place, length, chunk_deadline));
       if (!stream.authenticated()) {
