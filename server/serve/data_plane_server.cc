@@ -47,15 +47,15 @@ v1::BulkWriteReply WriteError(const absl::Status& status) {
   return ErrorReply<v1::BulkWriteReply>(status);
 }
 
-// CANCELLED when the writing client has hung up: it gave up on the write
-// (cancelled, or past its deadline, while this daemon was stalled), so
-// bytes it sent before must not land now, after writes it made since.
-// The connection is then closed without a reply (nobody reads it).
+// CANCELLED when the client of an inline write has hung up: it gave up on
+// the write (cancelled, or past its deadline, while this daemon was
+// stalled), so the box it sent must not land now, after writes it made
+// since. The connection is then closed without a reply (nobody reads it).
 absl::Status CheckClientWaits(const DataConnection& stream,
                               absl::string_view what) {
   if (!PeerHungUp(stream.fd())) return absl::OkStatus();
   return absl::CancelledError(
-      absl::StrCat(what, ": the client hung up; the rest is not written"));
+      absl::StrCat(what, ": the client hung up; nothing written"));
 }
 
 }  // namespace
@@ -386,6 +386,7 @@ absl::Status DataPlaneServer::AnswerWrite(DataConnection& stream,
   }
   return SendReply(stream, done, absl::Now() + options_.io_timeout);
 }
+
 absl::Status DataPlaneServer::WriteInline(DataConnection& stream,
                                           const v1::BulkWriteRequest& request,
                                           const Tensor& box,
