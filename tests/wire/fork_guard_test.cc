@@ -18,6 +18,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "tests/testing/sanitizers.h"
 #include "wire/auth.h"
 
 namespace tessera {
@@ -70,6 +71,40 @@ bool RefusedAtOnce(const std::shared_ptr<grpc::Channel>& channel) {
   return true;
 }
 
+// The forked child's checks; its exit code says which one failed (a hang
+// is the parent's timeout, an abort dropping a channel a signal).
+int ChildChecks(std::shared_ptr<grpc::Channel> channel,
+                const std::string& target) {
+  if (!ForkedAfterGrpc()) return 10;
+  if (!RefusedAtOnce(channel)) return 11;
+  std::shared_ptr<grpc::Channel> fresh = CreateTesseraChannel(target);
+  if (!RefusedAtOnce(fresh)) return 12;
+  const absl::Status checked = CheckNotForkedAfterGrpc("dialling x");
+  if (!absl::IsFailedPrecondition(checked) ||
+      !absl::StrContains(checked.message(), "dialling x: ") ||
+      !absl::StrContains(checked.message(), "\"spawn\"")) {
+    return 13;
+  }
+  fresh.reset();
+  channel.reset();
+  return 0;
+}
+
+// Waits up to `patience` for `child` to end, filling `status`; a child
+// still running then is killed (and reaped) and false returned.
+bool AwaitChild(pid_t child, absl::Duration patience, int* status) {
+  const absl::Time deadline = absl::Now() + patience;
+  while (waitpid(child, status, WNOHANG) == 0) {
+    if (absl::Now() > deadline) {
+      kill(child, SIGKILL);
+      waitpid(child, status, 0);
+      return false;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
 TEST(ForkGuardTest, AChildIsRefusedAtOnceAndTheParentGoesOn) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -84,35 +119,26 @@ TEST(ForkGuardTest, AChildIsRefusedAtOnceAndTheParentGoesOn) {
   ASSERT_TRUE(CheckOnOwnQueue(channel).ok());
   ASSERT_FALSE(ForkedAfterGrpc());
 
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // Exit codes say which check failed; a hang is the parent's timeout,
-    // an abort (dropping a channel) a signal.
-    if (!ForkedAfterGrpc()) _exit(10);
-    if (!RefusedAtOnce(channel)) _exit(11);
-    std::shared_ptr<grpc::Channel> fresh = CreateTesseraChannel(target);
-    if (!RefusedAtOnce(fresh)) _exit(12);
-    const absl::Status checked = CheckNotForkedAfterGrpc("dialling x");
-    if (!absl::IsFailedPrecondition(checked) ||
-        !absl::StrContains(checked.message(), "dialling x: ") ||
-        !absl::StrContains(checked.message(), "\"spawn\"")) {
-      _exit(13);
-    }
-    fresh.reset();
-    channel.reset();
-    _exit(0);
-  }
+  // Under AddressSanitizer a child can hang before it reaches the guard:
+  // clang 14's ASan takes no allocator locks around fork() (LLVM added
+  // them in release 18), so a child forked while a gRPC thread of the
+  // parent held one waits on it for ever. There a hung child is forked
+  // again, twice at most; anywhere else a hang fails at once.
+#ifdef TESSERA_TEST_UNDER_ASAN
+  constexpr int kForks = 3;
+#else
+  constexpr int kForks = 1;
+#endif
   int status = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (waitpid(child, &status, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(child, SIGKILL);
-      waitpid(child, &status, 0);
-      FAIL() << "the forked child hung";
-    }
-    absl::SleepFor(absl::Milliseconds(10));
+  bool ended = false;
+  for (int fork_count = 0; fork_count < kForks && !ended; ++fork_count) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    // The child holds the last reference, so dropping it frees the channel.
+    if (child == 0) _exit(ChildChecks(std::move(channel), target));
+    ended = AwaitChild(child, absl::Seconds(kForks == 1 ? 30 : 15), &status);
   }
+  ASSERT_TRUE(ended) << "the forked child hung";
   ASSERT_TRUE(WIFEXITED(status))
       << "child ended by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
