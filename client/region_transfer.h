@@ -168,8 +168,9 @@ struct RegionWriteOptions {
   bool replica = false;
   // When set, Cancel() ends the write at once (the stream is cancelled,
   // even while it waits on the daemon) with CANCELLED; the daemon applies
-  // nothing of an incomplete stream, and may have applied a complete one
-  // whose answer was still awaited (the message says which).
+  // nothing of an incomplete stream, nor of a complete one it had not
+  // begun to apply (a stalled daemon resumed later drops it), and may have
+  // applied one whose answer was still awaited (the message says which).
   std::shared_ptr<Cancellation> cancel;
   // Over the data plane (ShardClient::WriteRegion): connections a large
   // write is striped across at most (client/lanes.h); 0: the client's

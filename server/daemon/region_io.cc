@@ -375,7 +375,8 @@ class WriteRegionReactor final
  public:
   WriteRegionReactor(grpc::CallbackServerContext* context,
                      v1::WriteRegionResponse* response, RegionEnv env)
-      : response_(response),
+      : context_(context),
+        response_(response),
         env_(std::move(env)),
         started_(absl::Now()),
         deadline_(CallDeadline(env_, context)) {
@@ -384,8 +385,8 @@ class WriteRegionReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // The client half-closed (or the call broke: then the stream is
-      // incomplete, or complete and harmless to apply).
+      // The client half-closed, or the call broke (End applies nothing of
+      // a call its client gave up on).
       End();
       return;
     }
@@ -487,6 +488,16 @@ class WriteRegionReactor final
       return;
     }
     thread_.Start([this] {
+      // A client cancelled (Ctrl-C) or past its deadline while this daemon
+      // was stalled was told its write failed; its stream, complete in the
+      // socket buffer, must not land now, over any write it made since.
+      if (context_->IsCancelled()) {
+        Finish(ToGrpcStatus(absl::CancelledError(
+            absl::StrCat(What(),
+                         ": the client gave up before the write was applied; "
+                         "nothing written"))));
+        return;
+      }
       const absl::Status applied = Apply();
       if (applied.ok()) {
         response_->set_bytes_written(sequence_.total_bytes());
@@ -643,6 +654,7 @@ class WriteRegionReactor final
                      " of tensor id ", id));
   }
 
+  grpc::CallbackServerContext* const context_;
   v1::WriteRegionResponse* const response_;
   const RegionEnv env_;
   const absl::Time started_;

@@ -500,7 +500,9 @@ def test_a_daemon_killed_mid_read_is_an_exception_within_the_deadline():
 
 # A child process reads and writes while the owner of half the tensor is
 # stalled (SIGSTOP) and gets a real SIGINT 0.5 s into each call: every one
-# ends with KeyboardInterrupt at once, not at its (default, 300 s) deadline.
+# ends with KeyboardInterrupt at once, not at its (default, 300 s) deadline,
+# and neither write lands when the daemon resumes (its bytes sat in the
+# daemon's socket buffer, over the data plane and over gRPC).
 CTRL_C_CHILD = r"""
 import os, signal, sys, threading, time
 import numpy as np
@@ -525,6 +527,10 @@ interrupted("4KiB-read", lambda: w[1500, :])
 interrupted("8MiB-read", lambda: w.read())
 interrupted("to_here", lambda: w.remote_shards()[1].to_here())
 interrupted("4KiB-write", lambda: w.__setitem__(1500, 2.0))
+# A column box is no dense run of the shard: it goes through gRPC's
+# WriteRegion, not the data plane.
+interrupted("column-write",
+            lambda: w.__setitem__((slice(1600, 1604), 0), 2.0))
 print("done", flush=True)
 """
 
@@ -551,7 +557,8 @@ def test_ctrl_c_stops_a_transfer_waiting_on_a_stalled_daemon():
         print(out)  # shown with -s: how long each took to stop
         lines = out.split("\n")
         assert "done" in lines, out
-        for label in ["4KiB-read", "8MiB-read", "to_here", "4KiB-write"]:
+        for label in ["4KiB-read", "8MiB-read", "to_here", "4KiB-write",
+                      "column-write"]:
             line = next(l for l in lines if l.startswith(label + " "))
             _, verdict, *seconds = line.split()
             assert verdict == "interrupted", out
@@ -559,6 +566,10 @@ def test_ctrl_c_stops_a_transfer_waiting_on_a_stalled_daemon():
         # Resumed, the stalled daemon's rows read and write again.
         w[1500, :] = 3.0
         np.testing.assert_array_equal(w[1499:1501, 0], [1.0, 3.0])
+        # The daemon had time to apply the interrupted column write (the
+        # write above came after it); it did not.
+        time.sleep(0.5)
+        np.testing.assert_array_equal(w[1599:1605, 0], np.ones(6))
     finally:
         if child is not None and child.poll() is None:
             child.kill()
