@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "client/region_transfer.h"
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
@@ -36,6 +37,25 @@ namespace {
 
 using internal_client::Cluster;
 using internal_client::Worker;
+
+// For messages: the first few of `names` and how many more (a group may
+// hold tens of thousands).
+std::string SomeNames(absl::Span<const std::string> names) {
+  constexpr size_t kShown = 3;
+  std::string text =
+      absl::StrJoin(names.subspan(0, std::min(names.size(), kShown)), ", ");
+  if (names.size() > kShown) {
+    absl::StrAppend(&text, " and ", names.size() - kShown, " more");
+  }
+  return text;
+}
+
+// For messages: a group id ("name@number,...", wire/version_id.h) cut to
+// its first few versions.
+std::string SomeOfGroup(const std::string& id) {
+  const std::vector<std::string> parts = absl::StrSplit(id, ',');
+  return SomeNames(parts);
+}
 
 // The first pause between attempts of a logged call; it doubles.
 constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
@@ -663,11 +683,8 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::CreateMany(
                                      tensor.spec, tensor.options));
     names.push_back(tensor.name);
   }
-  std::string what = absl::StrCat(
-      "creating ", tensors.size(), " tensors (",
-      absl::StrJoin(names.begin(),
-                    names.begin() + std::min<size_t>(names.size(), 3), ", "),
-      names.size() > 3 ? ", ..." : "", ")");
+  std::string what = absl::StrCat("creating ", tensors.size(), " tensors (",
+                                  SomeNames(names), ")");
   v1::ListTensorsResponse response;
   RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::CreateTensors,
                           request, &response, what, /*logged=*/true));
@@ -906,10 +923,10 @@ absl::StatusOr<v1::VersionGroup> VersionWriter::Publish() const {
   v1::PublishVersionRequest request;
   *request.mutable_versions() = group_.versions();
   v1::VersionGroup published;
-  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::PublishVersion,
-                          request, &published,
-                          absl::StrCat("publishing versions ", group_.id()),
-                          /*logged=*/true));
+  RETURN_IF_ERROR(Control(
+      *cluster_, &v1::ControlService::Stub::PublishVersion, request, &published,
+      absl::StrCat("publishing versions ", SomeOfGroup(group_.id())),
+      /*logged=*/true));
   return published;
 }
 
@@ -918,7 +935,8 @@ absl::Status VersionWriter::Abort() const {
   *request.mutable_versions() = group_.versions();
   v1::AbortVersionResponse response;
   return Control(*cluster_, &v1::ControlService::Stub::AbortVersion, request,
-                 &response, absl::StrCat("aborting versions ", group_.id()),
+                 &response,
+                 absl::StrCat("aborting versions ", SomeOfGroup(group_.id())),
                  /*logged=*/true);
 }
 
@@ -939,7 +957,8 @@ absl::Status Snapshot::Release() const {
   request.set_id(group_.id());
   v1::UnpinVersionsResponse response;
   return Control(*cluster_, &v1::ControlService::Stub::UnpinVersions, request,
-                 &response, absl::StrCat("releasing snapshot ", group_.id()),
+                 &response,
+                 absl::StrCat("releasing snapshot ", SomeOfGroup(group_.id())),
                  /*logged=*/true);
 }
 
@@ -954,8 +973,7 @@ absl::StatusOr<VersionWriter> Client::Begin(
   writer.cluster_ = cluster_;
   RETURN_IF_ERROR(Control(
       *cluster_, &v1::ControlService::Stub::BeginVersion, request,
-      &writer.group_,
-      absl::StrCat("beginning a version of ", absl::StrJoin(names, ", ")),
+      &writer.group_, absl::StrCat("beginning a version of ", SomeNames(names)),
       /*logged=*/true));
   ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
   writer.index_ = IndexViews(writer.views_);
@@ -971,7 +989,7 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
     const int64_t number = VersionNumber(part);
     if (number < 1 || VersionBase(part).empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("joining versions ", id,
+          absl::StrCat("joining versions ", SomeOfGroup(id),
                        ": not a version group id (\"name@number,...\")"));
     }
     const std::string name(VersionBase(part));
@@ -981,7 +999,8 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
                                 number) != view.info().open_versions().end();
     if (!open) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "joining versions ", id, ": version ", number, " of tensor ", name,
+          "joining versions ", SomeOfGroup(id), ": version ", number,
+          " of tensor ", name,
           " is not open (it was published or aborted, or its lease ended; "
           "latest published: ",
           view.version(), ")"));
@@ -1007,7 +1026,7 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
   snapshot.cluster_ = cluster_;
   RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::PinVersions,
                           request, &snapshot.group_,
-                          absl::StrCat("pinning ", absl::StrJoin(names, ", ")),
+                          absl::StrCat("pinning ", SomeNames(names)),
                           /*logged=*/true));
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
   snapshot.index_ = IndexViews(snapshot.views_);
@@ -1029,10 +1048,10 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     for (const std::string& name : names) request.add_names(name);
     request.set_lease_ms(kPinLeaseMs);
     v1::VersionGroup group;
-    RETURN_IF_ERROR(
-        Control(*cluster, &v1::ControlService::Stub::PinVersions, request,
-                &group, absl::StrCat("pinning ", absl::StrJoin(names, ", ")),
-                /*logged=*/true));
+    RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::PinVersions,
+                            request, &group,
+                            absl::StrCat("pinning ", SomeNames(names)),
+                            /*logged=*/true));
     return group;
   };
   control.unpin = [cluster](const v1::VersionGroup& group) {
@@ -1040,7 +1059,8 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     request.set_id(group.id());
     v1::UnpinVersionsResponse response;
     return Control(*cluster, &v1::ControlService::Stub::UnpinVersions, request,
-                   &response, absl::StrCat("releasing pin ", group.id()),
+                   &response,
+                   absl::StrCat("releasing pin ", SomeOfGroup(group.id())),
                    /*logged=*/true);
   };
   return ReadPlan::Make(cluster_, std::move(control), std::move(items));

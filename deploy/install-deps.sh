@@ -12,7 +12,7 @@ packages=(
   libabsl-dev
   libgtest-dev libgmock-dev
   libgloo-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   clang-format clang-14 libclang-rt-14-dev lld
   openssl libssl-dev
   libeigen3-dev libspdlog-dev

@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "server/metrics/metrics.h"
 #include "spdlog/spdlog.h"
+#include "zlib.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -41,6 +42,14 @@ constexpr char kSkip[] = "skip";
 // "skip-to M": this number and every one after it below M are skipped.
 constexpr char kSkipTo[] = "skip-to ";
 constexpr char kOpPrefix[] = "op:";
+// "opz:<size>:" and the serialized ControlOp deflated (zlib), for ops of
+// more than kDeflateAbove bytes: a group of tens of thousands of names
+// fits etcd's request limit (1.5 MiB by default) several times over.
+constexpr char kDeflatedOpPrefix[] = "opz:";
+constexpr size_t kDeflateAbove = size_t{32} << 10;
+// The most a deflated entry may claim to inflate to (a bound on what a
+// malformed or forged entry makes a daemon allocate).
+constexpr uint64_t kMaxInflatedBytes = uint64_t{64} << 20;
 // How many numbers after a hole rank 0 looks at for a written entry, to
 // skip only up to it; an op of a live daemon written further on is
 // submitted again by its coordinator (OpLog::Advance).
@@ -71,12 +80,49 @@ std::optional<int64_t> SkipTarget(absl::string_view entry, int64_t n) {
   return to;
 }
 
-// The op of a log entry ("op:" and the serialized ControlOp); nullopt when
-// it is malformed.
+// The log entry of `op`: "op:" and the serialized ControlOp, or, when that
+// is large, "opz:<size>:" and it deflated.
+std::string EntryOf(const v1::ControlOp& op) {
+  const std::string serialized = op.SerializeAsString();
+  if (serialized.size() <= kDeflateAbove) {
+    return absl::StrCat(kOpPrefix, serialized);
+  }
+  uLongf size = compressBound(serialized.size());
+  std::string deflated(size, '\0');
+  if (compress2(reinterpret_cast<Bytef*>(deflated.data()), &size,
+                reinterpret_cast<const Bytef*>(serialized.data()),
+                serialized.size(), Z_BEST_SPEED) != Z_OK) {
+    return absl::StrCat(kOpPrefix, serialized);  // Only out of memory.
+  }
+  deflated.resize(size);
+  return absl::StrCat(kDeflatedOpPrefix, serialized.size(), ":", deflated);
+}
+
+// The op of a log entry (EntryOf's forms); nullopt when it is malformed.
 std::optional<v1::ControlOp> ParseEntry(absl::string_view entry) {
   v1::ControlOp op;
-  if (!absl::ConsumePrefix(&entry, kOpPrefix) ||
-      !op.ParseFromArray(entry.data(), static_cast<int>(entry.size()))) {
+  if (absl::ConsumePrefix(&entry, kOpPrefix)) {
+    if (!op.ParseFromArray(entry.data(), static_cast<int>(entry.size()))) {
+      return std::nullopt;
+    }
+    return op;
+  }
+  if (!absl::ConsumePrefix(&entry, kDeflatedOpPrefix)) return std::nullopt;
+  const size_t colon = entry.find(':');
+  uint64_t size = 0;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(entry.substr(0, colon), &size) || size == 0 ||
+      size > kMaxInflatedBytes) {
+    return std::nullopt;
+  }
+  entry.remove_prefix(colon + 1);
+  std::string serialized(size, '\0');
+  uLongf inflated = size;
+  if (uncompress(reinterpret_cast<Bytef*>(serialized.data()), &inflated,
+                 reinterpret_cast<const Bytef*>(entry.data()),
+                 entry.size()) != Z_OK ||
+      inflated != size ||
+      !op.ParseFromArray(serialized.data(), static_cast<int>(size))) {
     return std::nullopt;
   }
   return op;
@@ -438,7 +484,7 @@ void OpLog::SubmitLoop() {
 
 absl::Status OpLog::Append(const Queued& queued) {
   const v1::ControlOp& op = queued.op;
-  const std::string value = absl::StrCat(kOpPrefix, op.SerializeAsString());
+  const std::string value = EntryOf(op);
   while (true) {
     ASSIGN_OR_RETURN(const int64_t n, Claim(queued));
     absl::StatusOr<std::string> held = store_->CompareSet(OpKey(n), "", value);
@@ -449,6 +495,21 @@ absl::Status OpLog::Append(const Queued& queued) {
         it != appended_.end() ? it->second.state : Appended::State::kWritten;
     if (!held.ok() || *held != value || state != Appended::State::kWriting) {
       if (it != appended_.end()) appended_.erase(it);
+    }
+    if (absl::IsResourceExhausted(held.status())) {
+      // Refused (too large, or the store is full): nothing was written.
+      // The number is skipped at once rather than after claim_timeout; a
+      // retry would be refused alike, so the error is not UNAVAILABLE.
+      absl::StatusOr<std::string> skipped =
+          store_->CompareSet(OpKey(n), "", kSkip);
+      if (!skipped.ok()) {
+        spdlog::warn("control: could not skip log entry {} at once: {}", n,
+                     std::string(skipped.status().message()));
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          OpName(op), ": not applied: its log entry (", value.size(),
+          " bytes) was refused: ", held.status().message(),
+          "; make the call smaller (fewer tensors at once)"));
     }
     if (!held.ok()) {
       // The write may have landed before the store failed to answer.

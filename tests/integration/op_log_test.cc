@@ -5,16 +5,20 @@
 // store that adds to `control/seq`, sets it to garbage or forges skip
 // markers. After each, a logged op completes within about one claim
 // timeout (the lease, 2 s here; it was 5 s per skipped number), and every
-// daemon lists the same tensors under the same ids.
+// daemon lists the same tensors under the same ids. An op too large for
+// the store fails at once, with nothing applied.
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/version_writer.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
@@ -32,6 +36,9 @@ namespace {
 using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
 using ::tessera::testing::EtcdCluster;
+using ::tessera::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 constexpr int kWorld = 3;
 // The daemons' --lease, which bounds the claim timeout.
@@ -214,6 +221,51 @@ TEST_P(OpLogTest, ForgedSkipMarkersAreHonouredAlike) {
   ASSERT_OK_AND_ASSIGN(absl::Duration malformed,
                        TimeCreate(2, "after_malformed"));
   EXPECT_LT(malformed, kOneTimeout) << Logs();
+  ExpectSameTables();
+}
+
+// An op of tens of thousands of names is logged deflated: 25,000 names
+// of 67 characters (1.7 MB) fit etcd's request limit (1.5 MiB). One that
+// still does not fit deflated (30,000 random names of 120) is refused at
+// once as RESOURCE_EXHAUSTED, "not applied" (not UNAVAILABLE, which the
+// client would retry), and its number is skipped without a claim timeout.
+TEST_P(OpLogTest, LargeOpsAreDeflatedAndOnesTooLargeAreRefusedAtOnce) {
+  ASSERT_OK(TimeCreate(0, "first").status());
+  std::vector<std::string> names;
+  for (int i = 0; i < 25000; ++i) {
+    names.push_back(absl::StrFormat(
+        "model.layers.%06d.mlp.experts.000.down_proj.weight_scale_inv.absent",
+        i));
+  }
+  // Logged and run: every daemon finds no such tensor.
+  EXPECT_THAT(clients_[1]->Begin(names).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("no tensor named "
+                                       "\"model.layers.000000.mlp.experts"),
+                             HasSubstr(" and 24997 more"))));
+
+  std::mt19937 random(7);
+  constexpr char kAlphabet[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+  std::uniform_int_distribution<int> pick(0, sizeof(kAlphabet) - 2);
+  names.clear();
+  for (int i = 0; i < 30000; ++i) {
+    std::string name(120, 'x');
+    for (char& c : name) c = kAlphabet[pick(random)];
+    names.push_back(std::move(name));
+  }
+  const absl::Status refused = clients_[2]->Begin(names).status();
+  if (GetParam() == StoreKind::kEtcd) {
+    EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                  AllOf(HasSubstr("not applied"),
+                                        HasSubstr("max-request-bytes"))));
+  } else {
+    // The embedded store takes values up to 64 MiB.
+    EXPECT_THAT(refused, StatusIs(absl::StatusCode::kNotFound,
+                                  HasSubstr("no tensor named")));
+  }
+  ASSERT_OK_AND_ASSIGN(absl::Duration after, TimeCreate(1, "after"));
+  EXPECT_LT(after, kOneTimeout) << Logs();
   ExpectSameTables();
 }
 
