@@ -11,6 +11,7 @@ namespace tessera {
 
 void ConfigureShardServer(grpc::ServerBuilder* builder) {
   builder->SetMaxSendMessageSize(-1);
+  builder->SetMaxReceiveMessageSize(kMaxRequestBytes);
 }
 
 ShardServiceImpl::ShardServiceImpl(std::shared_ptr<ShardRegistry> registry,

@@ -224,15 +224,16 @@ TEST_P(OpLogTest, ForgedSkipMarkersAreHonouredAlike) {
   ExpectSameTables();
 }
 
-// An op of tens of thousands of names is logged deflated: 25,000 names
-// of 67 characters (1.7 MB) fit etcd's request limit (1.5 MiB). One that
+// An op of tens of thousands of names is logged deflated: 70,000 names
+// of 67 characters (a 4.7 MB request, over gRPC's default limit of 4 MiB)
+// fit etcd's request limit (1.5 MiB). One that
 // still does not fit deflated (30,000 random names of 120) is refused at
 // once as RESOURCE_EXHAUSTED, "not applied" (not UNAVAILABLE, which the
 // client would retry), and its number is skipped without a claim timeout.
 TEST_P(OpLogTest, LargeOpsAreDeflatedAndOnesTooLargeAreRefusedAtOnce) {
   ASSERT_OK(TimeCreate(0, "first").status());
   std::vector<std::string> names;
-  for (int i = 0; i < 25000; ++i) {
+  for (int i = 0; i < 70000; ++i) {
     names.push_back(absl::StrFormat(
         "model.layers.%06d.mlp.experts.000.down_proj.weight_scale_inv.absent",
         i));
@@ -242,7 +243,7 @@ TEST_P(OpLogTest, LargeOpsAreDeflatedAndOnesTooLargeAreRefusedAtOnce) {
               StatusIs(absl::StatusCode::kNotFound,
                        AllOf(HasSubstr("no tensor named "
                                        "\"model.layers.000000.mlp.experts"),
-                             HasSubstr(" and 24997 more"))));
+                             HasSubstr(" and 69997 more"))));
 
   std::mt19937 random(7);
   constexpr char kAlphabet[] =
