@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "client/cluster.h"
 #include "client/region_transfer.h"
@@ -182,6 +184,9 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
   std::shared_ptr<ReadPlan> plan(new ReadPlan());
   plan->cluster_ = std::move(cluster);
   plan->control_ = std::move(control);
+  // Each name once, in the order first seen (a state dict's plan has tens
+  // of thousands).
+  absl::flat_hash_set<absl::string_view> seen;
   for (size_t i = 0; i < items.size(); ++i) {
     const ReadItem& item = items[i];
     if (!item.out.defined() ||
@@ -195,10 +200,7 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
           absl::StrCat("planning reads: item ", i, " has no source"));
     }
     for (const ReadSource& source : item.sources) {
-      if (std::find(plan->names_.begin(), plan->names_.end(), source.name) ==
-          plan->names_.end()) {
-        plan->names_.push_back(source.name);
-      }
+      if (seen.insert(source.name).second) plan->names_.push_back(source.name);
     }
   }
   plan->items_ = std::move(items);
