@@ -862,17 +862,12 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
 
 namespace {
 
-// The views of a group's versions: each tensor opened (Client::OpenMany),
-// at its version.
-absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
-    const Client& client, const v1::VersionGroup& group, bool open) {
-  std::vector<std::string> names;
-  names.reserve(group.versions_size());
-  for (const v1::VersionHandle& handle : group.versions()) {
-    names.push_back(handle.name());
-  }
-  ASSIGN_OR_RETURN(std::vector<ShardedTensorView> opened,
-                   client.OpenMany(names));
+// The views of a group's versions from `opened`, the views of their
+// tensors in the group's order: each at its version (open for writes with
+// `open`).
+absl::StatusOr<std::vector<ShardedTensorView>> ViewsAtVersions(
+    const v1::VersionGroup& group, std::vector<ShardedTensorView> opened,
+    bool open) {
   std::vector<ShardedTensorView> views;
   views.reserve(group.versions_size());
   for (int i = 0; i < group.versions_size(); ++i) {
@@ -888,6 +883,20 @@ absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
     views.push_back(std::move(view));
   }
   return views;
+}
+
+// The views of a group's versions: each tensor opened (Client::OpenMany),
+// at its version.
+absl::StatusOr<std::vector<ShardedTensorView>> GroupViews(
+    const Client& client, const v1::VersionGroup& group, bool open) {
+  std::vector<std::string> names;
+  names.reserve(group.versions_size());
+  for (const v1::VersionHandle& handle : group.versions()) {
+    names.push_back(handle.name());
+  }
+  ASSIGN_OR_RETURN(std::vector<ShardedTensorView> opened,
+                   client.OpenMany(names));
+  return ViewsAtVersions(group, std::move(opened), open);
 }
 
 using ViewIndex = absl::flat_hash_map<std::string, size_t>;
@@ -984,33 +993,41 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
   VersionWriter writer;
   writer.cluster_ = cluster_;
   writer.group_.set_id(id);
+  std::vector<std::string> names;
+  std::vector<int64_t> numbers;
   for (absl::string_view part : absl::StrSplit(id, ',')) {
     // Each part is a version id of a name (wire/version_id.h).
     const int64_t number = VersionNumber(part);
     if (number < 1 || VersionBase(part).empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("joining versions ", SomeOfGroup(id),
-                       ": not a version group id (\"name@number,...\")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "joining versions ", SomeOfGroup(id), ": \"", part,
+          "\" is not a version id (a group id is \"name@number,...\")"));
     }
-    const std::string name(VersionBase(part));
-    ASSIGN_OR_RETURN(ShardedTensorView view, Open(name));
-    const bool open = std::find(view.info().open_versions().begin(),
-                                view.info().open_versions().end(),
-                                number) != view.info().open_versions().end();
-    if (!open) {
+    names.emplace_back(VersionBase(part));
+    numbers.push_back(number);
+  }
+  // One call for the whole group (a state dict's may name tens of
+  // thousands of tensors).
+  ASSIGN_OR_RETURN(std::vector<ShardedTensorView> opened, OpenMany(names));
+  for (size_t i = 0; i < opened.size(); ++i) {
+    const ShardedTensorView& view = opened[i];
+    const auto& open_versions = view.info().open_versions();
+    if (std::find(open_versions.begin(), open_versions.end(), numbers[i]) ==
+        open_versions.end()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "joining versions ", SomeOfGroup(id), ": version ", number,
-          " of tensor ", name,
+          "joining versions ", SomeOfGroup(id), ": version ", numbers[i],
+          " of tensor ", names[i],
           " is not open (it was published or aborted, or its lease ended; "
           "latest published: ",
           view.version(), ")"));
     }
     v1::VersionHandle* handle = writer.group_.add_versions();
-    handle->set_name(name);
-    handle->set_number(number);
-    handle->set_tensor_id(VersionId(view.tensor_id(), number));
+    handle->set_name(names[i]);
+    handle->set_number(numbers[i]);
+    handle->set_tensor_id(VersionId(view.tensor_id(), numbers[i]));
   }
-  ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
+  ASSIGN_OR_RETURN(writer.views_,
+                   ViewsAtVersions(writer.group_, std::move(opened), true));
   writer.index_ = IndexViews(writer.views_);
   return writer;
 }
