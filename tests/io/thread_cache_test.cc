@@ -1,8 +1,5 @@
 #include "io/thread_cache.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -11,7 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/sanitizers.h"
+#include "tests/testing/forked_child.h"
 
 namespace tessera {
 namespace {
@@ -96,31 +93,18 @@ TEST(ThreadCacheTest, WorkWaitingForWorkItStartedNeverDeadlocks) {
 TEST(ThreadCacheTest, AForkedChildRunsWorkOnThreadsOfItsOwn) {
   StartThread([] {})->Wait();
   ASSERT_TRUE(AwaitIdle(1));
-  // Under AddressSanitizer a child can hang in ASan itself: clang 14's
-  // ASan takes none of its locks around fork() (LLVM added that in release
-  // 18), so a child forked while a thread of the parent held one (a cached
-  // thread exiting, say) waits on it for ever. There a child that did not
-  // finish is forked again, twice at most; anywhere else it fails at once.
-#ifdef TESSERA_TEST_UNDER_ASAN
-  constexpr int kForks = 3;
-#else
-  constexpr int kForks = 1;
-#endif
-  int status = 0;
-  for (int fork_count = 0; fork_count < kForks; ++fork_count) {
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      std::atomic<bool> ran{false};
-      const bool finished =
-          StartThread([&ran] { ran.store(true); })->WaitFor(absl::Seconds(10));
-      _exit(finished && ran.load() ? 0 : 1);
-    }
-    ASSERT_EQ(waitpid(child, &status, 0), child);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
-  }
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // A child that does not finish under AddressSanitizer is forked again
+  // (forked_child.h).
+  const testing::ChildResult child = testing::RunInChild(
+      [] {
+        std::atomic<bool> ran{false};
+        const bool finished = StartThread([&ran] {
+                                ran.store(true);
+                              })->WaitFor(absl::Seconds(10));
+        return finished && ran.load() ? 0 : 1;
+      },
+      absl::Seconds(30));
+  EXPECT_TRUE(child.passed()) << child.Describe();
 }
 
 }  // namespace

@@ -5,10 +5,6 @@
 #include "wire/fork_guard.h"
 
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 
@@ -18,7 +14,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
-#include "tests/testing/sanitizers.h"
+#include "tests/testing/forked_child.h"
 #include "wire/auth.h"
 
 namespace tessera {
@@ -90,21 +86,6 @@ int ChildChecks(std::shared_ptr<grpc::Channel> channel,
   return 0;
 }
 
-// Waits up to `patience` for `child` to end, filling `status`; a child
-// still running then is killed (and reaped) and false returned.
-bool AwaitChild(pid_t child, absl::Duration patience, int* status) {
-  const absl::Time deadline = absl::Now() + patience;
-  while (waitpid(child, status, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(child, SIGKILL);
-      waitpid(child, status, 0);
-      return false;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
 TEST(ForkGuardTest, AChildIsRefusedAtOnceAndTheParentGoesOn) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -119,29 +100,12 @@ TEST(ForkGuardTest, AChildIsRefusedAtOnceAndTheParentGoesOn) {
   ASSERT_TRUE(CheckOnOwnQueue(channel).ok());
   ASSERT_FALSE(ForkedAfterGrpc());
 
-  // Under AddressSanitizer a child can hang before it reaches the guard:
-  // clang 14's ASan takes no allocator locks around fork() (LLVM added
-  // them in release 18), so a child forked while a gRPC thread of the
-  // parent held one waits on it for ever. There a hung child is forked
-  // again, twice at most; anywhere else a hang fails at once.
-#ifdef TESSERA_TEST_UNDER_ASAN
-  constexpr int kForks = 3;
-#else
-  constexpr int kForks = 1;
-#endif
-  int status = 0;
-  bool ended = false;
-  for (int fork_count = 0; fork_count < kForks && !ended; ++fork_count) {
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    // The child holds the last reference, so dropping it frees the channel.
-    if (child == 0) _exit(ChildChecks(std::move(channel), target));
-    ended = AwaitChild(child, absl::Seconds(kForks == 1 ? 30 : 15), &status);
-  }
-  ASSERT_TRUE(ended) << "the forked child hung";
-  ASSERT_TRUE(WIFEXITED(status))
-      << "child ended by signal " << WTERMSIG(status);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // A hung child under AddressSanitizer is forked again (forked_child.h).
+  // The child holds the last reference, so dropping it frees the channel.
+  const testing::ChildResult child = testing::RunInChild(
+      [&] { return ChildChecks(std::move(channel), target); },
+      absl::Seconds(testing::kChildForks == 1 ? 30 : 15));
+  ASSERT_TRUE(child.passed()) << child.Describe();
   EXPECT_FALSE(ForkedAfterGrpc());
   EXPECT_TRUE(Check(channel).ok());
   EXPECT_TRUE(CheckOnOwnQueue(channel).ok());
