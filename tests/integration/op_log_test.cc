@@ -224,33 +224,34 @@ TEST_P(OpLogTest, ForgedSkipMarkersAreHonouredAlike) {
   ExpectSameTables();
 }
 
-// An op of tens of thousands of names is logged deflated: 70,000 names
-// of 67 characters (a 4.7 MB request, over gRPC's default limit of 4 MiB)
-// fit etcd's request limit (1.5 MiB). One that
-// still does not fit deflated (30,000 random names of 120) is refused at
-// once as RESOURCE_EXHAUSTED, "not applied" (not UNAVAILABLE, which the
+// An op of tens of thousands of names is logged deflated: 38,000 names
+// of 117 characters (a 4.6 MB request, over gRPC's default limit of 4
+// MiB) fit etcd's request limit (1.5 MiB). One that still does not fit
+// deflated (20,000 random names of 120, about 1.8 MB deflated) is refused
+// at once as RESOURCE_EXHAUSTED, "not applied" (not UNAVAILABLE, which the
 // client would retry), and its number is skipped without a claim timeout.
 TEST_P(OpLogTest, LargeOpsAreDeflatedAndOnesTooLargeAreRefusedAtOnce) {
   ASSERT_OK(TimeCreate(0, "first").status());
   std::vector<std::string> names;
-  for (int i = 0; i < 70000; ++i) {
+  for (int i = 0; i < 38000; ++i) {
     names.push_back(absl::StrFormat(
-        "model.layers.%06d.mlp.experts.000.down_proj.weight_scale_inv.absent",
+        "model.language_model.layers.%06d.mlp.experts.000.down_proj."
+        "weight_scale_inv.quantized.fp8_e4m3.block_128x128.absent",
         i));
   }
   // Logged and run: every daemon finds no such tensor.
   EXPECT_THAT(clients_[1]->Begin(names).status(),
               StatusIs(absl::StatusCode::kNotFound,
                        AllOf(HasSubstr("no tensor named "
-                                       "\"model.layers.000000.mlp.experts"),
-                             HasSubstr(" and 69997 more"))));
+                                       "\"model.language_model.layers.000000"),
+                             HasSubstr(" and 37997 more"))));
 
   std::mt19937 random(7);
   constexpr char kAlphabet[] =
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
   std::uniform_int_distribution<int> pick(0, sizeof(kAlphabet) - 2);
   names.clear();
-  for (int i = 0; i < 30000; ++i) {
+  for (int i = 0; i < 20000; ++i) {
     std::string name(120, 'x');
     for (char& c : name) c = kAlphabet[pick(random)];
     names.push_back(std::move(name));
