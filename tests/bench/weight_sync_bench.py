@@ -145,7 +145,12 @@ def hosts_run(args, build: str) -> dict:
         if daemons is not None:
             daemons.close()
         hosts.close()
-    runs = [e for e in lines if e["event"] == "read" and e["new"]]
+    # Only the versions the trainers published during the measured run:
+    # the one still kept from the warm-up run is read by each reader as
+    # it starts, at its own time, not by both at once after a publish.
+    published = {e["version"] for e in lines if e["event"] == "publish"}
+    runs = [e for e in lines if e["event"] == "read" and e["new"] and
+            e["version"] in published]
     per_reader = [e["bytes"] / e["run_s"] / 1e9 for e in runs]
     by_version: dict = {}
     for e in runs:
