@@ -109,6 +109,53 @@ absl::Status Control(const Cluster& cluster,
   return Annotate(status, what);
 }
 
+// Every tensor of `names` that exists (each once; empty `names`: every
+// tensor), sorted by name, read in ListTensors pages of about
+// ClientOptions::list_page_bytes, all within one control deadline. Pages
+// are read one after another, not at one point of the log: a tensor
+// created or deleted meanwhile may be in the list or not. A daemon too old
+// to page answers everything at once, which is taken as the last page.
+absl::StatusOr<v1::ListTensorsResponse> ListPaged(
+    const Cluster& cluster, std::vector<std::string> names,
+    absl::string_view what) {
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  const absl::Time by = absl::Now() + cluster.options().timeout;
+  v1::ListTensorsResponse all;
+  auto from = names.begin();
+  std::string after;
+  for (int page = 1;; ++page) {
+    v1::ListTensorsRequest request;
+    request.set_after(after);
+    request.set_page_bytes(cluster.options().list_page_bytes);
+    for (auto it = from; it != names.end(); ++it) request.add_names(*it);
+    v1::ListTensorsResponse reply;
+    RETURN_IF_ERROR(Control(
+        cluster, &v1::ControlService::Stub::ListTensors, request, &reply,
+        page == 1 ? std::string(what)
+                  : absl::StrCat(what, " (page ", page, ", after ", after, ")"),
+        /*logged=*/false, by));
+    for (const v1::TensorInfo& info : reply.tensors()) {
+      if (info.name() <= after && !after.empty()) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": page ", page, " of the daemon's list holds tensor ",
+            info.name(), ", which does not sort after ", after));
+      }
+    }
+    const bool more = reply.more() && reply.tensors_size() > 0;
+    if (more) after = reply.tensors(reply.tensors_size() - 1).name();
+    for (v1::TensorInfo& info : *reply.mutable_tensors()) {
+      all.add_tensors()->Swap(&info);
+    }
+    if (!more) return all;
+    if (!names.empty()) {
+      from = std::upper_bound(from, names.end(), after);
+      // None left to ask for (an empty list would ask for every tensor).
+      if (from == names.end()) return all;
+    }
+  }
+}
+
 // The model of a TensorInfo a daemon sent, checked.
 absl::StatusOr<ShardedTensorMetadata> MetadataOf(const v1::TensorInfo& info) {
   absl::StatusOr<ShardedTensorMetadata> metadata = FromProto(info.metadata());
@@ -755,10 +802,8 @@ absl::StatusOr<v1::OperationStatus> Client::Operation(
 }
 
 absl::StatusOr<std::vector<ShardedTensorView>> Client::List() const {
-  v1::ListTensorsResponse response;
-  RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::ListTensors,
-                          v1::ListTensorsRequest(), &response,
-                          "listing tensors"));
+  ASSIGN_OR_RETURN(v1::ListTensorsResponse response,
+                   ListPaged(*cluster_, {}, "listing tensors"));
   std::vector<ShardedTensorView> views;
   for (v1::TensorInfo& info : *response.mutable_tensors()) {
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(info));
@@ -838,11 +883,8 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
     const std::vector<std::string>& names) {
   std::vector<ShardedTensorView> views;
   views.reserve(names.size());
-  v1::ListTensorsRequest request;
-  for (const std::string& name : names) request.add_names(name);
-  v1::ListTensorsResponse response;
-  RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::ListTensors,
-                          request, &response, "listing tensors"));
+  ASSIGN_OR_RETURN(v1::ListTensorsResponse response,
+                   ListPaged(*cluster, names, "listing tensors"));
   absl::flat_hash_map<std::string, v1::TensorInfo*> index;
   for (v1::TensorInfo& info : *response.mutable_tensors()) {
     index[info.name()] = &info;

@@ -63,6 +63,11 @@ class Cluster {
           "request id ", QuotedRequestId(options.request_id), ": 1 to ",
           kMaxClientRequestIdBytes, " of A-Z a-z 0-9 . _ : -"));
     }
+    if (options.list_page_bytes < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("list_page_bytes ", options.list_page_bytes,
+                       ": a page holds at least 1 byte"));
+    }
     auto cluster = std::shared_ptr<Cluster>(new Cluster(options));
     const std::shared_ptr<grpc::Channel> channel = NewShardChannel(address);
     const std::unique_ptr<v1::ControlService::Stub> stub =

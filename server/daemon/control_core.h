@@ -89,9 +89,11 @@ class Core : public std::enable_shared_from_this<Core> {
               const absl::Status& status, OpResult result = {});
 
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
-  v1::ListTensorsResponse List(
-      const std::vector<std::string>& names = {}) const {
-    return table_.List(names);
+  // TensorTable::List.
+  v1::ListTensorsResponse List(const std::vector<std::string>& names = {},
+                               const std::string& after = "",
+                               int64_t page_bytes = 0) const {
+    return table_.List(names, after, page_bytes);
   }
   // What became of the logged call with client request id `request_id`
   // (GetOperation): committed, pending here, failed, or unknown.

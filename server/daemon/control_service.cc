@@ -205,7 +205,8 @@ grpc::ServerUnaryReactor* ControlServiceImpl::ListTensors(
   absl::Status accepting = core_->Accepting();
   if (accepting.ok()) {
     *response = core_->List(std::vector<std::string>(request->names().begin(),
-                                                     request->names().end()));
+                                                     request->names().end()),
+                            request->after(), request->page_bytes());
   }
   return control_internal::Done(context, accepting);
 }

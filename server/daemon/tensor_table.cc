@@ -102,21 +102,34 @@ absl::StatusOr<v1::TensorInfo> TensorTable::Describe(
   return InfoWithState(it->second);
 }
 
-v1::ListTensorsResponse TensorTable::List(
-    const std::vector<std::string>& names) const {
+v1::ListTensorsResponse TensorTable::List(const std::vector<std::string>& names,
+                                          const std::string& after,
+                                          int64_t page_bytes) const {
   v1::ListTensorsResponse response;
+  int64_t bytes = 0;
+  // Adds `entry`; false, with `more` set, when the page is full already.
+  const auto add = [&](const TableEntry& entry) {
+    if (page_bytes > 0 && bytes >= page_bytes) {
+      response.set_more(true);
+      return false;
+    }
+    v1::TensorInfo* info = response.add_tensors();
+    *info = InfoWithState(entry);
+    if (page_bytes > 0) bytes += static_cast<int64_t>(info->ByteSizeLong());
+    return true;
+  };
   absl::MutexLock lock(&mu_);
   if (names.empty()) {
-    for (const auto& [name, entry] : entries_) {
-      *response.add_tensors() = InfoWithState(entry);
+    auto it = after.empty() ? entries_.begin() : entries_.upper_bound(after);
+    for (; it != entries_.end() && add(it->second); ++it) {
     }
     return response;
   }
   std::set<std::string> wanted(names.begin(), names.end());  // sorted, once
-  for (const std::string& name : wanted) {
-    auto it = entries_.find(name);
-    if (it != entries_.end())
-      *response.add_tensors() = InfoWithState(it->second);
+  auto name = after.empty() ? wanted.begin() : wanted.upper_bound(after);
+  for (; name != wanted.end(); ++name) {
+    auto it = entries_.find(*name);
+    if (it != entries_.end() && !add(it->second)) break;
   }
   return response;
 }

@@ -98,9 +98,13 @@ class TensorTable {
   // progress marked (ShardReplicas.refilling). NOT_FOUND when absent.
   absl::StatusOr<v1::TensorInfo> Describe(const std::string& name) const;
   // Every tensor's info as Describe gives it, sorted by name; with `names`,
-  // only those of them that exist (each once).
-  v1::ListTensorsResponse List(
-      const std::vector<std::string>& names = {}) const;
+  // only those of them that exist (each once); with `after`, only those
+  // whose names sort after it. page_bytes > 0: the reply ends with the
+  // first tensor that brings its tensors' serialized size to page_bytes or
+  // more, with `more` set when tensors are left (ListTensorsRequest).
+  v1::ListTensorsResponse List(const std::vector<std::string>& names = {},
+                               const std::string& after = "",
+                               int64_t page_bytes = 0) const;
   size_t size() const;
   // The name of the tensor with id `tensor_id`; nullopt when none.
   std::optional<std::string> NameOf(absl::string_view tensor_id) const;

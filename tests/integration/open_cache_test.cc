@@ -4,7 +4,8 @@
 // and a daemon's restart, Open answers what DescribeTensor answers; and a
 // repeated Open of an unchanged tensor makes no gRPC call (the daemon's
 // DescribeTensor counter does not move); many tensors (OpenMany, Begin)
-// are opened with one ListTensors. A view made before a change
+// are opened with one ListTensors, or in pages when their metadata is
+// large. A view made before a change
 // reads the tensor as it is now, or says why it cannot.
 #include <signal.h>
 
@@ -142,6 +143,60 @@ TEST_F(OpenCacheTest, ManyTensorsAreOpenedAndBegunWithOneList) {
   EXPECT_THAT(
       client_->OpenMany(names),
       StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("many.nope")));
+}
+
+// Metadata too large for one reply is read in pages (ListTensorsRequest
+// after / page_bytes): here pages of about 1,000 bytes, a few tensors
+// each, give what one reply gives.
+TEST_F(OpenCacheTest, LargeMetadataIsReadInPages) {
+  std::vector<TensorToCreate> tensors;
+  for (int i = 0; i < 40; ++i) {
+    tensors.push_back({absl::StrCat("paged.", 100 + i), {8, 4}, Rows(4), {}});
+  }
+  ASSERT_OK(client_->CreateMany(tensors).status());
+  ASSERT_OK(client_->Create("zzz.last", {4}, Rows(1)).status());
+  ClientOptions paging;
+  paging.timeout = absl::Seconds(20);
+  paging.list_page_bytes = 1000;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> paged,
+                       Client::Connect(cluster_->address(0), paging));
+
+  ASSERT_OK_AND_ASSIGN(const std::vector<ShardedTensorView> whole,
+                       client_->List());
+  const double lists = Calls(*client_, "ListTensors");
+  ASSERT_OK_AND_ASSIGN(const std::vector<ShardedTensorView> listed,
+                       paged->List());
+  const double pages = Calls(*client_, "ListTensors") - lists;
+  EXPECT_GE(pages, 5);
+  EXPECT_LT(pages, 41);  // several tensors a page
+  ASSERT_EQ(listed.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(listed[i].info().SerializeAsString(),
+              whole[i].info().SerializeAsString());
+  }
+
+  // A subset, out of order and with a name twice: every page asks only
+  // for the names after the last one it had.
+  std::vector<std::string> names = {"zzz.last", "paged.139", "paged.101"};
+  for (int i = 138; i > 104; i -= 3) names.push_back(absl::StrCat("paged.", i));
+  names.push_back("paged.101");
+  ASSERT_OK_AND_ASSIGN(const std::vector<ShardedTensorView> opened,
+                       paged->OpenMany(names));
+  ASSERT_EQ(opened.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(opened[i].name(), names[i]);
+    ASSERT_OK_AND_ASSIGN(const ShardedTensorView one, client_->Open(names[i]));
+    EXPECT_EQ(opened[i].tensor_id(), one.tensor_id());
+  }
+  names.push_back("paged.999");
+  EXPECT_THAT(
+      paged->OpenMany(names),
+      StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("paged.999")));
+
+  paging.list_page_bytes = 0;
+  EXPECT_THAT(Client::Connect(cluster_->address(0), paging),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("list_page_bytes")));
 }
 
 TEST_F(OpenCacheTest, EveryChangeIsSeenAtTheNextOpen) {
