@@ -35,16 +35,40 @@ void Trim(std::deque<std::string>& order, Map& map) {
   }
 }
 
-// The bytes a kept result holds.
-size_t ResultBytes(const OpResult& result) {
-  size_t bytes = result.info.ByteSizeLong();
-  for (const std::string& name : result.names) bytes += name.size();
-  for (const v1::TensorInfo& info : result.infos) bytes += info.ByteSizeLong();
-  bytes += result.group.ByteSizeLong();
-  return bytes;
+}  // namespace
+
+std::pair<OpOutcomes::KeptResult, size_t> OpOutcomes::Keep(
+    const OpResult& result) {
+  std::pair<KeptResult, size_t> kept;
+  KeptResult& out = kept.first;
+  size_t& bytes = kept.second;
+  out.info = result.info.SerializeAsString();
+  bytes += out.info.size();
+  out.names = result.names;
+  for (const std::string& name : out.names) bytes += name.size();
+  out.infos.reserve(result.infos.size());
+  for (const v1::TensorInfo& info : result.infos) {
+    out.infos.push_back(info.SerializeAsString());
+    bytes += out.infos.back().size();
+  }
+  out.group = result.group.SerializeAsString();
+  bytes += out.group.size();
+  return kept;
 }
 
-}  // namespace
+std::optional<OpResult> OpOutcomes::Parse(const KeptResult& kept) {
+  OpResult result;
+  if (!result.info.ParseFromString(kept.info) ||
+      !result.group.ParseFromString(kept.group)) {
+    return std::nullopt;
+  }
+  result.names = kept.names;
+  result.infos.resize(kept.infos.size());
+  for (size_t i = 0; i < kept.infos.size(); ++i) {
+    if (!result.infos[i].ParseFromString(kept.infos[i])) return std::nullopt;
+  }
+  return result;
+}
 
 bool OpOutcomes::Remembers(const v1::ControlOp& op) {
   return !op.client_request_id().empty() && !op.has_gather() &&
@@ -80,7 +104,10 @@ std::optional<Replayed> OpOutcomes::Replay(const v1::ControlOp& op) const {
         record.log_entry()};
   }
   if (it->second.result.has_value()) {
-    return Replayed{absl::OkStatus(), *it->second.result, record.log_entry()};
+    std::optional<OpResult> result = Parse(*it->second.result);
+    if (result.has_value()) {
+      return Replayed{absl::OkStatus(), *std::move(result), record.log_entry()};
+    }
   }
   return WithoutResult(record);
 }
@@ -116,16 +143,10 @@ void OpOutcomes::Committed(const v1::ControlOp& op, int64_t n,
   record.committed.set_method(OpName(op));
   record.committed.set_tensor(OpTensor(op));
   record.committed.set_tensor_id(TensorIdOf(op, result));
-  record.result_bytes = ResultBytes(result);
-  if (record.result_bytes <= kRememberedResultBytes) {
-    OpResult kept;
-    kept.info = result.info;
-    kept.names = result.names;
-    kept.infos = result.infos;
-    kept.group = result.group;
+  auto [kept, bytes] = Keep(result);
+  if (bytes <= kRememberedResultBytes) {
     record.result = std::move(kept);
-  } else {
-    record.result_bytes = 0;
+    record.result_bytes = bytes;
   }
   absl::MutexLock lock(&mu_);
   failed_.erase(op.client_request_id());

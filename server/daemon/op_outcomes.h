@@ -31,6 +31,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -49,8 +50,8 @@ namespace tessera::control_internal {
 // How many committed (and, apart, failed) ops are remembered: a retry
 // later than this many commits runs again.
 inline constexpr size_t kRememberedOps = 4096;
-// The most bytes of results kept for retries (a create of a million shards
-// answers with megabytes of metadata).
+// The most bytes of results kept for retries, serialized (a create of a
+// million shards answers with megabytes of metadata).
 inline constexpr size_t kRememberedResultBytes = size_t{64} << 20;
 
 // What a retried op is answered with.
@@ -97,11 +98,26 @@ class OpOutcomes {
   std::optional<v1::OperationStatus> Find(const std::string& request_id) const;
 
  private:
+  // A result as kept: its messages serialized, parsed again for a retry.
+  // As messages they take ten times or more (a shard's metadata is about
+  // 15 bytes serialized and 200 as a message, with its repeated fields and
+  // submessages), and kRememberedResultBytes bounds the memory itself.
+  struct KeptResult {
+    std::string info;
+    std::vector<std::string> names;
+    std::vector<std::string> infos;
+    std::string group;
+  };
   struct Record {
     v1::CommittedOp committed;
-    std::optional<OpResult> result;  // Where this daemon ran it.
+    std::optional<KeptResult> result;  // Where this daemon ran it.
     size_t result_bytes = 0;
   };
+  // `result` serialized, and its bytes.
+  static std::pair<KeptResult, size_t> Keep(const OpResult& result);
+  // The result `kept` holds; nullopt if it does not parse (it always
+  // should: this daemon serialized it).
+  static std::optional<OpResult> Parse(const KeptResult& kept);
   // Drops the oldest records beyond kRememberedOps and the oldest results
   // beyond kRememberedResultBytes.
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -70,6 +70,45 @@ TEST(OpOutcomesTest, ARetryIsAnsweredWithTheFirstResultWhateverItsEnvelope) {
   EXPECT_FALSE(outcomes.Find("r-g").has_value());
 }
 
+// Results are kept serialized (a tenth of their size as messages) and
+// come back whole: a create's infos with their shards, a group, names.
+TEST(OpOutcomesTest, AKeptResultComesBackWhole) {
+  TensorTable table(0);
+  OpOutcomes outcomes(&table);
+  OpResult result = Info("t1");
+  result.names = {"a", "b"};
+  for (int t = 0; t < 3; ++t) {
+    v1::TensorInfo& info = result.infos.emplace_back();
+    info.set_name(absl::StrCat("w", t));
+    info.set_tensor_id(absl::StrCat("id-", t));
+    for (int s = 0; s < 128; ++s) {
+      v1::ShardMetadata* shard = info.mutable_metadata()->add_shards_metadata();
+      shard->add_shard_offsets(s * 4);
+      shard->add_shard_sizes(4);
+      info.add_shard_ranks(s % 4);
+    }
+  }
+  result.group.set_id("g-1");
+  v1::VersionHandle* handle = result.group.add_versions();
+  handle->set_name("w0");
+  handle->set_number(3);
+  handle->set_tensor_id("id-0@3");
+  outcomes.Committed(Create("r-1", "w"), 5, result);
+  std::optional<Replayed> replayed = outcomes.Replay(Create("r-1", "w"));
+  ASSERT_TRUE(replayed.has_value());
+  ASSERT_TRUE(replayed->status.ok());
+  EXPECT_EQ(replayed->result.info.SerializeAsString(),
+            result.info.SerializeAsString());
+  EXPECT_EQ(replayed->result.names, result.names);
+  ASSERT_EQ(replayed->result.infos.size(), result.infos.size());
+  for (size_t t = 0; t < result.infos.size(); ++t) {
+    EXPECT_EQ(replayed->result.infos[t].SerializeAsString(),
+              result.infos[t].SerializeAsString());
+  }
+  EXPECT_EQ(replayed->result.group.SerializeAsString(),
+            result.group.SerializeAsString());
+}
+
 TEST(OpOutcomesTest, AFailureIsToldButARetryRunsAgain) {
   TensorTable table(0);
   OpOutcomes outcomes(&table);
