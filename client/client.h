@@ -69,9 +69,9 @@ class Cluster;
 inline constexpr size_t kMaxClientRequestIdBytes = 64;
 // Attempts of a logged call answered UNAVAILABLE (see Client::Delete).
 inline constexpr int kLoggedCallAttempts = 3;
-// ClientOptions::list_page_bytes by default: a quarter of the message
-// limit, so that a page's last tensor (which may take it past the size
-// asked for) cannot reach it.
+// ClientOptions::list_page_bytes by default: far below the client's
+// message limit, so that a page's last tensor (which may take it past the
+// size asked for) cannot reach it.
 inline constexpr int64_t kDefaultListPageBytes = int64_t{16} << 20;
 
 struct ClientOptions {
@@ -102,7 +102,8 @@ struct ClientOptions {
   // Tensors' metadata (List, OpenMany, read plans, joins) is read in
   // ListTensors replies of about this many bytes each, so that however
   // many tensors and shards there are no reply nears the client's message
-  // limit (64 MiB). At least 1 (INVALID_ARGUMENT otherwise).
+  // limit (256 MiB), and a daemon builds no reply larger than about this
+  // while it holds its table. At least 1 (INVALID_ARGUMENT otherwise).
   int64_t list_page_bytes = kDefaultListPageBytes;
   // The request id of this client's calls (wire/request_id.h): the daemons
   // log it with the operation a call starts, and it is the operation's

@@ -33,9 +33,16 @@
 namespace tessera {
 namespace {
 
-// Well above ShardServiceOptions::max_chunk_bytes plus the header, so any
-// server configuration the service accepts can be read.
-constexpr int kMaxReceiveMessageBytes = 64 << 20;
+// The largest message a daemon's answer may be, on its control and shard
+// channels: well above ShardServiceOptions::max_chunk_bytes plus the
+// header, so any server configuration the service accepts can be read, and
+// four times the largest request a daemon takes (kMaxRequestBytes,
+// server/serve/shard_service.h). An answer is at most about 1.3 times its
+// request (a create's shard metadata, with each shard's rank, against its
+// spec's placements), so an op the daemon took and applied is never
+// answered with a message the client must refuse, which would leave it
+// unsure whether the op ran.
+constexpr int kMaxReceiveMessageBytes = 256 << 20;
 
 // A peer's malformed message is lost data as far as this client is
 // concerned, not a bad argument of the caller's.
