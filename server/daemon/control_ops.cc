@@ -303,6 +303,16 @@ absl::StatusOr<int64_t> ControlOps::LocalHostBytes(
   return host_bytes;
 }
 
+absl::StatusOr<MemoryBudget::Reservation> ControlOps::ReserveMetadata(
+    const ShardedTensorMetadata& metadata, absl::string_view what) const {
+  const size_t shards = metadata.shards_metadata.size();
+  return budget_->Reserve(
+      EntryMetadataBytes(shards),
+      absl::StrCat(what, " (the metadata of its ", shards, " shard",
+                   shards == 1 ? "" : "s",
+                   ", which every daemon holds, on rank ", rank(), ")"));
+}
+
 absl::StatusOr<ShardingSpec> ControlOps::SpecOf(bool has_spec,
                                                 const v1::ShardingSpec& proto,
                                                 absl::string_view what) const {
@@ -397,8 +407,18 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
   // This daemon's own work: it may fail here alone.
   RETURN_IF_ERROR(CheckDeadline(op));
   ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation metadata_held,
+      ReserveMetadata(metadata,
+                      absl::StrCat("CreateTensor \"", request.name(), "\"")));
+  // A versioned tensor's first version, as each later one, holds its own
+  // copy of the metadata with its shards (VersionMetadataBytes).
+  const int64_t version_bytes =
+      request.versions() >= 2
+          ? VersionMetadataBytes(metadata.shards_metadata.size())
+          : 0;
+  ASSIGN_OR_RETURN(
       MemoryBudget::Reservation held,
-      budget_->Reserve(host_bytes,
+      budget_->Reserve(SaturatingAdd(host_bytes, version_bytes),
                        absl::StrCat("CreateTensor \"", request.name(),
                                     "\" (its shards on rank ", rank(), ")")));
   ASSIGN_OR_RETURN(ShardedTensor tensor,
@@ -416,6 +436,7 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
   }
   made.tensor = std::move(tensor);
   made.info = std::move(info);
+  made.metadata = std::move(metadata_held);
   return made;
 }
 
@@ -585,6 +606,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   v1::TensorInfo info;
   std::vector<Shard> shards;
   MemoryBudget::Reservation held;
+  MemoryBudget::Reservation metadata_held;
   Replication::PlacedCopies copies;
   bool unchanged = false;
   // A versioned tensor's versions, the number of its latest published one
@@ -639,6 +661,14 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     // new shards, its copies of others' new shards, and the staging of the
     // strided pieces it fetches for them.
     ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
+    ASSIGN_OR_RETURN(metadata_held,
+                     ReserveMetadata(metadata, absl::StrCat("Reshard \"", name,
+                                                            "\" (its new "
+                                                            "layout)")));
+    if (versions != nullptr) {
+      host_bytes = SaturatingAdd(
+          host_bytes, VersionMetadataBytes(metadata.shards_metadata.size()));
+    }
     ASSIGN_OR_RETURN(
         held,
         budget_->Reserve(host_bytes, absl::StrCat("Reshard \"", name,
@@ -782,6 +812,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     // Declared first, so that the reservation goes back to the budget
     // only after the shards and copies are freed.
     MemoryBudget::Reservation held;
+    MemoryBudget::Reservation metadata;
     std::optional<ShardedTensor> tensor;
     std::shared_ptr<ReplicaCopies> copies;
     std::shared_ptr<VersionSet> versions;
@@ -790,6 +821,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     std::optional<ShardedTensor> made;
     v1::TensorInfo info;
     MemoryBudget::Reservation held;
+    MemoryBudget::Reservation metadata;
     std::shared_ptr<ReplicaCopies> registered;
     std::shared_ptr<VersionSet> versions;
     // Kept by a commit on time until every daemon confirmed it.
@@ -799,6 +831,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
   layout->made = std::move(made);
   layout->info = std::move(info);
   layout->held = std::move(held);
+  layout->metadata = std::move(metadata_held);
   layout->registered = std::move(registered);
   layout->versions = std::move(new_versions);
   outcome = AgreeThenCommit(
@@ -809,12 +842,14 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
                      [&](TableEntry& entry) {
                        Retired& retired = *layout->retired;
                        retired.held = std::move(entry.held);
+                       retired.metadata = std::move(entry.metadata);
                        retired.tensor = std::move(entry.tensor);
                        retired.copies = std::move(entry.replicas);
                        retired.versions = std::move(entry.versions);
                        entry.tensor = std::move(layout->made);
                        entry.info = layout->info;
                        entry.held = std::move(layout->held);
+                       entry.metadata = std::move(layout->metadata);
                        entry.replicas = std::move(layout->registered);
                        entry.versions = std::move(layout->versions);
                      })
@@ -994,6 +1029,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
   std::vector<std::pair<std::string, ShardedTensor>> loaded;
   std::vector<v1::TensorInfo> infos;
   std::vector<MemoryBudget::Reservation> held;  // One per wanted entry.
+  std::vector<MemoryBudget::Reservation> metadata_held;  // Likewise.
   absl::Status local = valid;
   if (valid.ok()) {
     local = [&]() -> absl::Status {
@@ -1068,6 +1104,15 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
         }
         ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(*metadata));
         ASSIGN_OR_RETURN(
+            metadata_held.emplace_back(),
+            ReserveMetadata(*metadata,
+                            absl::StrCat("LoadCheckpoint \"", name, "\"")));
+        if (versions >= 2) {
+          host_bytes = SaturatingAdd(
+              host_bytes,
+              VersionMetadataBytes(metadata->shards_metadata.size()));
+        }
+        ASSIGN_OR_RETURN(
             held.emplace_back(),
             budget_->Reserve(host_bytes, absl::StrCat("LoadCheckpoint \"", name,
                                                       "\" (its shards "
@@ -1115,6 +1160,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       TableEntry entry;
       entry.tensor = loaded[i].second;
       entry.info = infos[i];
+      entry.metadata = std::move(metadata_held[i]);
       if (keeping[i].first >= 2) {
         // Version 1 is the checkpoint's values (version_set.h).
         entry.versions = std::make_shared<VersionSet>(
@@ -1342,9 +1388,12 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
         ASSIGN_OR_RETURN(
             one.held,
             budget_->Reserve(
-                host_bytes,
+                SaturatingAdd(host_bytes,
+                              VersionMetadataBytes(
+                                  latest.metadata().shards_metadata.size())),
                 absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
-                             number, ": its shards on rank ", rank(), ")")));
+                             number, ": its shards and metadata on rank ",
+                             rank(), ")")));
         // An empty version is zeros until written (see NewTensor): a shard
         // its writers miss never shows older bytes of this daemon's memory.
         ASSIGN_OR_RETURN(one.tensor,

@@ -170,6 +170,11 @@ class ControlOps {
   // The bytes of `metadata`'s shards this daemon holds in host memory.
   absl::StatusOr<int64_t> LocalHostBytes(
       const ShardedTensorMetadata& metadata) const;
+  // Reserves the metadata of `metadata` on this daemon
+  // (EntryMetadataBytes) for `what` ("CreateTensor \"x\""): the
+  // budget's RESOURCE_EXHAUSTED when it does not fit.
+  absl::StatusOr<MemoryBudget::Reservation> ReserveMetadata(
+      const ShardedTensorMetadata& metadata, absl::string_view what) const;
   absl::Status Agree(const absl::Status& local, bool* agreed);
   // Agrees on `local`, then runs `commit` (the op's effects here, which
   // cannot fail) once every daemon succeeded. When the exchange broke

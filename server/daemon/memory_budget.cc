@@ -92,6 +92,12 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
       limit_, " bytes budget", InGiB(limit_), " (", source_, ")"));
 }
 
+MemoryBudget::Reservation MemoryBudget::Charge(int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 0);
+  used_.fetch_add(bytes, std::memory_order_relaxed);
+  return Reservation(shared_from_this(), bytes);
+}
+
 int64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);

@@ -6,6 +6,11 @@
 // OOM-killed once its pages are touched. The store's values count through
 // a fixed share set aside on the rank that serves it.
 //
+// Every daemon also holds every tensor's metadata (its shards' boxes and
+// owners): an estimate of it is reserved with the tensor
+// (tensor_table.h, EntryMetadataBytes), so that a create of millions of
+// shards, which needs no shard memory, is refused like one of many bytes.
+//
 // The limit (tessera-server --memory-limit) defaults to DefaultMemoryLimit:
 // the memory limit of the daemon's own cgroup, v1 or v2, the most
 // restrictive of it and its ancestors (cgroup_memory.h), when the daemon
@@ -86,6 +91,11 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   // asked for how much and how much is left of the limit (after every
   // Reclaimable gave back what it could).
   absl::StatusOr<Reservation> Reserve(int64_t bytes, absl::string_view what);
+  // Reserves `bytes` (>= 0; a negative count reserves none) whether or not
+  // they fit: memory this daemon must hold whatever is left (the cluster's
+  // metadata on a daemon that rejoins it). used() may then pass limit(),
+  // and Reserves are refused until enough is given back.
+  Reservation Charge(int64_t bytes);
 
   // Something holding reserved memory it can drop on demand. Reclaim runs
   // on the thread of the Reserve that did not fit, with no lock of the

@@ -344,6 +344,10 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
       int64_t host_bytes = 0;
       ASSIGN_OR_RETURN(part.refill, RefillBuffers(info, metadata, &host_bytes));
       if (part.refill != nullptr) {
+        // Each version also holds its own copy of the metadata.
+        if (number != 0) {
+          host_bytes += VersionMetadataBytes(metadata.shards_metadata.size());
+        }
         ASSIGN_OR_RETURN(
             part.held,
             budget_->Reserve(
@@ -381,6 +385,10 @@ absl::Status Replication::Rebuild(v1::TensorInfo info,
     }
   }
   const std::shared_ptr<Refill> refill = entry.refill;
+  // The cluster admitted its metadata on every daemon: held here too,
+  // whatever is left.
+  entry.metadata = budget_->Charge(
+      EntryMetadataBytes(info.metadata().shards_metadata_size()));
   entry.info = info;
   // In the table before the refill starts, so that its completion finds
   // the entry.

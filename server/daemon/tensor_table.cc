@@ -1,5 +1,6 @@
 #include "server/daemon/tensor_table.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -12,6 +13,17 @@
 #include "wire/version_id.h"
 
 namespace tessera::control_internal {
+
+int64_t EntryMetadataBytes(size_t shards) {
+  return kTensorMetadataBytes +
+         static_cast<int64_t>(std::min<size_t>(shards, size_t{1} << 40)) *
+             kShardMetadataBytes;
+}
+
+int64_t VersionMetadataBytes(size_t shards) {
+  return static_cast<int64_t>(std::min<size_t>(shards, size_t{1} << 40)) *
+         kVersionShardMetadataBytes;
+}
 
 absl::Status UnknownTensor(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));

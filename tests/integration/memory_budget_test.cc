@@ -14,12 +14,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/version_writer.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/daemon_cluster_test.h"
+#include "tests/testing/gauge.h"
 #include "tests/testing/iota.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/auth.h"
@@ -36,6 +38,7 @@ constexpr int kWorld = 4;
 // there and 64 MiB on the others.
 constexpr int64_t kLimit = int64_t{64} << 20;
 constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kShardMetadata = 1024;  // tensor_table.h
 
 ShardingSpec Rows() {
   return *ChunkShardingSpec::Create(
@@ -62,6 +65,15 @@ class DaemonMemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
     StartSuiteCluster(std::move(options));
   }
 
+  // What rank 0's budget has reserved (its tessera_memory_budget_used_bytes
+  // gauge); -1 when it cannot say.
+  int64_t BudgetUsed() {
+    std::vector<absl::StatusOr<v1::DaemonStats>> stats = client_->Stats();
+    if (stats.empty() || !stats[0].ok()) return -1;
+    return ::tessera::testing::GaugeValue(stats[0]->metrics(),
+                                          "tessera_memory_budget_used_bytes");
+  }
+
   // Every test leaves the cluster empty.
   void TearDown() override {
     DaemonClusterTest::TearDown();
@@ -74,13 +86,15 @@ class DaemonMemoryBudgetTest : public ::tessera::testing::DaemonClusterTest {
 };
 
 TEST_F(DaemonMemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
-  // 8 MiB per daemon: rank 0 fits six (48 MiB), the seventh is refused on
-  // every daemon, naming rank 0's budget.
-  for (int i = 0; i < 6; ++i) {
+  // 8 MiB per daemon: rank 0 fits five and one of 7 MiB (47 MiB, and a few
+  // KiB of metadata, of its 48 MiB); the next is refused on every daemon,
+  // naming rank 0's budget.
+  for (int i = 0; i < 5; ++i) {
     ASSERT_OK(
         client_->Create(absl::StrCat("t", i), SizesFor(8), Rows()).status())
         << i;
   }
+  ASSERT_OK(client_->Create("t5", SizesFor(7), Rows()).status());
   EXPECT_THAT(client_->Create("t6", SizesFor(8), Rows()).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("CreateTensor \"t6\""),
@@ -98,6 +112,76 @@ TEST_F(DaemonMemoryBudgetTest, CreatesBeyondTheBudgetAreRefusedEverywhere) {
   EXPECT_OK(client_->Create("on1", {16 * 256, 1024}, OnRank(1)).status());
   EXPECT_THAT(client_->Create("on0", {16 * 256, 1024}, OnRank(0)).status(),
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+}
+
+TEST_F(DaemonMemoryBudgetTest, MetadataOfManyShardsCountsInTheBudget) {
+  // A tensor of one float a shard needs no shard memory to speak of, but
+  // every daemon holds the metadata of every shard (tensor_table.h,
+  // EntryMetadataBytes: about 1 KiB each). 30,000 shards fit in rank 0's
+  // 48 MiB; 60,000 do not, nor do 30,000 more once the first are held.
+  const auto spread = [](int shards) {
+    std::vector<std::string> placements;
+    placements.reserve(shards);
+    for (int i = 0; i < shards; ++i) {
+      placements.push_back(absl::StrCat("rank:", i % kWorld, "/cpu"));
+    }
+    return *ChunkShardingSpec::Create(0, placements);
+  };
+  const int64_t before = BudgetUsed();
+  ASSERT_OK(client_->Create("fine", {30000}, spread(30000)).status());
+  EXPECT_GE(BudgetUsed() - before, 30000 * kShardMetadata);
+  for (const char* name : {"more", "wide"}) {
+    const int shards = std::string(name) == "more" ? 30000 : 60000;
+    EXPECT_THAT(
+        client_->Create(name, {shards}, spread(shards)).status(),
+        StatusIs(
+            absl::StatusCode::kResourceExhausted,
+            ::testing::AllOf(
+                HasSubstr(absl::StrCat("CreateTensor \"", name, "\"")),
+                HasSubstr(absl::StrCat("metadata of its ", shards, " shards")),
+                HasSubstr("rank 0"))))
+        << name;
+    EXPECT_THAT(client_->Open(name).status(),
+                StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  }
+  // A reshard into that many shards is refused the same way, and the
+  // tensor keeps its layout.
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView small,
+                       client_->Create("small", {60000}, Rows()));
+  EXPECT_THAT(client_->Reshard("small", spread(60000)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("Reshard \"small\" (its new layout)")));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView again, client_->Open("small"));
+  EXPECT_EQ(again.tensor_id(), small.tensor_id());
+  EXPECT_EQ(again.metadata().shards_metadata.size(), 4u);
+  // Deleting gives the metadata's share back.
+  ASSERT_OK(client_->Delete("fine"));
+  ASSERT_OK(client_->Create("more", {30000}, spread(30000)).status());
+  ASSERT_OK(client_->Delete("more"));
+  ASSERT_OK(client_->Delete("small"));
+
+  // Each version of a versioned tensor holds its own copy (512 bytes a
+  // shard): with 15,000 shards, the entry (14.6 MiB) and version 1
+  // (7.3 MiB) leave room on rank 0 for three versions more, and the fourth
+  // is refused.
+  CreateOptions versioned;
+  versioned.versions = 8;
+  ASSERT_OK(client_->Create("v", {15000}, spread(15000), versioned).status());
+  std::vector<VersionWriter> open;
+  absl::Status refused;
+  while (refused.ok() && open.size() < 8) {
+    absl::StatusOr<VersionWriter> begun = client_->Begin({"v"});
+    if (begun.ok()) {
+      open.push_back(*std::move(begun));
+    } else {
+      refused = begun.status();
+    }
+  }
+  EXPECT_EQ(open.size(), 3u);
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("BeginVersion of \"v\""),
+                                        HasSubstr("shards and metadata"))));
 }
 
 TEST_F(DaemonMemoryBudgetTest, AbsurdCreatesAreRefusedNotOomKilled) {

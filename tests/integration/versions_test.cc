@@ -572,8 +572,9 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
     ASSERT_OK(writer.Publish().status());
   }
   ASSERT_OK(client->Delete("r"));
-  // What each daemon keeps for reuse now: version 1 of "big" (8 MiB).
-  constexpr int64_t kBigShards = 8 << 20;
+  // What each daemon keeps for reuse now: version 1 of "big" (8 MiB, and
+  // 512 bytes for each of its 8 shards' metadata: tensor_table.h).
+  constexpr int64_t kBigShards = (8 << 20) + 8 * 512;
   ExpectKeptForReuse(*client, {kBigShards, kBigShards, kBigShards, kBigShards});
   ASSERT_OK(client->Create("other", {7168, 4096}, Rows(), zeros).status());
   // Only rank 0 needed it back for "other" (28 MiB per daemon).

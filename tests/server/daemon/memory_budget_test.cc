@@ -51,6 +51,26 @@ TEST(MemoryBudgetTest, ReservesUpToTheLimitAndGivesBack) {
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
 }
 
+TEST(MemoryBudgetTest, ChargesPastTheLimitRefuseReservesUntilGivenBack) {
+  auto budget = MemoryBudget::Create(100, "--memory-limit");
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation a, budget->Reserve(60, "a"));
+  {
+    MemoryBudget::Reservation charged = budget->Charge(70);
+    EXPECT_EQ(charged.bytes(), 70);
+    EXPECT_EQ(budget->used(), 130);
+    EXPECT_THAT(budget->Reserve(1, "one").status(),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("0 bytes left of its 100 bytes")));
+    a.Release();
+    EXPECT_THAT(budget->Reserve(31, "31").status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+    ASSERT_OK(budget->Reserve(30, "30").status());
+  }
+  EXPECT_EQ(budget->used(), 0);
+  EXPECT_EQ(budget->Charge(-5).bytes(), 0);
+  EXPECT_EQ(budget->used(), 0);
+}
+
 // Memory kept only for reuse: it gives its reservation back on demand.
 class KeptForReuse : public MemoryBudget::Reclaimable {
  public:
