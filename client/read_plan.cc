@@ -175,6 +175,51 @@ absl::StatusOr<std::vector<PlanPiece>> PlanPieces(
   return pieces;
 }
 
+namespace {
+
+// INVALID_ARGUMENT when the outs of two items overlap in part, so that
+// what a run leaves there would depend on which piece lands last. Checked
+// for dense outs; strided ones (which may interleave, as the even and odd
+// columns of one buffer) are the caller's to keep apart. Outs that are the
+// same memory exactly are allowed: tied parameters (a language model's
+// embedding and output weights) read from tensors that hold the same
+// values.
+absl::Status CheckOutsApart(const std::vector<ReadItem>& items) {
+  struct Span {
+    std::string device;
+    uintptr_t lo = 0;
+    uintptr_t hi = 0;
+    size_t item = 0;
+  };
+  std::vector<Span> spans;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Tensor& out = items[i].out;
+    if (out.numel() == 0 || !out.is_contiguous()) continue;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(out.data_ptr());
+    spans.push_back(Span{out.device().ToString(), lo, lo + out.nbytes(), i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.device, a.lo) < std::tie(b.device, b.lo);
+  });
+  // Each span against the earlier one of its device that reaches furthest.
+  for (size_t k = 1, far = 0; k < spans.size(); ++k) {
+    const Span& a = spans[far];
+    const Span& b = spans[k];
+    const bool same = b.lo == a.lo && b.hi == a.hi;
+    if (b.device == a.device && b.lo < a.hi && !same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "planning reads: items ", std::min(a.item, b.item), " and ",
+          std::max(a.item, b.item),
+          " write the same memory (their outs overlap), so what it held "
+          "after a run would depend on which piece landed last"));
+    }
+    if (b.device != a.device || b.hi > a.hi) far = k;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
     std::shared_ptr<internal_client::Cluster> cluster, Control control,
     std::vector<ReadItem> items) {
@@ -203,7 +248,7 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
       if (seen.insert(source.name).second) plan->names_.push_back(source.name);
     }
   }
-  plan->items_ = std::move(items);
+  RETURN_IF_ERROR(CheckOutsApart(plan->items_ = std::move(items)));
   absl::MutexLock lock(&plan->mu_);
   RETURN_IF_ERROR(plan->Plan());
   return plan;

@@ -81,7 +81,10 @@ struct ReadSource {
 
 // One destination and the boxes that fill it. Sources may not overlap in
 // `out` (INVALID_ARGUMENT); parts of `out` no source covers are left as
-// they are.
+// they are. The dense outs of two items may not overlap in part either
+// (INVALID_ARGUMENT), but may be the same memory exactly (tied parameters:
+// it then holds whichever item's piece lands last, so read them from
+// tensors that hold the same values).
 struct ReadItem {
   std::vector<ReadSource> sources;
   // A CPU or CUDA tensor of the sources' rank, any strides. Its dtype may

@@ -272,8 +272,10 @@ class Client:
         tensor, of the tensor's dtype or another floating one (converted
         as torch rounds). NotFoundError for an unknown tensor,
         InvalidArgumentError / OutOfRangeError for boxes that leave their
-        tensor or ``out``, overlapping sources, or dtypes that do not
-        convert."""
+        tensor or ``out``, overlapping sources, the ``out``s of two items
+        that overlap in part, or dtypes that do not convert. Two items may
+        share one ``out`` exactly (tied weights): it holds whichever lands
+        last."""
         return _plans.plan_reads(self, items)
 
     def snapshot(self, names: Union[str, Sequence[str]],

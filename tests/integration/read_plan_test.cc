@@ -282,6 +282,23 @@ TEST_F(ReadPlanTest, RefusalsAreClear) {
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("out")));
   EXPECT_THAT(plan({}), StatusIs(absl::StatusCode::kInvalidArgument,
                                  HasSubstr("no items")));
+  // Two items whose outs overlap in part (rows 0-3 and 2-5 of one
+  // buffer): which piece lands last would decide what rows 2-3 hold.
+  const Tensor buffer = Empty({8, 4});
+  ASSERT_OK_AND_ASSIGN(const Tensor low, buffer.Narrow(0, 0, 4));
+  ASSERT_OK_AND_ASSIGN(const Tensor middle, buffer.Narrow(0, 2, 4));
+  ASSERT_OK_AND_ASSIGN(const Tensor high, buffer.Narrow(0, 4, 4));
+  EXPECT_THAT(plan({ReadItem::Box("t", {0, 0}, Empty({2, 2})),
+                    ReadItem::Box("t", {0, 0}, low),
+                    ReadItem::Box("t", {8, 0}, middle)}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("items 1 and 2 write the same memory")));
+  // Outs side by side in one buffer, or the very same out (tied
+  // parameters), are fine.
+  EXPECT_OK(plan(
+      {ReadItem::Box("t", {0, 0}, low), ReadItem::Box("t", {8, 0}, high)}));
+  EXPECT_OK(
+      plan({ReadItem::Box("t", {0, 0}, low), ReadItem::Box("t", {0, 0}, low)}));
   ASSERT_OK_AND_ASSIGN(
       auto fine,
       client_->PlanReads({ReadItem::Box("t", {0, 0}, Empty({2, 2}))}));
