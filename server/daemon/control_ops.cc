@@ -289,7 +289,7 @@ OpOutcome ControlOps::Run(const v1::ControlOp& op) {
 }
 
 absl::StatusOr<int64_t> ControlOps::LocalHostBytes(
-    const ShardedTensorMetadata& metadata) const {
+    const ShardedTensorMetadata& metadata, bool version) const {
   int64_t host_bytes = 0;
   for (const ShardMetadata& shard : metadata.shards_metadata) {
     ASSIGN_OR_RETURN(auto placement, ParseAndValidateRemoteDevice(
@@ -299,6 +299,10 @@ absl::StatusOr<int64_t> ControlOps::LocalHostBytes(
       host_bytes = SaturatingAdd(
           host_bytes, BytesOf(shard.numel(), metadata.tensor_properties.dtype));
     }
+  }
+  if (version) {
+    host_bytes = SaturatingAdd(
+        host_bytes, VersionMetadataBytes(metadata.shards_metadata.size()));
   }
   return host_bytes;
 }
@@ -402,7 +406,10 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
   properties.dtype = dtype;
   ASSIGN_OR_RETURN(ShardedTensorMetadata metadata,
                    BuildMetadata(spec, sizes, properties));
-  ASSIGN_OR_RETURN(const int64_t host_bytes, LocalHostBytes(metadata));
+  // A versioned tensor's first version, as each later one, holds its own
+  // copy of the metadata with its shards.
+  ASSIGN_OR_RETURN(const int64_t host_bytes,
+                   LocalHostBytes(metadata, request.versions() >= 2));
   *checked = true;
   // This daemon's own work: it may fail here alone.
   RETURN_IF_ERROR(CheckDeadline(op));
@@ -410,15 +417,9 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
       MemoryBudget::Reservation metadata_held,
       ReserveMetadata(metadata,
                       absl::StrCat("CreateTensor \"", request.name(), "\"")));
-  // A versioned tensor's first version, as each later one, holds its own
-  // copy of the metadata with its shards (VersionMetadataBytes).
-  const int64_t version_bytes =
-      request.versions() >= 2
-          ? VersionMetadataBytes(metadata.shards_metadata.size())
-          : 0;
   ASSIGN_OR_RETURN(
       MemoryBudget::Reservation held,
-      budget_->Reserve(SaturatingAdd(host_bytes, version_bytes),
+      budget_->Reserve(host_bytes,
                        absl::StrCat("CreateTensor \"", request.name(),
                                     "\" (its shards on rank ", rank(), ")")));
   ASSIGN_OR_RETURN(ShardedTensor tensor,
@@ -660,15 +661,12 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     // Then this daemon's part, reserved before anything is allocated: its
     // new shards, its copies of others' new shards, and the staging of the
     // strided pieces it fetches for them.
-    ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(metadata));
+    ASSIGN_OR_RETURN(const int64_t host_bytes,
+                     LocalHostBytes(metadata, versions != nullptr));
     ASSIGN_OR_RETURN(metadata_held,
                      ReserveMetadata(metadata, absl::StrCat("Reshard \"", name,
                                                             "\" (its new "
                                                             "layout)")));
-    if (versions != nullptr) {
-      host_bytes = SaturatingAdd(
-          host_bytes, VersionMetadataBytes(metadata.shards_metadata.size()));
-    }
     ASSIGN_OR_RETURN(
         held,
         budget_->Reserve(host_bytes, absl::StrCat("Reshard \"", name,
@@ -1102,16 +1100,12 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
                            BuildMetadata(*spec, metadata->size,
                                          metadata->tensor_properties));
         }
-        ASSIGN_OR_RETURN(int64_t host_bytes, LocalHostBytes(*metadata));
+        ASSIGN_OR_RETURN(const int64_t host_bytes,
+                         LocalHostBytes(*metadata, versions >= 2));
         ASSIGN_OR_RETURN(
             metadata_held.emplace_back(),
             ReserveMetadata(*metadata,
                             absl::StrCat("LoadCheckpoint \"", name, "\"")));
-        if (versions >= 2) {
-          host_bytes = SaturatingAdd(
-              host_bytes,
-              VersionMetadataBytes(metadata->shards_metadata.size()));
-        }
         ASSIGN_OR_RETURN(
             held.emplace_back(),
             budget_->Reserve(host_bytes, absl::StrCat("LoadCheckpoint \"", name,
@@ -1384,13 +1378,11 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
         if (request.empty()) ZeroLocalShards(*one.tensor);
       } else {
         ASSIGN_OR_RETURN(const int64_t host_bytes,
-                         LocalHostBytes(latest.metadata()));
+                         LocalHostBytes(latest.metadata(), /*version=*/true));
         ASSIGN_OR_RETURN(
             one.held,
             budget_->Reserve(
-                SaturatingAdd(host_bytes,
-                              VersionMetadataBytes(
-                                  latest.metadata().shards_metadata.size())),
+                host_bytes,
                 absl::StrCat("BeginVersion of \"", one.name, "\" (version ",
                              number, ": its shards and metadata on rank ",
                              rank(), ")")));

@@ -167,9 +167,11 @@ class ControlOps {
   // group cannot resolve.
   absl::StatusOr<v1::TensorInfo> LayoutInfo(
       const std::string& name, const ShardedTensorMetadata& metadata) const;
-  // The bytes of `metadata`'s shards this daemon holds in host memory.
-  absl::StatusOr<int64_t> LocalHostBytes(
-      const ShardedTensorMetadata& metadata) const;
+  // The bytes of `metadata`'s shards this daemon holds in host memory;
+  // with `version` (a version of a versioned tensor), also the version's
+  // own copy of the metadata (VersionMetadataBytes), reserved with them.
+  absl::StatusOr<int64_t> LocalHostBytes(const ShardedTensorMetadata& metadata,
+                                         bool version) const;
   // Reserves the metadata of `metadata` on this daemon
   // (EntryMetadataBytes) for `what` ("CreateTensor \"x\""): the
   // budget's RESOURCE_EXHAUSTED when it does not fit.
