@@ -135,19 +135,16 @@ absl::StatusOr<v1::ListTensorsResponse> ListPaged(
         page == 1 ? std::string(what)
                   : absl::StrCat(what, " (page ", page, ", after ", after, ")"),
         /*logged=*/false, by));
-    for (const v1::TensorInfo& info : reply.tensors()) {
+    for (v1::TensorInfo& info : *reply.mutable_tensors()) {
       if (info.name() <= after && !after.empty()) {
         return absl::DataLossError(absl::StrCat(
             what, ": page ", page, " of the daemon's list holds tensor ",
             info.name(), ", which does not sort after ", after));
       }
-    }
-    const bool more = reply.more() && reply.tensors_size() > 0;
-    if (more) after = reply.tensors(reply.tensors_size() - 1).name();
-    for (v1::TensorInfo& info : *reply.mutable_tensors()) {
       all.add_tensors()->Swap(&info);
     }
-    if (!more) return all;
+    if (!reply.more() || reply.tensors_size() == 0) return all;
+    after = all.tensors(all.tensors_size() - 1).name();
     if (!names.empty()) {
       from = std::upper_bound(from, names.end(), after);
       // None left to ask for (an empty list would ask for every tensor).

@@ -248,7 +248,8 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> ReadPlan::Make(
       if (seen.insert(source.name).second) plan->names_.push_back(source.name);
     }
   }
-  RETURN_IF_ERROR(CheckOutsApart(plan->items_ = std::move(items)));
+  RETURN_IF_ERROR(CheckOutsApart(items));
+  plan->items_ = std::move(items);
   absl::MutexLock lock(&plan->mu_);
   RETURN_IF_ERROR(plan->Plan());
   return plan;
