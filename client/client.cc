@@ -467,12 +467,26 @@ absl::Status ShardedTensorView::ReadFromThisLayout(
   // than the newest seen are read again by that version's id, which every
   // owner serves once any daemon has published it (docs/versions.md).
   // Should the newest be freed meanwhile (K newer publishes), start over.
+  // Asked for as at least the newest this client saw (wire/version_id.h),
+  // so that the daemons still applying that publish serve it, not the one
+  // before; a daemon without it (restarted since) is asked for its latest.
   constexpr int kAttempts = 8;
   absl::Status status;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     std::fill(versions.begin(), versions.end(), int64_t{0});
-    RETURN_IF_ERROR(ReadPieces(offsets, destination, options, tensor_id(), all,
-                               &versions, &progress));
+    const int64_t seen = cluster_->SeenVersion(tensor_id());
+    absl::Status read;
+    if (seen >= 2) {
+      read =
+          ReadPieces(offsets, destination, options,
+                     AtLeastId(tensor_id(), seen), all, &versions, &progress);
+    }
+    if (seen < 2 || absl::IsNotFound(read)) {
+      std::fill(versions.begin(), versions.end(), int64_t{0});
+      read = ReadPieces(offsets, destination, options, tensor_id(), all,
+                        &versions, &progress);
+    }
+    RETURN_IF_ERROR(read);
     // Never older than what this client already read.
     const int64_t newest =
         std::max(*std::max_element(versions.begin(), versions.end()),
@@ -1136,8 +1150,13 @@ absl::StatusOr<std::unique_ptr<VersionWatcher>> Client::Watch(
   }
   std::shared_ptr<v1::ControlService::Stub> stub =
       v1::ControlService::NewStub(cluster_->coordinator().channel);
+  // What it yields is published: later reads return no older one.
+  auto saw = [cluster = cluster_, tensor_id = view.tensor_id()](int64_t n) {
+    cluster->SawVersion(tensor_id, n);
+  };
   return std::make_unique<VersionWatcher>(std::move(stub), cluster_, name,
-                                          after > 0 ? after : view.version());
+                                          after > 0 ? after : view.version(),
+                                          std::move(saw));
 }
 
 absl::Status Client::Delete(const std::string& name) {

@@ -395,22 +395,59 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
                                               absl::Time deadline) {
   ReadPlanRun run;
   const size_t tensors = views_.size();
+  // The latest of a versioned tensor is asked for as at least the newest
+  // this client saw (wire/version_id.h: a reader woken by a publish gets
+  // that version from the daemons still applying it, not the one before);
+  // of tensors numbered alike (one group), the newest seen of any.
+  int64_t seen_of_any = 0;
+  for (const ShardedTensorView& view : views_) {
+    if (aligned_ && view.versioned()) {
+      seen_of_any =
+          std::max(seen_of_any, cluster_->SeenVersion(view.tensor_id()));
+    }
+  }
   std::vector<std::string> ids(tensors);
+  bool hinted = false;
   for (size_t t = 0; t < tensors; ++t) {
     const ShardedTensorView& view = views_[t];
-    if (version > 0 && view.versioned()) {
+    const int64_t seen =
+        std::max(seen_of_any, cluster_->SeenVersion(view.tensor_id()));
+    if (!view.versioned()) {
+      ids[t] = view.tensor_id();
+    } else if (version > 0) {
       ids[t] = VersionId(view.tensor_id(), version);
+    } else if (seen >= 2) {
+      ids[t] = AtLeastId(view.tensor_id(), seen);
+      hinted = true;
     } else {
       ids[t] = view.tensor_id();
     }
   }
   std::vector<int64_t> versions(pieces_.size(), 0);
-  RETURN_IF_ERROR(Fetch(order_, ids, options, deadline, &versions, &run.bytes));
+  absl::Status first =
+      Fetch(order_, ids, options, deadline, &versions, &run.bytes);
+  if (absl::IsNotFound(first) && hinted) {
+    // A daemon without that version (restarted since, or older than the
+    // form): the latest as it is.
+    for (size_t t = 0; t < tensors; ++t) ids[t] = views_[t].tensor_id();
+    std::fill(versions.begin(), versions.end(), int64_t{0});
+    first = Fetch(order_, ids, options, deadline, &versions, &run.bytes);
+  }
+  RETURN_IF_ERROR(first);
   std::vector<int64_t> read(tensors, 0);
+  // What later reads through this client must not go below: the versions
+  // read, but of a given version only what some daemon served as published
+  // (a version asked for by number may not be).
+  std::vector<int64_t> saw(tensors, 0);
   const auto finish = [&]() -> absl::StatusOr<ReadPlanRun> {
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      const uint32_t t = pieces_[p].tensor;
+      saw[t] = std::max(saw[t], std::min(versions[p], read[t]));
+    }
     for (size_t t = 0; t < tensors; ++t) {
       if (!views_[t].versioned()) continue;
-      cluster_->SawVersion(views_[t].tensor_id(), read[t]);
+      cluster_->SawVersion(views_[t].tensor_id(),
+                           version > 0 ? saw[t] : read[t]);
       run.version = std::max(run.version, read[t]);
     }
     for (size_t t = 0; t < tensors; ++t) {
@@ -453,21 +490,23 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
       read = want;
       return finish();
     }
-    // A publish was being applied: the pieces of older versions again at
-    // the newest, which every holder serves once any has published it.
+    // A publish was being applied (or another came meanwhile): the pieces
+    // of older versions again, as at least the newest, which each holder
+    // serves once it has published it too. Only published versions: a
+    // tensor numbered alike by chance may hold that number open.
     std::vector<std::string> at(tensors);
     for (size_t t = 0; t < tensors; ++t) {
-      at[t] = VersionId(views_[t].tensor_id(), newest);
+      at[t] = AtLeastId(views_[t].tensor_id(), newest);
     }
     const absl::Status again =
         Fetch(which, at, options, deadline, &versions, &run.bytes);
-    if (again.ok()) {
+    if (!again.ok() && !absl::IsNotFound(again)) return again;
+    if (again.ok() && behind(want).empty()) {
       read = want;
       return finish();
     }
-    if (!absl::IsNotFound(again)) return again;
-    // Not every tensor has that version: they are numbered apart.
-    aligned_ = false;
+    // Not every tensor reached that version (numbered apart), or a newer
+    // one was published meanwhile: one point of the log instead.
   }
   // One point of the log: pin the latest of each, read again what is not
   // of the pinned versions, unpin.

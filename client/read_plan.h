@@ -24,12 +24,16 @@
 // Client::Pin gives): when their versions are numbered alike (a group
 // begun and published together, as tessera.torch.publish_state_dict
 // does), pieces that came from a version older than the newest seen (a
-// publish was being applied) are read again at the newest; otherwise (or
-// when that version is not there) the run pins the tensors (one logged
-// call), reads again the pieces that are not of the pinned versions, and
-// unpins. Run(version) reads that version of every versioned tensor of the
-// plan (NOT_FOUND once it is no longer kept). Unversioned tensors are read
-// as they are.
+// publish was being applied) are read again as at least the newest
+// (wire/version_id.h: AtLeastId); otherwise (or when not every tensor has
+// that version published) the run pins the tensors (one logged call),
+// reads again the pieces that are not of the pinned versions, and unpins.
+// Every run asks for at least the newest version this client read or
+// watched (of any of the tensors, when numbered alike), so that a reader
+// woken by a publish reads each piece once, not first from the daemons
+// still applying it. Run(version) reads that version of every versioned tensor
+// of the plan (NOT_FOUND once it is no longer kept). Unversioned tensors are
+// read as they are.
 //
 // Staleness: pieces are fetched by the tensor's id, which a reshard, a
 // delete or a re-create changes, so a run never reads through a stale

@@ -16,10 +16,12 @@ namespace tessera {
 VersionWatcher::VersionWatcher(std::shared_ptr<v1::ControlService::Stub> stub,
                                std::shared_ptr<const void> keepalive,
                                std::string name, int64_t after,
+                               std::function<void(int64_t)> on_next,
                                absl::Duration stream_lifetime)
     : stub_(std::move(stub)),
       keepalive_(std::move(keepalive)),
       name_(std::move(name)),
+      on_next_(std::move(on_next)),
       stream_lifetime_(stream_lifetime),
       last_(after) {
   thread_ = std::thread([this] { Loop(); });
@@ -45,17 +47,24 @@ VersionWatcher::~VersionWatcher() {
 absl::StatusOr<int64_t> VersionWatcher::Next(absl::Duration timeout) {
   RETURN_IF_ERROR(
       CheckNotForkedAfterGrpc(absl::StrCat("watching tensor ", name_)));
-  absl::MutexLock lock(&mu_);
-  const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !ready_.empty() || !ended_.ok();
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (!ready_.empty()) {
-    const int64_t number = ready_.front();
-    ready_.pop_front();
+  int64_t number = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !ready_.empty() || !ended_.ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (!ready_.empty()) {
+      number = ready_.front();
+      ready_.pop_front();
+    } else if (!ended_.ok()) {
+      return ended_;
+    }
+  }
+  if (number > 0) {
+    if (on_next_) on_next_(number);
     return number;
   }
-  if (!ended_.ok()) return ended_;
   return absl::DeadlineExceededError(
       absl::StrCat("watching tensor ", name_, ": no version published within ",
                    absl::FormatDuration(timeout)));

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -45,10 +46,13 @@ namespace tessera {
 class VersionWatcher {
  public:
   // Watches `name` through `stub` (kept alive by `keepalive`) from the
-  // versions after `after` (0: those published from now on).
+  // versions after `after` (0: those published from now on). `on_next`,
+  // when set, is called with each number Next returns, on Next's thread
+  // (the client records it: a later read returns that version or a newer
+  // one).
   VersionWatcher(std::shared_ptr<v1::ControlService::Stub> stub,
                  std::shared_ptr<const void> keepalive, std::string name,
-                 int64_t after,
+                 int64_t after, std::function<void(int64_t)> on_next = nullptr,
                  absl::Duration stream_lifetime = absl::Minutes(1));
   ~VersionWatcher();
   VersionWatcher(const VersionWatcher&) = delete;
@@ -63,6 +67,7 @@ class VersionWatcher {
   const std::shared_ptr<v1::ControlService::Stub> stub_;
   const std::shared_ptr<const void> keepalive_;
   const std::string name_;
+  const std::function<void(int64_t)> on_next_;
   const absl::Duration stream_lifetime_;
   absl::Mutex mu_;
   std::deque<int64_t> ready_ ABSL_GUARDED_BY(mu_);

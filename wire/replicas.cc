@@ -1,6 +1,7 @@
 #include "wire/replicas.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,10 @@ namespace tessera {
 std::string ReplicaTensorId(absl::string_view tensor_id) {
   if (const int64_t number = VersionNumber(tensor_id); number >= 1) {
     return VersionId(absl::StrCat(VersionBase(tensor_id), "/replicas"), number);
+  }
+  if (const std::optional<AtLeast> at_least = ParseAtLeast(tensor_id)) {
+    return AtLeastId(absl::StrCat(at_least->latest_id, "/replicas"),
+                     at_least->number);
   }
   return absl::StrCat(tensor_id, "/replicas");
 }

@@ -23,7 +23,8 @@ namespace tessera {
 // their number, so the two never meet. The copies of version n of a
 // versioned tensor (wire/version_id.h) are version n of its replicas' id
 // ("0/7@3" -> "0/7/replicas@3"), so that a daemon's registry maps the
-// replicas' id to their latest published version as it does the tensor's.
+// replicas' id to their latest published version as it does the tensor's;
+// a read of at least version n likewise ("0/7@>=3" -> "0/7/replicas@>=3").
 std::string ReplicaTensorId(absl::string_view tensor_id);
 
 // The R - 1 daemons that hold a copy of each shard besides its owner

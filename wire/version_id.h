@@ -8,6 +8,7 @@
 #define TESSERA_WIRE_VERSION_ID_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -28,6 +29,22 @@ absl::string_view VersionBase(absl::string_view id);
 // version 1 (the tensor as created) under the tensor's own id, later ones
 // under VersionId; 0 (an unversioned tensor) the tensor's own id.
 std::string RegistrationId(absl::string_view tensor_id, int64_t number);
+// "<tensor id>@>=<number>": what a read of a versioned tensor's latest
+// published version asks for once the reader knows `number` is published
+// (an earlier read returned it, or a watch reported it). A daemon serves
+// its latest once that is `number` or newer, waiting a moment for a
+// publish it has not yet applied (server/serve/shard_registry.h): a reader
+// woken by a publish does not read the version before it from the daemons
+// a moment behind, only to read those pieces again. Daemons that predate
+// the form answer NOT_FOUND.
+std::string AtLeastId(absl::string_view tensor_id, int64_t number);
+struct AtLeast {
+  // The id the latest version is read by.
+  std::string latest_id;
+  int64_t number = 0;
+};
+// The parts of an AtLeastId; nullopt for any other id.
+std::optional<AtLeast> ParseAtLeast(absl::string_view id);
 // Whether a tensor described as `info` is versioned (versions_kept >= 2;
 // 0 and 1 are an unversioned tensor, written in place).
 bool Versioned(const v1::TensorInfo& info);

@@ -112,10 +112,18 @@ absl::StatusOr<FetchView> PrepareFetchView(const ShardRegistry& registry,
                                            bool write, absl::Time deadline) {
   RETURN_IF_ERROR(ValidateRequest(request));
   FetchView found;
-  ShardRegistry::Resolved resolved = registry.Resolve(request.tensor_id());
+  ShardRegistry::Resolved resolved = registry.Resolve(
+      request.tensor_id(), write ? absl::InfinitePast() : deadline);
   found.tensor = std::move(resolved.tensor);
   found.writable = resolved.writable;
   if (found.tensor == nullptr) return UnknownTensorError(request.tensor_id());
+  if (resolved.behind && deadline == absl::InfinitePast() && !write) {
+    // Asked not to wait (as the gate is): say so, to be asked again with
+    // the time to wait.
+    return absl::UnavailableError(
+        absl::StrCat("tensor id ", request.tensor_id(),
+                     ": that version is not yet published on this rank"));
+  }
   RETURN_IF_ERROR(registry.CheckServe(request.tensor_id(), write, deadline));
   if (write) {
     ASSIGN_OR_RETURN(ShardRegistry::WritePass pass,

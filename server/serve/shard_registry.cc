@@ -1,10 +1,12 @@
 #include "server/serve/shard_registry.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace tessera {
@@ -258,9 +260,31 @@ std::shared_ptr<const RegisteredTensor> ShardRegistry::FindLocked(
   return r == retired_.end() ? nullptr : r->second.tensor;
 }
 
-ShardRegistry::Resolved ShardRegistry::Resolve(absl::string_view id) const {
-  Resolved resolved;
+ShardRegistry::Resolved ShardRegistry::Resolve(absl::string_view id,
+                                               absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
+  const std::optional<AtLeast> at_least = ParseAtLeast(id);
+  if (!at_least.has_value()) return ResolveLocked(id);
+  // The latest once it is that version or newer: a publish some daemon has
+  // applied reaches this one within moments. Only published versions are
+  // served (the version's own registration may still be open here, for
+  // all this daemon knows).
+  const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = versions_.find(at_least->latest_id);
+    return it == versions_.end() || it->second.latest >= at_least->number;
+  };
+  const absl::Time until = std::min(deadline, absl::Now() + kAtLeastWait);
+  const bool caught_up =
+      reached() || (until > absl::Now() &&
+                    mu_.AwaitWithDeadline(absl::Condition(&reached), until));
+  Resolved latest = ResolveLocked(at_least->latest_id);
+  latest.behind = !caught_up;
+  return latest;
+}
+
+ShardRegistry::Resolved ShardRegistry::ResolveLocked(
+    absl::string_view id) const {
+  Resolved resolved;
   if (!versions_.empty()) {
     // The tensor's own id: its latest version.
     if (auto it = versions_.find(id); it != versions_.end()) {

@@ -81,7 +81,12 @@ class ShardRegistry {
     int64_t version = 0;
     // False for a published version and for a versioned tensor's own id.
     bool writable = true;
+    // An AtLeastId whose version this daemon had not published by the
+    // deadline: `tensor` is the latest it has, older.
+    bool behind = false;
   };
+  // How long Resolve waits at most for a version an AtLeastId asks for.
+  static constexpr absl::Duration kAtLeastWait = absl::Seconds(1);
 
   // ALREADY_EXISTS when `tensor_id` is registered; INVALID_ARGUMENT when a
   // local shard's index is out of range or repeated, or its tensor does not
@@ -102,8 +107,12 @@ class ShardRegistry {
       absl::string_view tensor_id) const;
   // What a fetch or a write of `id` reaches: a versioned tensor's id
   // resolves to its latest published version, VersionId(id, n) to version
-  // n while it is kept, any other id as Find does.
-  Resolved Resolve(absl::string_view id) const;
+  // n while it is kept, any other id as Find does. AtLeastId(id, n): the
+  // latest once it is n or newer, waiting for that publish until
+  // `deadline` (at most kAtLeastWait; InfinitePast: not at all), else the
+  // older latest, `behind`.
+  Resolved Resolve(absl::string_view id,
+                   absl::Time deadline = absl::InfinitePast()) const;
   // Version `number` of versioned tensor `tensor_id`, registered under
   // `registration_id`, is published: read-only from now on, and the latest
   // unless a higher number was published before.
@@ -182,6 +191,9 @@ class ShardRegistry {
   Holdings Held() const;
 
  private:
+  // Resolve of any id but an AtLeastId, under the lock.
+  Resolved ResolveLocked(absl::string_view id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The registration of `id`, live or retired (Find, under the lock).
   std::shared_ptr<const RegisteredTensor> FindLocked(absl::string_view id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -67,6 +67,17 @@ TEST(HoldersOfTest, OwnerThenReplicas) {
   EXPECT_EQ(ReplicaTensorId(VersionId("0/7", 3)), "0/7/replicas@3");
   EXPECT_EQ(VersionNumber(ReplicaTensorId("0/7@3")), 3);
   EXPECT_EQ(VersionBase(ReplicaTensorId("0/7@3")), ReplicaTensorId("0/7"));
+  // A read of at least version 3 of the copies.
+  EXPECT_EQ(ReplicaTensorId(AtLeastId("0/7", 3)), "0/7/replicas@>=3");
+  EXPECT_EQ(VersionNumber(AtLeastId("0/7", 3)), 0);
+  ASSERT_TRUE(ParseAtLeast("0/7/replicas@>=3").has_value());
+  EXPECT_EQ(ParseAtLeast("0/7/replicas@>=3")->latest_id, "0/7/replicas");
+  EXPECT_EQ(ParseAtLeast("0/7/replicas@>=3")->number, 3);
+  EXPECT_EQ(ParseAtLeast("0/7@>=12")->number, 12);
+  for (const char* other : {"0/7", "0/7@3", "0/7@>=", "0/7@>=0", "0/7@>=-1",
+                            "0/7@>=3/replicas", "0/7@>=99999999999999999999"}) {
+    EXPECT_FALSE(ParseAtLeast(other).has_value()) << other;
+  }
   // Where a version's shards are registered: version 1 (and an
   // unversioned tensor, 0) under the tensor's own id.
   EXPECT_EQ(RegistrationId("0/7", 0), "0/7");

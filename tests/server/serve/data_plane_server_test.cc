@@ -1208,6 +1208,67 @@ TEST_F(DataPlaneServerTest, LanesReadOneVersionWhilePublishesGoOn) {
   EXPECT_GT(read, 20);
 }
 
+TEST_F(DataPlaneServerTest, AtLeastReadsWaitForThePublishTheReaderKnows) {
+  // A reader that saw version 2 published asks for at least 2: this daemon,
+  // which holds version 2 but has not yet applied its publish, serves it
+  // once it has (not version 1, which the reader would only read again),
+  // never before; when the publish does not come, its latest after a
+  // moment.
+  constexpr int64_t kRows = 2;
+  ASSERT_OK(registry_->Register(
+      "v", testing::AsLocalShard(lanes_test::Rows(kRows, 1), 1, 3)));
+  registry_->PublishVersion("v", 1, "v");
+  ASSERT_OK(registry_->Register(
+      VersionId("v", 2),
+      testing::AsLocalShard(lanes_test::Rows(kRows, 2), 1, 3)));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor destination,
+      Tensor::Zeros({kRows, int64_t{1} << 18}, TensorOptions()));
+  const auto read = [&](const std::string& id) -> absl::StatusOr<int64_t> {
+    FetchOptions options = Chunked(0);
+    int64_t version = -1;
+    options.served_version = &version;
+    RETURN_IF_ERROR(client_->FetchRegionInto(id, 1, {0, 0}, destination,
+                                             std::move(options)));
+    const float* values = destination.data<float>();
+    if (values[0] != static_cast<float>(version) ||
+        values[destination.numel() - 1] != static_cast<float>(version)) {
+      return absl::InternalError(
+          absl::StrCat("version ", version, " holds ", values[0]));
+    }
+    return version;
+  };
+  EXPECT_THAT(read("v"), IsOkAndHolds(1));
+  EXPECT_THAT(read(AtLeastId("v", 1)), IsOkAndHolds(1));
+  // Version 2 open here: not served until published.
+  ShardRegistry::Resolved now =
+      registry_->Resolve(AtLeastId("v", 2), absl::InfinitePast());
+  EXPECT_TRUE(now.behind);
+  EXPECT_EQ(now.version, 1);
+  EXPECT_FALSE(now.writable);
+  std::thread publisher([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    registry_->PublishVersion("v", 2, VersionId("v", 2));
+  });
+  EXPECT_THAT(read(AtLeastId("v", 2)), IsOkAndHolds(2));
+  publisher.join();
+  EXPECT_FALSE(registry_->Resolve(AtLeastId("v", 2)).behind);
+  // One that does not come: the latest, after a moment.
+  EXPECT_THAT(read(AtLeastId("v", 4)), IsOkAndHolds(2));
+  // Ids that only look alike name nothing.
+  for (const std::string id : {std::string("v@>="), std::string("v@>=x"),
+                               std::string("v@>=-2"), std::string("v@>=2x")}) {
+    SCOPED_TRACE(id);
+    EXPECT_THAT(read(id), StatusIs(absl::StatusCode::kNotFound, _));
+  }
+  ASSERT_OK(registry_->Register(
+      VersionId("v", 3),
+      testing::AsLocalShard(lanes_test::Rows(kRows, 3), 1, 3)));
+  registry_->PublishVersion("v", 3, VersionId("v", 3));
+  EXPECT_THAT(read(AtLeastId("v", 2)), IsOkAndHolds(3));
+  EXPECT_OK(ServesGoodClient());
+}
+
 TEST_F(DataPlaneWriteTest, LargeWritesAreStripedAcrossLanes) {
   const Tensor shard = Serve("big", lanes_test::Rows(40, 0));
   const Tensor data = Filled({33, int64_t{1} << 18}, DType::kFloat32, 6);

@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "server/serve/shard_registry.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/version_id.h"
 #include "xxhash.h"
 
 namespace tessera {
@@ -578,6 +579,31 @@ TEST_F(ShardServiceTest, UnknownTensorIsNotFound) {
   EXPECT_THAT(
       client_->FetchShard("nope", 0),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown tensor nope")));
+}
+
+TEST_F(ShardServiceTest, AtLeastFetchesWaitOffTheCallbackThreads) {
+  // A fetch of at least version 2 from a daemon that has not yet applied
+  // that publish waits for it (on a thread of its own call, as a gated
+  // fetch does) and gets version 2, never the open registration before.
+  ASSERT_OK_AND_ASSIGN(const Tensor one, Tensor::Full({4, 8}, 1.0));
+  ASSERT_OK_AND_ASSIGN(const Tensor two, Tensor::Full({4, 8}, 2.0));
+  Serve("v", one);
+  registry_->PublishVersion("v", 1, "v");
+  Serve(VersionId("v", 2), two);
+  std::thread publisher([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    registry_->PublishVersion("v", 2, VersionId("v", 2));
+  });
+  ASSERT_OK_AND_ASSIGN(Tensor out, Tensor::Zeros({4, 8}, TensorOptions()));
+  FetchOptions options;
+  int64_t version = -1;
+  options.served_version = &version;
+  ASSERT_OK(
+      client_->FetchRegionInto(AtLeastId("v", 2), 1, {0, 0}, out, options));
+  publisher.join();
+  EXPECT_EQ(version, 2);
+  EXPECT_TRUE(Equal(out, two));
+  EXPECT_TRUE(AllFetchesDone());
 }
 
 TEST_F(ShardServiceTest, ShardNotOwnedIsNotFound) {
