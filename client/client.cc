@@ -297,7 +297,8 @@ std::vector<RemoteShard> ShardedTensorView::remote_shards() const {
       client = (*connection)->shards;
     }
     shards.emplace_back(std::move(worker), DataId(), static_cast<int64_t>(i),
-                        metadata_.shards_metadata[i], std::move(client));
+                        metadata_.shards_metadata[i], std::move(client),
+                        open_version_ ? 0 : at_version_);
   }
   return shards;
 }
@@ -454,9 +455,30 @@ absl::Status ShardedTensorView::ReadFromThisLayout(
   if (!versioned() || at_version_ > 0) {
     // One id for every piece: an unversioned tensor, a pinned version or
     // an open one.
+    std::fill(versions.begin(), versions.end(), int64_t{-1});
     absl::Status read = ReadPieces(offsets, destination, options, DataId(), all,
                                    &versions, &progress);
     RETURN_IF_ERROR(read);
+    if (at_version_ > 0 && !open_version_) {
+      // The pieces read (versions[shard] >= 0) whose holder served the
+      // version unpublished.
+      const auto unpublished = [&](size_t shard) {
+        return versions[shard] >= 0 && versions[shard] != at_version_;
+      };
+      RETURN_IF_ERROR(AwaitPublished(
+          absl::Now() + options.timeout,
+          absl::StrCat("reading tensor ", name()), at_version_,
+          [&] {
+            for (size_t shard = 0; shard < shards; ++shard) {
+              if (unpublished(shard)) return true;
+            }
+            return false;
+          },
+          [&] {
+            return ReadPieces(offsets, destination, options, DataId(),
+                              unpublished, &versions, &progress);
+          }));
+    }
     if (options.version != nullptr)
       *options.version = open_version_ ? 0 : at_version_;
     progress.Finish();

@@ -392,7 +392,8 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
 
 absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
                                               int64_t version,
-                                              absl::Time deadline) {
+                                              absl::Time deadline,
+                                              bool* final) {
   ReadPlanRun run;
   const size_t tensors = views_.size();
   // The latest of a versioned tensor is asked for as at least the newest
@@ -435,19 +436,10 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
   }
   RETURN_IF_ERROR(first);
   std::vector<int64_t> read(tensors, 0);
-  // What later reads through this client must not go below: the versions
-  // read, but of a given version only what some daemon served as published
-  // (a version asked for by number may not be).
-  std::vector<int64_t> saw(tensors, 0);
   const auto finish = [&]() -> absl::StatusOr<ReadPlanRun> {
-    for (size_t p = 0; p < pieces_.size(); ++p) {
-      const uint32_t t = pieces_[p].tensor;
-      saw[t] = std::max(saw[t], std::min(versions[p], read[t]));
-    }
     for (size_t t = 0; t < tensors; ++t) {
       if (!views_[t].versioned()) continue;
-      cluster_->SawVersion(views_[t].tensor_id(),
-                           version > 0 ? saw[t] : read[t]);
+      cluster_->SawVersion(views_[t].tensor_id(), read[t]);
       run.version = std::max(run.version, read[t]);
     }
     for (size_t t = 0; t < tensors; ++t) {
@@ -456,6 +448,33 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
     return run;
   };
   if (version > 0) {
+    // Published versions only: a holder serves a version by its id while
+    // it is open there (its writers' bytes) or while its publish is still
+    // being applied there; the latter passes in moments.
+    const auto unpublished = [&]() {
+      std::vector<size_t> which;
+      for (size_t p = 0; p < pieces_.size(); ++p) {
+        if (views_[pieces_[p].tensor].versioned() && versions[p] != version) {
+          which.push_back(p);
+        }
+      }
+      return which;
+    };
+    std::vector<size_t> which = unpublished();
+    absl::Status fetched;
+    const absl::Status published = AwaitPublished(
+        deadline,
+        absl::StrCat(
+            "running a read plan: tensor ",
+            which.empty() ? "" : views_[pieces_[which[0]].tensor].name()),
+        version, [&] { return !(which = unpublished()).empty(); },
+        [&] {
+          fetched = Fetch(which, ids, options, deadline, &versions, &run.bytes);
+          return fetched;
+        });
+    // Refused as unpublished (not a fetch's error): no new plan helps.
+    if (!published.ok() && fetched.ok()) *final = true;
+    RETURN_IF_ERROR(published);
     for (size_t t = 0; t < tensors; ++t) {
       if (views_[t].versioned()) read[t] = version;
     }
@@ -573,13 +592,15 @@ absl::StatusOr<ReadPlanRun> ReadPlan::Run(const TransferOptions& options,
       RETURN_IF_ERROR(Plan());
       replanned = attempt > 0 || plans_ > 1;
     }
-    absl::StatusOr<ReadPlanRun> run = RunOnce(options, version, deadline);
+    bool final = false;
+    absl::StatusOr<ReadPlanRun> run =
+        RunOnce(options, version, deadline, &final);
     if (run.ok()) {
       run->replanned = replanned;
       return run;
     }
     status = run.status();
-    if (!Retryable(status) ||
+    if (final || !Retryable(status) ||
         (options.cancel != nullptr && options.cancel->cancelled())) {
       return status;
     }

@@ -214,9 +214,11 @@ class ReadPlan {
   ReadPlan() = default;
   // Opens the tensors and cuts the pieces again.
   absl::Status Plan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One attempt of Run on the current plan.
+  // One attempt of Run on the current plan. Sets *final when its error is
+  // one no new plan changes (a version asked for that is not published).
   absl::StatusOr<ReadPlanRun> RunOnce(const TransferOptions& options,
-                                      int64_t version, absl::Time deadline)
+                                      int64_t version, absl::Time deadline,
+                                      bool* final)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fetches pieces `which` of tensor ids `ids` (by tensor), into
   // versions[piece] the version each was.

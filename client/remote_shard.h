@@ -33,8 +33,11 @@ struct WorkerInfo {
 
 class RemoteShard {
  public:
+  // `published`: the version `tensor_id` names (a VersionId) must be a
+  // published one (a view at a version; not a writer's open version).
   RemoteShard(WorkerInfo owner, std::string tensor_id, int64_t shard_index,
-              ShardMetadata metadata, std::shared_ptr<ShardClient> client);
+              ShardMetadata metadata, std::shared_ptr<ShardClient> client,
+              int64_t published = 0);
 
   const WorkerInfo& owner() const { return owner_; }
   const ShardMetadata& metadata() const { return metadata_; }
@@ -42,7 +45,9 @@ class RemoteShard {
   int64_t shard_index() const { return shard_index_; }
 
   // Fetches the shard (tensor + metadata) from its owner. Errors as
-  // ShardClient::FetchShard; NOT_FOUND once the owner freed the tensor.
+  // ShardClient::FetchShard; NOT_FOUND once the owner freed the tensor;
+  // FAILED_PRECONDITION for a version that the owner has not published
+  // within a second (it is open there, or aborted).
   absl::StatusOr<Shard> to_here(const FetchOptions& options = {}) const;
 
  private:
@@ -51,6 +56,7 @@ class RemoteShard {
   int64_t shard_index_;
   ShardMetadata metadata_;
   std::shared_ptr<ShardClient> client_;
+  int64_t published_ = 0;
 };
 
 }  // namespace tessera

@@ -136,6 +136,26 @@ std::shared_ptr<grpc::Channel> NewShardChannel(const std::string& address) {
   return CreateTesseraChannel(address, args);
 }
 
+absl::Status AwaitPublished(absl::Time deadline, absl::string_view what,
+                            int64_t number,
+                            const std::function<bool()>& unpublished,
+                            const std::function<absl::Status()>& again) {
+  const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(1));
+  absl::Duration pause = absl::Milliseconds(2);
+  while (unpublished()) {
+    if (absl::Now() + pause > until) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": version ", number,
+          " is not published (still open, or aborted); a read by number "
+          "reads published versions only"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(100));
+    RETURN_IF_ERROR(again());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
                                 const std::string& method,
                                 const google::protobuf::MessageLite& request,
@@ -338,6 +358,9 @@ absl::StatusOr<Shard> ShardClient::FetchShard(
                            options.pin_memory);
   RETURN_IF_ERROR(Fetch(FetchRequest(tensor_id, shard_index, options), options,
                         &assembler));
+  if (options.served_version != nullptr) {
+    *options.served_version = assembler.version();
+  }
   return Shard{assembler.destination(), *assembler.metadata()};
 }
 
@@ -355,7 +378,8 @@ absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
     const std::vector<int64_t> origin(destination.dim(), 0);
     std::optional<ShardMetadata> metadata;
     RETURN_IF_ERROR(FetchStriped(tensor_id, shard_index, origin, destination,
-                                 options, lanes, nullptr, &metadata));
+                                 options, lanes, options.served_version,
+                                 &metadata));
     if (metadata.has_value() &&
         metadata->shard_sizes() != destination.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -367,8 +391,12 @@ absl::Status ShardClient::FetchShardInto(absl::string_view tensor_id,
     return absl::OkStatus();
   }
   ShardAssembler assembler(tensor_id, shard_index, destination);
-  return Fetch(FetchRequest(tensor_id, shard_index, options), options,
-               &assembler);
+  RETURN_IF_ERROR(Fetch(FetchRequest(tensor_id, shard_index, options), options,
+                        &assembler));
+  if (options.served_version != nullptr) {
+    *options.served_version = assembler.version();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardClient::FetchRegionInto(
@@ -467,7 +495,11 @@ absl::Status ShardClient::FetchStriped(
     // A version was published while the lanes read: the parts that got an
     // older one are read again at the newest (a kept version is served
     // until it falls out of the kept window; then this fails NOT_FOUND).
-    const std::string id = VersionId(tensor_id, newest);
+    const std::optional<AtLeast> at_least = ParseAtLeast(tensor_id);
+    const std::string id =
+        VersionId(at_least.has_value() ? absl::string_view(at_least->latest_id)
+                                       : tensor_id,
+                  newest);
     RETURN_IF_ERROR(
         RunLanes(lagging.size(), options.cancel,
                  [&](size_t k, const std::shared_ptr<Cancellation>& cancel) {

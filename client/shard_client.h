@@ -300,6 +300,19 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
                                 ShardAssembler* assembler,
                                 const std::string& request_id = "");
 
+// Reads by a version's number return published versions only: a holder
+// serves a version open there under the same id (its writers read it),
+// and one whose publish it is still applying (for a moment). While
+// `unpublished()` holds, waits a growing pause (2 ms to 100 ms) and calls
+// `again` (which reads those pieces again), for a second at most and not
+// past `deadline`: OK once it no longer holds, again's error, or
+// FAILED_PRECONDITION "<what>: version <number> is not published (still
+// open, or aborted) ...".
+absl::Status AwaitPublished(absl::Time deadline, absl::string_view what,
+                            int64_t number,
+                            const std::function<bool()>& unpublished,
+                            const std::function<absl::Status()>& again);
+
 }  // namespace tessera
 
 #endif  // TESSERA_CLIENT_SHARD_CLIENT_H_

@@ -109,6 +109,33 @@ def test_a_writer_process_joins_by_id(daemons, client, rows4):
     assert (got[0:4] == 5).all() and (got[4:8] == 6).all()
 
 
+def test_a_version_still_open_is_read_by_its_writer_only(client, rows4):
+    """Daemons hold an open version under its number's id; a read by that
+    number (a view at it, a plan run at it, a shard of it) reads published
+    versions only, never a writer's bytes, half written or not."""
+    w = client.create("vo", (8, 4), rows4, init="zeros", versions=2)
+    plan_out = np.zeros((8, 4), np.float32)
+    plan = client.plan_reads([("vo", (0, 0), (8, 4), plan_out)])
+    v = w.begin()
+    v.write((0, 0), np.full((8, 4), 9, np.float32))
+    assert v.number == 2
+    assert (v.read() == 9).all()  # the writer reads its own
+    not_published = "not published|has not published"
+    with pytest.raises(tessera.FailedPreconditionError, match=not_published):
+        w.read(version=2)
+    with pytest.raises(tessera.FailedPreconditionError, match=not_published):
+        w.at(2).read()
+    with pytest.raises(tessera.FailedPreconditionError, match=not_published):
+        plan.run(version=2)
+    with pytest.raises(tessera.FailedPreconditionError, match=not_published):
+        w.at(2).remote_shards()[1].to_here()
+    assert plan.run() == 1 and (plan_out == 0).all()
+    assert v.publish() == 2
+    assert (w.read(version=2) == 9).all()
+    assert plan.run(version=2) == 2 and (plan_out == 9).all()
+    assert (w.at(2).remote_shards()[1].to_here()[2] == 9).all()
+
+
 def test_refusals(client, rows4):
     plain = client.create("plain", (8, 4), rows4)
     with pytest.raises(tessera.FailedPreconditionError, match="no versions"):

@@ -603,6 +603,15 @@ TEST_F(ShardServiceTest, AtLeastFetchesWaitOffTheCallbackThreads) {
   publisher.join();
   EXPECT_EQ(version, 2);
   EXPECT_TRUE(Equal(out, two));
+  // Whole shards report the version served too.
+  int64_t whole = -1;
+  options.served_version = &whole;
+  ASSERT_OK(client_->FetchShardInto(AtLeastId("v", 2), 1, out, options));
+  EXPECT_EQ(whole, 2);
+  whole = -1;
+  ASSERT_OK_AND_ASSIGN(const Shard shard, client_->FetchShard("v", 1, options));
+  EXPECT_EQ(whole, 2);
+  EXPECT_TRUE(Equal(shard.tensor, two));
   EXPECT_TRUE(AllFetchesDone());
 }
 
