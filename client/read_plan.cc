@@ -400,25 +400,24 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
   // this client saw (wire/version_id.h: a reader woken by a publish gets
   // that version from the daemons still applying it, not the one before);
   // of tensors numbered alike (one group), the newest seen of any.
+  std::vector<int64_t> seen(tensors, 0);
   int64_t seen_of_any = 0;
-  for (const ShardedTensorView& view : views_) {
-    if (aligned_ && view.versioned()) {
-      seen_of_any =
-          std::max(seen_of_any, cluster_->SeenVersion(view.tensor_id()));
-    }
+  for (size_t t = 0; t < tensors; ++t) {
+    if (!views_[t].versioned()) continue;
+    seen[t] = cluster_->SeenVersion(views_[t].tensor_id());
+    if (aligned_) seen_of_any = std::max(seen_of_any, seen[t]);
   }
   std::vector<std::string> ids(tensors);
   bool hinted = false;
   for (size_t t = 0; t < tensors; ++t) {
     const ShardedTensorView& view = views_[t];
-    const int64_t seen =
-        std::max(seen_of_any, cluster_->SeenVersion(view.tensor_id()));
+    const int64_t at_least = std::max(seen_of_any, seen[t]);
     if (!view.versioned()) {
       ids[t] = view.tensor_id();
     } else if (version > 0) {
       ids[t] = VersionId(view.tensor_id(), version);
-    } else if (seen >= 2) {
-      ids[t] = AtLeastId(view.tensor_id(), seen);
+    } else if (at_least >= 2) {
+      ids[t] = AtLeastId(view.tensor_id(), at_least);
       hinted = true;
     } else {
       ids[t] = view.tensor_id();
@@ -447,19 +446,21 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
     }
     return run;
   };
+  // The pieces of versioned tensors not read at want[their tensor].
+  const auto behind = [&](const std::vector<int64_t>& want) {
+    std::vector<size_t> which;
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      const uint32_t t = pieces_[p].tensor;
+      if (views_[t].versioned() && versions[p] != want[t]) which.push_back(p);
+    }
+    return which;
+  };
   if (version > 0) {
     // Published versions only: a holder serves a version by its id while
     // it is open there (its writers' bytes) or while its publish is still
     // being applied there; the latter passes in moments.
-    const auto unpublished = [&]() {
-      std::vector<size_t> which;
-      for (size_t p = 0; p < pieces_.size(); ++p) {
-        if (views_[pieces_[p].tensor].versioned() && versions[p] != version) {
-          which.push_back(p);
-        }
-      }
-      return which;
-    };
+    const std::vector<int64_t> asked(tensors, version);
+    const auto unpublished = [&]() { return behind(asked); };
     std::vector<size_t> which = unpublished();
     absl::Status fetched;
     const absl::Status published = AwaitPublished(
@@ -494,14 +495,6 @@ absl::StatusOr<ReadPlanRun> ReadPlan::RunOnce(const TransferOptions& options,
       newest = std::max(newest, versions[p]);
     }
   }
-  const auto behind = [&](const std::vector<int64_t>& want) {
-    std::vector<size_t> which;
-    for (size_t p = 0; p < pieces_.size(); ++p) {
-      const uint32_t t = pieces_[p].tensor;
-      if (views_[t].versioned() && versions[p] != want[t]) which.push_back(p);
-    }
-    return which;
-  };
   std::vector<int64_t> want(tensors, newest);
   if (aligned_) {
     std::vector<size_t> which = behind(want);

@@ -262,8 +262,8 @@ std::shared_ptr<const RegisteredTensor> ShardRegistry::FindLocked(
 
 ShardRegistry::Resolved ShardRegistry::Resolve(absl::string_view id,
                                                absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
   const std::optional<AtLeast> at_least = ParseAtLeast(id);
+  absl::MutexLock lock(&mu_);
   if (!at_least.has_value()) return ResolveLocked(id);
   // The latest once it is that version or newer: a publish some daemon has
   // applied reaches this one within moments. Only published versions are
