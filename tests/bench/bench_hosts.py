@@ -1,18 +1,27 @@
 """Shared by the Python benchmarks that run daemons as real processes:
 network-namespace hosts (one veth pair), daemons started on a host, and
-iperf3 between two hosts (the limit a wire benchmark is compared with).
+the limits a wire benchmark is compared with: iperf3 between two hosts,
+and plain sockets moving the same bytes between the same kinds of memory
+(same_memory_tcp).
 
 Needs root and iproute2 for the hosts, iperf3 for iperf3().
+
+    python3 bench_hosts.py tcp ...   (a role of same_memory_tcp)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import mmap
 import os
 import shutil
 import socket
+import statistics
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -131,3 +140,134 @@ def iperf3(address: str, streams: int = 1, reverse: bool = False,
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+# The bytes of one send or receive call of same_memory_tcp (iperf3 -l 1M).
+_PIECE_BYTES = 1 << 20
+
+
+def same_memory_tcp(address: str, mib: int, streams: int = 1,
+                    reverse: bool = False, reps: int = 5,
+                    server_prefix: Optional[list] = None,
+                    client_prefix: Optional[list] = None) -> float:
+    """GB/s (median of `reps`) of plain TCP moving `mib` MiB from a memory
+    file (as a daemon's shard is held) into a touched buffer of the same
+    size (as a reader's `out`), cut into `streams` connections, between a
+    listener on `address` (under server_prefix) and a client (under
+    client_prefix); with `reverse` the listener sends, as a daemon does to
+    a reader. The ceiling of a transfer of those bytes over those sockets:
+    unlike iperf3, whose 1 MiB buffers stay in the cache, every byte here
+    is read from and written to memory, as Tessera's are."""
+    port = str(free_port())
+    common = ["--mib", str(mib), "--streams", str(streams),
+              "--reps", str(reps), "--port", port, "--address", address]
+    me = [sys.executable, os.path.abspath(__file__), "tcp"]
+    listener = subprocess.Popen(
+        (server_prefix or []) + me + common +
+        ["--listen", "--send" if reverse else "--recv"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if listener.stdout.readline().strip() != "listening":
+            raise RuntimeError("same_memory_tcp: the listener failed: " +
+                               listener.stderr.read())
+        client = subprocess.run(
+            (client_prefix or []) + me + common +
+            ["--recv" if reverse else "--send"],
+            capture_output=True, text=True, timeout=600)
+        if client.returncode != 0:
+            raise RuntimeError(f"same_memory_tcp: {client.stderr}")
+        out, err = listener.communicate(timeout=600)
+        if listener.returncode != 0:
+            raise RuntimeError(f"same_memory_tcp: {err}")
+        lines = (client.stdout if reverse else out).strip().splitlines()
+        return json.loads(lines[-1])["gbs"]
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+
+
+def _tcp_role(argv: list) -> None:
+    """One end of same_memory_tcp: connects `streams` sockets (or accepts
+    them), then per rep the receiver asks every stream for its part and
+    times until every byte landed; it prints {"gbs": median}."""
+    import numpy
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, required=True)
+    parser.add_argument("--streams", type=int, required=True)
+    parser.add_argument("--reps", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--listen", action="store_true")
+    side = parser.add_mutually_exclusive_group(required=True)
+    side.add_argument("--send", action="store_true")
+    side.add_argument("--recv", action="store_true")
+    args = parser.parse_args(argv)
+    size = args.mib << 20
+    if args.send:
+        fd = os.memfd_create("same_memory_tcp")
+        os.ftruncate(fd, size)
+        buffer = mmap.mmap(fd, size)
+        os.close(fd)
+        buffer.write(b"\x01" * size)
+    else:
+        buffer = numpy.ones(size, dtype=numpy.uint8)
+    view = memoryview(buffer)
+    parts = [(k * size // args.streams, (k + 1) * size // args.streams)
+             for k in range(args.streams)]
+    sockets = [None] * args.streams
+    if args.listen:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((args.address, args.port))
+        server.listen(args.streams)
+        print("listening", flush=True)
+        for _ in range(args.streams):
+            connection, _ = server.accept()
+            sockets[connection.recv(1)[0]] = connection
+        server.close()
+    else:
+        for k in range(args.streams):
+            sockets[k] = socket.create_connection((args.address, args.port))
+            sockets[k].sendall(bytes([k]))
+
+    def send(k: int) -> None:
+        begin, end = parts[k]
+        if sockets[k].recv(1) != b"g":
+            raise SystemExit("same_memory_tcp: the receiver went away")
+        for piece in range(begin, end, _PIECE_BYTES):
+            sockets[k].sendall(view[piece:min(piece + _PIECE_BYTES, end)])
+
+    def receive(k: int) -> None:
+        begin, end = parts[k]
+        while begin < end:
+            got = sockets[k].recv_into(view[begin:min(begin + _PIECE_BYTES, end)])
+            if got == 0:
+                raise SystemExit("same_memory_tcp: the sender went away")
+            begin += got
+
+    seconds = []
+    for rep in range(-1, args.reps):  # rep -1 warms up
+        start = time.perf_counter()
+        if args.recv:
+            for s in sockets:
+                s.sendall(b"g")
+        threads = [threading.Thread(target=send if args.send else receive,
+                                    args=(k,)) for k in range(args.streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if rep >= 0:
+            seconds.append(time.perf_counter() - start)
+    for s in sockets:
+        s.close()
+    if args.recv:
+        print(json.dumps({"gbs": size / statistics.median(seconds) / 1e9}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "tcp":
+        _tcp_role(sys.argv[2:])
+    else:
+        raise SystemExit(__doc__)

@@ -15,7 +15,12 @@ iperf3 between the same two ends on the same run.
 Each Tessera row is the median of --reps transfers of a --mib MiB float32
 tensor held whole by the daemon, into (or from) one preallocated buffer;
 each ratio is against the limit measured in the same run, named in the
-row. Prints one JSON object per line.
+row. Each row also has `same_memory_ratio`: against plain TCP moving the
+same --mib MiB from a memory file into a touched buffer over as many
+connections as the row's lanes (1 for gRPC) between the same two ends
+(bench_hosts.same_memory_tcp, rows "tcp_same_memory"): iperf3's 1 MiB
+buffers stay in the cache, a transfer's bytes are read from and written to
+memory. Prints one JSON object per line.
 
     python3 tests/bench/wire_bench.py --build BUILD_DIR [--hosts] [--quick]
 """
@@ -32,7 +37,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_hosts import Daemons, NetnsPair, iperf3  # noqa: E402
+from bench_hosts import (Daemons, NetnsPair, iperf3,  # noqa: E402
+                         same_memory_tcp)
 
 COLUMNS = 1024
 
@@ -119,20 +125,44 @@ def print_limits(where: str, limits: dict) -> None:
                           "streams": streams, "gbs": round(gbs, 3)}))
 
 
+def measure_same_memory(args, where: str, address: str, streams: list,
+                        server_prefix: list = None,
+                        client_prefix: list = None) -> dict:
+    """same_memory_tcp per direction and stream count, printed; reads: the
+    daemon's side (the listener) sends."""
+    same = {}
+    for n in sorted(set(streams)):
+        for op, reverse in (("read", True), ("write", False)):
+            same[(op, n)] = same_memory_tcp(
+                address, args.mib, streams=n, reverse=reverse,
+                reps=args.reps, server_prefix=server_prefix,
+                client_prefix=client_prefix)
+            print(json.dumps({"bench": "tcp_same_memory", "where": where,
+                              "direction": op, "streams": n,
+                              "mib": args.mib,
+                              "gbs": round(same[(op, n)], 3)}))
+    return same
+
+
 def report(where: str, transport: str, measured: list, limits: dict,
-           mib: int) -> None:
+           same: dict, mib: int) -> None:
     """Prints each Tessera row with its ratio against the best limit of its
-    direction (reads: the daemon's side sends)."""
+    direction (reads: the daemon's side sends), and against plain TCP over
+    the same memory with as many streams as its lanes."""
     for row in measured:
         direction = {k: v for k, v in limits.items() if k[0] == row["op"]}
         best = max(direction, key=direction.get)
+        streams = row["lanes"] if isinstance(row["lanes"], int) else 1
+        same_gbs = same[(row["op"], streams)]
         print(json.dumps({
             "bench": f"tessera_{row['op']}", "where": where,
             "transport": transport, "lanes": row["lanes"], "mib": mib,
             "p50_s": round(row["seconds"], 4), "gbs": round(row["gbs"], 3),
             "limit": f"iperf3 {best[1]} stream(s)",
             "limit_gbs": round(direction[best], 3),
-            "ratio": round(row["gbs"] / direction[best], 3)}))
+            "ratio": round(row["gbs"] / direction[best], 3),
+            "same_memory_gbs": round(same_gbs, 3),
+            "same_memory_ratio": round(row["gbs"] / same_gbs, 3)}))
 
 
 def main() -> None:
@@ -167,9 +197,11 @@ def main() -> None:
                                   seconds=seconds) for n in (1, 4)}
     limits.update({("write", n): v for (_, n), v in limits.items()})
     print_limits("loopback", limits)
+    same = measure_same_memory(args, "loopback", "127.0.0.1",
+                               [1] + args.lanes)
     report("loopback", "data plane (local path off)", measured, limits,
-           args.mib)
-    report("loopback", "grpc (tessera bench)", grpc, limits, args.mib)
+           same, args.mib)
+    report("loopback", "grpc (tessera bench)", grpc, limits, same, args.mib)
 
     if not args.hosts:
         return
@@ -191,8 +223,11 @@ def main() -> None:
                     client_prefix=hosts.exec(1))
         where = "two netns hosts, one veth"
         print_limits(where, limits)
-        report(where, "data plane", measured, limits, args.mib)
-        report(where, "grpc (tessera bench)", grpc, limits, args.mib)
+        same = measure_same_memory(args, where, hosts.addresses[0],
+                                   [1] + args.lanes, hosts.exec(0),
+                                   hosts.exec(1))
+        report(where, "data plane", measured, limits, same, args.mib)
+        report(where, "grpc (tessera bench)", grpc, limits, same, args.mib)
     finally:
         hosts.close()
 
