@@ -83,8 +83,11 @@ absl::Status HostAllocError(size_t nbytes, int error) {
 //   buffer has waited for the copies that use it (ChunkSource and
 //   ShardAssembler do), as cudaFreeHost would have made it.
 // Bounded per process: at most `capacity` bytes in all (0 under
-// AddressSanitizer by default; 0 turns a cache off), no buffer above a
-// quarter of it; the least recently freed go first. A reused buffer holds
+// AddressSanitizer by default; 0 turns a cache off), the least recently
+// freed going first; one buffer may take all of it (a loop of
+// `x = shard.to_here()` over a 256 MiB shard allocates each result while
+// the previous one lives, then frees that one: the next result takes it,
+// instead of faulting 256 MiB of fresh pages in again). A reused buffer holds
 // whatever its last tensor left there (Empty promises nothing; Zeros and
 // the fills write every byte). Thread-safe; never destroyed (storages may
 // outlive static destructors).
@@ -125,7 +128,7 @@ class HostBufferCache {
   // Keeps `data` (`rounded` bytes, from this cache's allocator) or frees
   // it; frees the oldest kept buffers beyond the capacity.
   void Release(void* data, size_t rounded) {
-    if (rounded > capacity_ / 4) {
+    if (rounded > capacity_) {
       free_(data);
       return;
     }
