@@ -160,19 +160,28 @@ TEST(StorageTest, ZerosIsZeroFromEveryKindOfHostMemory) {
   }
 }
 
+// Why the process's host buffer cache is not as the tests below expect
+// (off, or sized by the environment), or "" when it is.
+std::string HostCacheOff() {
+#if defined(__SANITIZE_ADDRESS__)
+  return "the cache is off under AddressSanitizer";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return "the cache is off under AddressSanitizer";
+#endif
+#endif
+  if (std::getenv("TESSERA_HOST_CACHE_BYTES") != nullptr) {
+    return "TESSERA_HOST_CACHE_BYTES is set";
+  }
+  return "";
+}
+
 // Large private buffers are kept when freed and handed to the next
 // allocation of the same size (the process's host buffer cache); a live
 // buffer never is, and Zeros still zeroes a reused one.
 TEST(StorageTest, FreedLargeBuffersAreReusedForTheSameSize) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "the cache is off under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "the cache is off under AddressSanitizer";
-#endif
-#endif
-  if (std::getenv("TESSERA_HOST_CACHE_BYTES") != nullptr) {
-    GTEST_SKIP() << "TESSERA_HOST_CACHE_BYTES is set";
+  if (const std::string off = HostCacheOff(); !off.empty()) {
+    GTEST_SKIP() << off;
   }
   const size_t bytes = size_t{6} << 20;
   void* first = nullptr;
@@ -214,15 +223,8 @@ TEST(StorageTest, FreedLargeBuffersAreReusedForTheSameSize) {
 // `x = shard.to_here()` in a loop allocates each result while the
 // previous one lives, then frees that one, which the next result takes.
 TEST(StorageTest, ABufferAsLargeAsTheCacheIsReused) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "the cache is off under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "the cache is off under AddressSanitizer";
-#endif
-#endif
-  if (std::getenv("TESSERA_HOST_CACHE_BYTES") != nullptr) {
-    GTEST_SKIP() << "TESSERA_HOST_CACHE_BYTES is set";
+  if (const std::string off = HostCacheOff(); !off.empty()) {
+    GTEST_SKIP() << off;
   }
   const size_t bytes = size_t{256} << 20;
   const auto allocate = [&] {
