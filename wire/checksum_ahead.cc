@@ -12,10 +12,10 @@ ChecksumAhead::ChecksumAhead(const char* data, int64_t total_bytes,
       total_bytes_(std::max<int64_t>(total_bytes, 0)),
       chunk_bytes_(std::max<int64_t>(chunk_bytes, 1)),
       num_chunks_((total_bytes_ + chunk_bytes_ - 1) / chunk_bytes_),
-      lead_(std::max(lead, 1)) {
+      lead_(std::clamp(lead, 1, kMaxLead)) {
   {
     absl::MutexLock lock(&mu_);
-    sums_.resize(static_cast<size_t>(num_chunks_));
+    sums_.resize(static_cast<size_t>(lead_ + 1));
   }
   helper_ = StartThread([this] { Run(); });
 }
@@ -42,7 +42,7 @@ void ChecksumAhead::Run() {
     const int64_t size = std::min(chunk_bytes_, total_bytes_ - begin);
     const uint64_t sum = Checksum64(data_ + begin, static_cast<size_t>(size));
     absl::MutexLock lock(&mu_);
-    sums_[static_cast<size_t>(k)] = sum;
+    sums_[static_cast<size_t>(k % (lead_ + 1))] = sum;
     hashed_ = k + 1;
   }
 }
@@ -54,7 +54,7 @@ uint64_t ChecksumAhead::Take(int64_t k) {
     return hashed_ > k;
   };
   mu_.Await(absl::Condition(&ready));
-  return sums_[static_cast<size_t>(k)];
+  return sums_[static_cast<size_t>(k % (lead_ + 1))];
 }
 
 }  // namespace tessera

@@ -20,7 +20,9 @@
 //
 // Ownership: `data` is the caller's and must stay valid until the
 // ChecksumAhead is destroyed; the destructor stops the helper and waits
-// for it (at most one chunk's hashing).
+// for it (at most one chunk's hashing). Memory: `lead` + 1 checksums,
+// however many chunks (a client asking for 4 KiB chunks of a large shard
+// costs the server no more).
 //
 // Thread-safety: Take is called by one thread (the sender), for chunks in
 // increasing order. Never fails.
@@ -44,9 +46,10 @@ class ChecksumAhead {
   // A run of fewer chunks than this is not worth a helper: hash each chunk
   // on the sender's thread (Checksum64) instead.
   static constexpr int64_t kMinChunks = 2;
+  static constexpr int kMaxLead = 16;
 
   // Starts hashing the chunks of [data, data + total_bytes) (total_bytes
-  // >= 0, chunk_bytes >= 1; lead clamped to at least 1).
+  // >= 0, chunk_bytes >= 1; lead clamped to [1, kMaxLead]).
   ChecksumAhead(const char* data, int64_t total_bytes, int64_t chunk_bytes,
                 int lead = kDefaultLead);
   ~ChecksumAhead();
@@ -68,6 +71,8 @@ class ChecksumAhead {
   const int64_t lead_;
 
   absl::Mutex mu_;
+  // Chunk k's checksum in slot k % (lead_ + 1): the helper never runs
+  // more than lead_ chunks past the one the sender takes.
   std::vector<uint64_t> sums_ ABSL_GUARDED_BY(mu_);
   // Chunks [0, hashed_) are in sums_.
   int64_t hashed_ ABSL_GUARDED_BY(mu_) = 0;
