@@ -558,8 +558,10 @@ std::string RankAddressOf(const std::string& log, int rank) {
 
 // SIGKILLs rank `rank`'s daemon of the launch (--max-restarts
 // `max_restarts`), then runs a create through `address` until one works
-// (the cluster serves again with the daemon restarted) or 30 s pass. The
-// killed pid.
+// (the cluster serves again with the daemon restarted) or 30 s pass, and
+// waits (30 s at most) for the launcher's line naming the new daemon: the
+// cluster can serve before the launcher has seen the new daemon's address
+// file. The killed pid.
 pid_t KillAndCreateUntilServing(Launched& launched, int rank,
                                 const std::string& address,
                                 int max_restarts = 1) {
@@ -576,7 +578,11 @@ pid_t KillAndCreateUntilServing(Launched& launched, int rank,
     if (created.exit_code == 0) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  const std::string log = launched.launcher->LogTail(kWholeLog);
+  const std::string log = WaitForLog(*launched.launcher, absl::Seconds(30),
+                                     [&](const std::string& text) {
+                                       const pid_t now = LastPidOf(text, rank);
+                                       return now > 0 && now != pid;
+                                     });
   EXPECT_EQ(created.exit_code, 0) << created.output << "\n" << log;
   EXPECT_THAT(log, HasSubstr(absl::StrCat(
                        "rank ", rank, " (pid ", pid,
@@ -633,11 +639,7 @@ TEST(CliLaunchTest, WithEtcdMaxRestartsRestartsRankZero) {
       launched.dir + "/kept.log");
   ASSERT_EQ(created.exit_code, 0) << created.output;
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1);
-  // The cluster may serve through rank 1 before the new rank 0 prints its
-  // line: wait for it.
-  const std::string log = WaitForLog(
-      *launched.launcher, absl::Seconds(30),
-      [&](const std::string& text) { return LastPidOf(text, 0) != first; });
+  const std::string log = launched.launcher->LogTail(kWholeLog);
   EXPECT_NE(LastPidOf(log, 0), first) << log;
   EXPECT_GT(LastPidOf(log, 0), 0) << log;
   EXPECT_EQ(LastPidOf(log, 1), rank1) << log;  // kept running
@@ -902,11 +904,7 @@ TEST(CliLaunchTest, WithNoStoreFlagRankZeroIsRestartedLikeAnyOther) {
   ASSERT_EQ(written.exit_code, 0) << written.output;
 
   const pid_t first = KillAndCreateUntilServing(launched, 0, address1, 3);
-  // The restarted rank 0 serves too, once it printed its line again.
-  log = WaitForLog(*launched.launcher, absl::Seconds(30),
-                   [](const std::string& text) {
-                     return absl::StrContains(text, "restarted)");
-                   });
+  log = launched.launcher->LogTail(kWholeLog);
   EXPECT_THAT(log, HasSubstr("restarted)"));
   const pid_t second = LastPidOf(log, 0);
   EXPECT_NE(second, first);
