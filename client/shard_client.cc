@@ -12,7 +12,6 @@
 #include "client/lanes.h"
 #include "client/local_path.h"
 #include "common/checksum.h"
-#include "common/int_math.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
 #include "common/status_macros.h"
@@ -24,7 +23,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "wire/auth.h"
-#include "wire/checksum_ahead.h"
+#include "wire/chunk_checksums.h"
 #include "wire/chunk_codec.h"
 #include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
@@ -882,23 +881,14 @@ absl::StatusOr<bool> ShardClient::WriteStream(
   }
   *started = true;
   DataConnection& socket = exchange->connection;
-  // Several chunks: their checksums are hashed on a helper, a chunk ahead
-  // of the one being written (wire/checksum_ahead.h).
-  std::optional<ChecksumAhead> ahead;
-  if (!socket.authenticated() &&
-      CeilDiv(total, go.chunk_bytes()) >= ChecksumAhead::kMinChunks) {
-    ahead.emplace(base, total, go.chunk_bytes());
-  }
+  // Several chunks are hashed ahead on a helper (wire/chunk_checksums.h).
+  ChunkChecksums checksums(!socket.authenticated(), base, total,
+                           go.chunk_bytes());
   char prefix[kDataPlaneChunkPrefixBytes];
   while (sent_bytes < total) {
     const int64_t size = std::min(go.chunk_bytes(), total - sent_bytes);
     const char* chunk = base + sent_bytes;
-    uint64_t checksum = kUncheckedChunk;
-    if (!socket.authenticated()) {
-      checksum = ahead.has_value()
-                     ? ahead->Take(sent_bytes / go.chunk_bytes())
-                     : Checksum64(chunk, static_cast<size_t>(size));
-    }
+    const uint64_t checksum = checksums.For(sent_bytes, chunk, size);
     EncodeChunkPrefix(ChunkPrefix{sent_bytes, size, checksum}, prefix);
     absl::Status wrote =
         socket.WriteFull(prefix, sizeof(prefix), deadline, /*more=*/true);

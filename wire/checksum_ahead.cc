@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/checksum.h"
+#include "common/int_math.h"
 
 namespace tessera {
 
@@ -11,7 +12,7 @@ ChecksumAhead::ChecksumAhead(const char* data, int64_t total_bytes,
     : data_(data),
       total_bytes_(std::max<int64_t>(total_bytes, 0)),
       chunk_bytes_(std::max<int64_t>(chunk_bytes, 1)),
-      num_chunks_((total_bytes_ + chunk_bytes_ - 1) / chunk_bytes_),
+      num_chunks_(CeilDiv(total_bytes_, chunk_bytes_)),
       lead_(std::clamp(lead, 1, kMaxLead)) {
   {
     absl::MutexLock lock(&mu_);

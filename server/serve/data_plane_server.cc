@@ -21,8 +21,8 @@
 #include "server/serve/chunk_source.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
-#include "wire/checksum_ahead.h"
 #include "wire/chunk_assembler.h"
+#include "wire/chunk_checksums.h"
 #include "wire/chunk_codec.h"
 #include "wire/message_digest.h"
 #include "wire/replicas.h"
@@ -207,26 +207,18 @@ absl::Status DataPlaneServer::AnswerFetch(
   *reply.mutable_header() = prepared->header;
   reply.set_chunk_bytes(chunk_bytes);
   RETURN_IF_ERROR(SendReply(stream, reply, deadline, chunk.size > 0));
-  // Host bytes of several chunks: their checksums are hashed on a helper,
-  // a chunk ahead of the one being written (wire/checksum_ahead.h).
-  std::optional<ChecksumAhead> ahead;
-  const char* const host_base =
+  // A dense run of host bytes is hashed ahead on a helper
+  // (wire/chunk_checksums.h).
+  ChunkChecksums checksums(
+      !stream.authenticated(),
       bytes.defined() && bytes.device().is_cpu() && bytes.is_contiguous()
           ? static_cast<const char*>(bytes.data_ptr())
-          : nullptr;
-  if (host_base != nullptr && !stream.authenticated() &&
-      (*source)->num_chunks() >= ChecksumAhead::kMinChunks) {
-    ahead.emplace(host_base, (*source)->total_bytes(), chunk_bytes);
-  }
+          : nullptr,
+      (*source)->total_bytes(), chunk_bytes);
   char prefix[kDataPlaneChunkPrefixBytes];
   while (chunk.size > 0) {
-    uint64_t checksum = kUncheckedChunk;
-    if (!stream.authenticated()) {
-      checksum = ahead.has_value() && chunk.data == host_base + chunk.offset &&
-                         chunk.offset % chunk_bytes == 0
-                     ? ahead->Take(chunk.offset / chunk_bytes)
-                     : Checksum64(chunk.data, chunk.size);
-    }
+    const uint64_t checksum = checksums.For(chunk.offset, chunk.data,
+                                            static_cast<int64_t>(chunk.size));
     EncodeChunkPrefix(
         ChunkPrefix{chunk.offset, static_cast<int64_t>(chunk.size), checksum},
         prefix);
