@@ -110,9 +110,12 @@ absl::StatusOr<CheckedLayout> CheckLayout(const v1::LocalFetchReply& reply,
 }
 
 // Maps the pages of memory file `fd` that hold the view, read-only, and
-// returns the view over them (unmapped when its storage goes).
+// returns the view over them (unmapped when its storage goes). With
+// `populate`, the page tables are filled by mmap itself; without, by the
+// faults of whoever touches the pages first (several copying threads fill
+// them at once).
 absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
-                                     DType dtype) {
+                                     DType dtype, bool populate) {
   struct stat info;
   if (fstat(fd, &info) != 0) {
     return ErrnoError(errno, "fstat", absl::StatusCode::kUnavailable);
@@ -132,8 +135,9 @@ absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
   const int64_t page = page_size > 0 ? page_size : 4096;
   const int64_t map_start = layout.first_byte / page * page;
   const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
-  void* data = mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE,
-                    fd, static_cast<off_t>(map_start));
+  void* data = mmap(nullptr, map_bytes, PROT_READ,
+                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd,
+                    static_cast<off_t>(map_start));
   if (data == MAP_FAILED) {
     return ErrnoError(errno, absl::StrCat("mmap of ", map_bytes, " bytes"),
                       absl::StatusCode::kUnavailable);
@@ -221,29 +225,23 @@ absl::Status CopyInPieces(
                        });
 }
 
-// Reads the view's bytes from memory file `fd` into `destination`, one
-// contiguous block of host memory of exactly that many bytes: one copy, by
-// the kernel, without the page-table work of a mapping. DATA_LOSS when the
-// file ends early.
-absl::Status ReadDenseView(int fd, const CheckedLayout& layout,
-                           const Tensor& destination) {
-  char* const base = static_cast<char*>(destination.data_ptr());
-  return CopyInPieces(
-      layout.end_byte - layout.first_byte,
-      [&](int64_t begin, int64_t length) -> absl::Status {
-        absl::StatusOr<size_t> got =
-            PreadAll(fd, base + begin, static_cast<size_t>(length),
-                     layout.first_byte + begin, "the lent memory file");
-        // A failed read is one of the path: the stream may still work.
-        if (!got.ok()) return absl::UnavailableError(got.status().message());
-        if (static_cast<int64_t>(*got) < length) {
-          return absl::DataLossError(absl::StrCat(
-              "memory file ends at byte ",
-              layout.first_byte + begin + static_cast<int64_t>(*got),
-              ", before the view's ", layout.end_byte));
-        }
-        return absl::OkStatus();
-      });
+// Copies `view` (a dense run of a memory file, mapped without populating
+// it: MapSharedView) into `destination`, one contiguous block of host
+// memory of as many bytes, with memcpy by CopyInPieces' threads, which
+// fault the mapping's pages in (several pages per fault) in parallel. On a
+// 2-core box that moved 256 MiB in 24-38 ms, against 40-43 ms for pread(2)
+// by the same threads (the kernel's copy) and 26-30 ms for a mapping
+// populated by mmap on one thread.
+void CopyDenseView(const Tensor& view, const Tensor& destination) {
+  const char* const from = static_cast<const char*>(view.data_ptr());
+  char* const to = static_cast<char*>(destination.data_ptr());
+  CopyInPieces(static_cast<int64_t>(destination.nbytes()),
+               [&](int64_t begin, int64_t length) -> absl::Status {
+                 std::memcpy(to + begin, from + begin,
+                             static_cast<size_t>(length));
+                 return absl::OkStatus();
+               })
+      .IgnoreError();  // memcpy does not fail.
 }
 
 // The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
@@ -253,7 +251,7 @@ absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
   switch (reply.transport()) {
     case v1::LOCAL_TRANSPORT_SHM:
       if (fd < 0) return absl::DataLossError("no memory file attached");
-      return MapSharedView(fd, layout, dtype);
+      return MapSharedView(fd, layout, dtype, /*populate=*/true);
     case v1::LOCAL_TRANSPORT_CUDA_IPC:
 #if TESSERA_LOCAL_PATH_CUDA
       return OpenCudaView(reply, layout, dtype);
@@ -385,21 +383,28 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
   if (!layout.ok()) unreachable = Annotate(layout.status(), what);
   auto fill = [&](const Tensor& destination) -> absl::Status {
     if (!leased) return absl::OkStatus();  // No bytes.
-    if (reply.transport() == v1::LOCAL_TRANSPORT_SHM && attached.valid() &&
-        IsDense(*layout) && destination.device().is_cpu() &&
-        destination.is_contiguous() &&
-        static_cast<int64_t>(destination.nbytes()) ==
-            layout->end_byte - layout->first_byte) {
-      return ReadDenseView(attached.get(), *layout, destination);
-    }
+    // A dense run of the memory file into one block of host memory is
+    // copied by several threads, which fault the mapping in themselves.
+    const bool dense = reply.transport() == v1::LOCAL_TRANSPORT_SHM &&
+                       attached.valid() && IsDense(*layout) &&
+                       destination.device().is_cpu() &&
+                       destination.is_contiguous() &&
+                       static_cast<int64_t>(destination.nbytes()) ==
+                           layout->end_byte - layout->first_byte;
     absl::StatusOr<Tensor> view =
-        LentView(reply, attached.get(), *layout, *dtype);
+        dense ? MapSharedView(attached.get(), *layout, *dtype,
+                              /*populate=*/false)
+              : LentView(reply, attached.get(), *layout, *dtype);
     if (!view.ok()) {
       unreachable = Annotate(view.status(), what);
       return unreachable;
     }
     // The view (the mapping, the IPC handle) goes on return, before
     // "done" lets the owner free the memory.
+    if (dense) {
+      CopyDenseView(*view, destination);
+      return absl::OkStatus();
+    }
     RETURN_IF_ERROR(CopyInto(*view, destination));
     return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
   };

@@ -7,12 +7,14 @@
 // shared host memory file, or a CUDA IPC handle) and the client copies the
 // requested box straight from it into the destination, then tells the
 // owner it is done, which ends the owner's lease on the memory. A dense
-// run of a memory file bound for a contiguous host destination is read
-// with pread(2); anything else is mapped (or its IPC handle opened) and
-// copied with CopyBox (any strides, CPU or CUDA). The mapping is gone
-// before "done" is sent. Writes go the other way (Write): a daemon lends
-// the file writable to its own user's processes, and the client writes
-// the box into it with pwrite(2).
+// run of a memory file bound for a contiguous host destination is mapped
+// and copied with memcpy by several threads (from 16 MiB), which fault
+// the mapping in themselves; anything else is mapped with its page tables
+// filled at once (or its IPC handle opened) and copied with CopyBox (any
+// strides, CPU or CUDA). The mapping is gone before "done" is sent.
+// Writes go the other way (Write): a daemon lends the file writable to its
+// own user's processes, and the client writes the box into it with
+// pwrite(2).
 //
 // Any failure that is about the path rather than the request (another
 // host, no socket under that name, memory the owner cannot share, a

@@ -77,10 +77,12 @@ absl::Status Run(const std::string& address_file, bool cuda,
                    Values(kStridedKey, {kStridedSizes[1], kStridedSizes[0]}));
   ASSIGN_OR_RETURN(Tensor strided, backing.T());
   ASSIGN_OR_RETURN(Tensor tiny, Values(kTinyKey, kTinySizes));
+  ASSIGN_OR_RETURN(Tensor large, Values(kLargeKey, kLargeSizes));
   RETURN_IF_ERROR(Register(*registry, kHeapId, heap));
   RETURN_IF_ERROR(Register(*registry, kSharedId, shared));
   RETURN_IF_ERROR(Register(*registry, kStridedId, strided));
   RETURN_IF_ERROR(Register(*registry, kTinyId, tiny));
+  RETURN_IF_ERROR(Register(*registry, kLargeId, large));
   if (cuda) {
     ASSIGN_OR_RETURN(Tensor on_device, shared.To(Device::Cuda(0)));
     RETURN_IF_ERROR(Register(*registry, kCudaId, on_device));

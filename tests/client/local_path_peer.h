@@ -18,16 +18,21 @@ inline constexpr char kStridedId[] = "strided";  // Transposed shared memory.
 inline constexpr char kHeapId[] = "heap";        // Large, heap memory.
 inline constexpr char kTinyId[] = "tiny";        // Below the threshold.
 inline constexpr char kCudaId[] = "cuda";  // With --cuda: kShared on cuda:0.
+// Shared memory, large enough (over 16 MiB) that a dense read of it is
+// copied by several threads.
+inline constexpr char kLargeId[] = "large";
 inline constexpr int kSharedKey = 1;
 inline constexpr int kStridedKey = 2;
 inline constexpr int kHeapKey = 3;
 inline constexpr int kTinyKey = 4;
+inline constexpr int kLargeKey = 5;
 
 inline const std::vector<int64_t> kSharedSizes = {96, 160};
 // The shard's sizes; its storage is the transpose's.
 inline const std::vector<int64_t> kStridedSizes = {72, 120};
 inline const std::vector<int64_t> kHeapSizes = {128, 128};
 inline const std::vector<int64_t> kTinySizes = {4, 4};
+inline const std::vector<int64_t> kLargeSizes = {2101, 1000};
 
 // The element at row-major index `i` of the tensor allocated for `key`
 // (for kStrided: of its backing storage, whose transpose is the shard).

@@ -24,6 +24,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/shard_client.h"
 #include "common/region.h"
 #include "common/tensor/storage.h"
@@ -44,6 +45,9 @@ using ::tessera::testing::kCudaId;
 using ::tessera::testing::kHeapId;
 using ::tessera::testing::kHeapKey;
 using ::tessera::testing::kHeapSizes;
+using ::tessera::testing::kLargeId;
+using ::tessera::testing::kLargeKey;
+using ::tessera::testing::kLargeSizes;
 using ::tessera::testing::kSharedId;
 using ::tessera::testing::kSharedKey;
 using ::tessera::testing::kSharedSizes;
@@ -84,6 +88,9 @@ Tensor PeerExpected(const std::string& id) {
   } else if (id == kTinyId) {
     key = kTinyKey;
     sizes = kTinySizes;
+  } else if (id == kLargeId) {
+    key = kLargeKey;
+    sizes = kLargeSizes;
   }
   Tensor tensor = IotaInt64(sizes);
   for (int64_t i = 0; i < tensor.numel(); ++i) {
@@ -148,6 +155,24 @@ class LocalPeerTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
+  // Fetches each box {offsets, sizes} of shard 0 of tensor `id` over the
+  // local path (required) into a fresh contiguous destination and checks
+  // its elements.
+  void ExpectBoxesOverTheLocalPath(
+      const std::string& id,
+      absl::Span<const std::vector<std::vector<int64_t>>> boxes) {
+    const Tensor expected = PeerExpected(id);
+    for (const auto& box : boxes) {
+      ASSERT_OK_AND_ASSIGN(
+          Tensor destination,
+          Tensor::Zeros(box[1], TensorOptions().WithDType(DType::kInt64)));
+      ASSERT_OK(client_->FetchRegionInto(id, 0, box[0], destination,
+                                         Local(LocalPath::kRequired)));
+      EXPECT_TRUE(Equal(destination, RegionOf(expected, box[0], box[1])))
+          << id << ", offsets " << box[0][0] << "," << box[0][1];
+    }
+  }
+
   std::string dir_;
   std::optional<Subprocess> peer_;
   std::string local_address_;
@@ -177,22 +202,28 @@ TEST_F(LocalPeerTest, RowRangesIntoContiguousDestinations) {
   // Whole rows of a row-major shard are one run of bytes of the memory
   // file, read straight into a contiguous host destination; a column range
   // is not, and is mapped and copied instead. Both give the same bytes.
-  const Tensor expected = PeerExpected(kSharedId);
   const std::vector<std::vector<int64_t>> boxes[] = {
       {{0, 0}, {1, 160}},    // the first row
       {{37, 0}, {29, 160}},  // rows from the middle of a page
       {{95, 0}, {1, 160}},   // the last row, ending at the file's end
       {{3, 1}, {50, 159}},   // not whole rows
   };
-  for (const auto& box : boxes) {
-    ASSERT_OK_AND_ASSIGN(
-        Tensor destination,
-        Tensor::Zeros(box[1], TensorOptions().WithDType(DType::kInt64)));
-    ASSERT_OK(client_->FetchRegionInto(kSharedId, 0, box[0], destination,
-                                       Local(LocalPath::kRequired)));
-    EXPECT_TRUE(Equal(destination, RegionOf(expected, box[0], box[1])))
-        << "offsets " << box[0][0] << "," << box[0][1];
-  }
+  ExpectBoxesOverTheLocalPath(kSharedId, boxes);
+}
+
+TEST_F(LocalPeerTest, LargeDenseRunsAreCopiedWhole) {
+  // Over 16 MiB: the run is split between threads, each faulting in and
+  // copying its own part of the mapping; every element lands.
+  const std::vector<std::vector<int64_t>> boxes[] = {
+      {{0, 0}, kLargeSizes},   // the whole shard
+      {{3, 0}, {2098, 1000}},  // from the middle of a page to the file's end
+      {{1, 0}, {2099, 1000}},  // ending mid-page
+  };
+  ExpectBoxesOverTheLocalPath(kLargeId, boxes);
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard,
+      client_->FetchShard(kLargeId, 0, Local(LocalPath::kRequired)));
+  EXPECT_TRUE(Equal(shard.tensor, PeerExpected(kLargeId)));
 }
 
 TEST_F(LocalPeerTest, RegionIntoAStridedDestination) {
