@@ -109,13 +109,20 @@ absl::StatusOr<CheckedLayout> CheckLayout(const v1::LocalFetchReply& reply,
   return checked;
 }
 
-// Maps the pages of memory file `fd` that hold the view, read-only, and
-// returns the view over them (unmapped when its storage goes). With
-// `populate`, the page tables are filled by mmap itself; without, by the
-// faults of whoever touches the pages first (several copying threads fill
-// them at once).
+// How MapSharedView maps.
+struct MapMode {
+  // The page tables are filled by mmap itself; otherwise by the faults of
+  // whoever touches the pages first (several copying threads fill them at
+  // once).
+  bool populate = true;
+  // Read-write (for a write into a file lent writable), else read-only.
+  bool writable = false;
+};
+
+// Maps the pages of memory file `fd` that hold the view and returns the
+// view over them (unmapped when its storage goes).
 absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
-                                     DType dtype, bool populate) {
+                                     DType dtype, MapMode mode) {
   struct stat info;
   if (fstat(fd, &info) != 0) {
     return ErrnoError(errno, "fstat", absl::StatusCode::kUnavailable);
@@ -135,9 +142,10 @@ absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
   const int64_t page = page_size > 0 ? page_size : 4096;
   const int64_t map_start = layout.first_byte / page * page;
   const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
-  void* data = mmap(nullptr, map_bytes, PROT_READ,
-                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd,
-                    static_cast<off_t>(map_start));
+  void* data =
+      mmap(nullptr, map_bytes, PROT_READ | (mode.writable ? PROT_WRITE : 0),
+           MAP_SHARED | (mode.populate ? MAP_POPULATE : 0), fd,
+           static_cast<off_t>(map_start));
   if (data == MAP_FAILED) {
     return ErrnoError(errno, absl::StrCat("mmap of ", map_bytes, " bytes"),
                       absl::StatusCode::kUnavailable);
@@ -207,6 +215,14 @@ bool IsDense(const CheckedLayout& layout) {
 constexpr int64_t kParallelCopyBytes = 8 << 20;
 constexpr int64_t kMaxCopyThreads = 4;
 
+// MADV_POPULATE_WRITE (Linux 5.14), named here for C libraries that
+// predate it; an older kernel refuses it with EINVAL.
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;
+#endif
+
 // copy(begin, length) over [0, size), in pieces copied at once when the
 // range is large. The error of the first failed piece, or OK.
 absl::Status CopyInPieces(
@@ -244,6 +260,35 @@ void CopyDenseView(const Tensor& view, const Tensor& destination) {
       .IgnoreError();  // memcpy does not fail.
 }
 
+// Writes `size` bytes from `from` into the run of memory file `fd` that
+// starts at byte `first_byte`, mapped writable at `to`, in pieces copied
+// by CopyInPieces' threads. Each thread first fills the page tables of its
+// piece for writing (MADV_POPULATE_WRITE), then copies it with memcpy: on
+// a 2-core box 256 MiB took 59-69 ms so, against 93-102 ms for pwrite(2)
+// by the same threads and 82-109 ms for a memcpy faulting page by page.
+// A piece whose pages cannot be populated (a kernel before 5.14, memory
+// that cannot be had) is written with pwrite instead, which reports such
+// failures as errors where a fault would raise SIGBUS. The error of the
+// first piece that failed, or OK.
+absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
+                                char* to, int64_t size) {
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uintptr_t page =
+      page_size > 0 ? static_cast<uintptr_t>(page_size) : uintptr_t{4096};
+  return CopyInPieces(size, [&](int64_t begin, int64_t length) {
+    const uintptr_t start =
+        reinterpret_cast<uintptr_t>(to + begin) / page * page;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(to + begin + length);
+    if (madvise(reinterpret_cast<void*>(start), end - start, kPopulateWrite) ==
+        0) {
+      std::memcpy(to + begin, from + begin, static_cast<size_t>(length));
+      return absl::OkStatus();
+    }
+    return PwriteAll(fd, from + begin, static_cast<size_t>(length),
+                     first_byte + begin, "the lent memory file");
+  });
+}
+
 // The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
 // handle (CUDA_IPC).
 absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
@@ -251,7 +296,7 @@ absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
   switch (reply.transport()) {
     case v1::LOCAL_TRANSPORT_SHM:
       if (fd < 0) return absl::DataLossError("no memory file attached");
-      return MapSharedView(fd, layout, dtype, /*populate=*/true);
+      return MapSharedView(fd, layout, dtype, MapMode());
     case v1::LOCAL_TRANSPORT_CUDA_IPC:
 #if TESSERA_LOCAL_PATH_CUDA
       return OpenCudaView(reply, layout, dtype);
@@ -393,7 +438,7 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
                            layout->end_byte - layout->first_byte;
     absl::StatusOr<Tensor> view =
         dense ? MapSharedView(attached.get(), *layout, *dtype,
-                              /*populate=*/false)
+                              MapMode{.populate = false})
               : LentView(reply, attached.get(), *layout, *dtype);
     if (!view.ok()) {
       unreachable = Annotate(view.status(), what);
@@ -538,7 +583,7 @@ LocalAttempt LocalPathClient::Write(
   const v1::LocalFetchReply& reply = answer.reply;
   const int64_t total = static_cast<int64_t>(bytes.nbytes());
   absl::Status written;
-  bool began = false;  // Once pwrite ran, the box may have changed.
+  bool began = false;  // Once the copy began, the box may have changed.
   absl::StatusOr<DType> dtype = FromProto(reply.header().dtype());
   if (!dtype.ok() || *dtype != bytes.dtype() ||
       reply.header().total_bytes() != total) {
@@ -555,22 +600,25 @@ LocalAttempt LocalPathClient::Write(
       written = absl::DataLossError(
           absl::StrCat(what, ": the owner lent no dense memory file run"));
     } else {
-      began = true;
       const int fd = answer.attached.get();
-      const char* const data = static_cast<const char*>(bytes.data_ptr());
-      const int64_t first_byte = layout->first_byte;
-      written = CopyInPieces(total, [&](int64_t begin, int64_t length) {
-        return PwriteAll(fd, data + begin, static_cast<size_t>(length),
-                         first_byte + begin, "the lent memory file");
-      });
-      if (!written.ok()) {
-        written = Annotate(
-            written, absl::StrCat(what, " (the box may be partly written)"));
+      absl::StatusOr<Tensor> run = MapSharedView(
+          fd, *layout, *dtype, MapMode{.populate = false, .writable = true});
+      if (!run.ok()) {
+        written = Annotate(run.status(), what);  // Nothing written yet.
+      } else {
+        began = true;
+        written = WriteIntoMappedRun(
+            static_cast<const char*>(bytes.data_ptr()), fd, layout->first_byte,
+            static_cast<char*>(run->data_ptr()), total);
+        if (!written.ok()) {
+          written = Annotate(
+              written, absl::StrCat(what, " (the box may be partly written)"));
+        }
       }
     }
   }
   EndLease(std::move(answer), deadline);
-  // Until pwrite ran nothing was written: a stream may still take it.
+  // Until the copy began nothing was written: a stream may still take it.
   return began || written.ok() ? Final(written) : FallBack(written);
 }
 

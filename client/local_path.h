@@ -13,8 +13,9 @@
 // filled at once (or its IPC handle opened) and copied with CopyBox (any
 // strides, CPU or CUDA). The mapping is gone before "done" is sent.
 // Writes go the other way (Write): a daemon lends the file writable to its
-// own user's processes, and the client writes the box into it with
-// pwrite(2).
+// own user's processes, and the client maps the box's run writable and
+// copies into it with memcpy by the same threads (pwrite(2) where the
+// pages cannot be populated first).
 //
 // Any failure that is about the path rather than the request (another
 // host, no socket under that name, memory the owner cannot share, a
@@ -90,8 +91,9 @@ class LocalPathClient {
   // the box `request` names (its tensor id, shard and region: the owner
   // validates it as a fetch of that box) straight into the owner's memory
   // file, which the owner lends writable to processes of its own user or
-  // root only, for a box that is one dense run of it (pwrite(2): one copy,
-  // by the kernel). fall_back, with nothing written, whenever the path
+  // root only, for a box that is one dense run of it (mapped, populated
+  // and copied into by several threads; pwrite(2) where the pages cannot be
+  // populated). fall_back, with nothing written, whenever the path
   // cannot be taken (the owner refuses to lend, another host...), also
   // when the owner has no such tensor or shard registered (it may be
   // refilling it: a stream routes the write there); the owner's other

@@ -1,5 +1,6 @@
 // What local_path_peer (a shard owner in another process) serves, shared
-// by the peer and local_path_test.
+// by the peer and local_path_test. Its local path takes writes; its data
+// plane does not (a write that succeeds went over the local path).
 #ifndef TESSERA_TESTS_CLIENT_LOCAL_PATH_PEER_H_
 #define TESSERA_TESTS_CLIENT_LOCAL_PATH_PEER_H_
 

@@ -226,6 +226,29 @@ TEST_F(LocalPeerTest, LargeDenseRunsAreCopiedWhole) {
   EXPECT_TRUE(Equal(shard.tensor, PeerExpected(kLargeId)));
 }
 
+TEST_F(LocalPeerTest, LargeWritesLandWholeAndNowhereElse) {
+  // Over 16 MiB, from the middle of a page: the box is copied into the
+  // lent file's mapping by several threads; the rows before it keep their
+  // bytes.
+  const std::vector<int64_t> offsets = {3, 0};
+  const std::vector<int64_t> sizes = {kLargeSizes[0] - 3, kLargeSizes[1]};
+  Tensor data = IotaInt64(sizes);
+  for (int64_t i = 0; i < data.numel(); ++i) data.data<int64_t>()[i] = -i;
+  RegionWriteOptions options;
+  options.deadline = absl::Now() + kWait;
+  options.local_min_bytes = 0;
+  ASSERT_OK_AND_ASSIGN(
+      const bool written,
+      client_->WriteRegion(kLargeId, 0, offsets, data, options));
+  ASSERT_TRUE(written) << "the local path did not take the write";
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard, client_->FetchShard(kLargeId, 0, Local(LocalPath::kOff)));
+  const Tensor expected = PeerExpected(kLargeId);
+  EXPECT_TRUE(Equal(RegionOf(shard.tensor, {0, 0}, {3, kLargeSizes[1]}),
+                    RegionOf(expected, {0, 0}, {3, kLargeSizes[1]})));
+  EXPECT_TRUE(Equal(RegionOf(shard.tensor, offsets, sizes), data));
+}
+
 TEST_F(LocalPeerTest, RegionIntoAStridedDestination) {
   const Tensor expected = PeerExpected(kSharedId);
   const std::vector<int64_t> offsets = {5, 17}, sizes = {40, 70};
