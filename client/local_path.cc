@@ -109,6 +109,12 @@ absl::StatusOr<CheckedLayout> CheckLayout(const v1::LocalFetchReply& reply,
   return checked;
 }
 
+// The size of a page of virtual memory.
+int64_t PageBytes() {
+  const long page_size = sysconf(_SC_PAGESIZE);
+  return page_size > 0 ? page_size : 4096;
+}
+
 // How MapSharedView maps.
 struct MapMode {
   // The page tables are filled by mmap itself; otherwise by the faults of
@@ -138,8 +144,7 @@ absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
         absl::StrCat("memory file of ", info.st_size,
                      " bytes is shorter than the view's ", layout.end_byte));
   }
-  const long page_size = sysconf(_SC_PAGESIZE);
-  const int64_t page = page_size > 0 ? page_size : 4096;
+  const int64_t page = PageBytes();
   const int64_t map_start = layout.first_byte / page * page;
   const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
   void* data =
@@ -277,9 +282,7 @@ void CopyDenseView(const Tensor& view, const Tensor& destination) {
 // first piece that failed, or OK.
 absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
                                 char* to, int64_t size) {
-  const long page_size = sysconf(_SC_PAGESIZE);
-  const uintptr_t page =
-      page_size > 0 ? static_cast<uintptr_t>(page_size) : uintptr_t{4096};
+  const uintptr_t page = static_cast<uintptr_t>(PageBytes());
   return CopyInPieces(size, [&](int64_t begin, int64_t length) {
     const uintptr_t start =
         reinterpret_cast<uintptr_t>(to + begin) / page * page;
@@ -443,11 +446,10 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
                        destination.is_contiguous() &&
                        static_cast<int64_t>(destination.nbytes()) ==
                            layout->end_byte - layout->first_byte;
+    MapMode mode;
+    mode.populate = CopyThreads(layout->end_byte - layout->first_byte) == 1;
     absl::StatusOr<Tensor> view =
-        dense ? MapSharedView(
-                    attached.get(), *layout, *dtype,
-                    MapMode{.populate = CopyThreads(layout->end_byte -
-                                                    layout->first_byte) == 1})
+        dense ? MapSharedView(attached.get(), *layout, *dtype, mode)
               : LentView(reply, attached.get(), *layout, *dtype);
     if (!view.ok()) {
       unreachable = Annotate(view.status(), what);
@@ -610,8 +612,10 @@ LocalAttempt LocalPathClient::Write(
           absl::StrCat(what, ": the owner lent no dense memory file run"));
     } else {
       const int fd = answer.attached.get();
-      absl::StatusOr<Tensor> run = MapSharedView(
-          fd, *layout, *dtype, MapMode{.populate = false, .writable = true});
+      MapMode mode;
+      mode.populate = false;  // Each copying thread populates its piece.
+      mode.writable = true;
+      absl::StatusOr<Tensor> run = MapSharedView(fd, *layout, *dtype, mode);
       if (!run.ok()) {
         written = Annotate(run.status(), what);  // Nothing written yet.
       } else {

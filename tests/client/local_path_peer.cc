@@ -88,10 +88,10 @@ absl::Status Run(const std::string& address_file, bool cuda,
     RETURN_IF_ERROR(Register(*registry, kCudaId, on_device));
   }
 
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<LocalPathServer> local,
-      LocalPathServer::Start(registry,
-                             LocalPathServerOptions{.accept_writes = true}));
+  LocalPathServerOptions local_options;
+  local_options.accept_writes = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalPathServer> local,
+                   LocalPathServer::Start(registry, local_options));
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlaneServer> data_plane,
                    DataPlaneServer::Start("127.0.0.1", registry));
   const std::string temporary = absl::StrCat(address_file, ".tmp");
