@@ -33,6 +33,7 @@
 #include "tests/testing/daemon_state.h"
 #include "tests/testing/netns.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/until_serving.h"
 
 namespace tessera {
 namespace {
@@ -201,12 +202,11 @@ TEST_F(HostsTest, APartitionedHostHealsWithinALease) {
 
   ASSERT_OK(hosts_->SetLink(1, true));
   const absl::Time healed = absl::Now();
-  absl::Status created;
-  while (absl::Now() - healed < absl::Seconds(30)) {
-    created = client->Create("after", {8, 4}, Rows(), sevens).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const absl::Status created = testing::UntilServing(
+      [&] {
+        return client->Create("after", {8, 4}, Rows(), sevens).status();
+      },
+      healed, absl::Seconds(30));
   ASSERT_OK(created) << cluster_->Log(0) << cluster_->Log(2);
   const absl::Duration back = absl::Now() - healed;
   std::cout << "[ hosts ] serving again " << back << " after the link came "

@@ -44,6 +44,7 @@
 #include "tests/testing/daemon_state.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/until_serving.h"
 #include "wire/auth.h"
 #include "wire/replicas.h"
 
@@ -149,15 +150,14 @@ std::function<bool(const v1::ClusterInfo&)> WaitsFor(int rank) {
 const auto WaitsForRank2 = WaitsFor(2);
 
 // Creates "after" (sevens over every daemon) until it works or 30 s after
-// `since` pass: the cluster serves again. The last error otherwise.
+// `since` pass (testing::UntilServing): the cluster serves again. The last
+// error otherwise.
 absl::Status CreateAfterUntilServing(Client& client, absl::Time since) {
-  absl::Status created;
-  while (absl::Now() - since < absl::Seconds(30)) {
-    created = client.Create("after", {6, 4}, Rows(), Sevens()).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return created;
+  return testing::UntilServing(
+      [&] {
+        return client.Create("after", {6, 4}, Rows(), Sevens()).status();
+      },
+      since, absl::Seconds(30));
 }
 
 // A client of `rank` whose calls end within `timeout`: an operation held
@@ -232,12 +232,11 @@ TEST(ResilienceTest, AStallLongerThanTheTimeoutHealsOnceTheDaemonResumes) {
   ASSERT_EQ(kill(stalled, SIGCONT), 0);
   resumed = true;
   start = absl::Now();
-  absl::Status created;
-  while (absl::Now() - start < absl::Seconds(20)) {
-    created = client->Create("after", {6, 4}, Rows(), Sevens()).status();
-    if (created.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  const absl::Status created = testing::UntilServing(
+      [&] {
+        return client->Create("after", {6, 4}, Rows(), Sevens()).status();
+      },
+      start, absl::Seconds(20));
   ASSERT_OK(created) << cluster->Log(2);
   const absl::Duration healed = absl::Now() - start;
   EXPECT_LT(healed, absl::Seconds(10));

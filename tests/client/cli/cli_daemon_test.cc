@@ -35,6 +35,7 @@
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/until_serving.h"
 
 namespace tessera {
 namespace {
@@ -569,21 +570,25 @@ pid_t KillAndCreateUntilServing(Launched& launched, int rank,
   EXPECT_GT(pid, 0) << launched.launcher->LogTail();
   if (pid <= 0 || kill(pid, SIGKILL) != 0) return pid;
   const absl::Time killed = absl::Now();
-  CliResult created;
-  while (absl::Now() - killed < absl::Seconds(30)) {
-    created = RunCli(address,
-                     {"create", "t", "--size", "4,4", "--spec",
-                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
-                     launched.dir + "/create.log");
-    if (created.exit_code == 0) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+  const absl::Status created = testing::UntilServing(
+      [&]() -> absl::Status {
+        const CliResult run = RunCli(address,
+                                     {"create", "t", "--size", "4,4", "--spec",
+                                      "chunk:dim=0:rank:0/cpu,rank:1/cpu"},
+                                     launched.dir + "/create.log");
+        if (run.exit_code == 0) return absl::OkStatus();
+        if (absl::StrContains(run.output, "ALREADY_EXISTS")) {
+          return absl::AlreadyExistsError(run.output);
+        }
+        return absl::UnknownError(run.output);
+      },
+      killed, absl::Seconds(30));
   const std::string log = WaitForLog(*launched.launcher, absl::Seconds(30),
                                      [&](const std::string& text) {
                                        const pid_t now = LastPidOf(text, rank);
                                        return now > 0 && now != pid;
                                      });
-  EXPECT_EQ(created.exit_code, 0) << created.output << "\n" << log;
+  EXPECT_OK(created) << log;
   EXPECT_THAT(log, HasSubstr(absl::StrCat(
                        "rank ", rank, " (pid ", pid,
                        ") exited with signal 9 (Killed); restarting it (1 of ",
