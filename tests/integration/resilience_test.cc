@@ -232,12 +232,7 @@ TEST(ResilienceTest, AStallLongerThanTheTimeoutHealsOnceTheDaemonResumes) {
   ASSERT_EQ(kill(stalled, SIGCONT), 0);
   resumed = true;
   start = absl::Now();
-  const absl::Status created = testing::UntilServing(
-      [&] {
-        return client->Create("after", {6, 4}, Rows(), Sevens()).status();
-      },
-      start, absl::Seconds(20));
-  ASSERT_OK(created) << cluster->Log(2);
+  ASSERT_OK(CreateAfterUntilServing(*client, start)) << cluster->Log(2);
   const absl::Duration healed = absl::Now() - start;
   EXPECT_LT(healed, absl::Seconds(10));
   std::cout << "[ resilience ] serving again " << healed
