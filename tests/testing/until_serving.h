@@ -33,8 +33,11 @@ inline absl::Status UntilServing(const std::function<absl::Status()>& attempt,
   while (absl::Now() - since < within) {
     status = attempt();
     if (status.ok()) return status;
-    if (absl::IsAlreadyExists(status) && unsure) return absl::OkStatus();
-    if (!absl::StrContains(status.message(), "not applied")) unsure = true;
+    if (absl::IsAlreadyExists(status)) {
+      if (unsure) return absl::OkStatus();
+    } else if (!absl::StrContains(status.message(), "not applied")) {
+      unsure = true;
+    }
     absl::SleepFor(absl::Milliseconds(100));
   }
   return status;
