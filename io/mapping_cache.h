@@ -1,0 +1,97 @@
+// MappingCache: read-only mappings of whole memory files, kept for reuse
+// for a short while after their last use.
+//
+// Why: the local path (client/local_path.h) copies a shard out of the
+// memory file its owner lends for each fetch. Mapping that file for every
+// fetch and unmapping it after cost more than the copy: a 256 MiB read
+// spent about a third of its time filling and tearing down page tables
+// (8-9 GB/s on a 2-core VM, where the same read through a mapping kept
+// from the fetch before ran at 14-16 GB/s). A file lent again soon (a
+// loop of to_here, a read plan run every step, a few reads of one
+// tensor) is copied through the mapping made the first time: its page
+// tables are already filled.
+//
+// What a kept mapping costs: its file's memory stays allocated until it is
+// unmapped, even after its owner freed it (a deleted tensor, a version no
+// longer kept). Mappings are therefore unmapped `keep` after their last
+// Map (one second by default) by a helper thread, and at once, least
+// recently used first, beyond `max_bytes` of kept mappings. Mappings are
+// not inherited by a forked child (MADV_DONTFORK).
+//
+// Reads through a kept mapping see the file's current bytes (a shared
+// mapping of the same file): keeping it changes no value read. The cache
+// trusts the caller to have checked the file (sealed against shrinking,
+// at least `min_bytes` long) before asking: pages past a file's end fault
+// with SIGBUS.
+//
+// Thread-safety: Map may be called from many threads at once. A returned
+// MappedFile stays mapped while anyone holds it, expired or not.
+// Destroying the cache unmaps every mapping no one holds; a process forked
+// while a cache existed must not use it (the local path refuses to run in
+// such a child: wire/fork_guard.h) and leaves it alone when destroying it.
+#ifndef TESSERA_IO_MAPPING_CACHE_H_
+#define TESSERA_IO_MAPPING_CACHE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+// A read-only shared mapping of [0, size) of a file; unmapped when the
+// last holder lets it go.
+class MappedFile {
+ public:
+  MappedFile(const char* data, int64_t size) : data_(data), size_(size) {}
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const char* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  const char* const data_;
+  const int64_t size_;
+};
+
+class MappingCache {
+ public:
+  static constexpr absl::Duration kDefaultKeep = absl::Seconds(1);
+  static constexpr int64_t kDefaultMaxBytes = int64_t{4} << 30;
+
+  explicit MappingCache(absl::Duration keep = kDefaultKeep,
+                        int64_t max_bytes = kDefaultMaxBytes);
+  ~MappingCache();
+  MappingCache(const MappingCache&) = delete;
+  MappingCache& operator=(const MappingCache&) = delete;
+
+  // A read-only mapping of all of file `fd` (its size when mapped, at least
+  // `min_bytes`): the one kept for the same file (device and inode) when it
+  // covers `min_bytes`, else a new one (not populated: pages are filled as
+  // they are touched), kept in place of any older one of that file. *fresh
+  // (when not null) says whether it is new. UNAVAILABLE, with errno's
+  // message, when the file cannot be mapped; INVALID_ARGUMENT when it is
+  // shorter than `min_bytes`.
+  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(int fd,
+                                                        int64_t min_bytes,
+                                                        bool* fresh = nullptr);
+
+  // Mappings kept now, and their bytes.
+  size_t kept() const;
+  int64_t kept_bytes() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  const pid_t pid_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_IO_MAPPING_CACHE_H_
