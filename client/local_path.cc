@@ -26,6 +26,7 @@
 #include "common/tensor/tensor.h"
 #include "io/errno.h"
 #include "io/file.h"
+#include "io/mapping_cache.h"
 #include "io/unix_socket.h"
 #include "tessera/v1/local.pb.h"
 #include "wire/chunk_codec.h"
@@ -115,42 +116,39 @@ int64_t PageBytes() {
   return page_size > 0 ? page_size : 4096;
 }
 
-// How MapSharedView maps.
-struct MapMode {
-  // The page tables are filled by mmap itself; otherwise by the faults of
-  // whoever touches the pages first (several copying threads fill them at
-  // once).
-  bool populate = true;
-  // Read-write (for a write into a file lent writable), else read-only.
-  bool writable = false;
-};
-
-// Maps the pages of memory file `fd` that hold the view and returns the
-// view over them (unmapped when its storage goes).
-absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
-                                     DType dtype, MapMode mode) {
+// OK when memory file `fd` may be mapped for a view ending at byte
+// `end_byte`: sealed against shrinking (pages past a file's end would
+// fault with SIGBUS when touched; the seal keeps the owner from shrinking
+// it after this check) and at least that long.
+absl::Status CheckLentFile(int fd, int64_t end_byte) {
   struct stat info;
   if (fstat(fd, &info) != 0) {
     return ErrnoError(errno, "fstat", absl::StatusCode::kUnavailable);
   }
-  // Pages past the file's end would fault (SIGBUS) when touched; the seal
-  // keeps the owner from shrinking it after this check.
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::FailedPreconditionError("memory file is not sealed");
   }
-  if (info.st_size < layout.end_byte) {
+  if (info.st_size < end_byte) {
     return absl::DataLossError(
         absl::StrCat("memory file of ", info.st_size,
-                     " bytes is shorter than the view's ", layout.end_byte));
+                     " bytes is shorter than the view's ", end_byte));
   }
+  return absl::OkStatus();
+}
+
+// Maps the pages of memory file `fd` (lent writable) that hold the view
+// read-write and returns the view over them (unmapped when its storage
+// goes). The page tables are filled by whoever writes first (each copying
+// thread populates its piece: WriteIntoMappedRun).
+absl::StatusOr<Tensor> MapWritableView(int fd, const CheckedLayout& layout,
+                                       DType dtype) {
+  RETURN_IF_ERROR(CheckLentFile(fd, layout.end_byte));
   const int64_t page = PageBytes();
   const int64_t map_start = layout.first_byte / page * page;
   const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
-  void* data =
-      mmap(nullptr, map_bytes, PROT_READ | (mode.writable ? PROT_WRITE : 0),
-           MAP_SHARED | (mode.populate ? MAP_POPULATE : 0), fd,
-           static_cast<off_t>(map_start));
+  void* data = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                    static_cast<off_t>(map_start));
   if (data == MAP_FAILED) {
     return ErrnoError(errno, absl::StrCat("mmap of ", map_bytes, " bytes"),
                       absl::StatusCode::kUnavailable);
@@ -162,6 +160,42 @@ absl::StatusOr<Tensor> MapSharedView(int fd, const CheckedLayout& layout,
   return Tensor::FromStorage(std::move(storage), dtype,
                              layout.offset - map_start / width, layout.sizes,
                              layout.strides);
+}
+
+// MADV_POPULATE_READ (Linux 5.14), named here for C libraries that
+// predate it; an older kernel refuses it with EINVAL (the pages are then
+// filled as they are touched).
+#ifdef MADV_POPULATE_READ
+constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+constexpr int kPopulateRead = 22;
+#endif
+
+// The view in memory file `fd`, through the mapping of the whole file
+// that `mappings` keeps (made now, or for an earlier lease of the same
+// file: its page tables are then filled already). With `populate`, the
+// page tables of the view's bytes in a new mapping are filled at once
+// rather than by faults.
+absl::StatusOr<Tensor> KeptSharedView(MappingCache& mappings, int fd,
+                                      const CheckedLayout& layout, DType dtype,
+                                      bool populate) {
+  RETURN_IF_ERROR(CheckLentFile(fd, layout.end_byte));
+  bool fresh = false;
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapping,
+                   mappings.Map(fd, layout.end_byte, &fresh));
+  char* const data = const_cast<char*>(mapping->data());
+  if (fresh && populate && layout.end_byte > layout.first_byte) {
+    const int64_t page = PageBytes();
+    const int64_t start = layout.first_byte / page * page;
+    (void)madvise(data + start, static_cast<size_t>(layout.end_byte - start),
+                  kPopulateRead);
+  }
+  const size_t size = static_cast<size_t>(mapping->size());
+  std::shared_ptr<Storage> storage = Storage::Wrap(
+      data, size, Device::Cpu(),
+      [mapping = std::move(mapping)]() mutable { mapping.reset(); });
+  return Tensor::FromStorage(std::move(storage), dtype, layout.offset,
+                             layout.sizes, layout.strides);
 }
 
 #if TESSERA_LOCAL_PATH_CUDA
@@ -251,7 +285,7 @@ absl::Status CopyInPieces(
                        });
 }
 
-// Copies `view` (a dense run of a memory file, mapped by MapSharedView)
+// Copies `view` (a dense run of a memory file, mapped by KeptSharedView)
 // into `destination`, one contiguous block of host memory of as many
 // bytes, with memcpy by CopyInPieces' threads. Several threads copy from a
 // mapping that mmap did not populate: each faults in its own pages
@@ -299,12 +333,14 @@ absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
 
 // The view the reply lends: a mapping of `fd` (SHM) or an opened IPC
 // handle (CUDA_IPC).
-absl::StatusOr<Tensor> LentView(const v1::LocalFetchReply& reply, int fd,
-                                const CheckedLayout& layout, DType dtype) {
+absl::StatusOr<Tensor> LentView(MappingCache& mappings,
+                                const v1::LocalFetchReply& reply, int fd,
+                                const CheckedLayout& layout, DType dtype,
+                                bool populate) {
   switch (reply.transport()) {
     case v1::LOCAL_TRANSPORT_SHM:
       if (fd < 0) return absl::DataLossError("no memory file attached");
-      return MapSharedView(fd, layout, dtype, MapMode());
+      return KeptSharedView(mappings, fd, layout, dtype, populate);
     case v1::LOCAL_TRANSPORT_CUDA_IPC:
 #if TESSERA_LOCAL_PATH_CUDA
       return OpenCudaView(reply, layout, dtype);
@@ -436,27 +472,29 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
   if (!layout.ok()) unreachable = Annotate(layout.status(), what);
   auto fill = [&](const Tensor& destination) -> absl::Status {
     if (!leased) return absl::OkStatus();  // No bytes.
-    // A dense run of the memory file into one block of host memory: copied
-    // by several threads when large, which then fault the mapping in
-    // themselves; by one from a mapping mmap populates when not (1 MiB:
-    // 225-229 us populated, 249-266 faulted in, 293-296 by pread).
+    // Through the mapping of the file kept from an earlier lease, or a new
+    // one (io/mapping_cache.h). A dense run of the memory file into one
+    // block of host memory: copied by several threads when large, which
+    // then fault a new mapping in themselves; by one from a mapping whose
+    // view is populated at once when not (1 MiB: 225-229 us populated,
+    // 249-266 faulted in, 293-296 by pread).
     const bool dense = reply.transport() == v1::LOCAL_TRANSPORT_SHM &&
                        attached.valid() && IsDense(*layout) &&
                        destination.device().is_cpu() &&
                        destination.is_contiguous() &&
                        static_cast<int64_t>(destination.nbytes()) ==
                            layout->end_byte - layout->first_byte;
-    MapMode mode;
-    mode.populate = CopyThreads(layout->end_byte - layout->first_byte) == 1;
+    const bool populate =
+        CopyThreads(layout->end_byte - layout->first_byte) == 1;
     absl::StatusOr<Tensor> view =
-        dense ? MapSharedView(attached.get(), *layout, *dtype, mode)
-              : LentView(reply, attached.get(), *layout, *dtype);
+        LentView(mappings_, reply, attached.get(), *layout, *dtype, populate);
     if (!view.ok()) {
       unreachable = Annotate(view.status(), what);
       return unreachable;
     }
-    // The view (the mapping, the IPC handle) goes on return, before
-    // "done" lets the owner free the memory.
+    // The view goes on return, before "done" lets the owner free the
+    // memory: an IPC handle is closed then; a mapping stays kept for the
+    // next lease of its file, for a short while (io/mapping_cache.h).
     if (dense) {
       CopyDenseView(*view, destination);
       return absl::OkStatus();
@@ -612,10 +650,7 @@ LocalAttempt LocalPathClient::Write(
           absl::StrCat(what, ": the owner lent no dense memory file run"));
     } else {
       const int fd = answer.attached.get();
-      MapMode mode;
-      mode.populate = false;  // Each copying thread populates its piece.
-      mode.writable = true;
-      absl::StatusOr<Tensor> run = MapSharedView(fd, *layout, *dtype, mode);
+      absl::StatusOr<Tensor> run = MapWritableView(fd, *layout, *dtype);
       if (!run.ok()) {
         written = Annotate(run.status(), what);  // Nothing written yet.
       } else {

@@ -6,12 +6,16 @@
 // stack: the owner lends the shard's memory (a read-only descriptor of a
 // shared host memory file, or a CUDA IPC handle) and the client copies the
 // requested box straight from it into the destination, then tells the
-// owner it is done, which ends the owner's lease on the memory. A dense
-// run of a memory file bound for a contiguous host destination is mapped
-// and copied with memcpy by several threads (from 16 MiB), which fault
-// the mapping in themselves; anything else is mapped with its page tables
-// filled at once (or its IPC handle opened) and copied with CopyBox (any
-// strides, CPU or CUDA). The mapping is gone before "done" is sent.
+// owner it is done, which ends the owner's lease on the memory. A memory
+// file is read through a mapping of all of it that this client keeps for
+// the next lease of the same file, for up to a second after its last use
+// (io/mapping_cache.h: a file lent again is copied without filling page
+// tables again; its memory stays allocated that long after its owner
+// frees it). A dense run bound for a contiguous host destination is
+// copied with memcpy by several threads (from 16 MiB), which fault a new
+// mapping in themselves; anything else (a new mapping's view populated at
+// once, or an opened IPC handle) is copied with CopyBox (any strides, CPU
+// or CUDA). An IPC handle is closed before "done" is sent.
 // Writes go the other way (Write): a daemon lends the file writable to its
 // own user's processes, and the client maps the box's run writable and
 // copies into it with memcpy by the same threads (pwrite(2) where the
@@ -46,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/shard_client.h"
+#include "io/mapping_cache.h"
 #include "io/socket.h"
 #include "tessera/v1/local.pb.h"
 #include "tessera/v1/shard.pb.h"
@@ -136,6 +141,8 @@ class LocalPathClient {
   // Why the path cannot be taken, when !same_host_.
   std::string unusable_;
 
+  // Mappings of the files lent for reads, kept for the next lease.
+  mutable MappingCache mappings_;
   mutable absl::Mutex mu_;
   mutable std::vector<UniqueFd> idle_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
