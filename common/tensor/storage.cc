@@ -403,6 +403,14 @@ Storage::~Storage() {
     case Allocator::kSharedMemory: {
       size_t rounded = nbytes_;
       RoundUp(nbytes_, PageSize(), &rounded);
+      // The pages go now, also where another process still maps the file
+      // (a client keeps its mapping of a lent file for the next lease,
+      // io/mapping_cache.h; a client may keep the descriptor it was lent):
+      // this process's memory budget counts them as freed. Costs what the
+      // last close would.
+      (void)fallocate(shared_memory_fd_,
+                      FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(rounded));
       munmap(data_, rounded);
       close(shared_memory_fd_);
       g_shared_storages.fetch_sub(1);

@@ -31,7 +31,9 @@ namespace tessera {
 // MAP_SHARED, so that another process on the same host can map the same
 // pages (the local path of docs/data_plane.md). shared_memory_fd()
 // is that file; its size is sealed (it can neither shrink nor grow), so a
-// process that maps it cannot fault past its end.
+// process that maps it cannot fault past its end. Freeing the storage
+// frees the file's pages (a hole punched over all of it) even where
+// another process still maps the file or holds a descriptor of it.
 // Whether a host allocation may be lent to other processes.
 enum class HostSharing {
   // Shareable when the process shares host memory (SetHostMemorySharing)

@@ -1,5 +1,7 @@
 #include "common/tensor/tensor.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -136,6 +138,38 @@ TEST(StorageTest, PrivateAllocationsAreNeverShared) {
   EXPECT_EQ(t.storage()->shared_memory_fd(), -1);
   ASSERT_OK_AND_ASSIGN(Tensor u, Tensor::Empty({1 << 20}));
   EXPECT_GE(u.storage()->shared_memory_fd(), 0);
+}
+
+// A memory file's pages are freed with its storage, also while another
+// process maps the file (a local-path client keeps its mapping of a lent
+// file for the next lease): what a daemon's budget gave back is free.
+TEST(StorageTest, FreeingSharedMemoryFreesPagesOthersStillMap) {
+  SetHostMemorySharing(4096);
+  absl::Cleanup off = [] { DisableHostMemorySharing(); };
+  ASSERT_OK_AND_ASSIGN(Tensor shard, Tensor::Empty({1 << 20}));
+  const size_t bytes = shard.nbytes();
+  const int fd = shard.storage()->shared_memory_fd();
+  ASSERT_GE(fd, 0);
+  std::memset(shard.data_ptr(), 0x5a, bytes);
+  // Another mapping of the file, as a client's through the descriptor it
+  // was lent (reopened read-only, as the local path lends it).
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const int reader = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  void* view = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, reader, 0);
+  close(reader);
+  ASSERT_NE(view, MAP_FAILED);
+  absl::Cleanup unmap = [&] { munmap(view, bytes); };
+  ASSERT_EQ(static_cast<const char*>(view)[bytes - 1], 0x5a);
+  const auto resident = [&] {
+    std::vector<unsigned char> pages(bytes / 4096 + 1);
+    EXPECT_EQ(mincore(view, bytes, pages.data()), 0);
+    return std::count_if(pages.begin(), pages.end(),
+                         [](unsigned char p) { return (p & 1) != 0; });
+  };
+  EXPECT_GT(resident(), 0);
+  shard = Tensor();  // Its storage freed.
+  EXPECT_EQ(resident(), 0);
 }
 
 // Zeros is all zeros whether it wrote them (heap memory reused dirty) or
