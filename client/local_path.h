@@ -10,12 +10,13 @@
 // file is read through a mapping of all of it that this client keeps for
 // the next lease of the same file, for up to a second after its last use
 // (io/mapping_cache.h: a file lent again is copied without filling page
-// tables again; its memory stays allocated that long after its owner
-// frees it). A dense run bound for a contiguous host destination is
-// copied with memcpy by several threads (from 16 MiB), which fault a new
-// mapping in themselves; anything else (a new mapping's view populated at
-// once, or an opened IPC handle) is copied with CopyBox (any strides, CPU
-// or CUDA). An IPC handle is closed before "done" is sent.
+// tables again; an owner that frees the file frees its pages all the
+// same, common/tensor/storage.h). A dense run bound for a contiguous host
+// destination is copied with memcpy by several threads (from 16 MiB),
+// which fault a new mapping in themselves; anything else (a new mapping's
+// view populated at once, or an opened IPC handle) is copied with CopyBox
+// (any strides, CPU or CUDA). An IPC handle is closed before "done" is
+// sent.
 // Writes go the other way (Write): a daemon lends the file writable to its
 // own user's processes, and the client maps the box's run writable and
 // copies into it with memcpy by the same threads (pwrite(2) where the

@@ -11,12 +11,14 @@
 // tensor) is copied through the mapping made the first time: its page
 // tables are already filled.
 //
-// What a kept mapping costs: its file's memory stays allocated until it is
-// unmapped, even after its owner freed it (a deleted tensor, a version no
-// longer kept). Mappings are therefore unmapped `keep` after their last
-// Map (one second by default) by a helper thread, and at once, least
-// recently used first, beyond `max_bytes` of kept mappings. Mappings are
-// not inherited by a forked child (MADV_DONTFORK).
+// What a kept mapping costs: its file stays open, and its memory stays
+// allocated until it is unmapped even after its owner let go of the file,
+// unless the owner frees the pages itself (Tessera's owners punch them out
+// when they free a file: common/tensor/storage.h). Mappings are therefore
+// unmapped `keep` after their last Map (one second by default) by a helper
+// thread, and at once, least recently used first, beyond `max_bytes` of
+// kept mappings. Mappings are not inherited by a forked child
+// (MADV_DONTFORK).
 //
 // Reads through a kept mapping see the file's current bytes (a shared
 // mapping of the same file): keeping it changes no value read. The cache
