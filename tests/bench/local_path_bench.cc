@@ -4,15 +4,18 @@
 // process fetches it whole into one preallocated host tensor, --reps times
 // per path, and prints one JSON line per path:
 //   {"bench":"local_path",
-//    "path":"data_plane|local|local_to_here|memcpy|memcpy_fresh",
+//    "path":"data_plane|local|local_to_here|memcpy|memcpy_threads|
+//            memcpy_fresh",
 //    "mib":N,
 //    "p50_ms":...,"best_ms":...,"gbps":...}   (gbps from the median)
 // The data plane runs with LocalPath::kOff, the local path with kRequired
 // (an error, never a silent fallback); local_to_here allocates its result
 // (ShardClient::FetchShard), memcpy copies between two touched buffers
-// of this process (the same-host ceiling) and memcpy_fresh into a tensor
-// allocated for each copy (the ceiling of a copy that allocates its
-// result, as to_here does). --quick shrinks it for ctest.
+// of this process on one thread, memcpy_threads the same split between as
+// many threads as the local path copies a shard of this size with (its
+// like with like), and memcpy_fresh into a tensor allocated for each copy
+// (the ceiling of a copy that allocates its result, as to_here does).
+// --quick shrinks it for ctest.
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +27,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -155,8 +159,8 @@ absl::Status Measure(int64_t mib, int reps) {
       return check(destination);
     }));
   }
-  // An allocating fetch (to_here) over the local path, and the ceiling:
-  // memcpy between two buffers of this process, both already touched.
+  // An allocating fetch (to_here) over the local path, and memcpy between
+  // two buffers of this process, both already touched, on one thread.
   FetchOptions local;
   local.local_path = LocalPath::kRequired;
   local.timeout = absl::Minutes(2);
@@ -167,6 +171,29 @@ absl::Status Measure(int64_t mib, int reps) {
   ASSIGN_OR_RETURN(Tensor source, Tensor::Full({Elements(mib)}, 1.5));
   RETURN_IF_ERROR(measure("memcpy", [&]() -> absl::Status {
     std::memcpy(destination.data_ptr(), source.data_ptr(), source.nbytes());
+    return check(destination);
+  }));
+  // The same copy split as the local path splits a large one (pieces of at
+  // least 8 MiB, up to 4 threads and no more than the cores): its like
+  // with like.
+  const int64_t total = static_cast<int64_t>(source.nbytes());
+  const int64_t threads = std::clamp<int64_t>(
+      total / (int64_t{8} << 20), 1,
+      std::min<int64_t>(4, std::max(1u, std::thread::hardware_concurrency())));
+  RETURN_IF_ERROR(measure("memcpy_threads", [&]() -> absl::Status {
+    const int64_t piece = (total + threads - 1) / threads;
+    std::vector<std::thread> copies;
+    for (int64_t k = 0; k < threads; ++k) {
+      copies.emplace_back([&, k] {
+        const int64_t begin = k * piece;
+        const int64_t length = std::min(piece, total - begin);
+        if (length <= 0) return;
+        std::memcpy(static_cast<char*>(destination.data_ptr()) + begin,
+                    static_cast<const char*>(source.data_ptr()) + begin,
+                    static_cast<size_t>(length));
+      });
+    }
+    for (std::thread& copy : copies) copy.join();
     return check(destination);
   }));
   // The ceiling of any allocating copy, to_here's like with like: a tensor
