@@ -25,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "io/errno.h"
+#include "io/read_spin.h"
 
 namespace tessera {
 
@@ -40,39 +41,9 @@ absl::Status Errno(absl::string_view what) {
   return ErrnoError(errno, what, absl::StatusCode::kUnavailable);
 }
 
-// How long a read polls before it blocks (see ReadFull).
-constexpr std::chrono::microseconds kReadSpin(100);
 // A read still missing at least this many bytes blocks at once: the wait
-// is for the next segment of a transfer already streaming, and polling
-// for it takes a core from the sender (on a host the two ends share).
+// is for the next segment of a transfer already streaming (io/read_spin.h).
 constexpr size_t kBulkReadBytes = size_t{64} << 10;
-
-// Adaptive spinning. Polling before blocking pays when the bytes come
-// within kReadSpin, which is what a quiet machine does; on a busy one
-// (more runnable threads than cores) the peer that would send them may be
-// waiting for the very core the poller holds, and polling makes every wait
-// longer. So the process keeps a score of its recent waits: one that ended
-// within kReadSpin (polled or blocked) raises it, a longer one lowers it
-// twice as fast, and reads poll only while it is at least kSpinAbove.
-// Blocked waits keep being timed, so polling resumes once waits are short
-// again.
-constexpr int kSpinScoreMax = 8;
-constexpr int kSpinAbove = 4;
-std::atomic<int> g_spin_score{kSpinScoreMax};
-
-bool SpinWorthIt() {
-  return g_spin_score.load(std::memory_order_relaxed) >= kSpinAbove;
-}
-
-void RecordWait(std::chrono::steady_clock::duration waited) {
-  int score = g_spin_score.load(std::memory_order_relaxed);
-  const int next = waited <= kReadSpin ? std::min(score + 1, kSpinScoreMax)
-                                       : std::max(score - 2, 0);
-  if (next != score) {
-    // A lost race only drops one sample.
-    g_spin_score.compare_exchange_weak(score, next, std::memory_order_relaxed);
-  }
-}
 
 void TuneSocket(int fd) {
   int one = 1;
@@ -207,12 +178,8 @@ absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
   char* out = start;
   size_t room = at_most;
   // Each wait first polls the socket in a loop for a moment, while waits
-  // are short (SpinWorthIt): a sleeping (virtual) CPU takes tens of
-  // microseconds to wake, more than a small fetch's whole round trip on
-  // loopback.
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point waiting_since{};  // The current wait's start.
-  bool spin = false;
+  // are short (io/read_spin.h).
+  ReadSpin wait;
   while (static_cast<size_t>(out - start) < at_least) {
     absl::Status in_time = CheckDeadline(deadline, "recv");
     if (!in_time.ok()) return in_time;
@@ -220,22 +187,16 @@ absl::StatusOr<size_t> ReadAtLeast(int fd, void* data, size_t at_least,
     if (n > 0) {
       out += n;
       room -= static_cast<size_t>(n);
-      if (waiting_since != Clock::time_point{}) {
-        RecordWait(Clock::now() - waiting_since);
-        waiting_since = {};
-      }
+      wait.Got();
       continue;
     }
     if (n == 0) return absl::UnavailableError("connection closed by peer");
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Errno("recv");
-    const auto now = Clock::now();
-    if (waiting_since == Clock::time_point{}) {
-      waiting_since = now;
-      spin = at_least - static_cast<size_t>(out - start) < kBulkReadBytes &&
-             SpinWorthIt();
+    if (wait.Poll(at_least - static_cast<size_t>(out - start) <
+                  kBulkReadBytes)) {
+      continue;
     }
-    if (spin && now - waiting_since < kReadSpin) continue;
     absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recv");
     if (!ready.ok()) return ready;
   }

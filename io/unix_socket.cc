@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "io/errno.h"
+#include "io/read_spin.h"
 #include "io/socket.h"
 
 namespace tessera {
@@ -173,13 +175,17 @@ absl::Status SendLocalMessage(int fd, absl::string_view message,
 }
 
 absl::StatusOr<std::string> ReceiveLocalMessage(int fd, absl::Time deadline,
-                                                UniqueFd* attached) {
-  std::string buffer(kMaxLocalMessageBytes, '\0');
+                                                UniqueFd* attached, bool poll) {
+  // Not zeroed: only the bytes received are kept.
+  std::unique_ptr<char[]> buffer(new char[kMaxLocalMessageBytes]);
   // Room for a few descriptors, so that a peer attaching too many is seen
   // (and every one of them closed) rather than silently truncated.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  // Polls a moment before blocking, while waits are short
+  // (io/read_spin.h): local messages are requests and their replies.
+  ReadSpin wait;
   while (true) {
-    iovec iov{buffer.data(), buffer.size()};
+    iovec iov{buffer.get(), kMaxLocalMessageBytes};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -191,10 +197,13 @@ absl::StatusOr<std::string> ReceiveLocalMessage(int fd, absl::Time deadline,
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return Errno("recvmsg", errno);
       }
+      // At most ReadSpin::kReadSpin past the deadline: AwaitReady sees it.
+      if (poll && wait.Poll(/*small=*/true)) continue;
       const absl::Status ready = AwaitReady(fd, POLLIN, deadline, "recvmsg");
       if (!ready.ok()) return ready;
       continue;
     }
+    if (poll) wait.Got();
     // Owned at once, so that every return below closes what it drops.
     std::vector<UniqueFd> received;
     for (cmsghdr* header = CMSG_FIRSTHDR(&msg); header != nullptr;
@@ -223,8 +232,7 @@ absl::StatusOr<std::string> ReceiveLocalMessage(int fd, absl::Time deadline,
     if (attached != nullptr && !received.empty()) {
       *attached = std::move(received.front());
     }
-    buffer.resize(static_cast<size_t>(n));
-    return buffer;
+    return std::string(buffer.get(), static_cast<size_t>(n));
   }
 }
 

@@ -57,9 +57,14 @@ absl::Status SendLocalMessage(int fd, absl::string_view message,
 // Receives one message. A descriptor attached to it is moved to *attached,
 // or closed when `attached` is null. UNAVAILABLE when the peer has closed
 // the connection; DATA_LOSS (and nothing kept) for a message longer than
-// kMaxLocalMessageBytes or carrying more than one descriptor.
+// kMaxLocalMessageBytes or carrying more than one descriptor. The wait
+// polls a moment before it blocks (io/read_spin.h) unless `poll` is
+// false: for a message the peer sends after long work of its own (a
+// lease's "done" after a large copy), whose wait says nothing of this
+// host's wake-ups and is not counted.
 absl::StatusOr<std::string> ReceiveLocalMessage(int fd, absl::Time deadline,
-                                                UniqueFd* attached = nullptr);
+                                                UniqueFd* attached = nullptr,
+                                                bool poll = true);
 
 // The effective user id of the process at the other end (SO_PEERCRED, as
 // it was when it connected).
