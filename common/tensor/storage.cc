@@ -12,6 +12,7 @@
 #include <deque>
 #include <limits>
 #include <optional>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -181,8 +182,9 @@ class HostBufferCache {
 namespace {
 
 // Shareable host memory (SetHostMemorySharing): the threshold (-1 while
-// off), the live shared storages and how many may live, since each holds a
-// file descriptor.
+// off), the descriptors shared storages hold (each its memory file, and
+// the read-only one once lent: Storage::ReadOnlyMemoryFd) and how many
+// they may hold.
 std::atomic<int64_t> g_sharing_min_bytes{-1};
 std::atomic<int64_t> g_shared_storages{0};
 std::atomic<int64_t> g_shared_storage_limit{0};
@@ -377,6 +379,40 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(
       new Storage(data, nbytes, device, true, Allocator::kHeapLocked));
 }
 
+absl::StatusOr<int> Storage::ReadOnlyMemoryFd() const {
+  if (const int kept = read_only_fd_.load(std::memory_order_acquire);
+      kept >= 0) {
+    return kept;
+  }
+  if (shared_memory_fd_ < 0) {
+    return absl::FailedPreconditionError("the storage has no memory file");
+  }
+  // Counted with the memory files' own descriptors, so that shared
+  // storages never take more than their share of the process's.
+  if (g_shared_storages.fetch_add(1) >= g_shared_storage_limit.load()) {
+    g_shared_storages.fetch_sub(1);
+    return absl::FailedPreconditionError(
+        "the process holds as many memory file descriptors as it may");
+  }
+  const std::string path = absl::StrCat("/proc/self/fd/", shared_memory_fd_);
+  const int opened = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (opened < 0) {
+    const int error = errno;
+    g_shared_storages.fetch_sub(1);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "reopening its memory file read-only failed: ", ErrnoText(error)));
+  }
+  // Two first callers at once: one description is kept, the other closed.
+  int expected = -1;
+  if (!read_only_fd_.compare_exchange_strong(expected, opened,
+                                             std::memory_order_acq_rel)) {
+    close(opened);
+    g_shared_storages.fetch_sub(1);
+    return expected;
+  }
+  return opened;
+}
+
 Storage::~Storage() {
   switch (allocator_) {
     case Allocator::kNone:
@@ -412,6 +448,10 @@ Storage::~Storage() {
                       FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                       static_cast<off_t>(rounded));
       munmap(data_, rounded);
+      if (const int read_only = read_only_fd_.load(); read_only >= 0) {
+        close(read_only);
+        g_shared_storages.fetch_sub(1);
+      }
       close(shared_memory_fd_);
       g_shared_storages.fetch_sub(1);
       break;

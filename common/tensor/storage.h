@@ -79,6 +79,15 @@ class Storage {
   // The memory file behind shareable host memory; -1 for every other
   // storage. Owned by the storage: do not close it (dup it to keep it).
   int shared_memory_fd() const { return shared_memory_fd_; }
+  // A read-only open file description of that memory file, for lending its
+  // pages to readers that must not write them (the local path): reopened
+  // through /proc/self/fd on the first call, then kept (and closed) with
+  // the storage, so that lending it again costs no path walk. Owned by the
+  // storage: do not close it. FAILED_PRECONDITION for a storage without a
+  // memory file, when shared storages hold as many descriptors as they may
+  // (SetHostMemorySharing), or with the reopen's errno; tried again on the
+  // next call. Thread-safe.
+  absl::StatusOr<int> ReadOnlyMemoryFd() const;
   // Whether every byte was zero when Allocate returned it (a new memory
   // file, or no bytes), so that zeroing it then would be wasted work. Says
   // nothing of the bytes since; heap memory (which may be reused) is
@@ -122,6 +131,8 @@ class Storage {
   bool pinned_;
   Allocator allocator_;
   int shared_memory_fd_ = -1;  // kSharedMemory
+  // ReadOnlyMemoryFd's, once opened; -1 before.
+  mutable std::atomic<int> read_only_fd_{-1};
   mutable std::atomic<bool> reusable_{true};
   std::function<void()> release_;  // kForeign
 };
@@ -132,13 +143,14 @@ class Storage {
 // smaller ones, pinned ones and device ones are not. Sharing is an
 // optimisation: when a memory file cannot be had (no memfd support, descriptors
 // exhausted, a mapping refused) the allocation silently uses the heap, as with
-// sharing off. Each shared storage holds one file descriptor while it lives; at
-// most half of the process's RLIMIT_NOFILE soft limit (as it was when sharing
-// was turned on) is spent on them, later allocations use the heap. Large shared
-// mappings are advised as huge pages, which the kernel grants only where shmem
-// huge pages are enabled (/sys/kernel/mm/transparent_hugepage/shmem_enabled);
-// elsewhere first touch faults in small pages, where large private
-// buffers use huge pages.
+// sharing off. Each shared storage holds one file descriptor while it lives
+// (two once lent: ReadOnlyMemoryFd); at most half of the process's
+// RLIMIT_NOFILE soft limit (as it was when sharing was turned on) is spent on
+// them, later allocations use the heap (and a read-only one is refused). Large
+// shared mappings are advised as huge pages, which the kernel grants only where
+// shmem huge pages are enabled
+// (/sys/kernel/mm/transparent_hugepage/shmem_enabled); elsewhere first touch
+// faults in small pages, where large private buffers use huge pages.
 // Thread-safe; storages already allocated keep their kind.
 inline constexpr int64_t kDefaultHostSharingMinBytes = int64_t{64} << 10;
 void SetHostMemorySharing(int64_t min_bytes = kDefaultHostSharingMinBytes);

@@ -172,6 +172,79 @@ TEST(StorageTest, FreeingSharedMemoryFreesPagesOthersStillMap) {
   EXPECT_EQ(resident(), 0);
 }
 
+// The read-only description the local path lends: opened once, kept and
+// closed with the storage, one for concurrent first callers.
+TEST(StorageTest, ReadOnlyMemoryFdIsOpenedOnceAndClosedWithTheStorage) {
+  SetHostMemorySharing(4096);
+  absl::Cleanup off = [] { DisableHostMemorySharing(); };
+  ASSERT_OK_AND_ASSIGN(Tensor shard, Tensor::Empty({1 << 20}));
+  std::vector<int> seen(4, -1);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 4; ++i) {
+    callers.emplace_back([&, i] {
+      absl::StatusOr<int> fd = shard.storage()->ReadOnlyMemoryFd();
+      if (fd.ok()) seen[i] = *fd;
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  ASSERT_GE(seen[0], 0);
+  EXPECT_THAT(seen, ::testing::Each(seen[0]));
+  ASSERT_OK_AND_ASSIGN(const int fd, shard.storage()->ReadOnlyMemoryFd());
+  EXPECT_EQ(fd, seen[0]);
+  EXPECT_NE(fd, shard.storage()->shared_memory_fd());
+  EXPECT_EQ(fcntl(fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  std::memset(shard.data_ptr(), 0x3c, shard.nbytes());
+  char byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, 12345), 1);
+  EXPECT_EQ(byte, 0x3c);
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
+            MAP_FAILED);
+  shard = Tensor();
+  EXPECT_EQ(fcntl(fd, F_GETFD), -1);  // Closed with the storage.
+
+  ASSERT_OK_AND_ASSIGN(Tensor private_memory,
+                       Tensor::Empty({1 << 20}, TensorOptions().Private()));
+  EXPECT_THAT(private_memory.storage()->ReadOnlyMemoryFd(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+}
+
+// A lent storage's read-only descriptor counts against the descriptors
+// shared storages may hold (half of RLIMIT_NOFILE): refused at the limit
+// (the local path then lends nothing and the client uses a stream), given
+// back with its storage.
+TEST(StorageTest, ReadOnlyDescriptorsCountAgainstTheSharedLimit) {
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  struct rlimit low = saved;
+  low.rlim_cur = 64;  // 32 for shared storages.
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  SetHostMemorySharing(4096);
+  absl::Cleanup restore = [&] {
+    DisableHostMemorySharing();
+    setrlimit(RLIMIT_NOFILE, &saved);
+  };
+  std::vector<std::shared_ptr<Storage>> shared;
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Storage> storage,
+                         Storage::Allocate(8192, Device::Cpu(), false));
+    if (storage->shared_memory_fd() < 0) break;  // The heap: at the limit.
+    shared.push_back(std::move(storage));
+  }
+  ASSERT_GE(shared.size(), 2u);
+  ASSERT_LE(shared.size(), 32u);
+  EXPECT_THAT(shared[0]->ReadOnlyMemoryFd(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("descriptors")));
+  shared.pop_back();  // One descriptor free.
+  ASSERT_OK(shared[0]->ReadOnlyMemoryFd().status());
+  EXPECT_THAT(shared[1]->ReadOnlyMemoryFd(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  shared.erase(shared.begin());  // Both of its descriptors free.
+  ASSERT_OK(shared[0]->ReadOnlyMemoryFd().status());
+  ASSERT_OK(shared[1]->ReadOnlyMemoryFd().status());
+}
+
 // Zeros is all zeros whether it wrote them (heap memory reused dirty) or
 // the memory file came zero (StorageTest.PrivateAllocationsAreNeverShared).
 TEST(StorageTest, ZerosIsZeroFromEveryKindOfHostMemory) {

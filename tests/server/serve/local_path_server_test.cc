@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -405,6 +406,50 @@ TEST_F(LocalPathServerTest, LendsTheMemoryFileReadOnly) {
   EXPECT_EQ(reply.code(), 0);
   EXPECT_EQ(reply.layout().offset_bytes(), 0);
   EXPECT_OK(SendDone(socket.get()));
+}
+
+// Readers are lent the storage's one read-only description
+// (Storage::ReadOnlyMemoryFd: no path walk per lease). What a hostile
+// reader can do to it reaches no later reader's bytes.
+TEST_F(LocalPathServerTest, ReadersShareOneDescriptionThatNoneCanAlter) {
+  UniqueFd first_socket = Dial();
+  UniqueFd first;
+  ASSERT_OK_AND_ASSIGN(v1::LocalFetchReply reply,
+                       Ask(first_socket.get(), Request(kId), &first));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_TRUE(first.valid());
+  const size_t bytes = 128 * 64 * 8;
+  EXPECT_EQ(lseek(first.get(), 4096, SEEK_SET), 4096);
+  EXPECT_EQ(fcntl(first.get(), F_SETFL, O_NONBLOCK | O_APPEND), 0);
+  EXPECT_EQ(flock(first.get(), LOCK_EX | LOCK_NB), 0);
+  EXPECT_NE(ftruncate(first.get(), 0), 0);
+  EXPECT_NE(fallocate(first.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      0, static_cast<off_t>(bytes)),
+            0);
+  const int64_t garbage = -1;
+  EXPECT_LT(pwrite(first.get(), &garbage, sizeof(garbage), 0), 0);
+  ASSERT_OK(SendDone(first_socket.get()));
+
+  UniqueFd second_socket = Dial();
+  UniqueFd second;
+  ASSERT_OK_AND_ASSIGN(reply, Ask(second_socket.get(), Request(kId), &second));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_TRUE(second.valid());
+  // The same description (its offset moved by the first reader) ...
+  EXPECT_EQ(lseek(second.get(), 0, SEEK_CUR), 4096);
+  EXPECT_EQ(fcntl(second.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
+  // ... whose mapping and positioned reads see the shard as it is.
+  void* readable = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, second.get(), 0);
+  ASSERT_NE(readable, MAP_FAILED);
+  for (int64_t i = 0; i < 128 * 64; ++i) {
+    ASSERT_EQ(static_cast<const int64_t*>(readable)[i], 1000 + i) << i;
+  }
+  munmap(readable, bytes);
+  int64_t value = 0;
+  ASSERT_EQ(pread(second.get(), &value, sizeof(value), 8 * 77),
+            static_cast<ssize_t>(sizeof(value)));
+  EXPECT_EQ(value, 1000 + 77);
+  EXPECT_OK(SendDone(second_socket.get()));
 }
 
 TEST_F(LocalPathServerTest, LeaseKeepsTheShardUntilDone) {
