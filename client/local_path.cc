@@ -116,11 +116,11 @@ int64_t PageBytes() {
   return page_size > 0 ? page_size : 4096;
 }
 
-// OK when memory file `fd` may be mapped for a view ending at byte
-// `end_byte`: sealed against shrinking (pages past a file's end would
+// The fstat of memory file `fd` when it may be mapped for a view ending at
+// byte `end_byte`: sealed against shrinking (pages past a file's end would
 // fault with SIGBUS when touched; the seal keeps the owner from shrinking
 // it after this check) and at least that long.
-absl::Status CheckLentFile(int fd, int64_t end_byte) {
+absl::StatusOr<struct stat> CheckLentFile(int fd, int64_t end_byte) {
   struct stat info;
   if (fstat(fd, &info) != 0) {
     return ErrnoError(errno, "fstat", absl::StatusCode::kUnavailable);
@@ -134,7 +134,7 @@ absl::Status CheckLentFile(int fd, int64_t end_byte) {
         absl::StrCat("memory file of ", info.st_size,
                      " bytes is shorter than the view's ", end_byte));
   }
-  return absl::OkStatus();
+  return info;
 }
 
 // Maps the pages of memory file `fd` (lent writable) that hold the view
@@ -143,7 +143,7 @@ absl::Status CheckLentFile(int fd, int64_t end_byte) {
 // thread populates its piece: WriteIntoMappedRun).
 absl::StatusOr<Tensor> MapWritableView(int fd, const CheckedLayout& layout,
                                        DType dtype) {
-  RETURN_IF_ERROR(CheckLentFile(fd, layout.end_byte));
+  RETURN_IF_ERROR(CheckLentFile(fd, layout.end_byte).status());
   const int64_t page = PageBytes();
   const int64_t map_start = layout.first_byte / page * page;
   const size_t map_bytes = static_cast<size_t>(layout.end_byte - map_start);
@@ -179,10 +179,10 @@ constexpr int kPopulateRead = 22;
 absl::StatusOr<Tensor> KeptSharedView(MappingCache& mappings, int fd,
                                       const CheckedLayout& layout, DType dtype,
                                       bool populate) {
-  RETURN_IF_ERROR(CheckLentFile(fd, layout.end_byte));
+  ASSIGN_OR_RETURN(const struct stat info, CheckLentFile(fd, layout.end_byte));
   bool fresh = false;
   ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapping,
-                   mappings.Map(fd, layout.end_byte, &fresh));
+                   mappings.Map(fd, info, layout.end_byte, &fresh));
   char* const data = const_cast<char*>(mapping->data());
   if (fresh && populate && layout.end_byte > layout.first_byte) {
     const int64_t page = PageBytes();
@@ -262,9 +262,11 @@ constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
 constexpr int kPopulateWrite = 23;
 #endif
 
-// How many threads CopyInPieces splits `size` bytes between.
+// How many threads CopyInPieces splits `size` bytes between. The cores
+// are counted once: the C library reads sysfs for them (3 system calls),
+// and a small local read asked twice (6 of its 14 system calls).
 int64_t CopyThreads(int64_t size) {
-  const int64_t cores =
+  static const int64_t cores =
       std::max<int64_t>(1, std::thread::hardware_concurrency());
   return std::clamp<int64_t>(size / kParallelCopyBytes, 1,
                              std::min(kMaxCopyThreads, cores));
@@ -287,11 +289,11 @@ absl::Status CopyInPieces(
 
 // Copies `view` (a dense run of a memory file, mapped by KeptSharedView)
 // into `destination`, one contiguous block of host memory of as many
-// bytes, with memcpy by CopyInPieces' threads. Several threads copy from a
-// mapping that mmap did not populate: each faults in its own pages
-// (several per fault), in parallel. On a 2-core box that moved 256 MiB in
-// 24-38 ms, against 40-43 ms for pread(2) by the same threads and 26-30 ms
-// from a mapping populated by mmap on one thread.
+// bytes, with memcpy by CopyInPieces' threads. From a new mapping (mmap
+// does not populate it) each thread faults in its own pages (several per
+// fault), in parallel; a kept mapping's page tables are filled already. On a
+// 2-core box that moved 256 MiB in 24-38 ms, against 40-43 ms for pread(2) by
+// the same threads and 26-30 ms from a mapping populated by mmap on one thread.
 void CopyDenseView(const Tensor& view, const Tensor& destination) {
   const char* const from = static_cast<const char*>(view.data_ptr());
   char* const to = static_cast<char*>(destination.data_ptr());

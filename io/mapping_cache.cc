@@ -73,15 +73,10 @@ struct MappingCache::State {
   bool stopped = false;  // The cache is gone.
 };
 
-namespace {
-
-// The helper: unmaps entries as they expire; ends when none is left or
-// the cache is gone.
-void Reap(std::shared_ptr<MappingCache::State> state) {
+void MappingCache::Reap(std::shared_ptr<State> state) {
   std::unique_lock<std::mutex> lock(state->mu);
   while (!state->stopped) {
-    std::vector<MappingCache::State::Entry> gone =
-        state->TakeExpired(absl::Now());
+    std::vector<State::Entry> gone = state->TakeExpired(absl::Now());
     if (!gone.empty()) {
       lock.unlock();
       gone.clear();  // munmap outside the lock.
@@ -97,8 +92,6 @@ void Reap(std::shared_ptr<MappingCache::State> state) {
   }
   state->reaping = false;
 }
-
-}  // namespace
 
 MappingCache::MappingCache(absl::Duration keep, int64_t max_bytes)
     : state_(std::make_shared<State>(keep, max_bytes)), pid_(getpid()) {}
@@ -130,6 +123,12 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
     return ErrnoError(errno, "fstat of a memory file to map",
                       absl::StatusCode::kUnavailable);
   }
+  return Map(fd, info, min_bytes, fresh);
+}
+
+absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
+    int fd, const struct stat& info, int64_t min_bytes, bool* fresh) {
+  if (fresh != nullptr) *fresh = false;
   if (info.st_size < min_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory file of ", info.st_size,

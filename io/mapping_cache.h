@@ -34,6 +34,7 @@
 #ifndef TESSERA_IO_MAPPING_CACHE_H_
 #define TESSERA_IO_MAPPING_CACHE_H_
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -82,14 +83,23 @@ class MappingCache {
   absl::StatusOr<std::shared_ptr<const MappedFile>> Map(int fd,
                                                         int64_t min_bytes,
                                                         bool* fresh = nullptr);
+  // The same, for a caller that has just fstat'ed `fd` into `info` (the
+  // local path checks the file first): the file is not fstat'ed again.
+  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(int fd,
+                                                        const struct stat& info,
+                                                        int64_t min_bytes,
+                                                        bool* fresh = nullptr);
 
   // Mappings kept now, and their bytes.
   size_t kept() const;
   int64_t kept_bytes() const;
 
-  struct State;
-
  private:
+  struct State;
+  // The helper thread: unmaps entries as they expire; ends when none is
+  // left or the cache is gone.
+  static void Reap(std::shared_ptr<State> state);
+
   std::shared_ptr<State> state_;
   const pid_t pid_;
 };

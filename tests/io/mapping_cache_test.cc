@@ -1,6 +1,7 @@
 #include "io/mapping_cache.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +62,27 @@ TEST(MappingCacheTest, AFileMappedAgainIsTheKeptMapping) {
   EXPECT_TRUE(fresh);
   EXPECT_EQ((*third)->data()[0], 'b');
   EXPECT_EQ(cache.kept(), 2u);
+}
+
+// A caller that fstat'ed the file already (the local path) passes what it
+// saw: the same mapping, the same checks.
+TEST(MappingCacheTest, MapsWithTheCallersStat) {
+  MappingCache cache;
+  UniqueFd file = MemoryFile(65536, 'c');
+  struct stat info;
+  ASSERT_EQ(fstat(file.get(), &info), 0);
+  bool fresh = false;
+  auto first = cache.Map(file.get(), info, 65536, &fresh);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ((*first)->size(), 65536);
+  EXPECT_EQ((*first)->data()[65535], 'c');
+  auto second = cache.Map(file.get(), info, 4096, &fresh);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(second->get(), first->get());
+  auto longer = cache.Map(file.get(), info, 65537, &fresh);
+  EXPECT_EQ(longer.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MappingCacheTest, AKeptMappingShowsLaterWritesToItsFile) {
