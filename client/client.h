@@ -85,8 +85,8 @@ struct ClientOptions {
   // path (docs/data_plane.md, "The local path"), falling back to the
   // streams above when it cannot be taken.
   bool use_local_path = true;
-  // Boxes (read or written) smaller than this take the stream even so (see
-  // kLocalPathMinBytes, client/shard_client.h).
+  // Reads of shards smaller than this, and writes of fewer bytes, take the
+  // stream even so (see kLocalPathMinBytes, client/shard_client.h).
   int64_t local_min_bytes = kLocalPathMinBytes;
   // The most data-plane connections to one daemon a large read or write is
   // striped across (client/lanes.h; docs/data_plane.md, "Lanes"): 0 is

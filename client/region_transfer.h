@@ -177,8 +177,9 @@ struct RegionWriteOptions {
   // default.
   int lanes = 0;
   // A write of fewer bytes than this skips the local path for the data
-  // plane (ShardClient::WriteRegion; kLocalPathMinBytes, shard_client.h).
-  int64_t local_min_bytes = int64_t{256} << 10;
+  // plane (ShardClient::WriteRegion; kLocalPathMinBytes, shard_client.h,
+  // says why and is the same).
+  int64_t local_min_bytes = int64_t{64} << 10;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

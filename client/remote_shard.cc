@@ -24,9 +24,9 @@ absl::StatusOr<Shard> RemoteShard::to_here(const FetchOptions& options) const {
         absl::StrCat("remote shard ", shard_index_, " of tensor ", tensor_id_,
                      " has no client for its owner ", owner_.name));
   }
-  // A shard known to be small takes the stream at once: the local path
-  // would cost more (kLocalPathMinBytes), and owners do not even lend
-  // memory that small. The bound holds for every dtype (16 bytes at most).
+  // A shard known to be small takes the stream at once: owners do not lend
+  // memory that small (kLocalPathMinBytes). The bound holds for every
+  // dtype (16 bytes at most).
   FetchOptions fetch = options;
   if (fetch.local_path == LocalPath::kAuto &&
       metadata_.numel() * int64_t{16} < fetch.local_min_bytes) {

@@ -301,6 +301,31 @@ std::string FetchWhat(const v1::FetchShardRequest& request) {
 
 }  // namespace
 
+int64_t ShardBytes(const v1::ShardedTensorMetadata& metadata, size_t shard) {
+  if (shard >= static_cast<size_t>(metadata.shards_metadata_size())) return -1;
+  absl::StatusOr<DType> dtype = FromProto(metadata.tensor_properties().dtype());
+  if (!dtype.ok()) return -1;
+  int64_t bytes = static_cast<int64_t>(ElementSize(*dtype));
+  for (const int64_t size :
+       metadata.shards_metadata(static_cast<int>(shard)).shard_sizes()) {
+    if (size < 0 || __builtin_mul_overflow(bytes, size, &bytes)) return -1;
+  }
+  return bytes;
+}
+
+namespace {
+
+// Whether a kAuto fetch of `destination_bytes` (-1: an allocating fetch,
+// whose size is the shard's) is too small for the local path
+// (kLocalPathMinBytes).
+bool TooSmallForLocal(const FetchOptions& options, int64_t destination_bytes) {
+  const int64_t judged =
+      options.shard_bytes >= 0 ? options.shard_bytes : destination_bytes;
+  return judged >= 0 && judged < options.local_min_bytes;
+}
+
+}  // namespace
+
 absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
                                 const FetchOptions& options,
                                 ShardAssembler* assembler) const {
@@ -308,9 +333,9 @@ absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
   assembler->set_cancel(options.cancel);
   const bool required = options.local_path == LocalPath::kRequired;
   const Tensor& destination = assembler->destination();
-  const bool small =
-      destination.defined() &&
-      static_cast<int64_t>(destination.nbytes()) < options.local_min_bytes;
+  const bool small = TooSmallForLocal(
+      options,
+      destination.defined() ? static_cast<int64_t>(destination.nbytes()) : -1);
   if (options.local_path == LocalPath::kOff ||
       (!required && (local_ == nullptr || !local_->same_host() || small))) {
     return FetchStream(request, options, assembler);
@@ -436,7 +461,7 @@ int ShardClient::FetchLanes(const FetchOptions& options, int64_t bytes) const {
   // socket could not be reached lately (another network namespace) is.
   const bool local = options.local_path == LocalPath::kAuto &&
                      local_ != nullptr && local_->Usable(true).ok() &&
-                     bytes >= options.local_min_bytes;
+                     !TooSmallForLocal(options, bytes);
   if (local) return 1;
   return LanesFor(bytes, options.lanes);
 }

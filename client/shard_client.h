@@ -74,7 +74,7 @@ class LocalPathClient;
 // bytes over a socket.
 enum class LocalPath {
   // Taken when the owner publishes a local address of this host, unless
-  // the fetch is known to be smaller than FetchOptions::local_min_bytes;
+  // the shard is known to be smaller than FetchOptions::local_min_bytes;
   // any local failure (no such socket, memory that cannot be shared, a
   // mapping or CUDA IPC failure) silently falls back to the stream.
   kAuto,
@@ -85,14 +85,25 @@ enum class LocalPath {
   kRequired,
 };
 
-// The default of FetchOptions::local_min_bytes: below this many bytes
-// (known from the destination) a kAuto fetch takes the stream, as the
-// local path's fixed cost (a descriptor or handle lent and given back, one
-// more message) is more than a small stream's whole time. Measured with
-// tests/bench/client_bench (4 daemons on one 2-vCPU host), p50 of a box
-// read, local path / data plane: 4 KiB 156 / 47 us, 64 KiB 165 / 70 us,
-// 1 MiB 284 / 538 us.
-inline constexpr int64_t kLocalPathMinBytes = 256 << 10;
+// The default of FetchOptions::local_min_bytes (and of the client's
+// ClientOptions::local_min_bytes, which also sets RegionWriteOptions'):
+// owners lend no shard smaller than this (it is heap memory:
+// kDefaultHostSharingMinBytes, common/tensor/storage.h), so a kAuto read
+// of one takes the stream at once; any box of a larger shard takes the
+// local path, which is quicker at every size since its reads poll before
+// they block (io/read_spin.h). Writes of fewer bytes take the data plane,
+// which writes them inline. Measured with tests/bench/client_bench (4
+// daemons on one 2-vCPU host), p50 local path / data plane: reads 4 KiB
+// 18 / 30 us, 64 KiB 25-27 / 48-53, 1 MiB 190-240 / 565-710; writes
+// 4 KiB 26-32 / 22, 32 KiB 40-52 / 35-45, 64 KiB 43-53 / 87-92, 1 MiB
+// 270-290 / 740-820.
+inline constexpr int64_t kLocalPathMinBytes = 64 << 10;
+
+// The bytes of shard `shard` of a tensor described by `metadata` (its
+// elements times its dtype's width), for FetchOptions::shard_bytes; -1
+// when the metadata does not say (no such shard, an unknown dtype, more
+// bytes than an int64_t holds).
+int64_t ShardBytes(const v1::ShardedTensorMetadata& metadata, size_t shard);
 
 struct FetchOptions {
   // Largest chunk the server should send; 0 = the server's default.
@@ -114,8 +125,13 @@ struct FetchOptions {
   // When set, receives the published version the owner served
   // (ShardHeader.version: 0 for an unversioned tensor).
   int64_t* served_version = nullptr;
-  // kAuto takes the stream for a destination smaller than this.
+  // kAuto takes the stream for a shard smaller than this (owners lend
+  // none: kLocalPathMinBytes), judged by shard_bytes when it is known,
+  // else by the destination (an allocating fetch's is the shard).
   int64_t local_min_bytes = kLocalPathMinBytes;
+  // The whole shard's bytes when the caller knows them (ShardBytes of its
+  // metadata); -1 when not.
+  int64_t shard_bytes = -1;
   // Data-plane connections a large fetch is striped across at most
   // (client/lanes.h: LaneCount); 0: the client's default. 1 never stripes.
   int lanes = 0;

@@ -5,7 +5,8 @@ readers of a TP=2 engine) moved every step by
 
 - **tessera**: 4 daemons on this host; the trainers publish one version,
   both readers `plan.run()` (the transports the fetches pick: the local
-  path for pieces of 256 KiB or more, the data plane for smaller ones);
+  path for pieces of shards of 64 KiB or more, the data plane for pieces
+  of smaller shards);
 - **gloo**: no store: the trainer ranks all-gather each parameter and rank
   0 broadcasts the full state dict to the readers over Gloo
   (torch.distributed, TCP on loopback); the readers slice their boxes.

@@ -360,7 +360,9 @@ TEST_F(LocalPeerTest, UnreachableOrForeignAddressesFallBack) {
                HasSubstr("no local address")));
 }
 
-TEST_F(LocalPeerTest, SmallDestinationsTakeTheStreamUnderAuto) {
+// kAuto judges by the shard (owners lend none below kLocalPathMinBytes):
+// any box of a larger shard, however small, takes the local path.
+TEST_F(LocalPeerTest, SmallShardsTakeTheStreamUnderAuto) {
   // The stream reaches nothing here, so which path a fetch took shows.
   const auto client =
       ShardClient::Create(kNoGrpc, "127.0.0.1:1", local_address_);
@@ -369,15 +371,41 @@ TEST_F(LocalPeerTest, SmallDestinationsTakeTheStreamUnderAuto) {
       Tensor::Zeros({10, 10}, TensorOptions().WithDType(DType::kInt64)));
   FetchOptions options = Local(LocalPath::kAuto);
   options.local_min_bytes = kLocalPathMinBytes;  // The default.
+  // The shard's size unknown: judged by the 800-byte destination.
   EXPECT_THAT(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
-  // At the threshold, and for an allocating fetch (size unknown), the
-  // local path is taken.
-  options.local_min_bytes = static_cast<int64_t>(box.nbytes());
+  // Known (120 KiB): the local path, for the same small box.
+  const int64_t shared_bytes = kSharedSizes[0] * kSharedSizes[1] * 8;
+  ASSERT_GE(shared_bytes, kLocalPathMinBytes);
+  options.shard_bytes = shared_bytes;
   EXPECT_OK(client->FetchRegionInto(kSharedId, 0, {3, 4}, box, options));
   EXPECT_TRUE(Equal(box, RegionOf(PeerExpected(kSharedId), {3, 4}, {10, 10})));
-  options.local_min_bytes = kLocalPathMinBytes;
+  // A shard known to be small: the stream, whatever the box.
+  options.shard_bytes = kTinySizes[0] * kTinySizes[1] * 8;
+  ASSERT_OK_AND_ASSIGN(
+      Tensor tiny_box,
+      Tensor::Zeros({2, 2}, TensorOptions().WithDType(DType::kInt64)));
+  EXPECT_THAT(client->FetchRegionInto(kTinyId, 0, {1, 1}, tiny_box, options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+  // An allocating fetch (size unknown) takes the local path.
+  options.shard_bytes = -1;
   EXPECT_OK(client->FetchShard(kSharedId, 0, options).status());
+}
+
+TEST(ShardBytesTest, ElementsTimesWidthOrUnknown) {
+  v1::ShardedTensorMetadata metadata;
+  metadata.mutable_tensor_properties()->set_dtype(v1::DTYPE_FLOAT64);
+  v1::ShardMetadata* shard = metadata.add_shards_metadata();
+  shard->add_shard_sizes(96);
+  shard->add_shard_sizes(160);
+  metadata.add_shards_metadata()->add_shard_sizes(0);  // Empty.
+  EXPECT_EQ(ShardBytes(metadata, 0), 96 * 160 * 8);
+  EXPECT_EQ(ShardBytes(metadata, 1), 0);
+  EXPECT_EQ(ShardBytes(metadata, 2), -1);    // No such shard.
+  shard->add_shard_sizes(int64_t{1} << 62);  // More than an int64_t.
+  EXPECT_EQ(ShardBytes(metadata, 0), -1);
+  metadata.mutable_tensor_properties()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(ShardBytes(metadata, 1), -1);
 }
 
 TEST_F(LocalPeerTest, TheOwnersVerdictIsNotMaskedByAFallback) {
