@@ -7,6 +7,7 @@
 //   {"bench":"client_write", "mib":N, "replicas":R, ...}   whole tensor
 //   {"bench":"client_region_latency", "transport":T, "bytes":B, "p50_us",
 //       "p99_us"}  a box of 4 KiB, 64 KiB or 1 MiB inside one shard
+//   {"bench":"client_region_write_latency", ...}  the same boxes written
 //   {"bench":"client_open_latency", "p50_us", "p99_us"}    Open (metadata)
 // Every line says "security": "plaintext", or "mtls+tokens" with --secure
 // (daemons as `tessera launch --secure` starts them: gRPC and the data
@@ -55,6 +56,8 @@ struct Config {
   std::vector<int64_t> mib = {64, 256};
   int reps = 5;
   int latency_iterations = 2000;  // 0: no latency lines
+  // Rows (4 KiB each) of the latency lines' boxes: 4 KiB, 64 KiB, 1 MiB.
+  std::vector<int64_t> latency_rows = {1, 16, 256};
   // Transports measured (kTransports' names); empty: all of them.
   std::vector<std::string> transports;
   // Copies of each shard for the write measurement (CreateOptions.copies)
@@ -178,12 +181,21 @@ absl::Status MeasureLatency(const std::string& address, const Config& config) {
   ASSIGN_OR_RETURN(Tensor expected,
                    CreateAndWrite(*setup, "bench_small", 16, config));
   const int64_t shard_rows = expected.sizes()[0] / setup->world_size();
-  for (const int64_t rows : {1, 16, 256}) {
+  for (const int64_t rows : config.latency_rows) {
     for (const Transport& transport : TransportsFor(config)) {
       ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
                        ConnectWith(address, transport));
       ASSIGN_OR_RETURN(ShardedTensorView view, client->Open("bench_small"));
       ASSIGN_OR_RETURN(Tensor box, Tensor::Empty({rows, kColumns}));
+      const auto print = [&](const char* bench,
+                             const std::vector<double>& micros) {
+        PrintJsonLine(JsonLine{{"bench", bench},
+                               {"security", Security(config)},
+                               {"transport", transport.name},
+                               {"bytes", rows * kColumns * 4},
+                               {"p50_us", Percentile(micros, 0.5)},
+                               {"p99_us", Percentile(micros, 0.99)}});
+      };
       std::vector<double> micros;
       for (int i = -1; i < config.latency_iterations; ++i) {
         const int64_t r = (int64_t{37} * (i + 1)) % (shard_rows - rows + 1);
@@ -197,12 +209,20 @@ absl::Status MeasureLatency(const std::string& address, const Config& config) {
           return absl::DataLossError("read bytes differ");
         }
       }
-      PrintJsonLine(JsonLine{{"bench", "client_region_latency"},
-                             {"security", Security(config)},
-                             {"transport", transport.name},
-                             {"bytes", rows * kColumns * 4},
-                             {"p50_us", Percentile(micros, 0.5)},
-                             {"p99_us", Percentile(micros, 0.99)}});
+      print("client_region_latency", micros);
+      // The same boxes written, with the bytes they hold (the reads above
+      // and later stay checkable).
+      micros.clear();
+      for (int i = -1; i < config.latency_iterations; ++i) {
+        const int64_t r = (int64_t{37} * (i + 1)) % (shard_rows - rows + 1);
+        ASSIGN_OR_RETURN(Tensor same, expected.Narrow(0, r, rows));
+        const absl::Time start = absl::Now();
+        RETURN_IF_ERROR(view.Write({r, 0}, same));
+        if (i >= 0) {
+          micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        }
+      }
+      print("client_region_write_latency", micros);
     }
   }
   std::vector<double> micros;
@@ -293,6 +313,10 @@ int main(int argc, char** argv) {
   app.add_option("--latency-iterations", config.latency_iterations,
                  "small reads per latency line (0: no latency lines)")
       ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--latency-rows", config.latency_rows,
+                 "rows (4 KiB each) of the latency lines' boxes")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (quick) {
