@@ -33,7 +33,7 @@ absl::Status FetchFromHolders(const Cluster& cluster,
                      worker->address.address(), ")");
     FetchOptions attempt = fetch;
     attempt.local_min_bytes = cluster.options().local_min_bytes;
-    attempt.shard_bytes = ShardBytes(info.metadata(), shard);
+    attempt.shard_bytes = HostShardBytes(info.metadata(), shard);
     const std::string from = k == 0 ? id : ReplicaTensorId(id);
     const auto fetch_from = [&](const FetchOptions& options) {
       return worker->shards->FetchRegionInto(from, static_cast<int64_t>(shard),

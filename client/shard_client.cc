@@ -301,13 +301,16 @@ std::string FetchWhat(const v1::FetchShardRequest& request) {
 
 }  // namespace
 
-int64_t ShardBytes(const v1::ShardedTensorMetadata& metadata, size_t shard) {
+int64_t HostShardBytes(const v1::ShardedTensorMetadata& metadata,
+                       size_t shard) {
   if (shard >= static_cast<size_t>(metadata.shards_metadata_size())) return -1;
+  const v1::ShardMetadata& placed =
+      metadata.shards_metadata(static_cast<int>(shard));
+  if (placed.placement().device().type() != v1::DEVICE_TYPE_CPU) return -1;
   absl::StatusOr<DType> dtype = FromProto(metadata.tensor_properties().dtype());
   if (!dtype.ok()) return -1;
   int64_t bytes = static_cast<int64_t>(ElementSize(*dtype));
-  for (const int64_t size :
-       metadata.shards_metadata(static_cast<int>(shard)).shard_sizes()) {
+  for (const int64_t size : placed.shard_sizes()) {
     if (size < 0 || __builtin_mul_overflow(bytes, size, &bytes)) return -1;
   }
   return bytes;

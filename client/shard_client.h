@@ -89,9 +89,10 @@ enum class LocalPath {
 // ClientOptions::local_min_bytes, which also sets RegionWriteOptions'):
 // owners lend no shard smaller than this (it is heap memory:
 // kDefaultHostSharingMinBytes, common/tensor/storage.h), so a kAuto read
-// of one takes the stream at once; any box of a larger shard takes the
-// local path, which is quicker at every size since its reads poll before
-// they block (io/read_spin.h). Writes of fewer bytes take the data plane,
+// of one takes the stream at once; any box of a larger host shard takes
+// the local path, which is quicker at every size since its reads poll
+// before they block (io/read_spin.h); a GPU shard's box, by its own size
+// (HostShardBytes). Writes of fewer bytes take the data plane,
 // which writes them inline. Measured with tests/bench/client_bench (4
 // daemons on one 2-vCPU host), p50 local path / data plane: reads 4 KiB
 // 18 / 30 us, 64 KiB 25-27 / 48-53, 1 MiB 190-240 / 565-710; writes
@@ -100,10 +101,13 @@ enum class LocalPath {
 inline constexpr int64_t kLocalPathMinBytes = 64 << 10;
 
 // The bytes of shard `shard` of a tensor described by `metadata` (its
-// elements times its dtype's width), for FetchOptions::shard_bytes; -1
-// when the metadata does not say (no such shard, an unknown dtype, more
-// bytes than an int64_t holds).
-int64_t ShardBytes(const v1::ShardedTensorMetadata& metadata, size_t shard);
+// elements times its dtype's width) when it is placed in host memory, for
+// FetchOptions::shard_bytes; -1 when the metadata does not say (no such
+// shard, an unknown dtype, more bytes than an int64_t holds) and for a
+// shard on a GPU, whose boxes stay judged by their own size (its owner
+// lends a CUDA IPC handle, which each read opens and closes: not worth it
+// for a small box).
+int64_t HostShardBytes(const v1::ShardedTensorMetadata& metadata, size_t shard);
 
 struct FetchOptions {
   // Largest chunk the server should send; 0 = the server's default.
@@ -129,8 +133,8 @@ struct FetchOptions {
   // none: kLocalPathMinBytes), judged by shard_bytes when it is known,
   // else by the destination (an allocating fetch's is the shard).
   int64_t local_min_bytes = kLocalPathMinBytes;
-  // The whole shard's bytes when the caller knows them (ShardBytes of its
-  // metadata); -1 when not.
+  // The whole shard's bytes when the caller knows them and the shard is in
+  // host memory (HostShardBytes of its metadata); -1 when not.
   int64_t shard_bytes = -1;
   // Data-plane connections a large fetch is striped across at most
   // (client/lanes.h: LaneCount); 0: the client's default. 1 never stripes.

@@ -255,7 +255,7 @@ absl::Status ReadBoxInto(const Rank& rank, const v1::TensorInfo& info,
               op, " of tensor ", info.name(), ": shard ", piece.shard,
               replica ? " from replica rank " : " on rank ", holders[k]);
           FetchOptions options;
-          options.shard_bytes = ShardBytes(info.metadata(), piece.shard);
+          options.shard_bytes = HostShardBytes(info.metadata(), piece.shard);
           options.timeout = deadline - absl::Now();
           if (options.timeout <= absl::ZeroDuration()) {
             return absl::DeadlineExceededError(

@@ -392,20 +392,29 @@ TEST_F(LocalPeerTest, SmallShardsTakeTheStreamUnderAuto) {
   EXPECT_OK(client->FetchShard(kSharedId, 0, options).status());
 }
 
-TEST(ShardBytesTest, ElementsTimesWidthOrUnknown) {
+TEST(HostShardBytesTest, ElementsTimesWidthOfHostShardsOnly) {
   v1::ShardedTensorMetadata metadata;
   metadata.mutable_tensor_properties()->set_dtype(v1::DTYPE_FLOAT64);
   v1::ShardMetadata* shard = metadata.add_shards_metadata();
   shard->add_shard_sizes(96);
   shard->add_shard_sizes(160);
-  metadata.add_shards_metadata()->add_shard_sizes(0);  // Empty.
-  EXPECT_EQ(ShardBytes(metadata, 0), 96 * 160 * 8);
-  EXPECT_EQ(ShardBytes(metadata, 1), 0);
-  EXPECT_EQ(ShardBytes(metadata, 2), -1);    // No such shard.
-  shard->add_shard_sizes(int64_t{1} << 62);  // More than an int64_t.
-  EXPECT_EQ(ShardBytes(metadata, 0), -1);
+  shard->mutable_placement()->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+  v1::ShardMetadata* empty = metadata.add_shards_metadata();
+  empty->add_shard_sizes(0);
+  empty->mutable_placement()->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+  v1::ShardMetadata* gpu = metadata.add_shards_metadata();
+  gpu->add_shard_sizes(1 << 20);
+  gpu->mutable_placement()->mutable_device()->set_type(v1::DEVICE_TYPE_CUDA);
+  metadata.add_shards_metadata()->add_shard_sizes(1 << 20);  // Unplaced.
+  EXPECT_EQ(HostShardBytes(metadata, 0), 96 * 160 * 8);
+  EXPECT_EQ(HostShardBytes(metadata, 1), 0);
+  EXPECT_EQ(HostShardBytes(metadata, 2), -1);  // On a GPU.
+  EXPECT_EQ(HostShardBytes(metadata, 3), -1);  // Nowhere said.
+  EXPECT_EQ(HostShardBytes(metadata, 4), -1);  // No such shard.
+  shard->add_shard_sizes(int64_t{1} << 62);    // More than an int64_t.
+  EXPECT_EQ(HostShardBytes(metadata, 0), -1);
   metadata.mutable_tensor_properties()->set_dtype(v1::DTYPE_UNSPECIFIED);
-  EXPECT_EQ(ShardBytes(metadata, 1), -1);
+  EXPECT_EQ(HostShardBytes(metadata, 1), -1);
 }
 
 TEST_F(LocalPeerTest, TheOwnersVerdictIsNotMaskedByAFallback) {
