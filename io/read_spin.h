@@ -18,7 +18,7 @@
 // reads poll only while it is at least kSpinAbove. Blocked waits keep
 // being timed, so polling resumes once waits are short again.
 //
-// Use: one ReadSpin per read (a few bytes expected, or a message):
+// Use: one ReadSpin per read:
 //
 //   ReadSpin wait;
 //   while (true) {

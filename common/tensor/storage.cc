@@ -394,21 +394,34 @@ absl::StatusOr<int> Storage::ReadOnlyMemoryFd() const {
     return absl::FailedPreconditionError(
         "the process holds as many memory file descriptors as it may");
   }
-  const std::string path = absl::StrCat("/proc/self/fd/", shared_memory_fd_);
-  const int opened = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (opened < 0) {
-    const int error = errno;
+  absl::StatusOr<int> opened = ReopenMemoryFile(/*writable=*/false);
+  if (!opened.ok()) {
     g_shared_storages.fetch_sub(1);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "reopening its memory file read-only failed: ", ErrnoText(error)));
+    return opened.status();
   }
   // Two first callers at once: one description is kept, the other closed.
   int expected = -1;
-  if (!read_only_fd_.compare_exchange_strong(expected, opened,
+  if (!read_only_fd_.compare_exchange_strong(expected, *opened,
                                              std::memory_order_acq_rel)) {
-    close(opened);
+    close(*opened);
     g_shared_storages.fetch_sub(1);
     return expected;
+  }
+  return *opened;
+}
+
+absl::StatusOr<int> Storage::ReopenMemoryFile(bool writable) const {
+  if (shared_memory_fd_ < 0) {
+    return absl::FailedPreconditionError("the storage has no memory file");
+  }
+  const std::string path = absl::StrCat("/proc/self/fd/", shared_memory_fd_);
+  const int opened =
+      open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (opened < 0) {
+    const int error = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "reopening its memory file ", writable ? "read-write" : "read-only",
+        " failed: ", ErrnoText(error)));
   }
   return opened;
 }

@@ -88,6 +88,13 @@ class Storage {
   // (SetHostMemorySharing), or with the reopen's errno; tried again on the
   // next call. Thread-safe.
   absl::StatusOr<int> ReadOnlyMemoryFd() const;
+  // A new open file description of that memory file, read-write when
+  // `writable` (a writer's lease) else read-only, reopened through
+  // /proc/self/fd and owned by the caller (who closes it; not counted
+  // against SetHostMemorySharing's descriptors). FAILED_PRECONDITION for a
+  // storage without a memory file, or with the reopen's errno.
+  // Thread-safe.
+  absl::StatusOr<int> ReopenMemoryFile(bool writable) const;
   // Whether every byte was zero when Allocate returned it (a new memory
   // file, or no bytes), so that zeroing it then would be wasted work. Says
   // nothing of the bytes since; heap memory (which may be reused) is

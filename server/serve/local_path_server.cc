@@ -1,11 +1,9 @@
 #include "server/serve/local_path_server.h"
 
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -13,7 +11,6 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/tensor/cuda_util.h"
-#include "io/errno.h"
 #include "io/unix_socket.h"
 #include "server/metrics/metrics.h"
 #include "tessera/v1/local.pb.h"
@@ -34,19 +31,6 @@ namespace {
 // for. Blocking for it instead cost a 64 KiB read 25-27 -> 55-57 us p50
 // (the next request then finds this thread asleep).
 constexpr int64_t kPolledLeaseBytes = int64_t{1} << 20;
-
-// A new read-write open file description of the memory file `fd`, for a
-// writer (readers get the storage's read-only one: they can map the pages
-// but not write them).
-absl::StatusOr<UniqueFd> ReopenWritable(int fd) {
-  const std::string path = absl::StrCat("/proc/self/fd/", fd);
-  UniqueFd reopened(open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!reopened.valid()) {
-    return ErrnoError(errno, "reopening its memory file read-write failed",
-                      absl::StatusCode::kFailedPrecondition);
-  }
-  return reopened;
-}
 
 // Answers a request with `error`, ending it.
 absl::Status SendError(int fd, const absl::Status& error, absl::Time deadline) {
@@ -246,11 +230,12 @@ absl::StatusOr<std::shared_ptr<const FetchView>> LocalPathServer::Answer(
         "only a box that is one dense run of a shared memory file can be "
         "written over the local path");
   } else if (write) {  // A dense run of a memory file (checked above).
-    absl::StatusOr<UniqueFd> reopened =
-        ReopenWritable(storage.shared_memory_fd());
+    // A description of its own, read-write (readers get the storage's
+    // read-only one: they can map the pages but not write them).
+    absl::StatusOr<int> reopened = storage.ReopenMemoryFile(/*writable=*/true);
     shareable = reopened.status();
     if (reopened.ok()) {
-      lent_file = *std::move(reopened);
+      lent_file = UniqueFd(*reopened);
       lent_fd = lent_file.get();
       reply.set_transport(v1::LOCAL_TRANSPORT_SHM);
     }

@@ -200,12 +200,23 @@ TEST(StorageTest, ReadOnlyMemoryFdIsOpenedOnceAndClosedWithTheStorage) {
   EXPECT_EQ(byte, 0x3c);
   EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
             MAP_FAILED);
+  // A writer's lease gets a description of its own, the caller's to close.
+  ASSERT_OK_AND_ASSIGN(const int writable,
+                       shard.storage()->ReopenMemoryFile(/*writable=*/true));
+  EXPECT_NE(writable, fd);
+  EXPECT_EQ(fcntl(writable, F_GETFL) & O_ACCMODE, O_RDWR);
+  const char seven = 7;
+  ASSERT_EQ(pwrite(writable, &seven, 1, 12345), 1);
+  EXPECT_EQ(static_cast<const char*>(shard.data_ptr())[12345], 7);
+  close(writable);
   shard = Tensor();
   EXPECT_EQ(fcntl(fd, F_GETFD), -1);  // Closed with the storage.
 
   ASSERT_OK_AND_ASSIGN(Tensor private_memory,
                        Tensor::Empty({1 << 20}, TensorOptions().Private()));
   EXPECT_THAT(private_memory.storage()->ReadOnlyMemoryFd(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  EXPECT_THAT(private_memory.storage()->ReopenMemoryFile(/*writable=*/true),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
 }
 
