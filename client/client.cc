@@ -647,6 +647,8 @@ absl::Status ShardedTensorView::WriteToThisLayout(
               RegionWriteOptions to_holder = write;
               to_holder.cancel = cancel;
               to_holder.replica = k > 0;
+              to_holder.shard_bytes =
+                  HostShardBytes(info_.metadata(), piece.shard);
               // Progress counts the owner's bytes only.
               if (k > 0) to_holder.on_chunk = nullptr;
               absl::Status status;

@@ -18,9 +18,10 @@
 // (any strides, CPU or CUDA). An IPC handle is closed before "done" is
 // sent.
 // Writes go the other way (Write): a daemon lends the file writable to its
-// own user's processes, and the client maps the box's run writable and
-// copies into it with memcpy by the same threads (pwrite(2) where the
-// pages cannot be populated first).
+// own user's processes, and the client copies into the box's run with
+// memcpy by the same threads (pwrite(2) where the pages cannot be
+// populated first), through a writable mapping of the file kept as reads
+// keep theirs (only ever reached through a descriptor lent writable).
 //
 // Any failure that is about the path rather than the request (another
 // host, no socket under that name, memory the owner cannot share, a

@@ -157,6 +157,22 @@ inline constexpr int64_t kDefaultWriteChunkBytes = 1 << 20;
 inline constexpr int64_t kMaxWriteChunkBytes = 3 << 20;
 int64_t WriteChunkBytesFor(int64_t requested);
 
+// The default of FetchOptions::local_min_bytes and
+// RegionWriteOptions::local_min_bytes (both set from the client's
+// ClientOptions::local_min_bytes): owners lend no shard smaller than this
+// (it is heap memory: kDefaultHostSharingMinBytes,
+// common/tensor/storage.h), so a read or write of one takes the data plane
+// at once; any box of a larger host shard takes the local path, which is
+// quicker at every size since its reads poll before they block
+// (io/read_spin.h) and its writes keep their mapping
+// (io/mapping_cache.h); a GPU shard's box, by its own size
+// (HostShardBytes, client/shard_client.h). Measured with
+// tests/bench/client_bench (4 daemons on one 2-vCPU host), p50 local path
+// / data plane: reads 4 KiB 15-19 / 30-35 us, 64 KiB 25-30 / 40-52, 1 MiB
+// 151-209 / 604-769; writes 4 KiB 19-20 / 22-25, 64 KiB 28-32 / 121-142,
+// 1 MiB 147-153 / 622-787.
+inline constexpr int64_t kLocalPathMinBytes = 64 << 10;
+
 struct RegionWriteOptions {
   // Largest chunk (see WriteChunkBytesFor).
   int64_t chunk_bytes = 0;
@@ -176,10 +192,13 @@ struct RegionWriteOptions {
   // write is striped across at most (client/lanes.h); 0: the client's
   // default.
   int lanes = 0;
-  // A write of fewer bytes than this skips the local path for the data
-  // plane (ShardClient::WriteRegion; kLocalPathMinBytes, shard_client.h,
-  // says why and is the same).
-  int64_t local_min_bytes = int64_t{64} << 10;
+  // A write to a shard smaller than this skips the local path for the data
+  // plane (ShardClient::WriteRegion), judged by shard_bytes when it is
+  // known, else by the box.
+  int64_t local_min_bytes = kLocalPathMinBytes;
+  // The whole shard's bytes when the caller knows them and the shard is in
+  // host memory (HostShardBytes, client/shard_client.h); -1 when not.
+  int64_t shard_bytes = -1;
 };
 
 // Writes `data` (any strides; on the CPU, or CUDA, staged through host

@@ -318,13 +318,13 @@ int64_t HostShardBytes(const v1::ShardedTensorMetadata& metadata,
 
 namespace {
 
-// Whether a kAuto fetch of `destination_bytes` (-1: an allocating fetch,
-// whose size is the shard's) is too small for the local path
-// (kLocalPathMinBytes).
-bool TooSmallForLocal(const FetchOptions& options, int64_t destination_bytes) {
-  const int64_t judged =
-      options.shard_bytes >= 0 ? options.shard_bytes : destination_bytes;
-  return judged >= 0 && judged < options.local_min_bytes;
+// Whether a kAuto fetch or a write of `destination_bytes` (-1: an
+// allocating fetch, whose size is the shard's) of a shard of `shard_bytes`
+// (-1: unknown) is too small for the local path (kLocalPathMinBytes).
+bool TooSmallForLocal(int64_t shard_bytes, int64_t destination_bytes,
+                      int64_t local_min_bytes) {
+  const int64_t judged = shard_bytes >= 0 ? shard_bytes : destination_bytes;
+  return judged >= 0 && judged < local_min_bytes;
 }
 
 }  // namespace
@@ -337,8 +337,9 @@ absl::Status ShardClient::Fetch(const v1::FetchShardRequest& request,
   const bool required = options.local_path == LocalPath::kRequired;
   const Tensor& destination = assembler->destination();
   const bool small = TooSmallForLocal(
-      options,
-      destination.defined() ? static_cast<int64_t>(destination.nbytes()) : -1);
+      options.shard_bytes,
+      destination.defined() ? static_cast<int64_t>(destination.nbytes()) : -1,
+      options.local_min_bytes);
   if (options.local_path == LocalPath::kOff ||
       (!required && (local_ == nullptr || !local_->same_host() || small))) {
     return FetchStream(request, options, assembler);
@@ -462,9 +463,10 @@ int ShardClient::FetchLanes(const FetchOptions& options, int64_t bytes) const {
   }
   // A fetch the local path will take is not striped; one whose owner's
   // socket could not be reached lately (another network namespace) is.
-  const bool local = options.local_path == LocalPath::kAuto &&
-                     local_ != nullptr && local_->Usable(true).ok() &&
-                     !TooSmallForLocal(options, bytes);
+  const bool local =
+      options.local_path == LocalPath::kAuto && local_ != nullptr &&
+      local_->Usable(true).ok() &&
+      !TooSmallForLocal(options.shard_bytes, bytes, options.local_min_bytes);
   if (local) return 1;
   return LanesFor(bytes, options.lanes);
 }
@@ -694,9 +696,10 @@ absl::StatusOr<bool> ShardClient::WriteRegion(
   if (!data.defined()) {
     return absl::InvalidArgumentError("WriteRegion: undefined data");
   }
-  const bool local =
-      local_ != nullptr && local_->same_host() &&
-      static_cast<int64_t>(data.nbytes()) >= options.local_min_bytes;
+  const bool local = local_ != nullptr && local_->same_host() &&
+                     !TooSmallForLocal(options.shard_bytes,
+                                       static_cast<int64_t>(data.nbytes()),
+                                       options.local_min_bytes);
   if (!local && data_plane_address_.empty()) return false;
   const std::string what = absl::StrCat(
       "writing ", options.replica ? "the replica of " : "", "shard ",

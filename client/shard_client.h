@@ -85,21 +85,6 @@ enum class LocalPath {
   kRequired,
 };
 
-// The default of FetchOptions::local_min_bytes (and of the client's
-// ClientOptions::local_min_bytes, which also sets RegionWriteOptions'):
-// owners lend no shard smaller than this (it is heap memory:
-// kDefaultHostSharingMinBytes, common/tensor/storage.h), so a kAuto read
-// of one takes the stream at once; any box of a larger host shard takes
-// the local path, which is quicker at every size since its reads poll
-// before they block (io/read_spin.h); a GPU shard's box, by its own size
-// (HostShardBytes). Writes of fewer bytes take the data plane,
-// which writes them inline. Measured with tests/bench/client_bench (4
-// daemons on one 2-vCPU host), p50 local path / data plane: reads 4 KiB
-// 18 / 30 us, 64 KiB 25-27 / 48-53, 1 MiB 190-240 / 565-710; writes
-// 4 KiB 26-32 / 22, 32 KiB 40-52 / 35-45, 64 KiB 43-53 / 87-92, 1 MiB
-// 270-290 / 740-820.
-inline constexpr int64_t kLocalPathMinBytes = 64 << 10;
-
 // The bytes of shard `shard` of a tensor described by `metadata` (its
 // elements times its dtype's width) when it is placed in host memory, for
 // FetchOptions::shard_bytes; -1 when the metadata does not say (no such
@@ -130,7 +115,8 @@ struct FetchOptions {
   // (ShardHeader.version: 0 for an unversioned tensor).
   int64_t* served_version = nullptr;
   // kAuto takes the stream for a shard smaller than this (owners lend
-  // none: kLocalPathMinBytes), judged by shard_bytes when it is known,
+  // none: kLocalPathMinBytes, client/region_transfer.h), judged by
+  // shard_bytes when it is known,
   // else by the destination (an allocating fetch's is the shard).
   int64_t local_min_bytes = kLocalPathMinBytes;
   // The whole shard's bytes when the caller knows them and the shard is in

@@ -1,5 +1,6 @@
 #include "io/mapping_cache.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,7 +26,7 @@
 namespace tessera {
 
 MappedFile::~MappedFile() {
-  if (size_ > 0) munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
+  if (size_ > 0) munmap(data_, static_cast<size_t>(size_));
 }
 
 // Waits with the C library's mutexes, as io/thread_cache.h does (absl's
@@ -67,7 +69,8 @@ struct MappingCache::State {
   const int64_t max_bytes;
   std::mutex mu;
   std::condition_variable wake;
-  std::map<std::pair<dev_t, ino_t>, Entry> entries;
+  // By device, inode and whether the mapping is writable.
+  std::map<std::tuple<dev_t, ino_t, bool>, Entry> entries;
   int64_t bytes = 0;
   bool reaping = false;  // A helper thread expires the entries.
   bool stopped = false;  // The cache is gone.
@@ -116,25 +119,39 @@ MappingCache::~MappingCache() {
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
-    int fd, int64_t min_bytes, bool* fresh) {
+    int fd, int64_t min_bytes, bool* fresh, Access access) {
   if (fresh != nullptr) *fresh = false;
   struct stat info;
   if (fstat(fd, &info) != 0) {
     return ErrnoError(errno, "fstat of a memory file to map",
                       absl::StatusCode::kUnavailable);
   }
-  return Map(fd, info, min_bytes, fresh);
+  return Map(fd, info, min_bytes, fresh, access);
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
-    int fd, const struct stat& info, int64_t min_bytes, bool* fresh) {
+    int fd, const struct stat& info, int64_t min_bytes, bool* fresh,
+    Access access) {
   if (fresh != nullptr) *fresh = false;
   if (info.st_size < min_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory file of ", info.st_size,
                      " bytes is shorter than the ", min_bytes, " to map"));
   }
-  const std::pair<dev_t, ino_t> key(info.st_dev, info.st_ino);
+  const bool writable = access == Access::kWrite;
+  if (writable) {
+    // A kept writable mapping would otherwise outlive the right to it.
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) {
+      return ErrnoError(errno, "fcntl of a memory file to map",
+                        absl::StatusCode::kUnavailable);
+    }
+    if ((flags & O_ACCMODE) != O_RDWR) {
+      return absl::PermissionDeniedError(
+          "a memory file lent read-only cannot be mapped for writing");
+    }
+  }
+  const std::tuple<dev_t, ino_t, bool> key(info.st_dev, info.st_ino, writable);
   const bool keepable = getpid() == pid_;
   if (keepable) {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -147,17 +164,19 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
   }
   if (fresh != nullptr) *fresh = true;
   const int64_t size = info.st_size;
-  if (size == 0) return std::make_shared<const MappedFile>(nullptr, 0);
+  if (size == 0)
+    return std::make_shared<const MappedFile>(nullptr, 0, writable);
   void* data =
-      mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+      mmap(nullptr, static_cast<size_t>(size),
+           writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
     return ErrnoError(errno, absl::StrCat("mmap of ", size, " bytes"),
                       absl::StatusCode::kUnavailable);
   }
   // A child forked later gets none of it (its range may be reused there).
   (void)madvise(data, static_cast<size_t>(size), MADV_DONTFORK);
-  auto mapping =
-      std::make_shared<const MappedFile>(static_cast<const char*>(data), size);
+  auto mapping = std::make_shared<const MappedFile>(static_cast<char*>(data),
+                                                    size, writable);
   if (!keepable) return mapping;
   std::vector<State::Entry> gone;
   {

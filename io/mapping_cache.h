@@ -1,5 +1,5 @@
-// MappingCache: read-only mappings of whole memory files, kept for reuse
-// for a short while after their last use.
+// MappingCache: shared mappings of whole memory files, read-only or
+// writable, kept for reuse for a short while after their last use.
 //
 // Why: the local path (client/local_path.h) copies a shard out of the
 // memory file its owner lends for each fetch. Mapping that file for every
@@ -9,7 +9,10 @@
 // from the fetch before ran at 14-16 GB/s). A file lent again soon (a
 // loop of to_here, a read plan run every step, a few reads of one
 // tensor) is copied through the mapping made the first time: its page
-// tables are already filled.
+// tables are already filled. Writes through the local path keep theirs
+// the same way (a writable mapping, kept apart from the read-only one of
+// the same file): mapping a small box writable and unmapping it after
+// cost more than the write.
 //
 // What a kept mapping costs: its file stays open, and its memory stays
 // allocated until it is unmapped even after its owner let go of the file,
@@ -45,21 +48,26 @@
 
 namespace tessera {
 
-// A read-only shared mapping of [0, size) of a file; unmapped when the
-// last holder lets it go.
+// A shared mapping of [0, size) of a file, read-only unless `writable`;
+// unmapped when the last holder lets it go.
 class MappedFile {
  public:
-  MappedFile(const char* data, int64_t size) : data_(data), size_(size) {}
+  MappedFile(char* data, int64_t size, bool writable)
+      : data_(data), size_(size), writable_(writable) {}
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
   const char* data() const { return data_; }
+  // The same bytes, for writing; nullptr for a read-only mapping.
+  char* writable_data() const { return writable_ ? data_ : nullptr; }
   int64_t size() const { return size_; }
+  bool writable() const { return writable_; }
 
  private:
-  const char* const data_;
+  char* const data_;
   const int64_t size_;
+  const bool writable_;
 };
 
 class MappingCache {
@@ -67,28 +75,34 @@ class MappingCache {
   static constexpr absl::Duration kDefaultKeep = absl::Seconds(1);
   static constexpr int64_t kDefaultMaxBytes = int64_t{4} << 30;
 
+  // What a mapping is for. A writable one needs a descriptor open for
+  // reading and writing; the two kinds of one file are kept apart.
+  enum class Access { kRead, kWrite };
+
   explicit MappingCache(absl::Duration keep = kDefaultKeep,
                         int64_t max_bytes = kDefaultMaxBytes);
   ~MappingCache();
   MappingCache(const MappingCache&) = delete;
   MappingCache& operator=(const MappingCache&) = delete;
 
-  // A read-only mapping of all of file `fd` (its size when mapped, at least
-  // `min_bytes`): the one kept for the same file (device and inode) when it
-  // covers `min_bytes`, else a new one (not populated: pages are filled as
-  // they are touched), kept in place of any older one of that file. *fresh
-  // (when not null) says whether it is new. UNAVAILABLE, with errno's
-  // message, when the file cannot be mapped; INVALID_ARGUMENT when it is
-  // shorter than `min_bytes`.
-  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(int fd,
-                                                        int64_t min_bytes,
-                                                        bool* fresh = nullptr);
+  // A mapping of all of file `fd` (its size when mapped, at least
+  // `min_bytes`) for `access`: the one kept for the same file (device and
+  // inode) and access when it covers `min_bytes`, else a new one (not
+  // populated: pages are filled as they are touched), kept in place of any
+  // older one of that file and access. *fresh (when not null) says whether
+  // it is new. UNAVAILABLE, with errno's message, when the file cannot be
+  // mapped; INVALID_ARGUMENT when it is shorter than `min_bytes`;
+  // PERMISSION_DENIED when kWrite is asked through a descriptor not open
+  // for writing (a kept writable mapping is lent only through one that
+  // is).
+  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(
+      int fd, int64_t min_bytes, bool* fresh = nullptr,
+      Access access = Access::kRead);
   // The same, for a caller that has just fstat'ed `fd` into `info` (the
   // local path checks the file first): the file is not fstat'ed again.
-  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(int fd,
-                                                        const struct stat& info,
-                                                        int64_t min_bytes,
-                                                        bool* fresh = nullptr);
+  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(
+      int fd, const struct stat& info, int64_t min_bytes, bool* fresh = nullptr,
+      Access access = Access::kRead);
 
   // Mappings kept now, and their bytes.
   size_t kept() const;

@@ -392,6 +392,50 @@ TEST_F(LocalPeerTest, SmallShardsTakeTheStreamUnderAuto) {
   EXPECT_OK(client->FetchShard(kSharedId, 0, options).status());
 }
 
+// Writes are judged as reads are: a small box of a shard the owner lends
+// goes over the local path (through a writable mapping kept from one write
+// to the next), a box of a shard too small to be lent over the stream.
+TEST_F(LocalPeerTest, SmallWritesOfLentShardsTakeTheLocalPath) {
+  // The stream reaches nothing here, so which path a write took shows.
+  const auto client =
+      ShardClient::Create(kNoGrpc, "127.0.0.1:1", local_address_);
+  RegionWriteOptions options;
+  options.deadline = absl::Now() + kWait;
+  ASSERT_EQ(options.local_min_bytes, kLocalPathMinBytes);  // The default.
+  const std::vector<int64_t> offsets = {5, 0};
+  const std::vector<int64_t> sizes = {2, kSharedSizes[1]};  // 2560 bytes.
+  Tensor data = IotaInt64(sizes);
+  // The shard's size unknown: judged by the box, the stream.
+  EXPECT_THAT(client->WriteRegion(kSharedId, 0, offsets, data, options),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  // Known (120 KiB): the local path, the same mapping write after write,
+  // every write seen by the next read.
+  options.shard_bytes = kSharedSizes[0] * kSharedSizes[1] * 8;
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t i = 0; i < data.numel(); ++i) {
+      data.data<int64_t>()[i] = 1000 * round - i;
+    }
+    ASSERT_OK_AND_ASSIGN(
+        const bool written,
+        client->WriteRegion(kSharedId, 0, offsets, data, options));
+    ASSERT_TRUE(written);
+    ASSERT_OK_AND_ASSIGN(
+        Shard shard,
+        client->FetchShard(kSharedId, 0, Local(LocalPath::kRequired)));
+    EXPECT_TRUE(Equal(RegionOf(shard.tensor, offsets, sizes), data));
+    EXPECT_TRUE(
+        Equal(RegionOf(shard.tensor, {0, 0}, {5, kSharedSizes[1]}),
+              RegionOf(PeerExpected(kSharedId), {0, 0}, {5, kSharedSizes[1]})));
+  }
+  // A shard known to be small: the stream, whatever the box.
+  options.shard_bytes = kTinySizes[0] * kTinySizes[1] * 8;
+  ASSERT_OK_AND_ASSIGN(Tensor tiny,
+                       Tensor::Zeros({1, kTinySizes[1]},
+                                     TensorOptions().WithDType(DType::kInt64)));
+  EXPECT_THAT(client->WriteRegion(kTinyId, 0, {1, 0}, tiny, options),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
 TEST(HostShardBytesTest, ElementsTimesWidthOfHostShardsOnly) {
   v1::ShardedTensorMetadata metadata;
   metadata.mutable_tensor_properties()->set_dtype(v1::DTYPE_FLOAT64);

@@ -1,5 +1,6 @@
 #include "io/mapping_cache.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -167,6 +168,46 @@ TEST(MappingCacheTest, BeyondMaxBytesTheLeastRecentlyUsedGoFirst) {
   ASSERT_TRUE(mapped.ok());
   EXPECT_EQ((*mapped)->data()[4 * 65536 - 1], 'h');
   EXPECT_LE(cache.kept_bytes(), 3 * 65536);
+}
+
+// A writable mapping is kept apart from the read-only one of the same
+// file, and is had only through a descriptor open for writing, kept or
+// not: a kept one is never handed out through a read-only descriptor.
+TEST(MappingCacheTest, WritableMappingsNeedAWritableDescriptor) {
+  MappingCache cache;
+  UniqueFd file = MemoryFile(65536, 'a');
+  bool fresh = false;
+  auto writable =
+      cache.Map(file.get(), 65536, &fresh, MappingCache::Access::kWrite);
+  ASSERT_TRUE(writable.ok()) << writable.status();
+  EXPECT_TRUE(fresh);
+  ASSERT_NE((*writable)->writable_data(), nullptr);
+  (*writable)->writable_data()[100] = 'w';
+  char byte = 0;
+  ASSERT_EQ(pread(file.get(), &byte, 1, 100), 1);
+  EXPECT_EQ(byte, 'w');  // Written through to the file.
+  auto again =
+      cache.Map(file.get(), 4096, &fresh, MappingCache::Access::kWrite);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(again->get(), writable->get());
+  // The read-only kind of the same file is its own mapping.
+  auto readable = cache.Map(file.get(), 65536, &fresh);
+  ASSERT_TRUE(readable.ok()) << readable.status();
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ((*readable)->writable_data(), nullptr);
+  EXPECT_EQ((*readable)->data()[100], 'w');
+  EXPECT_EQ(cache.kept(), 2u);
+  // A read-only descriptor of the file: refused, though one is kept.
+  const std::string path = "/proc/self/fd/" + std::to_string(file.get());
+  UniqueFd read_only(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(read_only.valid());
+  EXPECT_EQ(
+      cache.Map(read_only.get(), 4096, &fresh, MappingCache::Access::kWrite)
+          .status()
+          .code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(cache.kept(), 2u);
 }
 
 TEST(MappingCacheTest, AForkedChildInheritsNoKeptMapping) {

@@ -1256,8 +1256,8 @@ TEST_F(DataPlaneServerTest, AtLeastReadsWaitForThePublishTheReaderKnows) {
   // One that does not come: the latest, after a moment.
   EXPECT_THAT(read(AtLeastId("v", 4)), IsOkAndHolds(2));
   // Ids that only look alike name nothing.
-  for (const std::string id : {std::string("v@>="), std::string("v@>=x"),
-                               std::string("v@>=-2"), std::string("v@>=2x")}) {
+  for (const std::string& id : {std::string("v@>="), std::string("v@>=x"),
+                                std::string("v@>=-2"), std::string("v@>=2x")}) {
     SCOPED_TRACE(id);
     EXPECT_THAT(read(id), StatusIs(absl::StatusCode::kNotFound, _));
   }
