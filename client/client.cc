@@ -1192,6 +1192,21 @@ absl::Status Client::Delete(const std::string& name) {
                  /*logged=*/true);
 }
 
+absl::Status Client::DeleteMany(const std::vector<std::string>& names) {
+  for (size_t first = 0; first < names.size(); first += kMaxDeleteTensors) {
+    const size_t end = std::min(names.size(), first + kMaxDeleteTensors);
+    v1::DeleteTensorRequest request;
+    request.mutable_names()->Add(names.begin() + first, names.begin() + end);
+    v1::DeleteTensorResponse response;
+    RETURN_IF_ERROR(Control(
+        *cluster_, &v1::ControlService::Stub::DeleteTensor, request, &response,
+        absl::StrCat("deleting ", end - first, " tensors (", names[first],
+                     end - first > 1 ? ", ..." : "", ")"),
+        /*logged=*/true));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
                                                   const ShardingSpec& spec) {
   v1::ReshardRequest request;

@@ -404,6 +404,12 @@ class Client {
   // makes the retry safe. A call that ends DEADLINE_EXCEEDED names its id:
   // Operation(id) tells what became of it.
   absl::Status Delete(const std::string& name);
+  // Deletes every tensor of `names` (distinct) in one logged call per
+  // kMaxDeleteTensors of them: all of a call's, or none (NOT_FOUND names
+  // the first that does not exist; INVALID_ARGUMENT for a name given
+  // twice). Empty `names`: OK, nothing done.
+  static constexpr size_t kMaxDeleteTensors = 4096;
+  absl::Status DeleteMany(const std::vector<std::string>& names);
   // Lays the tensor out by `spec`; returns its new view. A versioned
   // tensor moves its latest published version, under the same number, and
   // drops the older ones (docs/versions.md, "Resharding"). While one of

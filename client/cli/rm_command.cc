@@ -1,6 +1,8 @@
 #include "client/cli/rm_command.h"
 
 #include <memory>
+#include <set>
+#include <string>
 
 #include "client/client.h"
 
@@ -16,6 +18,26 @@ int RunRm(const RmOptions& options, const CommandContext& context) {
       ConnectToCluster(options.connection);
   if (!client.ok()) return context.ReportUserError(kRmCommand, client.status());
   int exit_code = kExitOk;
+  // Several distinct names: one logged call for all of them (all or none).
+  // Refused as NOT_FOUND, nothing was deleted: each is deleted on its own
+  // below, so that the others still go and the missing ones are named.
+  const std::set<std::string> distinct(options.names.begin(),
+                                       options.names.end());
+  if (distinct.size() > 1 && distinct.size() == options.names.size() &&
+      distinct.size() <= Client::kMaxDeleteTensors) {
+    const absl::Status together = (*client)->DeleteMany(options.names);
+    if (together.ok()) {
+      for (const std::string& name : options.names) {
+        context.out() << "deleted " << name << "\n";
+      }
+      context.out().flush();
+      return context.out().good() ? kExitOk : kExitFailure;
+    }
+    if (!absl::IsNotFound(together)) {
+      context.PrintError(kRmCommand, together.message());
+      return kExitFailure;
+    }
+  }
   for (const std::string& name : options.names) {
     const absl::Status status = (*client)->Delete(name);
     if (status.ok()) {

@@ -220,6 +220,9 @@ class PyClient {
         Check(WithoutGil([&] { return client_->Watch(name, after); })));
   }
 
+  void DeleteMany(const std::vector<std::string>& names) {
+    Check(WithoutGil([&] { return client_->DeleteMany(names); }));
+  }
   void Delete(const std::string& name) {
     Check(WithoutGil([&] { return client_->Delete(name); }));
   }
@@ -276,6 +279,7 @@ void BindClient(py::module_& m) {
       .def("list", &PyClient::List)
       .def("open", &PyClient::Open)
       .def("delete", &PyClient::Delete)
+      .def("delete_many", &PyClient::DeleteMany)
       .def("begin", &PyClient::Begin, py::arg("names"),
            py::arg("empty") = false, py::arg("lease") = 0.0)
       .def("join", &PyClient::Join, py::arg("id"))

@@ -321,6 +321,16 @@ class Client:
         """Deletes the tensor (NotFoundError when there is none)."""
         self._native.delete(name)
 
+    def delete_many(self, names: Sequence[str]) -> None:
+        """Deletes every tensor of ``names`` in one logged call (per 4096
+        of them): the cost of one :meth:`delete`, whatever their number.
+        All of them are deleted, or none: NotFoundError names the first
+        that does not exist, InvalidArgumentError a name given twice."""
+        if isinstance(names, (str, bytes)):
+            raise errors.InvalidArgumentError(
+                3, "delete_many takes a list of names, not one name")
+        self._native.delete_many([str(n) for n in names])
+
     def reshard(self, name: str, spec: ShardingSpec) -> Tensor:
         """Lays the tensor out by ``spec``; returns its new view. A
         versioned tensor moves its latest published version (same number)

@@ -166,20 +166,28 @@ def put_state_dict(client: Client, prefix: str,
     one daemon, round-robin over the ranks.
 
     The tensors are created together, CREATE_BATCH per call
-    (``Client.create_many``: all of a batch or none); without ``replace``,
+    (``Client.create_many``: all of a batch or none), after those being
+    replaced were deleted together (``Client.delete_many``); without ``replace``,
     a name already taken is AlreadyExistsError before anything is made. A
     failed write deletes the tensors this call created."""
     if spec_fn is None:
         spec_fn = default_layout(client)
-    existing = {t.name for t in client.list()}
+    if replace:
+        # One logged call for all of them (all or none): one that someone
+        # else deleted meanwhile refuses the call, which is then asked
+        # again of those still there.
+        for attempt in range(3):
+            existing = {t.name for t in client.list()}
+            old = [prefix + n for n in state_dict if prefix + n in existing]
+            try:
+                client.delete_many(old)
+                break
+            except errors.NotFoundError:
+                if attempt == 2:
+                    raise
     wanted = []
     for name, value in state_dict.items():
         full = prefix + name
-        if replace and full in existing:
-            try:
-                client.delete(full)
-            except errors.NotFoundError:
-                pass
         data, bits = _source(value)
         wanted.append({"name": full, "shape": data.shape,
                        "spec": spec_fn(name, value),

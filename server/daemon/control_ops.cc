@@ -123,6 +123,19 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 // The most tensors one CreateTensors call may create.
 constexpr int kMaxCreateTensors = 4096;
+// The most tensors one DeleteTensor call may delete.
+constexpr int kMaxDeleteTensors = 4096;
+
+// The tensors a DeleteTensor request names: `name`, then `names`; just
+// `name` (even empty: no such tensor) when `names` is empty.
+std::vector<std::string> DeletedNames(const v1::DeleteTensorRequest& request) {
+  std::vector<std::string> names;
+  if (!request.name().empty() || request.names().empty()) {
+    names.push_back(request.name());
+  }
+  names.insert(names.end(), request.names().begin(), request.names().end());
+  return names;
+}
 
 // A request's versions field (CreateTensor, LoadCheckpoint): 0 and 1 mean
 // in place, 2 to kMaxKeptVersions a versioned tensor.
@@ -180,7 +193,7 @@ std::string OpTensor(const v1::ControlOp& op) {
       return absl::StrJoin(names, ",");
     }
     case v1::ControlOp::kDeleteTensor:
-      return op.delete_tensor().name();
+      return absl::StrJoin(DeletedNames(op.delete_tensor()), ",");
     case v1::ControlOp::kReshard:
       return op.reshard().name();
     case v1::ControlOp::kGather:
@@ -562,18 +575,36 @@ absl::StatusOr<ShardedTensor> ControlOps::NewTensor(
 }
 
 OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
-  const std::string& name = op.delete_tensor().name();
-  absl::StatusOr<v1::TensorInfo> held = table_->Info(name);
-  const absl::Status local =
-      held.ok() ? CheckDeadline(op) : UnknownTensor(name);
-  const std::string tensor_id = held.ok() ? held->tensor_id() : "";
-  return AgreeThenCommit(local, [this, name, tensor_id]() {
-    // The tensor the daemons agreed on (a late commit finds it still).
-    absl::StatusOr<v1::TensorInfo> now = table_->Info(name);
-    if (now.ok() && now->tensor_id() == tensor_id) {
-      const std::optional<TableEntry> removed = table_->Remove(name);
-      if (removed.has_value() && removed->versions != nullptr) {
-        watch_->Deleted(name);
+  const std::vector<std::string> names = DeletedNames(op.delete_tensor());
+  // Each tensor with the id it has here; every daemon decides alike.
+  std::vector<std::pair<std::string, std::string>> deleted;
+  const absl::Status local = [&]() -> absl::Status {
+    if (names.size() > static_cast<size_t>(kMaxDeleteTensors)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeleteTensor: ", names.size(), " tensors; at most ",
+                       kMaxDeleteTensors, " per call"));
+    }
+    std::set<std::string> seen;
+    for (const std::string& name : names) {
+      if (!seen.insert(name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("DeleteTensor: tensor ", name, " is named twice"));
+      }
+      absl::StatusOr<v1::TensorInfo> held = table_->Info(name);
+      if (!held.ok()) return UnknownTensor(name);
+      deleted.emplace_back(name, held->tensor_id());
+    }
+    return CheckDeadline(op);
+  }();
+  return AgreeThenCommit(local, [this, deleted = std::move(deleted)]() {
+    for (const auto& [name, tensor_id] : deleted) {
+      // The tensor the daemons agreed on (a late commit finds it still).
+      absl::StatusOr<v1::TensorInfo> now = table_->Info(name);
+      if (now.ok() && now->tensor_id() == tensor_id) {
+        const std::optional<TableEntry> removed = table_->Remove(name);
+        if (removed.has_value() && removed->versions != nullptr) {
+          watch_->Deleted(name);
+        }
       }
     }
     return OpResult();

@@ -301,6 +301,43 @@ def test_create_many_is_one_call_all_or_none(client, rows4):
     assert "cn.0" not in {t.name for t in client.list()}
 
 
+def test_delete_many_is_one_call_all_or_none(client, rows4):
+    client.create_many([{"name": f"dm.{i}", "shape": (8, 4), "spec": rows4,
+                         "versions": 2 if i % 2 else None}
+                        for i in range(12)])
+    held = lambda: sorted(t.name for t in client.list()
+                          if t.name.startswith("dm."))
+    # One unknown name, or one named twice: nothing is deleted.
+    with pytest.raises(tessera.NotFoundError, match="dm.nope"):
+        client.delete_many(["dm.0", "dm.nope", "dm.1"])
+    with pytest.raises(tessera.InvalidArgumentError, match="named twice"):
+        client.delete_many(["dm.2", "dm.3", "dm.2"])
+    with pytest.raises(tessera.InvalidArgumentError, match="list of names"):
+        client.delete_many("dm.4")
+    assert len(held()) == 12
+    client.delete_many([])
+    client.delete_many([f"dm.{i}" for i in range(10)])
+    assert held() == ["dm.10", "dm.11"]
+    with pytest.raises(tessera.NotFoundError):
+        client.open("dm.3")
+    # The names are free again, for tensors of another shape.
+    client.create_many([{"name": "dm.3", "shape": (4,), "spec": rows4}])
+    assert client.open("dm.3").shape == (4,)
+
+
+def test_put_state_dict_replaces_every_tensor(client):
+    first = tt.put_state_dict(client, "pr.", {"a": torch.ones(4, 8),
+                                             "b": torch.ones(8)})
+    again = tt.put_state_dict(client, "pr.", {"a": torch.full((4, 8), 2.0),
+                                             "b": torch.full((8,), 3.0)})
+    assert first["a"].tensor_id != again["a"].tensor_id
+    assert (client.open("pr.a").read() == 2).all()
+    assert (client.open("pr.b").read() == 3).all()
+    with pytest.raises(tessera.AlreadyExistsError, match="pr.a"):
+        tt.put_state_dict(client, "pr.", {"a": torch.ones(4, 8)},
+                          replace=False)
+
+
 def test_a_state_dict_that_changed_shape_or_dtype_is_refused_whole(client):
     sd = {"a": torch.ones(4, 8), "b": torch.ones(8)}
     first = tt.publish_state_dict(client, "sc.", sd)

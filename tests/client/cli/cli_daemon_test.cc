@@ -344,6 +344,26 @@ TEST_F(CliDaemonTest, ErrorsAndExitCodes) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
+// `rm` of several names deletes them in one logged call; when one of them
+// does not exist, the others are still deleted and the missing one named.
+TEST_F(CliDaemonTest, RmOfSeveralNames) {
+  ASSERT_NE(cluster_, nullptr);
+  for (const char* name : {"rm_a", "rm_b", "rm_c", "rm_d"}) {
+    ASSERT_EQ(Run({"create", name, "--size", "4,4", "--spec", kRows}).exit_code,
+              0);
+  }
+  CliResult together = Run({"rm", "rm_a", "rm_b"});
+  EXPECT_EQ(together.exit_code, 0) << together.output;
+  EXPECT_THAT(together.output, HasSubstr("deleted rm_a\ndeleted rm_b"));
+  CliResult missing = Run({"rm", "rm_c", "rm_nope", "rm_d"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("deleted rm_c"));
+  EXPECT_THAT(missing.output, HasSubstr("rm_nope"));
+  EXPECT_THAT(missing.output, HasSubstr("deleted rm_d"));
+  EXPECT_THAT(Run({"ls"}).output, Not(HasSubstr("rm_")));
+  EXPECT_EQ(Run({"rm", "-f", "rm_a", "rm_nope"}).exit_code, 0);
+}
+
 // --request-id is the operations' idempotency key, and `tessera op` tells
 // what became of one.
 TEST_F(CliDaemonTest, RequestIdsAreIdempotencyKeysAndOpTellsTheirOutcome) {
