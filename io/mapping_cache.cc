@@ -164,8 +164,9 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappingCache::Map(
   }
   if (fresh != nullptr) *fresh = true;
   const int64_t size = info.st_size;
-  if (size == 0)
+  if (size == 0) {
     return std::make_shared<const MappedFile>(nullptr, 0, writable);
+  }
   void* data =
       mmap(nullptr, static_cast<size_t>(size),
            writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
