@@ -16,6 +16,7 @@
 #include "client/region_transfer.h"
 #include "common/region.h"
 #include "common/status_macros.h"
+#include "wire/replicas.h"
 #include "wire/version_id.h"
 
 namespace tessera {
@@ -345,45 +346,124 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
   int64_t total = 0;
   for (size_t p : which) total += pieces_[p].bytes;
   progress.SetTotal(total);
+  // One piece, from the first of its shard's holders that serves it.
+  const auto fetch_one = [&](size_t p) -> absl::Status {
+    const PlanPiece& piece = pieces_[p];
+    const ShardedTensorView& view = views_[piece.tensor];
+    const Tensor& out = out_views_[p];
+    // Straight into `out` when it is host memory of the tensor's
+    // dtype; else into host staging, converted and copied into it after
+    // the fetch (to the device for a CUDA out).
+    Tensor landing = out;
+    if (out.dtype() != view.dtype() || !out.device().is_cpu()) {
+      ASSIGN_OR_RETURN(
+          landing,
+          Tensor::Empty(out.sizes(),
+                        TensorOptions().WithDType(view.dtype()).Private()));
+    }
+    FetchOptions fetch;
+    fetch.chunk_bytes = options.chunk_bytes;
+    fetch.cancel = options.cancel;
+    fetch.on_chunk = [&progress](int64_t n) { progress.Add(n); };
+    fetch.served_version = &(*versions)[p];
+    RETURN_IF_ERROR(internal_client::FetchFromHolders(
+        *cluster_, view.info(), ids[piece.tensor], piece.shard,
+        piece.offsets_in_shard, landing, std::move(fetch), deadline,
+        absl::StrCat("reading tensor ", view.name(), " box ",
+                     Dims(piece.out_offsets), " of item ", piece.target)));
+    moved += piece.bytes;
+    if (landing.storage() != out.storage()) {
+      Tensor converted = landing;
+      if (out.dtype() != landing.dtype()) {
+        ASSIGN_OR_RETURN(converted, landing.ToDType(out.dtype()));
+      }
+      const std::vector<int64_t> origin(out.dim(), 0);
+      RETURN_IF_ERROR(
+          Annotate(CopyBox(converted, origin, out, origin, out.sizes()),
+                   absl::StrCat("reading tensor ", view.name(), " into item ",
+                                piece.target)));
+    }
+    return absl::OkStatus();
+  };
+  // Pieces of small host shards (owners lend none over the local path:
+  // every one is a data-plane round trip) going straight into host memory,
+  // from shards without replicas, are asked of their owner in pipelined
+  // batches (ShardClient::FetchRegionsPipelined): one round trip per
+  // batch. A piece a batch does not bring is fetched on its own, which
+  // tells a refused piece from a stalled or restarted owner.
+  // The batches first (one round trip each), then the pieces on their
+  // own, in the plan's order (the owners' pieces interleaved).
+  std::vector<std::vector<size_t>> tasks;
+  std::vector<size_t> alone;
+  std::map<int, std::vector<size_t>> by_owner;
+  for (size_t p : which) {
+    const PlanPiece& piece = pieces_[p];
+    const ShardedTensorView& view = views_[piece.tensor];
+    const Tensor& out = out_views_[p];
+    const int64_t shard_bytes =
+        HostShardBytes(view.info().metadata(), piece.shard);
+    const bool small =
+        shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes;
+    if (!small || out.dtype() != view.dtype() || !out.device().is_cpu() ||
+        HoldersOf(view.info(), static_cast<int>(piece.shard)).size() != 1) {
+      alone.push_back(p);
+      continue;
+    }
+    by_owner[view.owner_rank(piece.shard)].push_back(p);
+  }
+  for (auto& [rank, list] : by_owner) {
+    absl::StatusOr<std::shared_ptr<const internal_client::Worker>> worker =
+        cluster_->worker(rank);
+    if (list.size() < 2 || !worker.ok() ||
+        !(*worker)->shards->has_data_plane()) {
+      alone.insert(alone.end(), list.begin(), list.end());
+      continue;
+    }
+    for (size_t first = 0; first < list.size();
+         first += ShardClient::kMaxPipelinedFetches) {
+      const size_t end =
+          std::min(list.size(), first + ShardClient::kMaxPipelinedFetches);
+      tasks.emplace_back(list.begin() + first, list.begin() + end);
+    }
+  }
+  for (size_t p : alone) tasks.push_back({p});
+  const auto fetch_batch = [&](const std::vector<size_t>& batch) {
+    const ShardedTensorView& owner_view = views_[pieces_[batch[0]].tensor];
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const internal_client::Worker> worker,
+        cluster_->worker(owner_view.owner_rank(pieces_[batch[0]].shard)));
+    std::vector<ShardClient::RegionFetch> boxes;
+    boxes.reserve(batch.size());
+    for (size_t p : batch) {
+      const PlanPiece& piece = pieces_[p];
+      ShardClient::RegionFetch& box = boxes.emplace_back();
+      box.tensor_id = ids[piece.tensor];
+      box.shard_index = static_cast<int64_t>(piece.shard);
+      box.region_offsets.assign(piece.offsets_in_shard.begin(),
+                                piece.offsets_in_shard.end());
+      box.destination = out_views_[p];
+      box.served_version = &(*versions)[p];
+    }
+    FetchOptions fetch;
+    fetch.chunk_bytes = options.chunk_bytes;
+    fetch.cancel = options.cancel;
+    fetch.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    const std::vector<absl::Status> fetched =
+        worker->shards->FetchRegionsPipelined(boxes, fetch);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      if (fetched[k].ok()) {
+        moved += pieces_[batch[k]].bytes;
+        progress.Add(pieces_[batch[k]].bytes);
+      } else {
+        RETURN_IF_ERROR(fetch_one(batch[k]));
+      }
+    }
+    return absl::OkStatus();
+  };
   RETURN_IF_ERROR(RunInParallel(
-      which.size(), options.parallelism, [&](size_t k) -> absl::Status {
-        const size_t p = which[k];
-        const PlanPiece& piece = pieces_[p];
-        const ShardedTensorView& view = views_[piece.tensor];
-        const Tensor& out = out_views_[p];
-        // Straight into `out` when it is host memory of the tensor's
-        // dtype; else into host staging, converted and copied into it after
-        // the fetch (to the device for a CUDA out).
-        Tensor landing = out;
-        if (out.dtype() != view.dtype() || !out.device().is_cpu()) {
-          ASSIGN_OR_RETURN(
-              landing,
-              Tensor::Empty(out.sizes(),
-                            TensorOptions().WithDType(view.dtype()).Private()));
-        }
-        FetchOptions fetch;
-        fetch.chunk_bytes = options.chunk_bytes;
-        fetch.cancel = options.cancel;
-        fetch.on_chunk = [&progress](int64_t n) { progress.Add(n); };
-        fetch.served_version = &(*versions)[p];
-        RETURN_IF_ERROR(internal_client::FetchFromHolders(
-            *cluster_, view.info(), ids[piece.tensor], piece.shard,
-            piece.offsets_in_shard, landing, std::move(fetch), deadline,
-            absl::StrCat("reading tensor ", view.name(), " box ",
-                         Dims(piece.out_offsets), " of item ", piece.target)));
-        moved += piece.bytes;
-        if (landing.storage() != out.storage()) {
-          Tensor converted = landing;
-          if (out.dtype() != landing.dtype()) {
-            ASSIGN_OR_RETURN(converted, landing.ToDType(out.dtype()));
-          }
-          const std::vector<int64_t> origin(out.dim(), 0);
-          RETURN_IF_ERROR(
-              Annotate(CopyBox(converted, origin, out, origin, out.sizes()),
-                       absl::StrCat("reading tensor ", view.name(),
-                                    " into item ", piece.target)));
-        }
-        return absl::OkStatus();
+      tasks.size(), options.parallelism, [&](size_t t) -> absl::Status {
+        const std::vector<size_t>& task = tasks[t];
+        return task.size() == 1 ? fetch_one(task[0]) : fetch_batch(task);
       }));
   *bytes += moved.load();
   progress.Finish();

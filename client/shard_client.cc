@@ -634,6 +634,119 @@ absl::Status ShardClient::DataPlaneStream(const v1::FetchShardRequest& request,
   return absl::OkStatus();
 }
 
+std::vector<absl::Status> ShardClient::FetchRegionsPipelined(
+    absl::Span<const RegionFetch> boxes, const FetchOptions& options) const {
+  std::vector<absl::Status> results(
+      boxes.size(), absl::UnavailableError(
+                        "not answered: the batch's connection failed first"));
+  if (data_plane_address_.empty()) {
+    std::fill(results.begin(), results.end(),
+              absl::FailedPreconditionError("no data plane to pipeline on"));
+    return results;
+  }
+  const size_t count = std::min(boxes.size(), kMaxPipelinedFetches);
+  for (size_t i = count; i < boxes.size(); ++i) {
+    results[i] = absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxPipelinedFetches, " boxes per batch"));
+  }
+  if (count == 0) return results;
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::shared_ptr<Cancellation>& cancel = options.cancel;
+  if (Cancelled(cancel)) return results;
+  // A pooled connection the server closed while idle fails the first
+  // answer: the batch is then sent once more on a new one.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<DataConnection> taken =
+        TakeConnection(deadline, attempt == 0, cancel);
+    if (!taken.ok()) {
+      std::fill(results.begin(), results.begin() + count, taken.status());
+      return results;
+    }
+    DataConnection connection = *std::move(taken);
+    const Cancellation::Registration interrupt =
+        OnCancel(cancel, [fd = connection.fd()] { InterruptSocket(fd); });
+    absl::Status sent;
+    for (size_t i = 0; i < count && sent.ok(); ++i) {
+      const RegionFetch& box = boxes[i];
+      v1::DataPlaneRequest framed;
+      v1::FetchShardRequest& request = *framed.mutable_fetch();
+      request = FetchRequest(box.tensor_id, box.shard_index, options);
+      request.mutable_region_offsets()->Add(box.region_offsets.begin(),
+                                            box.region_offsets.end());
+      request.mutable_region_sizes()->Add(box.destination.sizes().begin(),
+                                          box.destination.sizes().end());
+      sent = connection.WriteFrame(framed.SerializeAsString(), deadline,
+                                   /*more=*/i + 1 < count);
+    }
+    if (!sent.ok()) {
+      // A pooled connection the server closed: once more on a new one.
+      if (attempt == 0 && !Cancelled(cancel)) {
+        DropIdleConnections();
+        continue;
+      }
+      std::fill(results.begin(), results.begin() + count,
+                Annotate(sent, "sending pipelined fetches"));
+      return results;
+    }
+    bool broken = false;
+    size_t answered = 0;
+    for (; answered < count && !broken; ++answered) {
+      const RegionFetch& box = boxes[answered];
+      const std::string what =
+          absl::StrCat("fetching shard ", box.shard_index, " of tensor ",
+                       box.tensor_id, " (pipelined)");
+      absl::StatusOr<std::string> frame = connection.ReadFrame(deadline);
+      if (!frame.ok()) {
+        broken = true;
+        // Closed while idle in the pool: nothing was answered yet.
+        if (attempt == 0 && answered == 0 &&
+            absl::IsUnavailable(frame.status()) && !Cancelled(cancel)) {
+          DropIdleConnections();
+          break;
+        }
+        results[answered] = Annotate(frame.status(), what);
+        break;
+      }
+      absl::StatusOr<v1::BulkFetchReply> reply =
+          ParseReply<v1::BulkFetchReply>(*frame, what);
+      if (!reply.ok()) {
+        results[answered] = reply.status();
+        broken = true;
+        break;
+      }
+      if (reply->code() != 0) {
+        // Refused; nothing of it follows on the connection.
+        results[answered] = Annotate(ReplyStatus(*reply), what);
+        continue;
+      }
+      ShardAssembler assembler(box.tensor_id, box.shard_index, box.destination);
+      assembler.ExpectRegion(box.region_offsets, box.destination.sizes());
+      absl::Status received = assembler.Start(reply->header());
+      if (received.ok()) {
+        received = ReceiveChunks(connection, deadline, &assembler);
+      }
+      if (received.ok()) received = assembler.Finish();
+      if (!received.ok()) {
+        results[answered] = Annotate(received, what);
+        broken = true;
+        break;
+      }
+      if (box.served_version != nullptr) {
+        *box.served_version = assembler.version();
+      }
+      results[answered] = absl::OkStatus();
+    }
+    if (!broken && !Cancelled(cancel)) {
+      ReturnConnection(std::move(connection));
+    }
+    if (!broken || answered > 0 || attempt > 0 ||
+        !absl::IsUnavailable(results[0])) {
+      return results;
+    }
+  }
+  return results;
+}
+
 absl::StatusOr<ShardClient::Exchange> ShardClient::Request(
     const std::string& frame, absl::Time deadline,
     const std::shared_ptr<Cancellation>& cancel) const {

@@ -191,6 +191,35 @@ class ShardClient {
                                    absl::Span<const int64_t> region_offsets,
                                    const Tensor& data,
                                    const RegionWriteOptions& options) const;
+  // One box of FetchRegionsPipelined: FetchRegionInto's arguments, with
+  // where the version served goes (when not null).
+  struct RegionFetch {
+    std::string tensor_id;
+    int64_t shard_index = 0;
+    std::vector<int64_t> region_offsets;
+    Tensor destination;
+    int64_t* served_version = nullptr;
+  };
+  // The most boxes one FetchRegionsPipelined call sends at once: their
+  // requests (a few hundred bytes each) always fit the server's receive
+  // buffer, so sending them never waits on answers not yet read.
+  static constexpr size_t kMaxPipelinedFetches = 64;
+  // Fetches small boxes over one data-plane connection, every request sent
+  // before any answer is read: one round trip for all of them instead of
+  // one each (a read plan's pieces of small shards, which never take the
+  // local path). At most kMaxPipelinedFetches boxes (INVALID_ARGUMENT for
+  // every box beyond). Returns one status per box: OK when its bytes are
+  // in its destination; else the server's verdict on it, or UNAVAILABLE
+  // when it was not answered because the connection failed first (the
+  // destination may then be partly written). Callers fetch every box that
+  // is not OK on their own (FetchRegionInto), which tells a stalled or
+  // restarted daemon from a refused box. FAILED_PRECONDITION for every box
+  // when this client knows no data plane. Bounded by options.timeout and
+  // options.cancel; options.local_path, lanes and on_chunk do not apply.
+  std::vector<absl::Status> FetchRegionsPipelined(
+      absl::Span<const RegionFetch> boxes, const FetchOptions& options) const;
+  // Whether fetches go over the data plane (else gRPC).
+  bool has_data_plane() const { return !data_plane_address_.empty(); }
   absl::StatusOr<TensorDescription> DescribeTensor(
       absl::string_view tensor_id,
       absl::Duration timeout = absl::Seconds(10)) const;

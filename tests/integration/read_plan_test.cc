@@ -341,6 +341,39 @@ TEST_F(ReadPlanTest, AReshardOrARecreateMakesTheNextRunPlanAgain) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("w")));
 }
 
+// Pieces of small shards (biases, norms) are asked of each owner in
+// pipelined batches: every value lands, each byte is counted once, and a
+// tensor re-created between runs is planned again, never read stale.
+TEST_F(ReadPlanTest, SmallPiecesOfManyTensorsArePipelinedPerOwner) {
+  constexpr int kTensors = 40;  // 80 pieces per owner: two batches.
+  std::vector<Tensor> values;
+  std::vector<Tensor> outs;
+  std::vector<ReadItem> items;
+  for (int i = 0; i < kTensors; ++i) {
+    const std::string name = absl::StrCat("small", i);
+    values.push_back(Make(name, {8, 6}, Rows(), 100 + i));
+    outs.push_back(Empty({8, 6}));
+    items.push_back(ReadItem::Box(name, {0, 0}, outs.back()));
+  }
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ReadPlan> plan,
+                       client_->PlanReads(std::move(items)));
+  ASSERT_OK_AND_ASSIGN(ReadPlanRun run, plan->Run());
+  EXPECT_EQ(run.bytes, kTensors * 8 * 6 * 4);
+  for (int i = 0; i < kTensors; ++i) {
+    EXPECT_TRUE(Same(outs[i], values[i])) << i;
+  }
+  ASSERT_OK(client_->Delete("small7"));
+  values[7] = Make("small7", {8, 6}, Rows(), 999);
+  ASSERT_OK_AND_ASSIGN(run, plan->Run());
+  EXPECT_TRUE(run.replanned);
+  for (int i = 0; i < kTensors; ++i) {
+    EXPECT_TRUE(Same(outs[i], values[i])) << i;
+  }
+  ASSERT_OK(client_->Delete("small8"));
+  EXPECT_THAT(plan->Run().status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("small8")));
+}
+
 TEST_F(ReadPlanTest, AStalledDaemonIsReadAroundWithinTheDeadline) {
   ASSERT_OK_AND_ASSIGN(const ReplicatedPlan planned, PlanReplicated(12));
   const auto& [plan, out, want] = planned;

@@ -385,6 +385,74 @@ TEST_F(DataPlaneServerTest, FetchesRegionsLikeTheGrpcPlane) {
   }
 }
 
+// Pipelined boxes (a read plan's pieces of small shards): every request
+// goes out before any answer is read; each box gets its bytes or its own
+// error, and a refused box leaves the others and the connection in step.
+TEST_F(DataPlaneServerTest, PipelinedBoxesAreAnsweredInOrder) {
+  const Tensor tensor = Serve("t", Filled({64, 33}, DType::kInt64));
+  const Tensor other = Serve("u", Filled({8, 4}, DType::kInt64, 7), 0, 2);
+  const TensorOptions int64 = TensorOptions().WithDType(DType::kInt64);
+  std::vector<ShardClient::RegionFetch> boxes(
+      ShardClient::kMaxPipelinedFetches + 2);
+  std::vector<int64_t> versions(boxes.size(), -1);
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    ShardClient::RegionFetch& box = boxes[i];
+    box.tensor_id = i % 2 == 0 ? "t" : "u";
+    box.shard_index = i % 2 == 0 ? 1 : 0;
+    const int64_t row = static_cast<int64_t>(i) % (i % 2 == 0 ? 60 : 6);
+    box.region_offsets = {row, 1};
+    ASSERT_OK_AND_ASSIGN(box.destination, Tensor::Zeros({2, 3}, int64));
+    box.served_version = &versions[i];
+  }
+  boxes[5].tensor_id = "nope";        // NOT_FOUND
+  boxes[8].region_offsets = {63, 0};  // OUT_OF_RANGE: leaves the shard
+  const std::vector<absl::Status> fetched =
+      client_->FetchRegionsPipelined(boxes, Chunked(4096));
+  ASSERT_EQ(fetched.size(), boxes.size());
+  for (size_t i = 0; i < ShardClient::kMaxPipelinedFetches; ++i) {
+    SCOPED_TRACE(i);
+    if (i == 5) {
+      EXPECT_THAT(fetched[i],
+                  StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+    } else if (i == 8) {
+      EXPECT_THAT(fetched[i], StatusIs(absl::StatusCode::kOutOfRange,
+                                       HasSubstr("leaves the shard")));
+    } else {
+      ASSERT_OK(fetched[i]);
+      const Tensor& source = i % 2 == 0 ? tensor : other;
+      ASSERT_OK_AND_ASSIGN(Tensor rows,
+                           source.Narrow(0, boxes[i].region_offsets[0], 2));
+      ASSERT_OK_AND_ASSIGN(Tensor box, rows.Narrow(1, 1, 3));
+      EXPECT_EQ(RowMajorBytes(boxes[i].destination), RowMajorBytes(box));
+      EXPECT_EQ(versions[i], 0);  // Unversioned.
+    }
+  }
+  // Beyond the most one batch sends: refused, untouched.
+  for (size_t i = ShardClient::kMaxPipelinedFetches; i < boxes.size(); ++i) {
+    EXPECT_THAT(fetched[i], StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("per batch")));
+    EXPECT_EQ(versions[i], -1);
+  }
+  // The pooled connection is still in step.
+  EXPECT_OK(FetchMatches(*client_, "t", tensor, 1, 4096));
+  // A connection the server closed while pooled is replaced once.
+  server_->Shutdown();
+  DataPlaneServerOptions options;
+  options.idle_timeout = absl::Milliseconds(100);
+  StartServer(options);
+  ASSERT_OK(FetchMatches(*client_, "t", tensor));
+  absl::SleepFor(absl::Milliseconds(300));
+  boxes.resize(3);
+  EXPECT_THAT(client_->FetchRegionsPipelined(boxes, Chunked(4096)),
+              ::testing::Each(IsOk()));
+  // No server at all: every box says why, none hangs.
+  const auto nowhere = ShardClient::Create(kNoGrpc, "127.0.0.1:1");
+  for (const absl::Status& status :
+       nowhere->FetchRegionsPipelined(boxes, Chunked(4096))) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  }
+}
+
 // ---- raw sockets ------------------------------------------------------------
 
 TEST_F(DataPlaneServerTest, WrongMagicClosesTheConnection) {
