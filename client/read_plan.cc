@@ -313,6 +313,21 @@ absl::Status ReadPlan::Plan() {
       if (k < list.size()) order.push_back(list[k]);
     }
   }
+  // Pieces of small host shards (owners lend none over the local path:
+  // each would be a data-plane round trip) going straight into host
+  // memory, from shards without replicas: Fetch asks their owner for them
+  // in pipelined batches.
+  std::vector<bool> pipelined(pieces.size());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const ShardedTensorView& view = views_[pieces[p].tensor];
+    const int64_t shard_bytes =
+        HostShardBytes(view.info().metadata(), pieces[p].shard);
+    pipelined[p] =
+        shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes &&
+        out_views[p].dtype() == view.dtype() &&
+        out_views[p].device().is_cpu() &&
+        HoldersOf(view.info(), static_cast<int>(pieces[p].shard)).size() == 1;
+  }
   // Versioned tensors numbered alike: a group begun and published
   // together.
   bool aligned = true;
@@ -328,6 +343,7 @@ absl::Status ReadPlan::Plan() {
   }
   pieces_ = std::move(pieces);
   out_views_ = std::move(out_views);
+  pipelined_ = std::move(pipelined);
   order_ = std::move(order);
   aligned_ = aligned;
   stale_ = false;
@@ -385,37 +401,32 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
     }
     return absl::OkStatus();
   };
-  // Pieces of small host shards (owners lend none over the local path:
-  // every one is a data-plane round trip) going straight into host memory,
-  // from shards without replicas, are asked of their owner in pipelined
-  // batches (ShardClient::FetchRegionsPipelined): one round trip per
+  // Pieces planned to be pipelined (pipelined_) are asked of their owner
+  // in batches (ShardClient::FetchRegionsPipelined): one round trip per
   // batch. A piece a batch does not bring is fetched on its own, which
-  // tells a refused piece from a stalled or restarted owner.
-  // The batches first (one round trip each), then the pieces on their
-  // own, in the plan's order (the owners' pieces interleaved).
-  std::vector<std::vector<size_t>> tasks;
+  // tells a refused piece from a stalled or restarted owner. The batches
+  // go first (one round trip each), then the pieces on their own, in the
+  // plan's order (the owners' pieces interleaved).
+  struct Task {
+    std::vector<size_t> pieces;
+    // The owner, for a batch.
+    std::shared_ptr<const internal_client::Worker> owner;
+  };
+  std::vector<Task> tasks;
   std::vector<size_t> alone;
   std::map<int, std::vector<size_t>> by_owner;
   for (size_t p : which) {
-    const PlanPiece& piece = pieces_[p];
-    const ShardedTensorView& view = views_[piece.tensor];
-    const Tensor& out = out_views_[p];
-    const int64_t shard_bytes =
-        HostShardBytes(view.info().metadata(), piece.shard);
-    const bool small =
-        shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes;
-    if (!small || out.dtype() != view.dtype() || !out.device().is_cpu() ||
-        HoldersOf(view.info(), static_cast<int>(piece.shard)).size() != 1) {
+    if (pipelined_[p]) {
+      by_owner[views_[pieces_[p].tensor].owner_rank(pieces_[p].shard)]
+          .push_back(p);
+    } else {
       alone.push_back(p);
-      continue;
     }
-    by_owner[view.owner_rank(piece.shard)].push_back(p);
   }
   for (auto& [rank, list] : by_owner) {
-    absl::StatusOr<std::shared_ptr<const internal_client::Worker>> worker =
+    absl::StatusOr<std::shared_ptr<const internal_client::Worker>> owner =
         cluster_->worker(rank);
-    if (list.size() < 2 || !worker.ok() ||
-        !(*worker)->shards->has_data_plane()) {
+    if (list.size() < 2 || !owner.ok() || !(*owner)->shards->has_data_plane()) {
       alone.insert(alone.end(), list.begin(), list.end());
       continue;
     }
@@ -423,18 +434,16 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
          first += ShardClient::kMaxPipelinedFetches) {
       const size_t end =
           std::min(list.size(), first + ShardClient::kMaxPipelinedFetches);
-      tasks.emplace_back(list.begin() + first, list.begin() + end);
+      tasks.push_back(
+          {std::vector<size_t>(list.begin() + first, list.begin() + end),
+           *owner});
     }
   }
-  for (size_t p : alone) tasks.push_back({p});
-  const auto fetch_batch = [&](const std::vector<size_t>& batch) {
-    const ShardedTensorView& owner_view = views_[pieces_[batch[0]].tensor];
-    ASSIGN_OR_RETURN(
-        std::shared_ptr<const internal_client::Worker> worker,
-        cluster_->worker(owner_view.owner_rank(pieces_[batch[0]].shard)));
+  for (size_t p : alone) tasks.push_back({{p}, nullptr});
+  const auto fetch_batch = [&](const Task& batch) {
     std::vector<ShardClient::RegionFetch> boxes;
-    boxes.reserve(batch.size());
-    for (size_t p : batch) {
+    boxes.reserve(batch.pieces.size());
+    for (size_t p : batch.pieces) {
       const PlanPiece& piece = pieces_[p];
       ShardClient::RegionFetch& box = boxes.emplace_back();
       box.tensor_id = ids[piece.tensor];
@@ -449,21 +458,23 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
     fetch.cancel = options.cancel;
     fetch.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
     const std::vector<absl::Status> fetched =
-        worker->shards->FetchRegionsPipelined(boxes, fetch);
-    for (size_t k = 0; k < batch.size(); ++k) {
+        batch.owner->shards->FetchRegionsPipelined(boxes, fetch);
+    for (size_t k = 0; k < batch.pieces.size(); ++k) {
+      const size_t p = batch.pieces[k];
       if (fetched[k].ok()) {
-        moved += pieces_[batch[k]].bytes;
-        progress.Add(pieces_[batch[k]].bytes);
+        moved += pieces_[p].bytes;
+        progress.Add(pieces_[p].bytes);
       } else {
-        RETURN_IF_ERROR(fetch_one(batch[k]));
+        RETURN_IF_ERROR(fetch_one(p));
       }
     }
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(RunInParallel(
       tasks.size(), options.parallelism, [&](size_t t) -> absl::Status {
-        const std::vector<size_t>& task = tasks[t];
-        return task.size() == 1 ? fetch_one(task[0]) : fetch_batch(task);
+        const Task& task = tasks[t];
+        return task.owner == nullptr ? fetch_one(task.pieces[0])
+                                     : fetch_batch(task);
       }));
   *bytes += moved.load();
   progress.Finish();

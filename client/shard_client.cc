@@ -227,6 +227,18 @@ v1::FetchShardRequest FetchRequest(absl::string_view tensor_id,
   return request;
 }
 
+// FetchRequest for the box at `offsets` (in the shard) of `sizes`.
+v1::FetchShardRequest RegionRequest(absl::string_view tensor_id,
+                                    int64_t shard_index,
+                                    absl::Span<const int64_t> offsets,
+                                    absl::Span<const int64_t> sizes,
+                                    const FetchOptions& options) {
+  v1::FetchShardRequest request = FetchRequest(tensor_id, shard_index, options);
+  request.mutable_region_offsets()->Add(offsets.begin(), offsets.end());
+  request.mutable_region_sizes()->Add(sizes.begin(), sizes.end());
+  return request;
+}
+
 // Runs lane(i, cancel) for each of `count` lanes at once, lane 0 on the
 // calling thread, under a cancellation of their own: cancelled when the
 // caller's `cancel` is, and when a lane fails, so that the others stop at
@@ -442,11 +454,8 @@ absl::Status ShardClient::FetchRegionInto(
     return FetchStriped(tensor_id, shard_index, region_offsets, destination,
                         options, lanes, options.served_version, nullptr);
   }
-  v1::FetchShardRequest request = FetchRequest(tensor_id, shard_index, options);
-  request.mutable_region_offsets()->Add(region_offsets.begin(),
-                                        region_offsets.end());
-  request.mutable_region_sizes()->Add(destination.sizes().begin(),
-                                      destination.sizes().end());
+  const v1::FetchShardRequest request = RegionRequest(
+      tensor_id, shard_index, region_offsets, destination.sizes(), options);
   ShardAssembler assembler(tensor_id, shard_index, destination);
   assembler.ExpectRegion(region_offsets, destination.sizes());
   RETURN_IF_ERROR(Fetch(request, options, &assembler));
@@ -496,11 +505,8 @@ absl::Status ShardClient::FetchStriped(
   std::vector<int64_t> versions(parts.size(), 0);
   const auto fetch_part = [&](size_t i, absl::string_view id,
                               const std::shared_ptr<Cancellation>& cancel) {
-    v1::FetchShardRequest request = FetchRequest(id, shard_index, options);
-    request.mutable_region_offsets()->Add(parts[i].offsets.begin(),
-                                          parts[i].offsets.end());
-    request.mutable_region_sizes()->Add(outs[i].sizes().begin(),
-                                        outs[i].sizes().end());
+    const v1::FetchShardRequest request = RegionRequest(
+        id, shard_index, parts[i].offsets, outs[i].sizes(), options);
     ShardAssembler assembler(id, shard_index, outs[i]);
     assembler.ExpectRegion(parts[i].offsets, outs[i].sizes());
     assembler.set_on_chunk(on_chunk);
@@ -669,12 +675,9 @@ std::vector<absl::Status> ShardClient::FetchRegionsPipelined(
     for (size_t i = 0; i < count && sent.ok(); ++i) {
       const RegionFetch& box = boxes[i];
       v1::DataPlaneRequest framed;
-      v1::FetchShardRequest& request = *framed.mutable_fetch();
-      request = FetchRequest(box.tensor_id, box.shard_index, options);
-      request.mutable_region_offsets()->Add(box.region_offsets.begin(),
-                                            box.region_offsets.end());
-      request.mutable_region_sizes()->Add(box.destination.sizes().begin(),
-                                          box.destination.sizes().end());
+      *framed.mutable_fetch() =
+          RegionRequest(box.tensor_id, box.shard_index, box.region_offsets,
+                        box.destination.sizes(), options);
       sent = connection.WriteFrame(framed.SerializeAsString(), deadline,
                                    /*more=*/i + 1 < count);
     }
@@ -689,6 +692,9 @@ std::vector<absl::Status> ShardClient::FetchRegionsPipelined(
       return results;
     }
     bool broken = false;
+    // The first answer never came on a pooled connection the server had
+    // closed while it idled: the batch goes once more on a new one.
+    bool stale_pool = false;
     size_t answered = 0;
     for (; answered < count && !broken; ++answered) {
       const RegionFetch& box = boxes[answered];
@@ -698,9 +704,9 @@ std::vector<absl::Status> ShardClient::FetchRegionsPipelined(
       absl::StatusOr<std::string> frame = connection.ReadFrame(deadline);
       if (!frame.ok()) {
         broken = true;
-        // Closed while idle in the pool: nothing was answered yet.
         if (attempt == 0 && answered == 0 &&
             absl::IsUnavailable(frame.status()) && !Cancelled(cancel)) {
+          stale_pool = true;
           DropIdleConnections();
           break;
         }
@@ -739,10 +745,7 @@ std::vector<absl::Status> ShardClient::FetchRegionsPipelined(
     if (!broken && !Cancelled(cancel)) {
       ReturnConnection(std::move(connection));
     }
-    if (!broken || answered > 0 || attempt > 0 ||
-        !absl::IsUnavailable(results[0])) {
-      return results;
-    }
+    if (!stale_pool) return results;
   }
   return results;
 }
