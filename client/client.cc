@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -1193,16 +1195,35 @@ absl::Status Client::Delete(const std::string& name) {
 }
 
 absl::Status Client::DeleteMany(const std::vector<std::string>& names) {
+  // A name given twice is refused before any call, also when its two
+  // places fall in different calls (the second would find it gone).
+  if (names.size() > kMaxDeleteTensors) {
+    absl::flat_hash_set<absl::string_view> seen;
+    for (const std::string& name : names) {
+      if (!seen.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "deleting ", names.size(), " tensors: tensor \"",
+            absl::CHexEscape(name.substr(0, 200)), "\" is named twice"));
+      }
+    }
+  }
   for (size_t first = 0; first < names.size(); first += kMaxDeleteTensors) {
     const size_t end = std::min(names.size(), first + kMaxDeleteTensors);
     v1::DeleteTensorRequest request;
     request.mutable_names()->Add(names.begin() + first, names.begin() + end);
     v1::DeleteTensorResponse response;
-    RETURN_IF_ERROR(Control(
+    const absl::Status status = Control(
         *cluster_, &v1::ControlService::Stub::DeleteTensor, request, &response,
         absl::StrCat("deleting ", end - first, " tensors (", names[first],
                      end - first > 1 ? ", ..." : "", ")"),
-        /*logged=*/true));
+        /*logged=*/true);
+    // The calls before this one were applied: the error says so.
+    if (!status.ok() && first > 0) {
+      return Annotate(status,
+                      absl::StrCat("the first ", first, " of ", names.size(),
+                                   " names were deleted, the rest not"));
+    }
+    RETURN_IF_ERROR(status);
   }
   return absl::OkStatus();
 }

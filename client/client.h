@@ -407,7 +407,9 @@ class Client {
   // Deletes every tensor of `names` (distinct) in one logged call per
   // kMaxDeleteTensors of them: all of a call's, or none (NOT_FOUND names
   // the first that does not exist; INVALID_ARGUMENT for a name given
-  // twice). Empty `names`: OK, nothing done.
+  // twice, before any call). Empty `names`: OK, nothing done. When a call
+  // after the first fails, its error says how many names (the first ones)
+  // the calls before it deleted.
   static constexpr size_t kMaxDeleteTensors = 4096;
   absl::Status DeleteMany(const std::vector<std::string>& names);
   // Lays the tensor out by `spec`; returns its new view. A versioned

@@ -22,7 +22,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
 
 from . import _tessera
 from ._tensor import (Shard, Tensor, RemoteShard, _integer, _integers,
-                      _seconds, _source)
+                      _name, _seconds, _source)
 from ._versions import Snapshot, Version, VersionGroup
 from ._plans import ReadPlan
 from . import _plans
@@ -189,7 +189,8 @@ class Client:
                 fill_value = 0.0
             elif init == "empty" and fill_value != 0.0:
                 init = "full"
-            native.append((str(name), _integers(shape, "shape"), spec,
+            native.append((_name(name, f"tensor {i}: name"),
+                           _integers(shape, "shape"), spec,
                            _dtype_name(t.get("dtype", "float32")), init,
                            float(fill_value),
                            _integer(t.get("seed", 0), "seed"),
@@ -329,7 +330,8 @@ class Client:
         if isinstance(names, (str, bytes)):
             raise errors.InvalidArgumentError(
                 3, "delete_many takes a list of names, not one name")
-        self._native.delete_many([str(n) for n in names])
+        self._native.delete_many([_name(n, "delete_many: each name")
+                                  for n in names])
 
     def reshard(self, name: str, spec: ShardingSpec) -> Tensor:
         """Lays the tensor out by ``spec``; returns its new view. A
@@ -352,7 +354,8 @@ class Client:
         of versioned tensors, by name (the others save their latest);
         ``Snapshot.save`` saves a snapshot's pinned versions."""
         return self._native.save(path, list(names or []), bool(overwrite),
-                                 {str(k): _integer(v, "version")
+                                 {_name(k, "versions: each name"):
+                                  _integer(v, "version")
                                   for k, v in (versions or {}).items()})
 
     def load(self, path: str, names: Optional[Iterable[str]] = None,

@@ -244,6 +244,15 @@ def _integer(value: Any, what: str) -> int:
         raise TypeError(f"{what} must be an int, not {value!r:.40}") from None
 
 
+def _name(value: Any, what: str) -> str:
+    """``value`` as a tensor name: a str; a TypeError naming ``what`` for
+    anything else (None or a number is refused, not turned into the name
+    "None" or "3" of some other tensor)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {value!r:.40}")
+    return value
+
+
 def _integers(values: Any, what: str) -> list[int]:
     """Each of ``values`` as an int (_integer), in a list."""
     try:

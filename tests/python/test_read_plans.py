@@ -314,6 +314,18 @@ def test_delete_many_is_one_call_all_or_none(client, rows4):
         client.delete_many(["dm.2", "dm.3", "dm.2"])
     with pytest.raises(tessera.InvalidArgumentError, match="list of names"):
         client.delete_many("dm.4")
+    # A name that is not a str is refused, not turned into the name of
+    # another tensor ("None", "3").
+    client.create_many([{"name": "None", "shape": (4,), "spec": rows4}])
+    with pytest.raises(TypeError, match="each name must be a str"):
+        client.delete_many(["dm.4", None])
+    client.open("None").read()
+    with pytest.raises(TypeError, match="tensor 1: name must be a str"):
+        client.create_many([{"name": "dm.new", "shape": (4,), "spec": rows4},
+                            {"name": 3, "shape": (4,), "spec": rows4}])
+    with pytest.raises(tessera.NotFoundError):
+        client.open("dm.new")
+    client.delete("None")
     assert len(held()) == 12
     client.delete_many([])
     client.delete_many([f"dm.{i}" for i in range(10)])
@@ -323,6 +335,28 @@ def test_delete_many_is_one_call_all_or_none(client, rows4):
     # The names are free again, for tensors of another shape.
     client.create_many([{"name": "dm.3", "shape": (4,), "spec": rows4}])
     assert client.open("dm.3").shape == (4,)
+
+
+def test_delete_many_past_one_call_says_what_it_deleted(client, rows4):
+    names = [f"dx.{i}" for i in range(4100)]
+    client.create_many([{"name": n, "shape": (1,), "spec": rows4}
+                        for n in names[:4096]])
+    client.create_many([{"name": n, "shape": (1,), "spec": rows4}
+                        for n in names[4096:]])
+    held = lambda: sum(t.name.startswith("dx.") for t in client.list())
+    # A name in two calls' parts is refused before the first call.
+    with pytest.raises(tessera.InvalidArgumentError, match="dx.1.* twice"):
+        client.delete_many(names + ["dx.1"])
+    assert held() == 4100
+    # The second call fails: the first one's 4096 are gone, and the error
+    # says so; the second call's names are all still there.
+    with pytest.raises(tessera.NotFoundError,
+                       match="first 4096 of 4101 names were deleted.*dx.gone"):
+        client.delete_many(names + ["dx.gone"])
+    assert sorted(t.name for t in client.list()
+                  if t.name.startswith("dx.")) == names[4096:]
+    client.delete_many(names[4096:])
+    assert held() == 0
 
 
 def test_put_state_dict_replaces_every_tensor(client):
