@@ -402,6 +402,8 @@ absl::Status ShardedTensorView::ReadPieces(
     std::vector<int64_t>* versions, ProgressCounter* progress) const {
   const std::string what = absl::StrCat("reading tensor ", name());
   const absl::Time deadline = absl::Now() + options.timeout;
+  // A holder given up on for one shard is not asked for the others.
+  internal_client::PassedOver passed_over;
   return ForEachRegionPiece(
       metadata_.shards_metadata, offsets, destination, options.parallelism,
       [&](const RegionPiece& piece) -> absl::Status {
@@ -413,7 +415,7 @@ absl::Status ShardedTensorView::ReadPieces(
         fetch.served_version = &(*versions)[piece.shard];
         return internal_client::FetchFromHolders(
             *cluster_, info_, id, piece.shard, piece.offsets_in_shard,
-            piece.view, std::move(fetch), deadline, what);
+            piece.view, std::move(fetch), deadline, what, &passed_over);
       });
 }
 

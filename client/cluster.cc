@@ -15,7 +15,8 @@ absl::Status FetchFromHolders(const Cluster& cluster,
                               size_t shard,
                               absl::Span<const int64_t> offsets_in_shard,
                               const Tensor& view, FetchOptions fetch,
-                              absl::Time deadline, absl::string_view what) {
+                              absl::Time deadline, absl::string_view what,
+                              PassedOver* passed_over) {
   // The owner first; when it is dead, stalled or not yet refilled after a
   // restart, each replica in turn. A try that moves nothing for the
   // patience is given up for the next holder (a stalled owner costs that,
@@ -26,6 +27,11 @@ absl::Status FetchFromHolders(const Cluster& cluster,
   absl::Status status;
   bool reconnected = false;
   for (size_t k = 0; k < holders.size(); ++k) {
+    // One this operation gave up on already, while another is left.
+    if (passed_over != nullptr && k + 1 < holders.size() &&
+        passed_over->Contains(holders[k])) {
+      continue;
+    }
     ASSIGN_OR_RETURN(std::shared_ptr<const Worker> worker,
                      cluster.worker(holders[k]));
     const std::string holder =
@@ -58,6 +64,8 @@ absl::Status FetchFromHolders(const Cluster& cluster,
         cluster.Reconnect(holders[k], worker)) {
       reconnected = true;
       --k;
+    } else if (passed_over != nullptr && k + 1 < holders.size()) {
+      passed_over->Add(holders[k]);
     }
   }
   return status;

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
+#include "client/passed_over.h"
 #include "client/shard_client.h"
 #include "common/status_macros.h"
 #include "common/tensor/tensor.h"
@@ -244,13 +245,16 @@ class Cluster {
 // holder that restarted elsewhere is
 // asked again where it is now. `fetch` gives the chunk size, progress,
 // cancellation and served_version; its timeout is set here. Errors name
-// the holder, prefixed with `what`.
+// the holder, prefixed with `what`. With `passed_over` (shared by the
+// pieces of one operation), a holder given up on is recorded there, and
+// holders recorded there are skipped while another is left to ask.
 absl::Status FetchFromHolders(const Cluster& cluster,
                               const v1::TensorInfo& info, const std::string& id,
                               size_t shard,
                               absl::Span<const int64_t> offsets_in_shard,
                               const Tensor& view, FetchOptions fetch,
-                              absl::Time deadline, absl::string_view what);
+                              absl::Time deadline, absl::string_view what,
+                              PassedOver* passed_over = nullptr);
 
 }  // namespace internal_client
 }  // namespace tessera

@@ -315,8 +315,7 @@ absl::Status ReadPlan::Plan() {
   }
   // Pieces of small host shards (owners lend none over the local path:
   // each would be a data-plane round trip) going straight into host
-  // memory, from shards without replicas: Fetch asks their owner for them
-  // in pipelined batches.
+  // memory: Fetch asks their owner for them in pipelined batches.
   std::vector<bool> pipelined(pieces.size());
   for (size_t p = 0; p < pieces.size(); ++p) {
     const ShardedTensorView& view = views_[pieces[p].tensor];
@@ -324,9 +323,7 @@ absl::Status ReadPlan::Plan() {
         HostShardBytes(view.info().metadata(), pieces[p].shard);
     pipelined[p] =
         shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes &&
-        out_views[p].dtype() == view.dtype() &&
-        out_views[p].device().is_cpu() &&
-        HoldersOf(view.info(), static_cast<int>(pieces[p].shard)).size() == 1;
+        out_views[p].dtype() == view.dtype() && out_views[p].device().is_cpu();
   }
   // Versioned tensors numbered alike: a group begun and published
   // together.
@@ -362,6 +359,8 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
   int64_t total = 0;
   for (size_t p : which) total += pieces_[p].bytes;
   progress.SetTotal(total);
+  // Holders this run gave up on: its later pieces ask the others.
+  internal_client::PassedOver passed_over;
   // One piece, from the first of its shard's holders that serves it.
   const auto fetch_one = [&](size_t p) -> absl::Status {
     const PlanPiece& piece = pieces_[p];
@@ -386,7 +385,8 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
         *cluster_, view.info(), ids[piece.tensor], piece.shard,
         piece.offsets_in_shard, landing, std::move(fetch), deadline,
         absl::StrCat("reading tensor ", view.name(), " box ",
-                     Dims(piece.out_offsets), " of item ", piece.target)));
+                     Dims(piece.out_offsets), " of item ", piece.target),
+        &passed_over));
     moved += piece.bytes;
     if (landing.storage() != out.storage()) {
       Tensor converted = landing;
@@ -404,13 +404,22 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
   // Pieces planned to be pipelined (pipelined_) are asked of their owner
   // in batches (ShardClient::FetchRegionsPipelined): one round trip per
   // batch. A piece a batch does not bring is fetched on its own, which
-  // tells a refused piece from a stalled or restarted owner. The batches
+  // tells a refused piece from a stalled or restarted owner. A batch with
+  // pieces of replicated shards waits for its owner no longer than a
+  // holder's patience (its pieces are small: a live owner answers them
+  // well within it), and an owner that did not answer (stalled, gone) is
+  // passed over for the rest of the run (PassedOver): every piece a batch
+  // did not bring, and every later one of that owner, is asked of the
+  // replicas. A stalled owner costs one patience per run. The batches
   // go first (one round trip each), then the pieces on their own, in the
   // plan's order (the owners' pieces interleaved).
   struct Task {
     std::vector<size_t> pieces;
-    // The owner, for a batch.
+    // The owner and its rank, for a batch.
     std::shared_ptr<const internal_client::Worker> owner;
+    int rank = -1;
+    // For a batch, the most holders of a shard of its pieces.
+    size_t holders = 1;
   };
   std::vector<Task> tasks;
   std::vector<size_t> alone;
@@ -434,12 +443,19 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
          first += ShardClient::kMaxPipelinedFetches) {
       const size_t end =
           std::min(list.size(), first + ShardClient::kMaxPipelinedFetches);
-      tasks.push_back(
-          {std::vector<size_t>(list.begin() + first, list.begin() + end),
-           *owner});
+      Task& batch = tasks.emplace_back();
+      batch.pieces.assign(list.begin() + first, list.begin() + end);
+      batch.owner = *owner;
+      batch.rank = rank;
+      for (size_t p : batch.pieces) {
+        batch.holders = std::max(batch.holders,
+                                 HoldersOf(views_[pieces_[p].tensor].info(),
+                                           static_cast<int>(pieces_[p].shard))
+                                     .size());
+      }
     }
   }
-  for (size_t p : alone) tasks.push_back({{p}, nullptr});
+  for (size_t p : alone) tasks.push_back({{p}, nullptr, -1, 1});
   const auto fetch_batch = [&](const Task& batch) {
     std::vector<ShardClient::RegionFetch> boxes;
     boxes.reserve(batch.pieces.size());
@@ -457,6 +473,13 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
     fetch.chunk_bytes = options.chunk_bytes;
     fetch.cancel = options.cancel;
     fetch.timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    if (batch.holders > 1) {
+      // As FetchFromHolders gives a try that is not the last.
+      const absl::Duration patience = cluster_->options().holder_patience;
+      fetch.timeout = patience > absl::ZeroDuration()
+                          ? std::min(fetch.timeout, patience)
+                          : fetch.timeout / static_cast<int64_t>(batch.holders);
+    }
     const std::vector<absl::Status> fetched =
         batch.owner->shards->FetchRegionsPipelined(boxes, fetch);
     for (size_t k = 0; k < batch.pieces.size(); ++k) {
@@ -464,9 +487,14 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
       if (fetched[k].ok()) {
         moved += pieces_[p].bytes;
         progress.Add(pieces_[p].bytes);
-      } else {
-        RETURN_IF_ERROR(fetch_one(p));
+        continue;
       }
+      // A stalled or gone owner: the replicas are asked for the rest.
+      if (absl::IsUnavailable(fetched[k]) ||
+          absl::IsDeadlineExceeded(fetched[k])) {
+        passed_over.Add(batch.rank);
+      }
+      RETURN_IF_ERROR(fetch_one(p));
     }
     return absl::OkStatus();
   };

@@ -134,6 +134,26 @@ class ReadPlanTest : public ::testing::Test {
     return values;
   }
 
+  // Runs `plan` within `timeout` while daemon `rank` is stopped (shorter
+  // than its --timeout), the `outs` first set to -1: the run's result,
+  // expected to take less than the timeout.
+  absl::StatusOr<ReadPlanRun> RunWhileStalled(ReadPlan& plan, int rank,
+                                              absl::Duration timeout,
+                                              const std::vector<Tensor>& outs) {
+    for (const Tensor& out : outs) {
+      std::fill_n(out.data<float>(), out.numel(), -1.0f);
+    }
+    TransferOptions bounded;
+    bounded.timeout = timeout;
+    cluster_->daemon(rank).Signal(SIGSTOP);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<ReadPlanRun> run = plan.Run(bounded);
+    const absl::Duration took = absl::Now() - start;
+    cluster_->daemon(rank).Signal(SIGCONT);
+    EXPECT_LT(took, timeout);
+    return run;
+  }
+
   // ReplicatedPlan, its values from `seed`.
   absl::StatusOr<ReplicatedPlan> PlanReplicated(uint64_t seed) {
     const Tensor values = Make("r", {40, 32}, Rows(), seed, /*copies=*/2);
@@ -379,19 +399,51 @@ TEST_F(ReadPlanTest, AStalledDaemonIsReadAroundWithinTheDeadline) {
   const auto& [plan, out, want] = planned;
   // Rank 1 stalled (shorter than --timeout): its pieces come from the
   // replicas, within the run's deadline.
-  cluster_->daemon(1).Signal(SIGSTOP);
-  TransferOptions bounded;
-  bounded.timeout = absl::Seconds(6);
-  std::fill_n(out.data<float>(), out.numel(), -1.0f);
-  const absl::Time start = absl::Now();
-  const absl::StatusOr<ReadPlanRun> stalled = plan->Run(bounded);
-  cluster_->daemon(1).Signal(SIGCONT);
-  ASSERT_OK(stalled.status());
-  EXPECT_LT(absl::Now() - start, bounded.timeout);
+  ASSERT_OK(RunWhileStalled(*plan, 1, absl::Seconds(6), {out}).status());
   EXPECT_TRUE(Same(out, want));
   // Back: read from its owner again.
+  TransferOptions bounded;
+  bounded.timeout = absl::Seconds(6);
   ASSERT_OK(plan->Run(bounded).status());
   EXPECT_TRUE(Same(out, want));
+}
+
+// A stalled owner costs one holder patience (2 s) per run, however many
+// of its pieces the run reads: small pieces of replicated shards go in
+// pipelined batches, given up after the patience, and pieces of large
+// shards go one by one; either way the owner is passed over for the rest
+// of the run, its pieces read from the replicas within the run's deadline
+// (one patience per piece, 16 at a time, would take 10 s and more).
+TEST_F(ReadPlanTest, AStalledOwnerCostsOnePatiencePerRun) {
+  constexpr int kTensors = 40;
+  // 80 pieces per owner: small ones (two batches), or shards of 128 KiB
+  // (fetched one by one).
+  for (const bool large : {false, true}) {
+    SCOPED_TRACE(large ? "large shards" : "small shards");
+    const std::vector<int64_t> sizes =
+        large ? std::vector<int64_t>{128, 1024} : std::vector<int64_t>{8, 6};
+    std::vector<Tensor> values;
+    std::vector<Tensor> outs;
+    std::vector<ReadItem> items;
+    for (int i = 0; i < kTensors; ++i) {
+      const std::string name = absl::StrCat(large ? "lr" : "sr", i);
+      values.push_back(Make(name, sizes, Rows(), 200 + i, /*copies=*/2));
+      outs.push_back(Empty(sizes));
+      items.push_back(ReadItem::Box(name, {0, 0}, outs.back()));
+    }
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<ReadPlan> plan,
+                         client_->PlanReads(std::move(items)));
+    ASSERT_OK(plan->Run().status());
+    for (int i = 0; i < kTensors; ++i) {
+      EXPECT_TRUE(Same(outs[i], values[i])) << i;
+    }
+    ASSERT_OK_AND_ASSIGN(const ReadPlanRun stalled,
+                         RunWhileStalled(*plan, 1, absl::Seconds(8), outs));
+    EXPECT_EQ(stalled.bytes, kTensors * sizes[0] * sizes[1] * 4);
+    for (int i = 0; i < kTensors; ++i) {
+      EXPECT_TRUE(Same(outs[i], values[i])) << i;
+    }
+  }
 }
 
 TEST_F(ReadPlanTest, ADaemonRestartedBetweenRunsIsReadAround) {
