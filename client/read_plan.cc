@@ -314,16 +314,15 @@ absl::Status ReadPlan::Plan() {
     }
   }
   // Pieces of small host shards (owners lend none over the local path:
-  // each would be a data-plane round trip) going straight into host
-  // memory: Fetch asks their owner for them in pipelined batches.
+  // each would be a data-plane round trip): Fetch asks their owner for
+  // them in pipelined batches.
   std::vector<bool> pipelined(pieces.size());
   for (size_t p = 0; p < pieces.size(); ++p) {
     const ShardedTensorView& view = views_[pieces[p].tensor];
     const int64_t shard_bytes =
         HostShardBytes(view.info().metadata(), pieces[p].shard);
     pipelined[p] =
-        shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes &&
-        out_views[p].dtype() == view.dtype() && out_views[p].device().is_cpu();
+        shard_bytes >= 0 && shard_bytes < cluster_->options().local_min_bytes;
   }
   // Versioned tensors numbered alike: a group begun and published
   // together.
@@ -361,21 +360,35 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
   progress.SetTotal(total);
   // Holders this run gave up on: its later pieces ask the others.
   internal_client::PassedOver passed_over;
+  // Where piece p lands: straight in `out` when it is host memory of the
+  // tensor's dtype; else in host staging, converted and copied into it by
+  // `settle` after the fetch (to the device for a CUDA out).
+  const auto landing_of = [&](size_t p) -> absl::StatusOr<Tensor> {
+    const Tensor& out = out_views_[p];
+    const DType dtype = views_[pieces_[p].tensor].dtype();
+    if (out.dtype() == dtype && out.device().is_cpu()) return out;
+    return Tensor::Empty(out.sizes(),
+                         TensorOptions().WithDType(dtype).Private());
+  };
+  const auto settle = [&](size_t p, const Tensor& landing) -> absl::Status {
+    const Tensor& out = out_views_[p];
+    moved += pieces_[p].bytes;
+    if (landing.storage() == out.storage()) return absl::OkStatus();
+    Tensor converted = landing;
+    if (out.dtype() != landing.dtype()) {
+      ASSIGN_OR_RETURN(converted, landing.ToDType(out.dtype()));
+    }
+    const std::vector<int64_t> origin(out.dim(), 0);
+    return Annotate(
+        CopyBox(converted, origin, out, origin, out.sizes()),
+        absl::StrCat("reading tensor ", views_[pieces_[p].tensor].name(),
+                     " into item ", pieces_[p].target));
+  };
   // One piece, from the first of its shard's holders that serves it.
   const auto fetch_one = [&](size_t p) -> absl::Status {
     const PlanPiece& piece = pieces_[p];
     const ShardedTensorView& view = views_[piece.tensor];
-    const Tensor& out = out_views_[p];
-    // Straight into `out` when it is host memory of the tensor's
-    // dtype; else into host staging, converted and copied into it after
-    // the fetch (to the device for a CUDA out).
-    Tensor landing = out;
-    if (out.dtype() != view.dtype() || !out.device().is_cpu()) {
-      ASSIGN_OR_RETURN(
-          landing,
-          Tensor::Empty(out.sizes(),
-                        TensorOptions().WithDType(view.dtype()).Private()));
-    }
+    ASSIGN_OR_RETURN(const Tensor landing, landing_of(p));
     FetchOptions fetch;
     fetch.chunk_bytes = options.chunk_bytes;
     fetch.cancel = options.cancel;
@@ -387,19 +400,7 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
         absl::StrCat("reading tensor ", view.name(), " box ",
                      Dims(piece.out_offsets), " of item ", piece.target),
         &passed_over));
-    moved += piece.bytes;
-    if (landing.storage() != out.storage()) {
-      Tensor converted = landing;
-      if (out.dtype() != landing.dtype()) {
-        ASSIGN_OR_RETURN(converted, landing.ToDType(out.dtype()));
-      }
-      const std::vector<int64_t> origin(out.dim(), 0);
-      RETURN_IF_ERROR(
-          Annotate(CopyBox(converted, origin, out, origin, out.sizes()),
-                   absl::StrCat("reading tensor ", view.name(), " into item ",
-                                piece.target)));
-    }
-    return absl::OkStatus();
+    return settle(p, landing);
   };
   // Pieces planned to be pipelined (pipelined_) are asked of their owner
   // in batches (ShardClient::FetchRegionsPipelined): one round trip per
@@ -466,7 +467,7 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
       box.shard_index = static_cast<int64_t>(piece.shard);
       box.region_offsets.assign(piece.offsets_in_shard.begin(),
                                 piece.offsets_in_shard.end());
-      box.destination = out_views_[p];
+      ASSIGN_OR_RETURN(box.destination, landing_of(p));
       box.served_version = &(*versions)[p];
     }
     FetchOptions fetch;
@@ -485,8 +486,8 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
     for (size_t k = 0; k < batch.pieces.size(); ++k) {
       const size_t p = batch.pieces[k];
       if (fetched[k].ok()) {
-        moved += pieces_[p].bytes;
         progress.Add(pieces_[p].bytes);
+        RETURN_IF_ERROR(settle(p, boxes[k].destination));
         continue;
       }
       // A stalled or gone owner: the replicas are asked for the rest.

@@ -245,7 +245,7 @@ class ReadPlan {
   // in a staging buffer of the tensor's dtype first, converted into it.
   std::vector<Tensor> out_views_ ABSL_GUARDED_BY(mu_);
   // Whether each piece may be asked for in a pipelined batch (Fetch): a
-  // piece of a small host shard, into a host out of the tensor's dtype.
+  // piece of a small host shard.
   std::vector<bool> pipelined_ ABSL_GUARDED_BY(mu_);
   // Whether the versioned tensors are numbered alike (same latest, same
   // next number when planned).
