@@ -457,7 +457,13 @@ absl::Status ReadPlan::Fetch(const std::vector<size_t>& which,
     }
   }
   for (size_t p : alone) tasks.push_back({{p}, nullptr, -1, 1});
-  const auto fetch_batch = [&](const Task& batch) {
+  const auto fetch_batch = [&](const Task& batch) -> absl::Status {
+    // An owner this run gave up on already: its replicated pieces go to
+    // the replicas at once.
+    if (batch.holders > 1 && passed_over.Contains(batch.rank)) {
+      for (size_t p : batch.pieces) RETURN_IF_ERROR(fetch_one(p));
+      return absl::OkStatus();
+    }
     std::vector<ShardClient::RegionFetch> boxes;
     boxes.reserve(batch.pieces.size());
     for (size_t p : batch.pieces) {
