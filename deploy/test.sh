@@ -4,7 +4,7 @@
 # through ctest, then a second build with clang under AddressSanitizer and
 # UndefinedBehaviorSanitizer that runs the suite again (without the
 # benchmark, style and GPU tiers) and the libFuzzer targets of tests/fuzz/
-# for TESSERA_FUZZ_SECONDS each (default 12). Both always run, in CI or
+# for TESSERA_FUZZ_SECONDS each (default 6). Both always run, in CI or
 # not. Installs missing Debian packages first.
 #
 #   deploy/test.sh                    # the suite, then sanitized + fuzzers
@@ -32,8 +32,8 @@
 #
 # Each unit and process test binary runs whole, as one ctest test
 # (TESSERA_WHOLE_BINARY_LABELS; gtest still reports each test), the
-# cluster tests one process per test. The sanitized run's request fuzz sends 600
-# requests per method (TESSERA_FUZZ_REQUESTS; the first run 2000).
+# cluster tests one process per test. The sanitized run's request fuzz sends 400
+# requests per method (TESSERA_FUZZ_REQUESTS; the first run 1000).
 #
 # Environment: TESSERA_BUILD_DIR (default build), TESSERA_SANITIZE_BUILD_DIR
 # (default build-san), TESSERA_WITH_CUDA (AUTO|ON|OFF, default AUTO),
@@ -80,7 +80,7 @@ if [[ -n "$sanitize" ]]; then
     -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
     -DTESSERA_TEST_OPTIMIZE=-O0 "-DTESSERA_WHOLE_BINARY_LABELS=unit;process" \
     -DTESSERA_SANITIZE="$sanitize" -DTESSERA_FUZZ=ON \
-    -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-12}"
+    -DTESSERA_FUZZ_SECONDS="${TESSERA_FUZZ_SECONDS:-6}"
   cmake --build "$san_dir" -j "$jobs"
   # allocator_may_return_null: an impossible allocation is an error the
   # code reports (Storage::Allocate), not an abort; the fuzzers still flag
@@ -88,7 +88,7 @@ if [[ -n "$sanitize" ]]; then
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=1:strict_string_checks=1} \
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-  TESSERA_FUZZ_REQUESTS=${TESSERA_FUZZ_REQUESTS:-600} \
+  TESSERA_FUZZ_REQUESTS=${TESSERA_FUZZ_REQUESTS:-400} \
     ctest --test-dir "$san_dir" --output-on-failure -j "$jobs" --timeout 600 \
       -LE 'bench|style|gpu'
 fi

@@ -47,7 +47,7 @@ namespace {
 namespace tt = ::tessera::testing;
 
 constexpr int kWorld = 4;
-constexpr int kDefaultRequestsPerMethod = 2000;
+constexpr int kDefaultRequestsPerMethod = 1000;
 
 // One method and the valid requests its mutants start from (a stream
 // method's requests are its messages, in order).
