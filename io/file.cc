@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <utility>
@@ -73,6 +74,19 @@ absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
     in += n;
     offset += n;
     size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PwriteZeros(int fd, int64_t size, int64_t offset,
+                         absl::string_view name) {
+  static constexpr int64_t kBlock = int64_t{1} << 20;
+  static const char* const zeros = new char[kBlock]();
+  for (int64_t done = 0; done < size; done += kBlock) {
+    const int64_t length = std::min(kBlock, size - done);
+    absl::Status written =
+        PwriteAll(fd, zeros, static_cast<size_t>(length), offset + done, name);
+    if (!written.ok()) return written;
   }
   return absl::OkStatus();
 }

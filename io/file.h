@@ -39,6 +39,14 @@ absl::StatusOr<size_t> PreadAll(int fd, void* data, size_t size, int64_t offset,
 // "write <name>".
 absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
                        absl::string_view name);
+// Writes `size` zero bytes at `offset` (pwrite(2) from a block of zeros
+// of its own). Into a memory file this copies through the kernel's own
+// mapping: the caller's page tables stay as they were, which is what a
+// mapping of the file never touched before would cost to fill (daemons
+// zeroing reused shard memory: server/daemon/control_ops.cc). Error
+// context: "write <name>".
+absl::Status PwriteZeros(int fd, int64_t size, int64_t offset,
+                         absl::string_view name);
 // Writes all `size` bytes. Error context: "write <name>".
 absl::Status WriteAll(int fd, const void* data, size_t size,
                       absl::string_view name);

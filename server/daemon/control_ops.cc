@@ -20,6 +20,7 @@
 #include "client/region_transfer.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "io/file.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/daemon/agreement.h"
 #include "server/daemon/region_io.h"
@@ -1242,10 +1243,20 @@ absl::Duration LeaseOf(int64_t lease_ms, absl::Duration fallback) {
 }
 
 // Zeros every byte of this daemon's shards of `tensor` (host memory, as a
-// spare's is: VersionSet::TakeSpare).
+// spare's is: VersionSet::TakeSpare). A shard in a memory file is zeroed
+// by pwrite: its writers wrote it through mappings of their own, and
+// filling this daemon's page tables of it for a memset cost more than the
+// zeroing (28 MiB per daemon: 200-240 ms against 10-30 ms on a 2-core VM).
 void ZeroLocalShards(const ShardedTensor& tensor) {
   for (const Shard& shard : tensor.local_shards()) {
     const auto& storage = shard.tensor.storage();
+    if (storage->shared_memory_fd() >= 0 &&
+        PwriteZeros(storage->shared_memory_fd(),
+                    static_cast<int64_t>(storage->nbytes()), 0,
+                    "a reused shard's memory file")
+            .ok()) {
+      continue;
+    }
     std::memset(storage->data(), 0, storage->nbytes());
   }
 }

@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +92,23 @@ TEST_F(FileTest, ReadOfADirectoryFailsNamingIt) {
   EXPECT_THAT(ReadAll(fd.get(), &byte, 1, "the directory"),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("read the directory: Is a directory")));
+}
+
+TEST_F(FileTest, PwriteZerosSpansBlocksAndNothingElse) {
+  // More than its 1 MiB block of zeros, from an odd offset: the bytes
+  // around the range keep theirs.
+  const int64_t size = (int64_t{5} << 19) + 3;  // 2.5 MiB and 3 bytes
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd,
+                       OpenFile(Path("z"), O_RDWR | O_CREAT | O_EXCL));
+  const std::string ones(static_cast<size_t>(size + 10), '\x01');
+  ASSERT_OK(WriteAll(fd.get(), ones.data(), ones.size(), "z"));
+  ASSERT_OK(PwriteZeros(fd.get(), size, 7, "z"));
+  std::string expected = ones;
+  std::fill(expected.begin() + 7, expected.begin() + 7 + size, '\0');
+  EXPECT_EQ(Contents(Path("z")), expected);
+  EXPECT_THAT(PwriteZeros(-1, 10, 0, "nothing"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("write nothing")));
 }
 
 TEST_F(FileTest, PreadAndPwriteAtOffsets) {
