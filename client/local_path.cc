@@ -150,8 +150,8 @@ constexpr int kPopulateRead = 22;
 // `end_byte` long), the one `mappings` kept from an earlier write lease of
 // the same file when there is one: a small write then costs no mmap,
 // munmap or page-table fill (4-64 KiB boxes took 31-59 us mapped and
-// unmapped per lease). Its pages are populated for writing by whoever
-// writes (WriteIntoMappedRun).
+// unmapped per lease). Writers go around it by pwrite until filling its
+// page tables pays (WriteIntoMappedRun).
 absl::StatusOr<std::shared_ptr<const MappedFile>> KeptWritableMapping(
     MappingCache& mappings, int fd, int64_t end_byte) {
   ASSIGN_OR_RETURN(const struct stat info, CheckLentFile(fd, end_byte));
@@ -275,49 +275,113 @@ absl::Status CopyInPieces(
                        });
 }
 
-// Copies `view` (a dense run of a memory file, mapped by KeptSharedView)
-// into `destination`, one contiguous block of host memory of as many
-// bytes, with memcpy by CopyInPieces' threads. From a new mapping (mmap
-// does not populate it) each thread faults in its own pages (several per
-// fault), in parallel; a kept mapping's page tables are filled already. On a
-// 2-core box that moved 256 MiB in 24-38 ms, against 40-43 ms for pread(2) by
-// the same threads and 26-30 ms from a mapping populated by mmap on one thread.
-void CopyDenseView(const Tensor& view, const Tensor& destination) {
-  const char* const from = static_cast<const char*>(view.data_ptr());
-  char* const to = static_cast<char*>(destination.data_ptr());
-  CopyInPieces(static_cast<int64_t>(destination.nbytes()),
-               [&](int64_t begin, int64_t length) -> absl::Status {
-                 std::memcpy(to + begin, from + begin,
-                             static_cast<size_t>(length));
-                 return absl::OkStatus();
-               })
-      .IgnoreError();  // memcpy does not fail.
-}
+// How many times its size a writable mapping takes by pwrite(2) before
+// its page tables are filled (ski rental: pay rent until the rent paid
+// would have bought the thing). Filling page tables is what a write into
+// a memory file through a new mapping mostly costs, above all on a VM
+// whose page tables the hypervisor shadows: on a 2-core one, 28 MiB of
+// fresh pages took 33-62 ms populated and copied with memcpy against
+// 8-10 ms by pwrite, which copies through the kernel's own mapping; into
+// pages written before, pwrite took 6-9 ms and memcpy through a filled
+// mapping 1-2 ms, once a 55-70 ms fill was paid. A 112 MiB state dict
+// written over 4 daemons: 37-44 ms by pwrite, 27-30 ms through filled
+// mappings, 150-230 ms while filling them. A write every step through a
+// mapping kept that long (io/mapping_cache.h) pays for the fill after
+// about 16; a first write, or one after the mapping expired, never does.
+constexpr int64_t kWritesAroundBeforeFilling = 16;
 
 // Writes `size` bytes from `from` into the run of memory file `fd` that
-// starts at byte `first_byte`, mapped writable at `to`, in pieces copied
-// by CopyInPieces' threads. Each thread first fills the page tables of its
-// piece for writing (MADV_POPULATE_WRITE), then copies it with memcpy: on
-// a 2-core box 256 MiB took 59-69 ms so, against 93-102 ms for pwrite(2)
-// by the same threads and 82-109 ms for a memcpy faulting page by page.
-// A piece whose pages cannot be populated (a kernel before 5.14, memory
-// that cannot be had) is written with pwrite instead, which reports such
-// failures as errors where a fault would raise SIGBUS. The error of the
-// first piece that failed, or OK.
+// starts at byte `first_byte`, mapped writable by `mapping`, in pieces
+// copied by CopyInPieces' threads. Until the mapping took
+// kWritesAroundBeforeFilling times its size around it, each piece is
+// written with pwrite (its page tables stay unfilled); from then on each
+// thread first fills the page tables of its piece for writing
+// (MADV_POPULATE_WRITE), then copies it with memcpy. A piece whose pages
+// cannot be populated (a kernel before 5.14, memory that cannot be had)
+// is written with pwrite too, which reports such failures as errors where
+// a fault would raise SIGBUS. The error of the first piece that failed,
+// or OK.
 absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
-                                char* to, int64_t size) {
+                                const MappedFile& mapping, int64_t size) {
   const uintptr_t page = static_cast<uintptr_t>(PageBytes());
+  char* const to = mapping.writable_data() + first_byte;
+  const bool fill =
+      mapping.AddCopiedAround(0) >= kWritesAroundBeforeFilling * mapping.size();
   return CopyInPieces(size, [&](int64_t begin, int64_t length) {
     const uintptr_t start =
         reinterpret_cast<uintptr_t>(to + begin) / page * page;
     const uintptr_t end = reinterpret_cast<uintptr_t>(to + begin + length);
-    if (madvise(reinterpret_cast<void*>(start), end - start, kPopulateWrite) ==
-        0) {
+    if (fill && madvise(reinterpret_cast<void*>(start), end - start,
+                        kPopulateWrite) == 0) {
       std::memcpy(to + begin, from + begin, static_cast<size_t>(length));
       return absl::OkStatus();
     }
+    if (!fill) mapping.AddCopiedAround(length);
     return PwriteAll(fd, from + begin, static_cast<size_t>(length),
                      first_byte + begin, "the lent memory file");
+  });
+}
+
+// How many times its size a read-only mapping gives by pread(2) before
+// its page tables are filled. Reads are rented for less long than writes:
+// a filled mapping reads much faster than pread, and a reader that comes
+// back within the mapping's second of keep tends to come back again. On a
+// 2-core VM: 256 MiB read in a loop took 30-40 ms by pread (6.6-9.2
+// GB/s), about 90 ms while filling and 10-12 ms through a filled mapping
+// (21-26 GB/s); a read plan of a 112 MiB state dict from 4 daemons ran
+// in 21-24 ms by pread, 14-17 ms through filled mappings and 193 ms while
+// filling them. A read that finds its mapping expired (a weight-sync
+// reader that runs its plan every few seconds) never fills it: that plan
+// took 24-30 ms by pread against 71-80 ms filling each time.
+constexpr int64_t kReadsAroundBeforeFilling = 2;
+// Below this many bytes a read through a mapping fills its page tables by
+// faulting (the kernel maps up to 16 pages around a read fault).
+constexpr int64_t kPopulateReadMinBytes = int64_t{64} << 10;
+
+// Reads the dense run of memory file `fd` (lent for reading, at least
+// `layout.end_byte` long) that `layout` describes into `destination`, one
+// contiguous block of host memory of as many bytes, in pieces read by
+// CopyInPieces' threads. Until the mapping `mappings` keeps of the file
+// gave kReadsAroundBeforeFilling times its size around it, each piece is
+// read with pread; from then on it is copied with memcpy through the
+// mapping (a run of kPopulateReadMinBytes or more read by one thread
+// has its page tables filled first: MADV_POPULATE_READ). UNAVAILABLE or
+// INVALID_ARGUMENT when the file cannot be mapped (nothing read); an error of
+// pread, or DATA_LOSS when the file ends early.
+absl::Status ReadDenseRun(MappingCache& mappings, int fd,
+                          const CheckedLayout& layout,
+                          const Tensor& destination) {
+  ASSIGN_OR_RETURN(const struct stat info, CheckLentFile(fd, layout.end_byte));
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapping,
+                   mappings.Map(fd, info, layout.end_byte));
+  const int64_t size = layout.end_byte - layout.first_byte;
+  char* const to = static_cast<char*>(destination.data_ptr());
+  if (mapping->AddCopiedAround(0) <
+      kReadsAroundBeforeFilling * mapping->size()) {
+    return CopyInPieces(
+        size, [&](int64_t begin, int64_t length) -> absl::Status {
+          mapping->AddCopiedAround(length);
+          ASSIGN_OR_RETURN(
+              const size_t got,
+              PreadAll(fd, to + begin, static_cast<size_t>(length),
+                       layout.first_byte + begin, "the lent memory file"));
+          if (got != static_cast<size_t>(length)) {
+            return absl::DataLossError(
+                "the lent memory file ended before the shard's bytes");
+          }
+          return absl::OkStatus();
+        });
+  }
+  const char* const from = mapping->data() + layout.first_byte;
+  if (CopyThreads(size) == 1 && size >= kPopulateReadMinBytes) {
+    const int64_t page = PageBytes();
+    const int64_t start = layout.first_byte / page * page;
+    (void)madvise(const_cast<char*>(mapping->data()) + start,
+                  static_cast<size_t>(layout.end_byte - start), kPopulateRead);
+  }
+  return CopyInPieces(size, [&](int64_t begin, int64_t length) {
+    std::memcpy(to + begin, from + begin, static_cast<size_t>(length));
+    return absl::OkStatus();
   });
 }
 
@@ -462,18 +526,24 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
   if (!layout.ok()) unreachable = Annotate(layout.status(), what);
   auto fill = [&](const Tensor& destination) -> absl::Status {
     if (!leased) return absl::OkStatus();  // No bytes.
-    // Through the mapping of the file kept from an earlier lease, or a new
-    // one (io/mapping_cache.h). A dense run of the memory file into one
-    // block of host memory: copied by several threads when large, which
-    // then fault a new mapping in themselves; by one from a mapping whose
-    // view is populated at once when not (1 MiB: 225-229 us populated,
-    // 249-266 faulted in, 293-296 by pread).
+    // A dense run of the memory file into one block of host memory:
+    // read around the mapping kept of the file, or through it once filled
+    // (ReadDenseRun). Anything else through a mapping of the file kept
+    // from an earlier lease, or a new one (io/mapping_cache.h), populated
+    // at once when one thread copies out of it (1 MiB: 225-229 us
+    // populated, 249-266 faulted in).
     const bool dense = reply.transport() == v1::LOCAL_TRANSPORT_SHM &&
                        attached.valid() && IsDense(*layout) &&
                        destination.device().is_cpu() &&
                        destination.is_contiguous() &&
                        static_cast<int64_t>(destination.nbytes()) ==
                            layout->end_byte - layout->first_byte;
+    if (dense) {
+      const absl::Status read =
+          ReadDenseRun(mappings_, attached.get(), *layout, destination);
+      if (!read.ok()) unreachable = Annotate(read, what);
+      return unreachable;
+    }
     const bool populate =
         CopyThreads(layout->end_byte - layout->first_byte) == 1;
     absl::StatusOr<Tensor> view =
@@ -485,10 +555,6 @@ LocalAttempt LocalPathClient::Fetch(const v1::FetchShardRequest& request,
     // The view goes on return, before "done" lets the owner free the
     // memory: an IPC handle is closed then; a mapping stays kept for the
     // next lease of its file, for a short while (io/mapping_cache.h).
-    if (dense) {
-      CopyDenseView(*view, destination);
-      return absl::OkStatus();
-    }
     RETURN_IF_ERROR(CopyInto(*view, destination));
     return view->device().is_cuda() ? AwaitCopies() : absl::OkStatus();
   };
@@ -646,9 +712,8 @@ LocalAttempt LocalPathClient::Write(
         written = Annotate(mapping.status(), what);  // Nothing written yet.
       } else {
         began = true;
-        written = WriteIntoMappedRun(
-            static_cast<const char*>(bytes.data_ptr()), fd, layout->first_byte,
-            (*mapping)->writable_data() + layout->first_byte, total);
+        written = WriteIntoMappedRun(static_cast<const char*>(bytes.data_ptr()),
+                                     fd, layout->first_byte, **mapping, total);
         if (!written.ok()) {
           written = Annotate(
               written, absl::StrCat(what, " (the box may be partly written)"));

@@ -251,6 +251,72 @@ TEST_F(LocalPeerTest, LargeWritesLandWholeAndNowhereElse) {
   EXPECT_TRUE(Equal(RegionOf(shard.tensor, offsets, sizes), data));
 }
 
+// Kilobytes of shared memory this process has mapped with filled page
+// tables ("RssShmem" of /proc/self/status), or -1.
+int64_t MappedSharedKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kib;
+  while (status >> key) {
+    if (key == "RssShmem:" && status >> kib) return kib;
+  }
+  return -1;
+}
+
+TEST_F(LocalPeerTest, WritesGoAroundANewMappingUntilFillingItPays) {
+  // The first writes into the lent file go by pwrite: no page table of
+  // this process fills; once they wrote 16 times the file's size, a write
+  // fills the kept mapping's (client/local_path.cc, WriteIntoMappedRun).
+  // Every write lands whole either way.
+  const int64_t shard_kib = kLargeSizes[0] * kLargeSizes[1] * 8 / 1024;
+  const int64_t before = MappedSharedKiB();
+  ASSERT_GE(before, 0) << "no RssShmem in /proc/self/status";
+  Tensor data = IotaInt64(kLargeSizes);
+  RegionWriteOptions options;
+  options.local_min_bytes = 0;
+  for (int write = 0; write < 20; ++write) {
+    for (int64_t i = 0; i < data.numel(); ++i) {
+      data.data<int64_t>()[i] = write * 1000 - i;
+    }
+    options.deadline = absl::Now() + kWait;
+    ASSERT_OK_AND_ASSIGN(
+        const bool written,
+        client_->WriteRegion(kLargeId, 0, {0, 0}, data, options));
+    ASSERT_TRUE(written) << "the local path did not take write " << write;
+    if (write == 0) {
+      EXPECT_LT(MappedSharedKiB() - before, shard_kib / 4)
+          << "the first write filled page tables";
+    }
+  }
+  EXPECT_GT(MappedSharedKiB() - before, shard_kib * 9 / 10)
+      << "twenty writes of the whole file never filled its mapping";
+  ASSERT_OK_AND_ASSIGN(
+      Shard shard, client_->FetchShard(kLargeId, 0, Local(LocalPath::kOff)));
+  EXPECT_TRUE(Equal(shard.tensor, data));
+}
+
+TEST_F(LocalPeerTest, ReadsGoAroundANewMappingUntilFillingItPays) {
+  // The same for reads of a dense run: the first go by pread; once they
+  // read twice the file's size, a read fills the kept mapping's page
+  // tables. Every read returns the shard's bytes either way.
+  const int64_t shard_kib = kLargeSizes[0] * kLargeSizes[1] * 8 / 1024;
+  const int64_t before = MappedSharedKiB();
+  ASSERT_GE(before, 0) << "no RssShmem in /proc/self/status";
+  const Tensor expected = PeerExpected(kLargeId);
+  for (int read = 0; read < 6; ++read) {
+    ASSERT_OK_AND_ASSIGN(
+        Shard shard,
+        client_->FetchShard(kLargeId, 0, Local(LocalPath::kRequired)));
+    EXPECT_TRUE(Equal(shard.tensor, expected)) << "read " << read;
+    if (read == 0) {
+      EXPECT_LT(MappedSharedKiB() - before, shard_kib / 4)
+          << "the first read filled page tables";
+    }
+  }
+  EXPECT_GT(MappedSharedKiB() - before, shard_kib * 9 / 10)
+      << "six reads of the whole file never filled its mapping";
+}
+
 TEST_F(LocalPeerTest, ReadsThroughAKeptMappingSeeLaterWrites) {
   // The first read keeps its mapping of the lent file for the next lease
   // (io/mapping_cache.h); a write in between (through a mapping of its
