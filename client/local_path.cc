@@ -334,9 +334,6 @@ absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
 // reader that runs its plan every few seconds) never fills it: that plan
 // took 24-30 ms by pread against 71-80 ms filling each time.
 constexpr int64_t kReadsAroundBeforeFilling = 2;
-// Below this many bytes a read through a mapping fills its page tables by
-// faulting (the kernel maps up to 16 pages around a read fault).
-constexpr int64_t kPopulateReadMinBytes = int64_t{64} << 10;
 
 // Reads the dense run of memory file `fd` (lent for reading, at least
 // `layout.end_byte` long) that `layout` describes into `destination`, one
@@ -344,10 +341,11 @@ constexpr int64_t kPopulateReadMinBytes = int64_t{64} << 10;
 // CopyInPieces' threads. Until the mapping `mappings` keeps of the file
 // gave kReadsAroundBeforeFilling times its size around it, each piece is
 // read with pread; from then on it is copied with memcpy through the
-// mapping (a run of kPopulateReadMinBytes or more read by one thread
-// has its page tables filled first: MADV_POPULATE_READ). UNAVAILABLE or
-// INVALID_ARGUMENT when the file cannot be mapped (nothing read); an error of
-// pread, or DATA_LOSS when the file ends early.
+// mapping, whose page tables the copy fills by faulting (a read fault maps
+// several pages of a memory file; populating every read's range first
+// cost as much again once they were filled). UNAVAILABLE or
+// INVALID_ARGUMENT when the file cannot be mapped (nothing read); an
+// error of pread, or DATA_LOSS when the file ends early.
 absl::Status ReadDenseRun(MappingCache& mappings, int fd,
                           const CheckedLayout& layout,
                           const Tensor& destination) {
@@ -373,12 +371,6 @@ absl::Status ReadDenseRun(MappingCache& mappings, int fd,
         });
   }
   const char* const from = mapping->data() + layout.first_byte;
-  if (CopyThreads(size) == 1 && size >= kPopulateReadMinBytes) {
-    const int64_t page = PageBytes();
-    const int64_t start = layout.first_byte / page * page;
-    (void)madvise(const_cast<char*>(mapping->data()) + start,
-                  static_cast<size_t>(layout.end_byte - start), kPopulateRead);
-  }
   return CopyInPieces(size, [&](int64_t begin, int64_t length) {
     std::memcpy(to + begin, from + begin, static_cast<size_t>(length));
     return absl::OkStatus();
