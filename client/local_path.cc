@@ -306,7 +306,7 @@ absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
   const uintptr_t page = static_cast<uintptr_t>(PageBytes());
   char* const to = mapping.writable_data() + first_byte;
   const bool fill =
-      mapping.AddCopiedAround(0) >= kWritesAroundBeforeFilling * mapping.size();
+      mapping.copied_around() >= kWritesAroundBeforeFilling * mapping.size();
   return CopyInPieces(size, [&](int64_t begin, int64_t length) {
     const uintptr_t start =
         reinterpret_cast<uintptr_t>(to + begin) / page * page;
@@ -354,8 +354,7 @@ absl::Status ReadDenseRun(MappingCache& mappings, int fd,
                    mappings.Map(fd, info, layout.end_byte));
   const int64_t size = layout.end_byte - layout.first_byte;
   char* const to = static_cast<char*>(destination.data_ptr());
-  if (mapping->AddCopiedAround(0) <
-      kReadsAroundBeforeFilling * mapping->size()) {
+  if (mapping->copied_around() < kReadsAroundBeforeFilling * mapping->size()) {
     return CopyInPieces(
         size, [&](int64_t begin, int64_t length) -> absl::Status {
           mapping->AddCopiedAround(length);

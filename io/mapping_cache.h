@@ -65,14 +65,16 @@ class MappedFile {
   int64_t size() const { return size_; }
   bool writable() const { return writable_; }
 
-  // Adds `bytes` to the bytes copied into or out of the file around this
-  // mapping (by pwrite(2) or pread(2), its page tables left unfilled)
-  // while it was kept, and returns the sum: the local path goes around a
-  // mapping until filling its page tables would have paid, and reads the
-  // sum with 0 (client/local_path.cc, WriteIntoMappedRun and
-  // ReadDenseRun). Thread-safe.
-  int64_t AddCopiedAround(int64_t bytes) const {
-    return copied_around_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  // The bytes copied into or out of the file around this mapping (by
+  // pwrite(2) or pread(2), its page tables left unfilled) while it was
+  // kept: the local path goes around a mapping until filling its page
+  // tables would have paid (client/local_path.cc, WriteIntoMappedRun and
+  // ReadDenseRun). AddCopiedAround adds to them. Thread-safe.
+  int64_t copied_around() const {
+    return copied_around_.load(std::memory_order_relaxed);
+  }
+  void AddCopiedAround(int64_t bytes) const {
+    copied_around_.fetch_add(bytes, std::memory_order_relaxed);
   }
 
  private:
