@@ -84,11 +84,12 @@ def python_figures(build, mibs, reps, iterations):
     return figures
 
 
-def cpp_figures(build, mibs, reps):
+def cpp_figures(build, mibs, reps, iterations):
     """client_bench's lines for the same transports the Python client takes
     by default (local path for big reads, data plane for a 4 KiB box)."""
     command = [os.path.join(build, "tests", "bench", "client_bench"),
-               "--mib", *[str(m) for m in mibs], "--reps", str(reps)]
+               "--mib", *[str(m) for m in mibs], "--reps", str(reps),
+               "--latency-iterations", str(iterations)]
     figures = {}
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
@@ -119,7 +120,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=2000)
     args = parser.parse_args()
     py = python_figures(args.build, args.mib, args.reps, args.iterations)
-    cpp = cpp_figures(args.build, args.mib, args.reps)
+    cpp = cpp_figures(args.build, args.mib, args.reps, args.iterations)
     for key in sorted(py, key=str):
         if key not in cpp:
             continue

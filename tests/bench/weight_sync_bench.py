@@ -76,14 +76,15 @@ def tessera_run(args, build: str) -> dict:
         events = tempfile.NamedTemporaryFile(prefix="tessera-ws-",
                                              suffix=".jsonl", delete=False)
         events.close()
-        # A first run (WARM_STEPS) creates the tensors and warms every
+        # A first run (--warm-steps) creates the tensors and warms every
         # path; the measured one starts from there.
         command = [sys.executable, os.path.join(EXAMPLE, "weight_sync.py"),
                    "all", "--address", daemons.addresses[0],
                    "--interval", str(args.interval)] + (
                        ["--tiny"] if args.tiny else [])
-        subprocess.run(command + ["--steps", str(WARM_STEPS)], check=True,
-                       stdout=subprocess.DEVNULL, timeout=900)
+        if args.warm_steps > 0:
+            subprocess.run(command + ["--steps", str(args.warm_steps)],
+                           check=True, stdout=subprocess.DEVNULL, timeout=900)
         before = read_bytes(client)
         subprocess.run(command + ["--steps", str(args.steps), "--events",
                                   events.name], check=True,
@@ -130,8 +131,9 @@ def hosts_run(args, build: str) -> dict:
                    str(args.interval), "--trainer-netns", hosts.names[0],
                    "--reader-netns", hosts.names[1]] + (
                        ["--tiny"] if args.tiny else [])
-        subprocess.run(command + ["--steps", str(WARM_STEPS)], check=True,
-                       stdout=subprocess.DEVNULL, timeout=900)
+        if args.warm_steps > 0:
+            subprocess.run(command + ["--steps", str(args.warm_steps)],
+                           check=True, stdout=subprocess.DEVNULL, timeout=900)
         subprocess.run(command + ["--steps", str(args.steps), "--events",
                                   events], check=True,
                        stdout=subprocess.DEVNULL, timeout=1800)
@@ -250,6 +252,10 @@ def main() -> None:
                              "iperf3 (needs root, iproute2 and iperf3)")
     parser.add_argument("--tiny", action="store_true",
                         help="the example's 2-layer model (a smoke run)")
+    parser.add_argument("--warm-steps", type=int, default=WARM_STEPS,
+                        help="steps of a first run before the measured one "
+                             "(0: none, the measured run starts cold: a "
+                             "smoke run)")
     args = parser.parse_args()
     build = os.path.abspath(args.build)
     sys.path.insert(0, os.path.join(build, "python"))
