@@ -10,19 +10,19 @@ using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
 using ::testing::Eq;
 
-absl::StatusOr<int> Half(int x) {
+absl::StatusOr<int> HalfOf(int x) {
   if (x % 2 != 0) return absl::InvalidArgumentError("odd");
   return x / 2;
 }
 
 absl::StatusOr<int> Quarter(int x) {
-  ASSIGN_OR_RETURN(int half, Half(x));
-  ASSIGN_OR_RETURN(int quarter, Half(half));
+  ASSIGN_OR_RETURN(int half, HalfOf(x));
+  ASSIGN_OR_RETURN(int quarter, HalfOf(half));
   return quarter;
 }
 
 absl::Status CheckEven(int x) {
-  RETURN_IF_ERROR(Half(x));
+  RETURN_IF_ERROR(HalfOf(x));
   return absl::OkStatus();
 }
 
