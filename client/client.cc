@@ -1057,6 +1057,7 @@ absl::StatusOr<VersionWriter> Client::Begin(
   v1::BeginVersionRequest request;
   for (const std::string& name : names) request.add_names(name);
   request.set_empty(options.empty);
+  request.set_skip_zeroing(options.skip_zeroing);
   request.set_lease_ms(
       std::max<int64_t>(1, absl::ToInt64Milliseconds(options.lease)));
   VersionWriter writer;

@@ -175,8 +175,15 @@ struct TensorToCreate {
 // Client::Begin's options.
 struct BeginOptions {
   // Leave the new versions' bytes unset instead of copying the latest
-  // version's (for writers that overwrite every element).
+  // version's (for writers that overwrite every element): they read as
+  // zeros until written.
   bool empty = false;
+  // With `empty`, for writers that write every element before publishing:
+  // a version begun in a freed version's memory (docs/versions.md,
+  // "Reuse") is not zeroed first, so an element they miss holds an older
+  // version's value of the same tensor. Saves the daemons a pass over the
+  // memory at every begin. INVALID_ARGUMENT without `empty`.
+  bool skip_zeroing = false;
   // The versions are dropped unless published within this.
   absl::Duration lease = absl::Minutes(10);
 };

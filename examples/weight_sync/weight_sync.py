@@ -98,7 +98,10 @@ def trainer(args: argparse.Namespace) -> None:
             group = tt.publish_state_dict(
                 client, PREFIX, parts, layout,
                 shapes={**shapes, CHECK: partial.shape},
-                offsets={**offsets, CHECK: (0,)}, publish=False, empty=True)
+                offsets={**offsets, CHECK: (0,)}, publish=False, empty=True,
+                # The trainers' rows cover every element: the daemons need
+                # not zero the memory of the version they reuse.
+                skip_zeroing=True)
             ids = [group.id]
         else:
             ids = [None]

@@ -191,9 +191,10 @@ class PyClient {
 
   // Versions (docs/versions.md).
   PyVersionGroup Begin(const std::vector<std::string>& names, bool empty,
-                       double lease) {
+                       double lease, bool skip_zeroing) {
     BeginOptions options;
     options.empty = empty;
+    options.skip_zeroing = skip_zeroing;
     if (lease > 0) options.lease = absl::Seconds(lease);
     return PyVersionGroup(
         Check(WithoutGil([&] { return client_->Begin(names, options); })));
@@ -281,7 +282,8 @@ void BindClient(py::module_& m) {
       .def("delete", &PyClient::Delete)
       .def("delete_many", &PyClient::DeleteMany)
       .def("begin", &PyClient::Begin, py::arg("names"),
-           py::arg("empty") = false, py::arg("lease") = 0.0)
+           py::arg("empty") = false, py::arg("lease") = 0.0,
+           py::arg("skip_zeroing") = false)
       .def("join", &PyClient::Join, py::arg("id"))
       .def("watch", &PyClient::Watch, py::arg("name"), py::arg("after") = 0)
       .def("plan_reads", &PyClient::PlanReads, py::arg("items"))

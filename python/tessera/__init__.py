@@ -241,17 +241,22 @@ class Client:
 
     # ---- Versions (docs/versions.md).
     def begin(self, names: Union[str, Sequence[str]], empty: bool = False,
-              lease: Optional[float] = None) -> Any:
+              lease: Optional[float] = None,
+              skip_zeroing: bool = False) -> Any:
         """Opens one new version of each named tensor (versioned ones):
         a tessera.Version for one name, a tessera.VersionGroup for a list
         (``group["a"][...] = x``, then ``group.publish()`` makes all of
         them the latest together). The new versions start from the latest
-        values unless ``empty``; they are dropped unless published within
-        ``lease`` seconds (10 minutes)."""
+        values unless ``empty`` (then as zeros); they are dropped unless
+        published within ``lease`` seconds (10 minutes). ``skip_zeroing``
+        (with ``empty``), for writers that write every element before
+        publishing: a version begun in a freed one's memory is not zeroed
+        first, and an element they miss holds an older version's value."""
         single = isinstance(names, str)
         listed = [names] if single else list(names)
         native = self._native.begin(listed, bool(empty),
-                                    _seconds(lease, "lease"))
+                                    _seconds(lease, "lease"),
+                                    bool(skip_zeroing))
         return (Version if single else VersionGroup)(self, native)
 
     def join(self, id: str) -> Any:

@@ -362,11 +362,14 @@ class Tensor:
                       self._native.at(_integer(version, "version")))
 
     def begin(self, empty: bool = False,
-              lease: Optional[float] = None) -> Any:
+              lease: Optional[float] = None,
+              skip_zeroing: bool = False) -> Any:
         """Opens a new version (a tessera.Version), starting from the
         latest version's values unless ``empty``; it is dropped unless
-        published within ``lease`` seconds (10 minutes by default)."""
-        return self._client.begin(self.name, empty=empty, lease=lease)
+        published within ``lease`` seconds (10 minutes by default).
+        ``skip_zeroing``: as Client.begin."""
+        return self._client.begin(self.name, empty=empty, lease=lease,
+                                  skip_zeroing=skip_zeroing)
 
     def snapshot(self, lease: Optional[float] = None) -> Any:
         """Pins the latest version (a tessera.Snapshot) until released or

@@ -296,6 +296,7 @@ def publish_state_dict(client: Client, prefix: str,
                        offsets: Optional[Mapping[str, Sequence[int]]] = None,
                        join: Optional[str] = None, publish: bool = True,
                        empty: Optional[bool] = None,
+                       skip_zeroing: Optional[bool] = None,
                        versions: int = 2, copies: int = 1,
                        timeout: Optional[float] = None) -> Any:
     """Publishes ``state_dict`` as one version of the versioned tensors
@@ -317,6 +318,13 @@ def publish_state_dict(client: Client, prefix: str,
     calls ``group.publish()``. The new version starts as a copy of the
     latest unless ``empty`` (by default: when the call writes whole
     tensors; ranks that together write every row pass ``empty=True``).
+    An empty version reads as zeros where nobody writes, unless
+    ``skip_zeroing`` (by default: when the call writes whole tensors,
+    every element; ranks that together write every element pass it with
+    ``empty=True``): then the daemons do not zero memory they reuse (a
+    freed version's, docs/versions.md), and an element nobody writes holds
+    an older version's value. A write that fails aborts the version this
+    call began.
     The tensors of one call are begun and
     published together, so their version numbers stay alike and a read
     plan reads them with no metadata call."""
@@ -365,9 +373,12 @@ def publish_state_dict(client: Client, prefix: str,
                 rest = [t for t in batch if t["name"] not in there]
                 if rest:
                     client.create_many(rest)
+        whole = offsets is None and shapes is None
         if empty is None:
-            empty = offsets is None and shapes is None
-        group = client.begin(names, empty=empty)
+            empty = whole
+        if skip_zeroing is None:
+            skip_zeroing = whole and bool(empty)
+        group = client.begin(names, empty=empty, skip_zeroing=skip_zeroing)
     else:
         group = client.join(join)
     try:

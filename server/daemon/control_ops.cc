@@ -1388,6 +1388,11 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("BeginVersion: negative lease_ms ", request.lease_ms()));
     }
+    if (request.skip_zeroing() && !request.empty()) {
+      return absl::InvalidArgumentError(
+          "BeginVersion: skip_zeroing without empty (a version begun from "
+          "the latest starts as its copy: there is nothing to zero)");
+    }
     for (const std::string& name : names) {
       ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
                        VersionsOf(name, "BeginVersion"));
@@ -1416,8 +1421,11 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
                          ShardedTensor::InitFromLocalShardsWithSpec(
                              std::move(spare->shards), latest.metadata(),
                              latest.sharding_spec(), options));
-        // An empty version is zeros until written, as a new one is.
-        if (request.empty()) ZeroLocalShards(*one.tensor);
+        // An empty version is zeros until written, as a new one is,
+        // unless its writers write every element (skip_zeroing).
+        if (request.empty() && !request.skip_zeroing()) {
+          ZeroLocalShards(*one.tensor);
+        }
       } else {
         ASSIGN_OR_RETURN(const int64_t host_bytes,
                          LocalHostBytes(latest.metadata(), /*version=*/true));

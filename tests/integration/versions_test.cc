@@ -590,6 +590,51 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
   }
 }
 
+// Writers that write every element skip the zeroing of a reused version
+// (BeginOptions::skip_zeroing): what they write reads back, and what they
+// miss holds the freed version's values, not zeros, which shows that the
+// daemons left that memory alone. Without `empty` the option is refused
+// before anything begins.
+TEST_F(VersionsTest, WritersOfEveryElementSkipTheZeroingOfAReusedVersion) {
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  Create(*client, "s", 2);
+  ASSERT_THAT(Publish(*client, "s", 2), IsOkAndHolds(2));
+  ASSERT_THAT(Publish(*client, "s", 3), IsOkAndHolds(3));
+  // Version 2's memory (all 2) is kept when 4 is published.
+  ASSERT_THAT(Publish(*client, "s", 4), IsOkAndHolds(4));
+  BeginOptions skip;
+  skip.empty = true;
+  skip.skip_zeroing = true;
+  {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"s"}, skip));
+    ASSERT_OK(Fill(*writer.view("s"), 0, kRows / 2, 5));
+    ASSERT_OK(writer.Publish().status());
+  }
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView s, client->Open("s"));
+  ASSERT_OK_AND_ASSIGN(Tensor five, s.Read());
+  EXPECT_TRUE(RowsAre(five, 0, kRows / 2, 5));
+  EXPECT_TRUE(RowsAre(five, kRows / 2, kRows, 2));
+  // Writers of every element (in version 3's memory, all 3).
+  {
+    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"s"}, skip));
+    ASSERT_OK(Fill(*writer.view("s"), 0, kRows, 6));
+    ASSERT_OK(writer.Publish().status());
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor six, s.Read());
+  EXPECT_TRUE(RowsAre(six, 0, kRows, 6));
+
+  BeginOptions from_latest;
+  from_latest.skip_zeroing = true;
+  EXPECT_THAT(client->Begin({"s"}, from_latest).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("skip_zeroing without empty")));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView after, client->Open("s"));
+  EXPECT_TRUE(after.info().open_versions().empty());
+  ASSERT_OK_AND_ASSIGN(Tensor still, after.Read());
+  EXPECT_TRUE(RowsAre(still, 0, kRows, 6));
+}
+
 // A replacing load whose copies cannot be placed (memory) loads nothing and
 // replaces nothing: the tensors it would have replaced read on, with their
 // copies.

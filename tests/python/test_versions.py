@@ -91,6 +91,22 @@ def test_a_group_is_published_together(client, rows4):
             1.0, 2.0, 3.0]
 
 
+def test_skip_zeroing_leaves_a_reused_versions_values(client, rows4):
+    w = client.create("vz", (8, 4), rows4, init="zeros", versions=2)
+    for value in (2, 3, 4):  # version 2's memory (all 2) kept for reuse
+        with w.begin(empty=True) as v:
+            v[0:8] = value
+    # Writers that promise every element: the daemons do not zero it.
+    with w.begin(empty=True, skip_zeroing=True) as v:
+        v[0:4] = 5
+    got = w.read()
+    assert (got[0:4] == 5).all() and (got[4:8] == 2).all()
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="skip_zeroing without empty"):
+        w.begin(skip_zeroing=True)
+    assert w.version == 5 and (w.read()[0:4] == 5).all()
+
+
 def test_a_writer_process_joins_by_id(daemons, client, rows4):
     w = client.create("vj", (8, 4), rows4, init="zeros", versions=2)
     v = w.begin(empty=True)
