@@ -519,6 +519,27 @@ bool RowsAre(const Tensor& t, int64_t begin, int64_t end, float value) {
   return true;
 }
 
+// Creates `name` keeping two versions and publishes versions 2, 3 and 4,
+// each all its number: version 2's memory (all 2) is then kept for reuse,
+// and version 3's is the next one freed.
+void PublishUntilOneIsKeptForReuse(Client& client, const std::string& name) {
+  ASSERT_OK(
+      client.Create(name, {kRows, kCols}, Rows(), ZerosKeeping(2)).status());
+  for (int version = 2; version <= 4; ++version) {
+    ASSERT_THAT(Publish(client, name, version), IsOkAndHolds(version));
+  }
+}
+
+// Begins a version of `name` with `options`, writes its rows [0, rows) as
+// `value` and publishes it.
+absl::Status WriteRowsAndPublish(Client& client, const std::string& name,
+                                 const BeginOptions& options, int64_t rows,
+                                 float value) {
+  ASSIGN_OR_RETURN(VersionWriter writer, client.Begin({name}, options));
+  RETURN_IF_ERROR(Fill(*writer.view(name), 0, rows, value));
+  return writer.Publish().status();
+}
+
 // A freed version's memory is the next version's (version_set.h, "Reuse"):
 // an empty version begun in it reads zeros where its writers miss, never
 // the freed version's bytes; a version begun from the latest holds the
@@ -527,18 +548,10 @@ bool RowsAre(const Tensor& t, int64_t begin, int64_t end, float value) {
 TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
   auto client = Connect(0);
   ASSERT_NE(client, nullptr);
-  Create(*client, "r", 2);
-  ASSERT_THAT(Publish(*client, "r", 2), IsOkAndHolds(2));
-  ASSERT_THAT(Publish(*client, "r", 3), IsOkAndHolds(3));
-  // Version 2's memory (all 2) is kept when 4 is published.
-  ASSERT_THAT(Publish(*client, "r", 4), IsOkAndHolds(4));
+  PublishUntilOneIsKeptForReuse(*client, "r");
   BeginOptions empty;
   empty.empty = true;
-  {
-    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"r"}, empty));
-    ASSERT_OK(Fill(*writer.view("r"), 0, kRows / 2, 5));
-    ASSERT_OK(writer.Publish().status());
-  }
+  ASSERT_OK(WriteRowsAndPublish(*client, "r", empty, kRows / 2, 5));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView r, client->Open("r"));
   ASSERT_OK_AND_ASSIGN(Tensor five, r.Read());
   EXPECT_TRUE(RowsAre(five, 0, kRows / 2, 5));
@@ -598,29 +611,17 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
 TEST_F(VersionsTest, WritersOfEveryElementSkipTheZeroingOfAReusedVersion) {
   auto client = Connect(0);
   ASSERT_NE(client, nullptr);
-  Create(*client, "s", 2);
-  ASSERT_THAT(Publish(*client, "s", 2), IsOkAndHolds(2));
-  ASSERT_THAT(Publish(*client, "s", 3), IsOkAndHolds(3));
-  // Version 2's memory (all 2) is kept when 4 is published.
-  ASSERT_THAT(Publish(*client, "s", 4), IsOkAndHolds(4));
+  PublishUntilOneIsKeptForReuse(*client, "s");
   BeginOptions skip;
   skip.empty = true;
   skip.skip_zeroing = true;
-  {
-    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"s"}, skip));
-    ASSERT_OK(Fill(*writer.view("s"), 0, kRows / 2, 5));
-    ASSERT_OK(writer.Publish().status());
-  }
+  ASSERT_OK(WriteRowsAndPublish(*client, "s", skip, kRows / 2, 5));
   ASSERT_OK_AND_ASSIGN(ShardedTensorView s, client->Open("s"));
   ASSERT_OK_AND_ASSIGN(Tensor five, s.Read());
   EXPECT_TRUE(RowsAre(five, 0, kRows / 2, 5));
   EXPECT_TRUE(RowsAre(five, kRows / 2, kRows, 2));
   // Writers of every element (in version 3's memory, all 3).
-  {
-    ASSERT_OK_AND_ASSIGN(VersionWriter writer, client->Begin({"s"}, skip));
-    ASSERT_OK(Fill(*writer.view("s"), 0, kRows, 6));
-    ASSERT_OK(writer.Publish().status());
-  }
+  ASSERT_OK(WriteRowsAndPublish(*client, "s", skip, kRows, 6));
   ASSERT_OK_AND_ASSIGN(Tensor six, s.Read());
   EXPECT_TRUE(RowsAre(six, 0, kRows, 6));
 
