@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/shard_box.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -18,9 +19,7 @@ using ::tessera::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ShardMetadata Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
-  return *ShardMetadata::Create(std::move(offsets), std::move(sizes));
-}
+using ::tessera::testing::ShardBox;
 
 TEST(ValidateRegionTest, AcceptsBoxesInsideTheExtent) {
   EXPECT_OK(ValidateRegion({0, 0}, {10, 20}, {10, 20}, "tensor w", "tensor"));
@@ -57,30 +56,33 @@ TEST(ValidateRegionTest, NamesWhatIsWrong) {
 
 TEST(IntersectTest, CommonBoxOrNothing) {
   const std::optional<ShardMetadata> common =
-      Intersect(Box({0, 5}, {10, 10}), Box({4, 0}, {10, 8}));
+      Intersect(ShardBox({0, 5}, {10, 10}), ShardBox({4, 0}, {10, 8}));
   ASSERT_TRUE(common.has_value());
   EXPECT_THAT(common->shard_offsets(), ElementsAre(4, 5));
   EXPECT_THAT(common->shard_sizes(), ElementsAre(6, 3));
   EXPECT_FALSE(common->placement().has_value());
   // Touching boxes share no element; nor does an empty one.
-  EXPECT_FALSE(Intersect(Box({0, 0}, {5, 5}), Box({5, 0}, {5, 5})).has_value());
-  EXPECT_FALSE(Intersect(Box({0, 0}, {0, 5}), Box({0, 0}, {5, 5})).has_value());
-  EXPECT_FALSE(Intersect(Box({0}, {5}), Box({0, 0}, {5, 5})).has_value());
+  EXPECT_FALSE(Intersect(ShardBox({0, 0}, {5, 5}), ShardBox({5, 0}, {5, 5}))
+                   .has_value());
+  EXPECT_FALSE(Intersect(ShardBox({0, 0}, {0, 5}), ShardBox({0, 0}, {5, 5}))
+                   .has_value());
+  EXPECT_FALSE(
+      Intersect(ShardBox({0}, {5}), ShardBox({0, 0}, {5, 5})).has_value());
 }
 
 TEST(OverlapsTest, ListsEveryShardTheRegionTouches) {
   const std::vector<ShardMetadata> grid = {
-      Box({0, 0}, {5, 5}), Box({0, 5}, {5, 5}), Box({5, 0}, {5, 5}),
-      Box({5, 5}, {5, 5})};
+      ShardBox({0, 0}, {5, 5}), ShardBox({0, 5}, {5, 5}),
+      ShardBox({5, 0}, {5, 5}), ShardBox({5, 5}, {5, 5})};
   const std::vector<RegionOverlap> overlaps =
-      Overlaps(grid, Box({4, 2}, {2, 2}));
+      Overlaps(grid, ShardBox({4, 2}, {2, 2}));
   ASSERT_EQ(overlaps.size(), 2u);
   EXPECT_EQ(overlaps[0].shard, 0u);
-  EXPECT_EQ(overlaps[0].box, Box({4, 2}, {1, 2}));
+  EXPECT_EQ(overlaps[0].box, ShardBox({4, 2}, {1, 2}));
   EXPECT_EQ(overlaps[1].shard, 2u);
-  EXPECT_EQ(overlaps[1].box, Box({5, 2}, {1, 2}));
-  EXPECT_EQ(Overlaps(grid, Box({0, 0}, {10, 10})).size(), 4u);
-  EXPECT_TRUE(Overlaps(grid, Box({3, 3}, {0, 4})).empty());
+  EXPECT_EQ(overlaps[1].box, ShardBox({5, 2}, {1, 2}));
+  EXPECT_EQ(Overlaps(grid, ShardBox({0, 0}, {10, 10})).size(), 4u);
+  EXPECT_TRUE(Overlaps(grid, ShardBox({3, 3}, {0, 4})).empty());
   EXPECT_THAT(OffsetsWithin({5, 2}, {5, 0}), ElementsAre(0, 2));
 }
 

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/shard_box.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -17,27 +18,24 @@ using ::testing::HasSubstr;
 
 using Dims = std::vector<int64_t>;
 
-ShardMetadata LayoutBox(Dims offsets, Dims sizes) {
-  return *ShardMetadata::Create(std::move(offsets), std::move(sizes));
-}
+using ::tessera::testing::ShardBox;
 
 TEST(ShardLayoutTest, EmptyShardsMayBeAnywhere) {
   // torch.chunk's 2 rows over 4 placements: offsets 0,1,2,3, sizes 1,1,0,0.
   const std::vector<ShardMetadata> shards = {
-      LayoutBox({0, 0}, {1, 20}), LayoutBox({1, 0}, {1, 20}),
-      LayoutBox({2, 0}, {0, 20}), LayoutBox({3, 0}, {0, 20})};
+      ShardBox({0, 0}, {1, 20}), ShardBox({1, 0}, {1, 20}),
+      ShardBox({2, 0}, {0, 20}), ShardBox({3, 0}, {0, 20})};
   EXPECT_THAT(ValidateShardLayout(shards, {2, 20}), IsOk());
   // Empty shards stacked on top of real ones overlap nothing.
-  EXPECT_THAT(
-      ValidateNonOverlappingShards(
-          {LayoutBox({0}, {5}), LayoutBox({2}, {0}), LayoutBox({2}, {0})}),
-      IsOk());
+  EXPECT_THAT(ValidateNonOverlappingShards(
+                  {ShardBox({0}, {5}), ShardBox({2}, {0}), ShardBox({2}, {0})}),
+              IsOk());
 }
 
 TEST(ShardLayoutTest, OverlapNamesBothShardsInInputOrder) {
   const std::vector<ShardMetadata> shards = {
-      LayoutBox({0, 5}, {5, 5}), LayoutBox({0, 0}, {6, 6}),
-      LayoutBox({5, 0}, {5, 5}), LayoutBox({5, 5}, {5, 5})};
+      ShardBox({0, 5}, {5, 5}), ShardBox({0, 0}, {6, 6}),
+      ShardBox({5, 0}, {5, 5}), ShardBox({5, 5}, {5, 5})};
   EXPECT_THAT(
       ValidateNonOverlappingShards(shards),
       StatusIs(absl::StatusCode::kInvalidArgument,
@@ -47,27 +45,27 @@ TEST(ShardLayoutTest, OverlapNamesBothShardsInInputOrder) {
                          "6], placement=None) overlap")));
   EXPECT_THAT(
       ValidateNonOverlappingShards(
-          {LayoutBox({1, 1}, {2, 2}), LayoutBox({1, 1}, {2, 2})}),
+          {ShardBox({1, 1}, {2, 2}), ShardBox({1, 1}, {2, 2})}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
   EXPECT_THAT(
-      ValidateNonOverlappingShards({LayoutBox({}, {}), LayoutBox({}, {})}),
+      ValidateNonOverlappingShards({ShardBox({}, {}), ShardBox({}, {})}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
 }
 
 TEST(ShardLayoutTest, TouchingShardsDoNotOverlap) {
   EXPECT_THAT(
-      ValidateNonOverlappingShards({LayoutBox({0}, {5}), LayoutBox({5}, {5})}),
+      ValidateNonOverlappingShards({ShardBox({0}, {5}), ShardBox({5}, {5})}),
       IsOk());
   EXPECT_THAT(ValidateNonOverlappingShards(
-                  {LayoutBox({0, 0}, {5, 5}), LayoutBox({5, 5}, {5, 5})}),
+                  {ShardBox({0, 0}, {5, 5}), ShardBox({5, 5}, {5, 5})}),
               IsOk());
 }
 
 TEST(ShardLayoutTest, VolumeMismatchPointsAtTheGap) {
   // Rank 0's shard shrank to 4x4 in a 2x2 grid of 5x5 shards.
   const std::vector<ShardMetadata> gaps = {
-      LayoutBox({0, 0}, {4, 4}), LayoutBox({0, 5}, {5, 5}),
-      LayoutBox({5, 0}, {5, 5}), LayoutBox({5, 5}, {5, 5})};
+      ShardBox({0, 0}, {4, 4}), ShardBox({0, 5}, {5, 5}),
+      ShardBox({5, 0}, {5, 5}), ShardBox({5, 5}, {5, 5})};
   EXPECT_THAT(
       CheckTensor(gaps, {10, 10}),
       StatusIs(absl::StatusCode::kInvalidArgument,
@@ -77,16 +75,15 @@ TEST(ShardLayoutTest, VolumeMismatchPointsAtTheGap) {
                          "offsets [0, 4] sizes [4, 1]")));
   // A row-sharded 1-d layout missing its last rows.
   EXPECT_THAT(
-      CheckTensor({LayoutBox({0, 0}, {3, 20}), LayoutBox({3, 0}, {3, 20})},
+      CheckTensor({ShardBox({0, 0}, {3, 20}), ShardBox({3, 0}, {3, 20})},
                   {10, 20}),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("not covered: offsets [6, 0] sizes [4, 20]")));
   // Every shard covers only the left half.
-  EXPECT_THAT(
-      CheckTensor({LayoutBox({0, 0}, {5, 3}), LayoutBox({5, 0}, {5, 3})},
-                  {10, 6}),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("not covered: offsets [0, 3] sizes [10, 3]")));
+  EXPECT_THAT(CheckTensor({ShardBox({0, 0}, {5, 3}), ShardBox({5, 0}, {5, 3})},
+                          {10, 6}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not covered: offsets [0, 3] sizes [10, 3]")));
   EXPECT_THAT(CheckTensor({}, {2, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not covered: offsets [0, 0] sizes [2, 2]")));
@@ -95,16 +92,16 @@ TEST(ShardLayoutTest, VolumeMismatchPointsAtTheGap) {
 
 TEST(ShardLayoutTest, OverlapIsReportedBeforeVolume) {
   EXPECT_THAT(
-      ValidateShardLayout({LayoutBox({0}, {6}), LayoutBox({5}, {5})}, {10}),
+      ValidateShardLayout({ShardBox({0}, {6}), ShardBox({5}, {5})}, {10}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
 }
 
 TEST(ShardLayoutTest, HugeSizesDoNotOverflow) {
   const int64_t big = int64_t{1} << 40;
-  EXPECT_THAT(CheckTensor({LayoutBox({0, 0}, {big, big})}, {big, big}),
+  EXPECT_THAT(CheckTensor({ShardBox({0, 0}, {big, big})}, {big, big}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("overflows int64")));
-  EXPECT_THAT(CheckTensor({LayoutBox({big}, {big})}, {big}),
+  EXPECT_THAT(CheckTensor({ShardBox({big}, {big})}, {big}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("exceeds tensor dim")));
 }
@@ -134,7 +131,7 @@ void Tile(std::mt19937& rng, Dims offsets, Dims sizes, int depth,
   std::uniform_int_distribution<size_t> pick_dim(0, sizes.size() - 1);
   const size_t d = pick_dim(rng);
   if (depth == 0 || sizes[d] < 2) {
-    out->push_back(LayoutBox(offsets, sizes));
+    out->push_back(ShardBox(offsets, sizes));
     return;
   }
   std::uniform_int_distribution<int64_t> pick_cut(1, sizes[d] - 1);
@@ -181,7 +178,7 @@ TEST(ShardLayoutTest, SweepAgreesWithPairwiseCheck) {
         sizes[d] = 0;
         break;
     }
-    shards[victim] = LayoutBox(offsets, sizes);
+    shards[victim] = ShardBox(offsets, sizes);
     const bool expected = BruteForceOverlap(shards);
     const absl::Status status = ValidateNonOverlappingShards(shards);
     ASSERT_EQ(expected, !status.ok()) << "trial " << trial << ": " << status;

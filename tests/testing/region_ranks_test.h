@@ -31,6 +31,7 @@
 #include "server/store/hash_store.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/run_threads.h"
+#include "tests/testing/shard_box.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/grpc_status.h"
 
@@ -111,10 +112,7 @@ class RegionRanksTest : public ::testing::Test {
 
   static ShardMetadata Box(std::vector<int64_t> offsets,
                            std::vector<int64_t> sizes, int rank = -1) {
-    std::optional<RemoteDevice> placement;
-    if (rank >= 0) placement = RemoteDevice::ForRank(rank, Device::Cpu());
-    return *ShardMetadata::Create(std::move(offsets), std::move(sizes),
-                                  placement);
+    return ShardBox(std::move(offsets), std::move(sizes), rank);
   }
 
   // The 2 x 2 grid: shards 0 and 3 on rank 0, shards 1 and 2 on rank 1.
