@@ -294,11 +294,14 @@ constexpr int64_t kWritesAroundBeforeFilling = 16;
 // starts at byte `first_byte`, mapped writable by `mapping`, in pieces
 // copied by CopyInPieces' threads. Until the mapping took
 // kWritesAroundBeforeFilling times its size around it, each piece is
-// written with pwrite (its page tables stay unfilled); from then on each
-// thread first fills the page tables of its piece for writing
-// (MADV_POPULATE_WRITE), then copies it with memcpy. A piece whose pages
-// cannot be populated (a kernel before 5.14, memory that cannot be had)
-// is written with pwrite too, which reports such failures as errors where
+// written around it (MemoryWriteAll: by pwrite, or through a pipe where
+// the kernel's first read of a page is dear; eight new 16 MiB tensors,
+// their pages never read by the kernel, took 176-216 ms by pwrite and
+// 56-89 ms through the pipe on a 2-core VM), its page tables unfilled;
+// from then on each thread first fills the page tables of its piece for
+// writing (MADV_POPULATE_WRITE), then copies it with memcpy. A piece whose
+// pages cannot be populated (a kernel before 5.14, memory that cannot be
+// had) is written around it too, which reports such failures as errors where
 // a fault would raise SIGBUS. The error of the first piece that failed,
 // or OK.
 absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
@@ -317,8 +320,8 @@ absl::Status WriteIntoMappedRun(const char* from, int fd, int64_t first_byte,
       return absl::OkStatus();
     }
     if (!fill) mapping.AddCopiedAround(length);
-    return PwriteAll(fd, from + begin, static_cast<size_t>(length),
-                     first_byte + begin, "the lent memory file");
+    return MemoryWriteAll(fd, from + begin, static_cast<size_t>(length),
+                          first_byte + begin, "the lent memory file");
   });
 }
 

@@ -1,13 +1,19 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +23,45 @@ namespace tessera {
 namespace {
 
 constexpr absl::string_view kTempMarker = ".tmp.";
+
+// The pipe SpliceWriteAll asks for (the default limit of an unprivileged
+// user, /proc/sys/fs/pipe-max-size), and the least it moves bytes through:
+// a user over its pipe quota gets pipes of one page, through which each
+// page would cost two system calls.
+constexpr int kSplicePipeBytes = 1 << 20;
+constexpr int kMinSplicePipeBytes = 64 << 10;
+
+// Moves what it can of [data, data + size) into `fd` at `offset` through a
+// pipe of its own; returns how many bytes reached the file, from the
+// first, and stops at the first refusal (the caller writes the rest).
+size_t SpliceWhatItCan(int fd, const char* data, size_t size, int64_t offset) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) return 0;
+  const UniqueFd read_end(ends[0]);
+  const UniqueFd write_end(ends[1]);
+  int capacity = ::fcntl(write_end.get(), F_SETPIPE_SZ, kSplicePipeBytes);
+  if (capacity < 0) capacity = ::fcntl(write_end.get(), F_GETPIPE_SZ);
+  if (capacity < kMinSplicePipeBytes) return 0;
+  size_t done = 0;
+  while (done < size) {
+    iovec from{const_cast<char*>(data + done),
+               std::min(size - done, static_cast<size_t>(capacity))};
+    const ssize_t pinned = ::vmsplice(write_end.get(), &from, 1, 0);
+    if (pinned < 0 && errno == EINTR) continue;
+    if (pinned <= 0) return done;
+    // Whatever of these bytes stays in the pipe on a refusal is dropped
+    // with the pipe; the caller writes it again.
+    for (size_t left = static_cast<size_t>(pinned); left > 0;) {
+      loff_t at = static_cast<loff_t>(offset) + static_cast<loff_t>(done);
+      const ssize_t moved = ::splice(read_end.get(), nullptr, fd, &at, left, 0);
+      if (moved < 0 && errno == EINTR) continue;
+      if (moved <= 0) return done;
+      done += static_cast<size_t>(moved);
+      left -= static_cast<size_t>(moved);
+    }
+  }
+  return done;
+}
 
 std::string DirectoryOf(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -76,6 +121,82 @@ absl::Status PwriteAll(int fd, const void* data, size_t size, int64_t offset,
     size -= static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::Status SpliceWriteAll(int fd, const void* data, size_t size,
+                            int64_t offset, absl::string_view name) {
+  const char* in = static_cast<const char*>(data);
+  const size_t spliced =
+      size >= kMinSpliceWriteBytes ? SpliceWhatItCan(fd, in, size, offset) : 0;
+  return PwriteAll(fd, in + spliced, size - spliced,
+                   offset + static_cast<int64_t>(spliced), name);
+}
+
+namespace {
+
+// KernelFirstReadsAreDear's measurement: 64 KiB of memory this process
+// just wrote, written to a pipe (the kernel's first read of its pages)
+// and, drained, again (the best of three later reads). False where no
+// pipe or memory is to be had.
+bool MeasureKernelFirstReads() {
+  constexpr size_t kBytes = size_t{64} << 10;
+  void* const memory = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return false;
+  std::memset(memory, 1, kBytes);
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) {
+    ::munmap(memory, kBytes);
+    return false;
+  }
+  const UniqueFd read_end(ends[0]);
+  const UniqueFd write_end(ends[1]);
+  std::vector<char> drained(kBytes);
+  using Clock = std::chrono::steady_clock;
+  // One pass: written whole and read back whole, or nothing to compare.
+  auto pass = [&]() -> std::optional<Clock::duration> {
+    const Clock::time_point start = Clock::now();
+    if (::write(write_end.get(), memory, kBytes) !=
+        static_cast<ssize_t>(kBytes)) {
+      return std::nullopt;
+    }
+    const Clock::duration took = Clock::now() - start;
+    if (::read(read_end.get(), drained.data(), kBytes) !=
+        static_cast<ssize_t>(kBytes)) {
+      return std::nullopt;
+    }
+    return took;
+  };
+  bool dear = false;
+  if (::fcntl(write_end.get(), F_SETPIPE_SZ, static_cast<int>(kBytes)) >=
+      static_cast<int>(kBytes)) {
+    const std::optional<Clock::duration> first = pass();
+    std::optional<Clock::duration> again;
+    for (int i = 0; i < 3 && first.has_value(); ++i) {
+      const std::optional<Clock::duration> next = pass();
+      if (!next.has_value()) break;
+      if (!again.has_value() || *next < *again) again = next;
+    }
+    dear = first.has_value() && again.has_value() &&
+           *first > kDearFirstReadRatio * *again;
+  }
+  ::munmap(memory, kBytes);
+  return dear;
+}
+
+}  // namespace
+
+bool KernelFirstReadsAreDear() {
+  static const bool dear = MeasureKernelFirstReads();
+  return dear;
+}
+
+absl::Status MemoryWriteAll(int fd, const void* data, size_t size,
+                            int64_t offset, absl::string_view name) {
+  if (size >= kMinSpliceWriteBytes && KernelFirstReadsAreDear()) {
+    return SpliceWriteAll(fd, data, size, offset, name);
+  }
+  return PwriteAll(fd, data, size, offset, name);
 }
 
 absl::Status PwriteZeros(int fd, int64_t size, int64_t offset,

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,6 +126,69 @@ TEST_F(FileTest, PreadAndPwriteAtOffsets) {
   EXPECT_EQ(size, 10);
   EXPECT_OK(SyncFile(fd.get(), "b"));
   EXPECT_EQ(Contents(Path("b")), "0123AB6789");
+}
+
+// Through the pipe, a write lands exactly where pwrite's would: sources
+// and offsets off page boundaries, a size of several pipes' worth and one
+// below the pipe's least, into a memory file (as the local path writes)
+// and a regular file; MemoryWriteAll too, whichever way it takes here.
+TEST_F(FileTest, SpliceWriteAllWritesWhatPwriteWould) {
+  const size_t size = (size_t{3} << 20) + 4099;
+  std::vector<char> source(size + 13);
+  for (size_t i = 0; i < source.size(); ++i) {
+    source[i] = static_cast<char>((i * 131 + i / 4096) % 251);
+  }
+  const int64_t offset = 4096 * 3 + 77;
+  const int memory_file = memfd_create("splice_test", MFD_CLOEXEC);
+  ASSERT_GE(memory_file, 0);
+  UniqueFd memory(memory_file);
+  ASSERT_OK_AND_ASSIGN(UniqueFd regular,
+                       OpenFile(Path("s"), O_RDWR | O_CREAT | O_EXCL));
+  // MemoryWriteAll takes the pipe's way or pwrite, as this host warrants.
+  using Writer =
+      absl::Status (*)(int, const void*, size_t, int64_t, absl::string_view);
+  for (const int fd : {memory.get(), regular.get()}) {
+    for (const Writer write : {&SpliceWriteAll, &MemoryWriteAll}) {
+      // Each writer starts from zeros, so that none sees the last's bytes.
+      ASSERT_OK(PwriteZeros(fd, static_cast<int64_t>(size), offset, "s"));
+      for (const size_t length : {size, kMinSpliceWriteBytes - 1, size_t{5}}) {
+        ASSERT_OK(write(fd, source.data() + 13, length, offset, "s"));
+        std::vector<char> back(length);
+        ASSERT_OK_AND_ASSIGN(size_t got,
+                             PreadAll(fd, back.data(), length, offset, "s"));
+        ASSERT_EQ(got, length);
+        EXPECT_TRUE(std::equal(back.begin(), back.end(), source.begin() + 13))
+            << "length " << length;
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(int64_t file_size, FileSize(fd, "s"));
+    EXPECT_EQ(file_size, offset + static_cast<int64_t>(size));
+  }
+}
+
+// A file that takes no writes gives pwrite's error, naming it, whichever
+// way the bytes were to go.
+TEST_F(FileTest, SpliceWriteAllReportsWhatRefusesTheBytes) {
+  const int memory_file =
+      memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(memory_file, 0);
+  UniqueFd sealed(memory_file);
+  ASSERT_EQ(ftruncate(sealed.get(), 1 << 20), 0);
+  ASSERT_EQ(fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_WRITE), 0);
+  const std::vector<char> source(1 << 20, 'x');
+  for (const size_t length : {source.size(), size_t{10}}) {
+    for (const auto write : {&SpliceWriteAll, &MemoryWriteAll}) {
+      EXPECT_THAT(
+          write(sealed.get(), source.data(), length, 0, "the sealed file"),
+          StatusIs(absl::StatusCode::kPermissionDenied,
+                   HasSubstr("write the sealed file")));
+    }
+  }
+  std::vector<char> back(16);
+  ASSERT_OK_AND_ASSIGN(size_t got,
+                       PreadAll(sealed.get(), back.data(), 16, 0, "s"));
+  EXPECT_EQ(got, 16u);
+  EXPECT_EQ(std::string(back.data(), 16), std::string(16, '\0'));
 }
 
 TEST_F(FileTest, WriteToAReadOnlyDescriptorFails) {
