@@ -337,7 +337,8 @@ AtomicFile::~AtomicFile() {
 }
 
 absl::Status AtomicFile::Append(const void* data, size_t size) {
-  absl::Status written = WriteAll(fd_.get(), data, size, temp_path_);
+  absl::Status written =
+      MemoryWriteAll(fd_.get(), data, size, size_, temp_path_);
   if (!written.ok()) return written;
   size_ += static_cast<int64_t>(size);
   return absl::OkStatus();
