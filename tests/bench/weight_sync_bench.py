@@ -24,7 +24,10 @@ With --hosts (root and iproute2; iperf3): the same Tessera run across two
 network-namespace hosts joined by one veth pair, the daemons and trainers
 on one, the readers on the other (every reader byte over the data plane
 across the link), against `iperf3 -R -P 2` between the same two hosts
-(the bytes flowing the same way, two streams as the two readers).
+(the bytes flowing the same way, two streams as the two readers) and
+against plain TCP moving as many bytes as both readers read from memory
+into touched buffers, over 2 connections (bench_hosts.same_memory_tcp:
+iperf3's buffers stay in the cache, the readers' bytes do not).
 
     python3 tests/bench/weight_sync_bench.py --build BUILD_DIR [--steps 5]
     python3 tests/bench/weight_sync_bench.py --build BUILD_DIR --hosts
@@ -50,7 +53,8 @@ WARM_STEPS = 3
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "weight_sync")
 sys.path.insert(0, HERE)
-from bench_hosts import Daemons, NetnsPair, free_port, iperf3  # noqa: E402
+from bench_hosts import (Daemons, NetnsPair, free_port, iperf3,  # noqa: E402
+                         same_memory_tcp)
 
 
 def read_bytes(client) -> int:
@@ -144,6 +148,14 @@ def hosts_run(args, build: str) -> dict:
         iperf_gbs = iperf3(hosts.addresses[0], streams=2, reverse=True,
                            seconds=5, server_prefix=hosts.exec(0),
                            client_prefix=hosts.exec(1))
+        # Plain TCP moving what both readers read in one step, from memory
+        # into touched buffers, the same way over 2 connections.
+        step_bytes = sum({e["reader"]: e["bytes"] for e in lines
+                          if e["event"] == "read"}.values())
+        same_gbs = same_memory_tcp(
+            hosts.addresses[0], max(1, -(-step_bytes // (1 << 20))),
+            streams=2, reverse=True, reps=3, server_prefix=hosts.exec(0),
+            client_prefix=hosts.exec(1))
     finally:
         if daemons is not None:
             daemons.close()
@@ -165,7 +177,7 @@ def hosts_run(args, build: str) -> dict:
             both.append(sum(r["bytes"] for r in rs) /
                         (max(r["done"] for r in rs) - start) / 1e9)
     return {"reader_gbs": per_reader, "both_readers_gbs": both,
-            "iperf3_gbs": iperf_gbs}
+            "iperf3_gbs": iperf_gbs, "same_memory_gbs": same_gbs}
 
 
 GLOO_WORKER = r'''
@@ -275,7 +287,10 @@ def main() -> None:
             "both_readers_gbs_median": both,
             "iperf3_P2_gbs": h["iperf3_gbs"],
             "ratio": both / h["iperf3_gbs"] if both else None,
-            "goal_ratio": 0.8}), flush=True)
+            "goal_ratio": 0.8,
+            "tcp_same_memory_P2_gbs": h["same_memory_gbs"],
+            "same_memory_ratio": (both / h["same_memory_gbs"]
+                                  if both else None)}), flush=True)
         return
     t = tessera_run(args, build)
     print(json.dumps({"bench": "weight_sync_tessera", "model": model,
