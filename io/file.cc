@@ -140,17 +140,16 @@ namespace {
 // pipe or memory is to be had.
 bool MeasureKernelFirstReads() {
   constexpr size_t kBytes = size_t{64} << 10;
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) return false;
+  const UniqueFd read_end(ends[0]);
+  const UniqueFd write_end(ends[1]);
+  // Pages of their own, never read by the kernel (heap memory may have
+  // been).
   void* const memory = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return false;
   std::memset(memory, 1, kBytes);
-  int ends[2];
-  if (::pipe2(ends, O_CLOEXEC) != 0) {
-    ::munmap(memory, kBytes);
-    return false;
-  }
-  const UniqueFd read_end(ends[0]);
-  const UniqueFd write_end(ends[1]);
   std::vector<char> drained(kBytes);
   using Clock = std::chrono::steady_clock;
   // One pass: written whole and read back whole, or nothing to compare.

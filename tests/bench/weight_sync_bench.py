@@ -57,6 +57,13 @@ from bench_hosts import (Daemons, NetnsPair, free_port, iperf3,  # noqa: E402
                          same_memory_tcp)
 
 
+def step_bytes(lines: list) -> int:
+    """The bytes both readers' plans read in one step (each reader reads
+    the same bytes every run)."""
+    return sum({e["reader"]: e["bytes"] for e in lines
+                if e["event"] == "read"}.values())
+
+
 def read_bytes(client) -> int:
     """Bytes every daemon served to readers so far."""
     total = 0
@@ -110,8 +117,7 @@ def tessera_run(args, build: str) -> dict:
         if len(done) == 2:  # both readers read this very version
             steps.append(max(r["done"] for r in done) - publish["start"])
     runs = [r["run_s"] for rs in reads.values() for r in rs]
-    per_read = {r["reader"]: r["bytes"] for rs in reads.values() for r in rs}
-    needed = sum(per_read.values())
+    needed = step_bytes(lines)
     read_count = sum(1 for e in lines if e["event"] == "read")
     return {"steps": steps, "runs": runs,
             "publish_s": [p["end"] - p["start"] for p in publishes.values()],
@@ -150,10 +156,8 @@ def hosts_run(args, build: str) -> dict:
                            client_prefix=hosts.exec(1))
         # Plain TCP moving what both readers read in one step, from memory
         # into touched buffers, the same way over 2 connections.
-        step_bytes = sum({e["reader"]: e["bytes"] for e in lines
-                          if e["event"] == "read"}.values())
         same_gbs = same_memory_tcp(
-            hosts.addresses[0], max(1, -(-step_bytes // (1 << 20))),
+            hosts.addresses[0], max(1, -(-step_bytes(lines) // (1 << 20))),
             streams=2, reverse=True, reps=3, server_prefix=hosts.exec(0),
             client_prefix=hosts.exec(1))
     finally:
