@@ -744,13 +744,12 @@ void OpLog::FinishOwnCall(const v1::ControlOp& op, const absl::Status& status,
 std::optional<std::string> OpLog::AwaitEntry(int64_t n, bool* reform) {
   const std::string key = OpKey(n);
   while (running()) {
-    absl::Status waited = store_->Wait({key}, options_.poll_interval);
-    if (waited.ok()) {
-      absl::StatusOr<std::string> value =
-          store_->Get(key, options_.poll_interval);
-      if (value.ok()) return *std::move(value);
-      waited = value.status();
-    }
+    // Get waits for the key: one round trip to the store, not a wait and
+    // then a read.
+    absl::StatusOr<std::string> value =
+        store_->Get(key, options_.poll_interval);
+    if (value.ok()) return *std::move(value);
+    const absl::Status waited = value.status();
     if (!absl::IsDeadlineExceeded(waited)) {
       spdlog::warn("control: waiting for log entry {}: {}", n,
                    waited.ToString());

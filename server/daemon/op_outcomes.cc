@@ -4,8 +4,13 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "server/daemon/control_ops.h"
-#include "wire/message_digest.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -77,24 +82,37 @@ bool OpOutcomes::Remembers(const v1::ControlOp& op) {
 
 uint64_t OpOutcomes::Digest(const v1::ControlOp& op) {
   // The request alone: who coordinated it, when it gives up and its ids
-  // differ between a call and its retry.
-  v1::ControlOp request = op;
-  request.clear_coordinator();
-  request.clear_incarnation();
-  request.clear_request_id();
-  request.clear_deadline_unix_nanos();
-  request.clear_client_request_id();
-  return MessageDigest(request);
+  // differ between a call and its retry. The bytes are those of `op` with
+  // every other field cleared (the request field, tagged), without copying
+  // `op`: a CreateTensors request holds every tensor's spec.
+  const google::protobuf::Reflection* reflection = op.GetReflection();
+  const google::protobuf::FieldDescriptor* field =
+      reflection->GetOneofFieldDescriptor(
+          op, v1::ControlOp::descriptor()->FindOneofByName("request"));
+  std::string bytes;
+  if (field != nullptr) {
+    const google::protobuf::Message& request =
+        reflection->GetMessage(op, field);
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+        field->number(),
+        google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded.WriteVarint32(static_cast<uint32_t>(request.ByteSizeLong()));
+    request.SerializeWithCachedSizes(&coded);
+  }
+  return Checksum64(bytes.data(), bytes.size());
 }
 
 std::optional<Replayed> OpOutcomes::Replay(const v1::ControlOp& op) const {
   if (!Remembers(op)) return std::nullopt;
-  const uint64_t digest = Digest(op);
   absl::MutexLock lock(&mu_);
   auto it = committed_.find(op.client_request_id());
   if (it == committed_.end()) return std::nullopt;
   const v1::CommittedOp& record = it->second.committed;
-  if (record.request_digest() != digest) {
+  // Only a retry pays for the digest.
+  if (record.request_digest() != Digest(op)) {
     return Replayed{
         absl::InvalidArgumentError(absl::StrCat(
             OpName(op), ": request id ", op.client_request_id(),

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "server/daemon/tensor_table.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/message_digest.h"
 
 namespace tessera::control_internal {
 namespace {
@@ -72,6 +73,41 @@ TEST(OpOutcomesTest, ARetryIsAnsweredWithTheFirstResultWhateverItsEnvelope) {
 
 // Results are kept serialized (a tenth of their size as messages) and
 // come back whole: a create's infos with their shards, a group, names.
+// The digest is that of the op with its envelope cleared, taken without a
+// copy: the same for a retry, another for another request.
+TEST(OpOutcomesTest, TheDigestIsTheRequestsAlone) {
+  v1::ControlOp many;
+  many.set_client_request_id("r-2");
+  many.set_coordinator(2);
+  many.set_incarnation(5);
+  many.set_deadline_unix_nanos(99);
+  for (int i = 0; i < 3; ++i) {
+    v1::CreateTensorRequest* one = many.mutable_create_tensors()->add_tensors();
+    one->set_name(absl::StrCat("t", i));
+    one->add_sizes(i + 1);
+    one->set_versions(2);
+  }
+  v1::ControlOp publish;
+  publish.set_request_id(3);
+  v1::VersionHandle* handle = publish.mutable_publish_version()->add_versions();
+  handle->set_name("w");
+  handle->set_number(2);
+  for (const v1::ControlOp& op :
+       {Create("r-1", "w"), many, publish, v1::ControlOp()}) {
+    v1::ControlOp request = op;
+    request.clear_coordinator();
+    request.clear_incarnation();
+    request.clear_request_id();
+    request.clear_deadline_unix_nanos();
+    request.clear_client_request_id();
+    EXPECT_EQ(OpOutcomes::Digest(op), MessageDigest(request))
+        << op.ShortDebugString();
+  }
+  EXPECT_NE(OpOutcomes::Digest(Create("r-1", "w")),
+            OpOutcomes::Digest(Create("r-1", "v")));
+  EXPECT_NE(OpOutcomes::Digest(many), OpOutcomes::Digest(publish));
+}
+
 TEST(OpOutcomesTest, AKeptResultComesBackWhole) {
   TensorTable table(0);
   OpOutcomes outcomes(&table);
