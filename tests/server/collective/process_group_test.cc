@@ -106,6 +106,24 @@ void WarmNcclOnce() {
   (void)warmed;  // A failed warm-up shows again, with context, in the test.
 }
 
+// Runs fn(group) on `world` threads, each with its member of one fresh
+// group of `backend`.
+void RunGroup(const std::string& backend, int world,
+              const std::function<void(ProcessGroup&)>& fn,
+              absl::Duration timeout = kTimeout) {
+  auto store = std::make_shared<HashStore>();
+  RunThreads(world, [&](int r) {
+    ProcessGroupOptions options =
+        Options(std::make_shared<PrefixStore>("pg", store), r, Iota(world), "0",
+                timeout);
+    absl::StatusOr<std::shared_ptr<ProcessGroup>> group =
+        CreateProcessGroup(backend, options);
+    ASSERT_OK(group.status());
+    fn(**group);
+    (*group)->Shutdown();
+  });
+}
+
 class ProcessGroupTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
@@ -121,17 +139,7 @@ class ProcessGroupTest : public ::testing::TestWithParam<Param> {
   // Runs fn(group) on every rank, each with its member of one fresh group.
   void RunRanks(const std::function<void(ProcessGroup&)>& fn,
                 absl::Duration timeout = kTimeout) {
-    auto store = std::make_shared<HashStore>();
-    RunThreads(world(), [&](int r) {
-      ProcessGroupOptions options =
-          Options(std::make_shared<PrefixStore>("pg", store), r, Iota(world()),
-                  "0", timeout);
-      absl::StatusOr<std::shared_ptr<ProcessGroup>> group =
-          CreateProcessGroup(backend(), options);
-      ASSERT_OK(group.status());
-      fn(**group);
-      (*group)->Shutdown();
-    });
+    RunGroup(backend(), world(), fn, timeout);
   }
 };
 
@@ -189,6 +197,20 @@ TEST_P(ProcessGroupTest, AllGatherUnevenSizes) {
       for (const bool agreed : {false, true}) {
         CheckAllGather(
             group, dtype, [](int r) { return r * 3 + 1; }, agreed);
+      }
+    }
+  });
+}
+
+// Gloo sends shares of at most 4 KiB to every member at once and larger
+// ones round the ring: both ways, and a mix of sizes on either side of it.
+TEST_P(ProcessGroupTest, AllGatherOfSmallAndLargeShares) {
+  RunRanks([&](ProcessGroup& group) {
+    for (const bool agreed : {false, true}) {
+      for (const int64_t first : {int64_t{512}, int64_t{513}, int64_t{4096}}) {
+        CheckAllGather(
+            group, DType::kInt64,
+            [first](int r) { return r == 0 ? first : r * 3 + 1; }, agreed);
       }
     }
   });
@@ -555,6 +577,23 @@ INSTANTIATE_TEST_SUITE_P(Nccl, ProcessGroupTest,
                          ::testing::Combine(::testing::Values("nccl"),
                                             ::testing::Values(1)),
                          ParamName);
+
+// Past 16 members Gloo's own barrier and ring all-gather run, whatever
+// the sizes.
+TEST(GlooLargeGroupTest, SeventeenMembersMeetAndGather) {
+  RunGroup("gloo", 17, [](ProcessGroup& group) {
+    for (int i = 0; i < 2; ++i) EXPECT_OK(group.Barrier());
+    for (const bool agreed : {false, true}) {
+      CheckAllGather(
+          group, DType::kInt64, [](int r) { return r % 3 == 0 ? 0 : r + 1; },
+          agreed);
+    }
+    ASSERT_OK_AND_ASSIGN(std::vector<std::string> all,
+                         AllGatherBytes(group, absl::StrCat(group.rank())));
+    ASSERT_EQ(all.size(), 17u);
+    for (int r = 0; r < 17; ++r) EXPECT_EQ(all[r], absl::StrCat(r));
+  });
+}
 
 TEST(ProcessGroupRegistryTest, UnknownBackendIsNotSupported) {
   auto store = std::make_shared<HashStore>();
