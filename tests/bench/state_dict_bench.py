@@ -12,7 +12,9 @@ torch.save / torch.load through the page cache, in one run (JSON lines):
   one retired);
 - put_state_dict (one create and one write per tensor, unversioned);
 - a read plan of the whole state dict: build, then run;
-- get_state_dict (one read plan of the whole state dict, made and run).
+- get_state_dict (one read plan of the whole state dict, made and run);
+- the logged operations a publish is made of, each timed on its own
+  (create, begin, publish, delete of the 124 tensors, and of one).
 
 Medians of --reps; the last line holds the goals (docs/weight_sync.md).
 
@@ -37,6 +39,31 @@ def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def control_ops(c, layout, sd, reps: int) -> dict:
+    """The logged operations a publish is made of, each on its own: create,
+    begin, publish and delete of the state dict's tensors (fresh names each
+    round, no data written), and of its first tensor alone; medians in ms
+    (ops_<op>_ms for all of them, ops_<op>_one_ms for one)."""
+    out = {}
+    for suffix, items in (("", list(sd.items())),
+                          ("_one", list(sd.items())[:1])):
+        times = {"create": [], "begin": [], "publish": [], "delete": []}
+        for r in range(max(reps, 5)):
+            names = ["ops%s.%d.%s" % (suffix, r, k) for k, _ in items]
+            batch = [{"name": n, "shape": tuple(v.shape),
+                      "spec": layout(k, v), "dtype": v.numpy().dtype.name,
+                      "versions": 2} for n, (k, v) in zip(names, items)]
+            times["create"].append(timed(lambda: c.create_many(batch)))
+            group = []
+            times["begin"].append(timed(lambda: group.append(
+                c.begin(names, empty=True, skip_zeroing=True))))
+            times["publish"].append(timed(group[0].publish))
+            times["delete"].append(timed(lambda: c.delete_many(names)))
+        for op, values in times.items():
+            out["ops_%s%s_ms" % (op, suffix)] = 1e3 * statistics.median(values)
+    return out
 
 
 def main() -> None:
@@ -80,6 +107,7 @@ def main() -> None:
         assert all(torch.equal(like[k], sd[k]) for k in sd)
         gets = [timed(lambda: tt.get_state_dict(c, "sd.", like))
                 for _ in range(args.reps)]
+        ops = control_ops(c, tt.default_layout(c), sd, args.reps)
     finally:
         daemons.stop()
     # The first publish wrote a state dict just built, whose pages the
@@ -105,6 +133,7 @@ def main() -> None:
         "torch_save_first_s": save_first,
         "torch_save_s": statistics.median(saves),
         "torch_load_s": statistics.median(loads),
+        **ops,
         "goal_in_s": 0.15, "goal_out_s": 0.1,
         "transport": "local path / data plane (one host)"}
     print(json.dumps(line), flush=True)
