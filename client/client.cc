@@ -27,6 +27,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/call_deadline.h"
 #include "wire/grpc_status.h"
 #include "wire/message_digest.h"
 #include "wire/replicas.h"
@@ -86,7 +87,7 @@ absl::Status Control(const Cluster& cluster,
   absl::Status status;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
+    SetCallDeadline(context, deadline);
     SetRequestId(context, id);
     status = FromGrpcStatus(((*cluster.coordinator().control).*method)(
         &context, request, response));

@@ -17,6 +17,7 @@
 #include "server/sharded/sharded_tensor.h"
 #include "tessera/v1/control_internal.pb.h"
 #include "wire/auth.h"
+#include "wire/call_deadline.h"
 #include "wire/grpc_status.h"
 #include "wire/request_id.h"
 #include "wire/version_id.h"
@@ -111,14 +112,13 @@ grpc::ServerUnaryReactor* RunLogged(const std::shared_ptr<Core>& core,
                                     std::string method, v1::ControlOp op,
                                     std::function<void(OpResult&)> reply) {
   auto* reactor = new OpReactor();
-  std::shared_ptr<PendingCall> call =
-      core->NewCall(std::move(method), RequestIdOf(*context),
-                    absl::FromChrono(context->deadline()),
-                    [reactor, reply = std::move(reply)](
-                        const absl::Status& status, OpResult result) {
-                      if (status.ok()) reply(result);
-                      reactor->Finish(ToGrpcStatus(status));
-                    });
+  std::shared_ptr<PendingCall> call = core->NewCall(
+      std::move(method), RequestIdOf(*context), CallDeadlineOf(*context),
+      [reactor, reply = std::move(reply)](const absl::Status& status,
+                                          OpResult result) {
+        if (status.ok()) reply(result);
+        reactor->Finish(ToGrpcStatus(status));
+      });
   reactor->Attach(core, call);
   core->Submit(std::move(op), call);
   return reactor;
@@ -188,8 +188,7 @@ grpc::ServerUnaryReactor* ControlServiceImpl::MarkStale(
     return control_internal::Done(context, allowed);
   }
   return new control_internal::ThreadedReactor(
-      [core = core_, request = *request,
-       deadline = absl::FromChrono(context->deadline())] {
+      [core = core_, request = *request, deadline = CallDeadlineOf(*context)] {
         return core->MarkStale(request, deadline);
       });
 }
@@ -582,11 +581,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlServiceImpl::Gather(
   if (!accepting.ok()) return NewFailedChunkStream(accepting);
 
   auto slot = std::make_shared<control_internal::ResultSlot>();
-  std::shared_ptr<control_internal::PendingCall> call = core_->NewCall(
-      "Gather", RequestIdOf(*context), absl::FromChrono(context->deadline()),
-      [slot](const absl::Status& status, OpResult result) {
-        slot->Set(status, std::move(result));
-      });
+  std::shared_ptr<control_internal::PendingCall> call =
+      core_->NewCall("Gather", RequestIdOf(*context), CallDeadlineOf(*context),
+                     [slot](const absl::Status& status, OpResult result) {
+                       slot->Set(status, std::move(result));
+                     });
   const absl::Time deadline = call->deadline();
   const int rank = core_->rank();
   v1::ControlOp op;

@@ -27,6 +27,7 @@
 #include "server/serve/shard_registry.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "wire/auth.h"
+#include "wire/call_deadline.h"
 #include "wire/chunk_assembler.h"
 #include "wire/grpc_status.h"
 #include "wire/replicas.h"
@@ -124,7 +125,7 @@ absl::Time CallDeadline(const RegionEnv& env,
   constexpr absl::Duration kAnswerMargin = absl::Milliseconds(500);
   const absl::Time now = absl::Now();
   const absl::Time deadline =
-      std::min(absl::FromChrono(context->deadline()), now + env.max_call_time);
+      std::min(CallDeadlineOf(*context, now), now + env.max_call_time);
   return deadline - std::min(kAnswerMargin, (deadline - now) / 10);
 }
 

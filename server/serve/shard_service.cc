@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/proto_convert.h"
 #include "wire/auth.h"
+#include "wire/call_deadline.h"
 #include "wire/grpc_status.h"
 
 namespace tessera {
@@ -53,7 +54,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::FetchShard(
   if (absl::IsUnavailable(prepared.status())) {
     return NewDeferredChunkStream(
         [registry = registry_, request = *std::move(parsed),
-         deadline = absl::FromChrono(context->deadline())] {
+         deadline = CallDeadlineOf(*context)] {
           return PrepareFetch(*registry, request, deadline);
         },
         chunk_bytes, options_.staging_depth, active_fetches_);

@@ -1,7 +1,8 @@
 // The client library's logged calls carry one request id for every attempt
 // and retry UNAVAILABLE (client/client.h): against a real gRPC server on
 // loopback that plays a daemon answering on purpose (the daemons' own
-// handling of the ids is tests/integration/request_id_test.cc).
+// handling of the ids is tests/integration/request_id_test.cc), and tell
+// the daemon the deadline they meant (wire/call_deadline.h).
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
+#include "wire/call_deadline.h"
 #include "wire/request_id.h"
 
 namespace tessera {
@@ -34,7 +36,7 @@ ShardingSpec OneRank() {
 
 // A one-daemon cluster whose CreateTensor and DeleteTensor answer each
 // attempt with the next status of a script (OK once it runs out), and
-// record the request id every call carried.
+// record the request id and the deadline every call carried.
 class ScriptedDaemon final : public v1::ControlService::Service {
  public:
   explicit ScriptedDaemon(std::vector<grpc::Status> script)
@@ -51,6 +53,16 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   std::vector<std::string> ids() {
     std::lock_guard<std::mutex> lock(mu_);
     return ids_;
+  }
+  // Each call's deadline as the daemons take it (CallDeadlineOf), and as
+  // gRPC alone gives it.
+  std::vector<absl::Time> deadlines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deadlines_;
+  }
+  std::vector<absl::Time> grpc_deadlines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return grpc_deadlines_;
   }
 
   grpc::Status GetCluster(grpc::ServerContext* context,
@@ -93,8 +105,11 @@ class ScriptedDaemon final : public v1::ControlService::Service {
 
  private:
   void Record(const grpc::ServerContext& context) {
+    const absl::Time deadline = CallDeadlineOf(context);
     std::lock_guard<std::mutex> lock(mu_);
     ids_.push_back(RequestIdOf(context));
+    deadlines_.push_back(deadline);
+    grpc_deadlines_.push_back(absl::FromChrono(context.deadline()));
   }
   grpc::Status Next() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -108,6 +123,8 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   std::mutex mu_;
   size_t next_ = 0;
   std::vector<std::string> ids_;
+  std::vector<absl::Time> deadlines_;
+  std::vector<absl::Time> grpc_deadlines_;
 };
 
 const grpc::Status kRestarting(grpc::StatusCode::UNAVAILABLE,
@@ -194,6 +211,66 @@ TEST(ClientRetryTest, AClientsRequestIdNumbersItsLoggedCalls) {
           StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 64 of")))
           << bad;
     }
+  }
+}
+
+// Every attempt of a logged call has one deadline, and the daemon must see
+// that one: it answers just before it (server/daemon/op_log.h), and an
+// answer after the client gave up leaves the caller unsure whether its op
+// ran. gRPC's own timeout header rounds up, and a retry may reuse the one
+// the first attempt sent, so the attempts' deadlines drifted apart by the
+// pauses between them (0.2 s, then 0.4 s).
+TEST(ClientRetryTest, EveryAttemptCarriesTheDeadlineTheClientMeant) {
+  ScriptedDaemon daemon({kRestarting, kRestarting});
+  ClientOptions options;
+  options.timeout = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(daemon.address(), options));
+  const absl::Time before = absl::Now();
+  ASSERT_OK(client->Create("w", {4}, OneRank()).status());
+  const absl::Time after = absl::Now();
+  const std::vector<absl::Time> deadlines = daemon.deadlines();
+  ASSERT_EQ(deadlines.size(), 4u);  // GetCluster, then three attempts.
+  for (size_t i = 1; i < deadlines.size(); ++i) {
+    // The client's deadline lies in [before, after] + 30 s; loopback's
+    // transit is all the daemon may add.
+    EXPECT_GE(deadlines[i], before + options.timeout) << i;
+    EXPECT_LE(deadlines[i], after + options.timeout + absl::Milliseconds(50))
+        << i;
+    // (gRPC converts its deadline to wall time anew on each ask.)
+    EXPECT_LE(deadlines[i], daemon.grpc_deadlines()[i] + absl::Milliseconds(1))
+        << i;
+    EXPECT_LT(absl::AbsDuration(deadlines[i] - deadlines[1]),
+              absl::Milliseconds(150))
+        << "attempt " << i << " of 3";
+  }
+}
+
+// The header can only make a deadline sooner; a malformed one is ignored.
+TEST(ClientRetryTest, ADaemonTakesTheSoonerDeadlineAndIgnoresBadHeaders) {
+  ScriptedDaemon daemon({});
+  auto stub = v1::ControlService::NewStub(grpc::CreateChannel(
+      daemon.address(), grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const std::vector<std::string> headers = {
+      "5000000", "99000000", "abc", "-5", "", "99999999999999999999999"};
+  for (const std::string& header : headers) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    context.AddMetadata(kTimeoutKey, header);
+    v1::ListTensorsResponse response;
+    ASSERT_TRUE(stub->ListTensors(&context, {}, &response).ok());
+  }
+  const std::vector<absl::Time> seen = daemon.deadlines();
+  const std::vector<absl::Time> grpc_seen = daemon.grpc_deadlines();
+  ASSERT_EQ(seen.size(), headers.size());
+  // 5 s left: sooner than gRPC's 20 s, so taken.
+  EXPECT_LT(seen[0], deadline - absl::Seconds(10));
+  EXPECT_GT(seen[0], deadline - absl::Seconds(16));
+  for (size_t i = 1; i < headers.size(); ++i) {
+    // (gRPC converts its deadline to wall time anew on each ask.)
+    EXPECT_LT(absl::AbsDuration(seen[i] - grpc_seen[i]), absl::Milliseconds(1))
+        << "header '" << headers[i] << "'";
   }
 }
 
