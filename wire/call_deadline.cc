@@ -25,10 +25,9 @@ absl::Time CallDeadlineOf(const grpc::ServerContextBase& context,
   const auto found = metadata.find(kTimeoutKey);
   if (found == metadata.end()) return deadline;
   const absl::string_view text(found->second.data(), found->second.size());
+  // SimpleAtoi refuses a value beyond int64 too.
   int64_t left = 0;
-  if (text.size() > 19 || !absl::SimpleAtoi(text, &left) || left < 0) {
-    return deadline;
-  }
+  if (!absl::SimpleAtoi(text, &left) || left < 0) return deadline;
   return std::min(deadline, received + absl::Microseconds(left));
 }
 
