@@ -706,7 +706,7 @@ absl::Status ShardedTensorView::MarkStale(const std::vector<int>& holders,
       continue;
     }
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
+    SetCallDeadline(context, deadline);
     v1::MarkStaleResponse response;
     status = FromGrpcStatus(
         (*worker)->control->MarkStale(&context, request, &response));
@@ -830,8 +830,8 @@ absl::StatusOr<v1::OperationStatus> Client::Operation(
   for (const std::shared_ptr<const Worker>& worker : cluster_->workers()) {
     if (worker.get() == &cluster_->coordinator()) continue;
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(
-        absl::Now() + std::min(cluster_->options().timeout, absl::Seconds(5))));
+    SetCallDeadline(context, absl::Now() + std::min(cluster_->options().timeout,
+                                                    absl::Seconds(5)));
     v1::OperationStatus there;
     if (worker->control->GetOperation(&context, request, &there).ok() &&
         there.state() != v1::OperationStatus::STATE_UNKNOWN) {
@@ -1371,11 +1371,8 @@ grpc::Status AskAllowingAReconnect(const internal_client::Cluster& cluster,
   std::unique_ptr<grpc::ClientContext> context = cluster.ControlContext();
   const grpc::Status first = call(context.get());
   if (first.error_code() != grpc::StatusCode::UNAVAILABLE) return first;
-  context = cluster.ControlContext();
+  context = cluster.ControlContext(kReconnectPatience);
   context->set_wait_for_ready(true);
-  context->set_deadline(
-      std::min(context->deadline(),
-               absl::ToChronoTime(absl::Now() + kReconnectPatience)));
   return call(context.get());
 }
 

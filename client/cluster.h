@@ -31,6 +31,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "wire/call_deadline.h"
 #include "wire/fork_guard.h"
 #include "wire/grpc_status.h"
 #include "wire/request_id.h"
@@ -74,7 +75,7 @@ class Cluster {
     const std::unique_ptr<v1::ControlService::Stub> stub =
         v1::ControlService::NewStub(channel);
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    SetCallDeadline(context, absl::Now() + options.timeout);
     RETURN_IF_ERROR(
         Annotate(FromGrpcStatus(stub->GetCluster(
                      &context, v1::GetClusterRequest(), &cluster->info_)),
@@ -125,8 +126,8 @@ class Cluster {
     // A short deadline: the caller waits for this on its failure path, and
     // the coordinator itself may be the daemon that is gone.
     auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(
-        absl::Now() + std::min(options_.timeout, kReconnectTimeout)));
+    SetCallDeadline(
+        *context, absl::Now() + std::min(options_.timeout, kReconnectTimeout));
     if (!coordinator_->control
              ->GetCluster(context.get(), v1::GetClusterRequest(), &now)
              .ok() ||
@@ -149,10 +150,13 @@ class Cluster {
     return workers_[rank] != tried;
   }
 
-  // A context whose deadline is the control timeout from now.
-  std::unique_ptr<grpc::ClientContext> ControlContext() const {
+  // A context whose deadline is the control timeout from now, or `at_most`
+  // from now when that is sooner (wire/call_deadline.h).
+  std::unique_ptr<grpc::ClientContext> ControlContext(
+      absl::Duration at_most = absl::InfiniteDuration()) const {
     auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    SetCallDeadline(*context,
+                    absl::Now() + std::min(options_.timeout, at_most));
     SetRequestId(*context, CallId());
     return context;
   }

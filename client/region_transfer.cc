@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "io/thread_cache.h"
+#include "wire/call_deadline.h"
 #include "wire/grpc_status.h"
 
 namespace tessera {
@@ -324,7 +325,7 @@ absl::StatusOr<int64_t> WriteRegion(v1::ControlService::StubInterface& stub,
   const char* base = static_cast<const char*>(bytes.data_ptr());
 
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(options.deadline));
+  SetCallDeadline(context, options.deadline);
   // Cancelling the call ends a write blocked on a stalled daemon, from the
   // start of the call (which waits for the connection) to its Finish.
   const Cancellation::Registration interrupt =

@@ -23,6 +23,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "wire/auth.h"
+#include "wire/call_deadline.h"
 #include "wire/chunk_checksums.h"
 #include "wire/chunk_codec.h"
 #include "wire/fork_guard.h"
@@ -50,10 +51,6 @@ constexpr int kMaxReceiveMessageBytes = 256 << 20;
 absl::Status Malformed(absl::string_view what, const absl::Status& status) {
   return absl::DataLossError(
       absl::StrCat(what, ": malformed: ", status.message()));
-}
-
-std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
-  return absl::ToChronoTime(absl::Now() + timeout);
 }
 
 // A server-streaming call read as raw messages, driven by the calling
@@ -170,7 +167,7 @@ absl::Status ReceiveChunkStream(const std::shared_ptr<grpc::Channel>& channel,
           request, &serialized, &own_buffer)));
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
+  SetCallDeadline(context, deadline);
   if (!request_id.empty()) SetRequestId(context, request_id);
   // Cancelling the fetch ends a Read blocked on a stalled owner too.
   const Cancellation::Registration interrupt =
@@ -1081,7 +1078,7 @@ absl::StatusOr<uint64_t> ShardClient::DescribeDigest(
 absl::StatusOr<TensorDescription> ShardClient::DescribeTensor(
     absl::string_view tensor_id, absl::Duration timeout) const {
   grpc::ClientContext context;
-  context.set_deadline(DeadlineAfter(timeout));
+  SetCallDeadline(context, absl::Now() + timeout);
   v1::DescribeTensorRequest request;
   request.set_tensor_id(std::string(tensor_id));
   v1::DescribeTensorResponse response;

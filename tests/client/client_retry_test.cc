@@ -3,6 +3,7 @@
 // loopback that plays a daemon answering on purpose (the daemons' own
 // handling of the ids is tests/integration/request_id_test.cc), and tell
 // the daemon the deadline they meant (wire/call_deadline.h).
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/control.grpc.pb.h"
+#include "tessera/v1/shard.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/call_deadline.h"
 #include "wire/request_id.h"
@@ -34,6 +36,31 @@ ShardingSpec OneRank() {
   return *ChunkShardingSpec::Create(0, std::vector<std::string>{"rank:0/cpu"});
 }
 
+// The daemon's ShardService, which serves region reads and fetches:
+// records what each call carried and refuses it.
+class ScriptedShards final : public v1::ShardService::Service {
+ public:
+  using Recorder =
+      std::function<void(const grpc::ServerContext&, const std::string&)>;
+  explicit ScriptedShards(Recorder record) : record_(std::move(record)) {}
+
+  grpc::Status FetchShard(grpc::ServerContext* context,
+                          const v1::FetchShardRequest*,
+                          grpc::ServerWriter<v1::ShardChunk>*) override {
+    record_(*context, "FetchShard");
+    return {grpc::StatusCode::INTERNAL, "scripted"};
+  }
+  grpc::Status DescribeTensor(grpc::ServerContext* context,
+                              const v1::DescribeTensorRequest*,
+                              v1::DescribeTensorResponse*) override {
+    record_(*context, "DescribeTensor");
+    return {grpc::StatusCode::INTERNAL, "scripted"};
+  }
+
+ private:
+  const Recorder record_;
+};
+
 // A one-daemon cluster whose CreateTensor and DeleteTensor answer each
 // attempt with the next status of a script (OK once it runs out), and
 // record the request id and the deadline every call carried.
@@ -45,6 +72,7 @@ class ScriptedDaemon final : public v1::ControlService::Service {
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              &port_);
     builder.RegisterService(this);
+    builder.RegisterService(&shards_);
     server_ = builder.BuildAndStart();
   }
   ~ScriptedDaemon() override { server_->Shutdown(); }
@@ -64,11 +92,16 @@ class ScriptedDaemon final : public v1::ControlService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return grpc_deadlines_;
   }
+  // Each call's method, and whether it said the time its client had left.
+  std::vector<std::pair<std::string, bool>> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
 
   grpc::Status GetCluster(grpc::ServerContext* context,
                           const v1::GetClusterRequest*,
                           v1::ClusterInfo* info) override {
-    Record(*context);
+    Record(*context, "GetCluster");
     info->set_world_size(1);
     info->set_rank(0);
     v1::WorkerAddress* worker = info->add_workers();
@@ -79,7 +112,7 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   grpc::Status CreateTensor(grpc::ServerContext* context,
                             const v1::CreateTensorRequest* request,
                             v1::TensorInfo* info) override {
-    Record(*context);
+    Record(*context, "CreateTensor");
     grpc::Status status = Next();
     if (!status.ok()) return status;
     info->set_name(request->name());
@@ -93,20 +126,36 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   grpc::Status DeleteTensor(grpc::ServerContext* context,
                             const v1::DeleteTensorRequest*,
                             v1::DeleteTensorResponse*) override {
-    Record(*context);
+    Record(*context, "DeleteTensor");
     return Next();
   }
   grpc::Status ListTensors(grpc::ServerContext* context,
                            const v1::ListTensorsRequest*,
                            v1::ListTensorsResponse*) override {
-    Record(*context);
+    Record(*context, "ListTensors");
     return grpc::Status::OK;
   }
 
+  // Region writes and Gather are recorded and refused: what they
+  // carried is all the tests ask of them.
+  grpc::Status WriteRegion(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::WriteRegionChunk>*,
+                           v1::WriteRegionResponse*) override {
+    Record(*context, "WriteRegion");
+    return {grpc::StatusCode::INTERNAL, "scripted"};
+  }
+  grpc::Status Gather(grpc::ServerContext* context, const v1::GatherRequest*,
+                      grpc::ServerWriter<v1::ShardChunk>*) override {
+    Record(*context, "Gather");
+    return {grpc::StatusCode::INTERNAL, "scripted"};
+  }
+
  private:
-  void Record(const grpc::ServerContext& context) {
+  void Record(const grpc::ServerContext& context, const std::string& method) {
     const absl::Time deadline = CallDeadlineOf(context);
+    const bool said = context.client_metadata().count(kTimeoutKey) == 1;
     std::lock_guard<std::mutex> lock(mu_);
+    calls_.emplace_back(method, said);
     ids_.push_back(RequestIdOf(context));
     deadlines_.push_back(deadline);
     grpc_deadlines_.push_back(absl::FromChrono(context.deadline()));
@@ -118,6 +167,10 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   }
 
   const std::vector<grpc::Status> script_;
+  ScriptedShards shards_{
+      [this](const grpc::ServerContext& context, const std::string& method) {
+        Record(context, method);
+      }};
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
@@ -125,6 +178,7 @@ class ScriptedDaemon final : public v1::ControlService::Service {
   std::vector<std::string> ids_;
   std::vector<absl::Time> deadlines_;
   std::vector<absl::Time> grpc_deadlines_;
+  std::vector<std::pair<std::string, bool>> calls_;
 };
 
 const grpc::Status kRestarting(grpc::StatusCode::UNAVAILABLE,
@@ -243,6 +297,33 @@ TEST(ClientRetryTest, EveryAttemptCarriesTheDeadlineTheClientMeant) {
     EXPECT_LT(absl::AbsDuration(deadlines[i] - deadlines[1]),
               absl::Milliseconds(150))
         << "attempt " << i << " of 3";
+  }
+}
+
+// Not only logged calls: every call a daemon serves under a deadline it
+// keeps (region reads and writes, Gather, shard fetches; CallDeadlineOf's
+// users) must learn the client's, or it works on after the client gave up.
+TEST(ClientRetryTest, EveryKindOfCallSaysTheTimeItHasLeft) {
+  ScriptedDaemon daemon({});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(daemon.address()));
+  ASSERT_OK_AND_ASSIGN(ShardedTensorView view,
+                       client->Create("w", {4}, OneRank()));
+  ASSERT_OK_AND_ASSIGN(Tensor data, Tensor::Zeros({4}));
+  EXPECT_FALSE(view.Write({0}, data).ok());
+  EXPECT_FALSE(view.ReadRegion({0}, {4}).ok());
+  EXPECT_FALSE(client->Gather("w").ok());
+  ASSERT_OK(client->List().status());
+  ASSERT_OK(client->Delete("w"));
+  std::vector<std::string> methods;
+  for (const auto& [method, said] : daemon.calls()) {
+    methods.push_back(method);
+    EXPECT_TRUE(said) << method << " did not say its client's time left";
+  }
+  for (const char* method :
+       {"GetCluster", "CreateTensor", "WriteRegion", "FetchShard", "Gather",
+        "ListTensors", "DeleteTensor"}) {
+    EXPECT_THAT(methods, ::testing::Contains(method));
   }
 }
 
