@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/tensor/storage.h"
 #include "python/bindings/module.h"
 #include "python/bindings/support.h"
@@ -46,9 +48,11 @@ PyReadPlan::PyReadPlan(const std::shared_ptr<Client>& client,
                        const std::vector<PyItem>& items) {
   std::vector<ReadItem> planned;
   planned.reserve(items.size());
-  for (const auto& [sources, out, dtype] : items) {
+  for (const auto& [sources, out, dtype, owner] : items) {
     ReadItem item;
     item.out = Out(out, DTypeFromName(dtype));
+    held_.push_back({owner, reinterpret_cast<uintptr_t>(item.out.data_ptr()),
+                     static_cast<int64_t>(item.out.nbytes())});
     for (const auto& [name, offsets, sizes, out_offsets] : sources) {
       item.sources.push_back({name, offsets, sizes, out_offsets});
     }
@@ -59,7 +63,37 @@ PyReadPlan::PyReadPlan(const std::shared_ptr<Client>& client,
       Check(WithoutGil([&] { return client->PlanReads(std::move(planned)); }));
 }
 
+absl::Status PyReadPlan::CheckOutsStayed() const {
+  for (size_t k = 0; k < held_.size(); ++k) {
+    const HeldOut& held = held_[k];
+    uintptr_t data = 0;
+    int64_t nbytes = 0;
+    if (py::isinstance<py::array>(held.owner)) {
+      const auto array = py::reinterpret_borrow<py::array>(held.owner);
+      data = reinterpret_cast<uintptr_t>(array.data());
+      nbytes = static_cast<int64_t>(array.nbytes());
+    } else if (py::hasattr(held.owner, "data_ptr") &&
+               py::hasattr(held.owner, "numel")) {  // A torch tensor.
+      data = held.owner.attr("data_ptr")().cast<uintptr_t>();
+      nbytes = held.owner.attr("numel")().cast<int64_t>() *
+               held.owner.attr("element_size")().cast<int64_t>();
+    } else {
+      continue;
+    }
+    if (data != held.data || nbytes != held.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "running a read plan: the out of item ", k,
+          " is no longer the memory it was planned with (", held.nbytes,
+          " bytes at 0x", absl::Hex(held.data), ", now ", nbytes,
+          " bytes at 0x", absl::Hex(data),
+          "): it was resized or given other storage; plan again with it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 py::tuple PyReadPlan::Run(int64_t version, double timeout) const {
+  Check(CheckOutsStayed());
   PyTransfer transfer(timeout, plan_->bytes(), py::none());
   absl::StatusOr<ReadPlanRun> run;
   Check(transfer.Run(

@@ -276,7 +276,10 @@ class Client:
         sizes, out_offsets)`` (several boxes into one ``out``: q, k and v
         into a fused qkv). ``out``: a C-contiguous numpy array or CPU torch
         tensor, of the tensor's dtype or another floating one (converted
-        as torch rounds). NotFoundError for an unknown tensor,
+        as torch rounds), of shape ``sizes`` in the first form. The plan
+        writes the memory ``out`` has now: a run after ``out`` was resized
+        or given other storage raises InvalidArgumentError and writes
+        nothing. NotFoundError for an unknown tensor,
         InvalidArgumentError / OutOfRangeError for boxes that leave their
         tensor or ``out``, overlapping sources, the ``out``s of two items
         that overlap in part, or dtypes that do not convert. Two items may

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from . import Client
 
 
-def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
-    """(sources, numpy out, dtype name) of one plan_reads item."""
+def _item(item: Any, index: int) -> Tuple[List[Any], Any, str, Any]:
+    """(sources, numpy out, dtype name, out as given) of one plan_reads
+    item."""
     if not isinstance(item, (tuple, list)) or len(item) not in (2, 4):
         raise _invalid(f"item {index} must be (name, offsets, sizes, out) or "
                        f"(sources, out), not {item!r:.80}")
@@ -68,7 +69,15 @@ def _item(item: Any, index: int) -> Tuple[List[Any], Any, str]:
         planned.append((name, _integers(offsets, "offsets"),
                         _integers(sizes, "sizes"),
                         _integers(out_offsets, "out_offsets")))
-    return planned, target, dtype
+    if len(item) == 4:
+        shape = (tuple(target[1]) if isinstance(target, tuple)
+                 else tuple(target.shape))
+        if shape != tuple(planned[0][2]):
+            raise _invalid(f"item {index}: out has shape {list(shape)}, not "
+                           f"the box's sizes {list(planned[0][2])} (to fill "
+                           f"part of an out, give (sources, out) with "
+                           f"out_offsets)")
+    return planned, target, dtype, out
 
 
 class ReadPlan:

@@ -96,6 +96,13 @@ def test_plan_refusals(client, rows4):
                             np.empty((2, 4), np.float32)[:, ::2])])
     with pytest.raises(tessera.InvalidArgumentError, match="item 0"):
         client.plan_reads([("pf", (0, 0))])
+    # A box into an out of another shape is a mistake, not a partial fill
+    # (that is the (sources, out) form, with out_offsets).
+    for out in [np.empty((3, 3), np.float32), np.empty(4, np.float32),
+                torch.empty(2, 2, 1), bytearray(16)]:
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match=r"item 0: out has shape .*box's sizes"):
+            client.plan_reads([("pf", (0, 0), (2, 2), out)])
     with pytest.raises(TypeError):
         client.plan_reads("pf")
     plan = client.plan_reads([("pf", (0, 0), (2, 2),
@@ -114,6 +121,35 @@ def test_plan_refusals(client, rows4):
             client.put("pstr", bad, rows4)
         with pytest.raises(TypeError, match="expected numbers"):
             tt.publish_state_dict(client, "pstr.", {"x": bad})
+
+
+def test_a_run_refuses_outs_whose_memory_moved(client, rows4):
+    # A plan writes the memory its outs had when planned. An out resized or
+    # given other storage since would have the run write memory it no longer
+    # owns (numpy's resize frees it: the heap was corrupted) or memory its
+    # caller never sees: the run refuses, writing nothing.
+    client.put("pm", np.arange(64, dtype=np.float32).reshape(8, 8), rows4)
+    grown = np.zeros((8, 8), np.float32)
+    shrunk = np.zeros((8, 8), np.float32)
+    moved = torch.zeros(8, 8)
+    kept = torch.zeros(8, 8)
+    plans = {name: client.plan_reads([("pm", (0, 0), (8, 8), out)])
+             for name, out in [("grown", grown), ("shrunk", shrunk),
+                               ("moved", moved), ("kept", kept)]}
+    grown.resize((1 << 20,), refcheck=False)
+    shrunk.resize((2,), refcheck=False)
+    moved.set_(torch.zeros(8, 8))
+    for name in ["grown", "shrunk", "moved"]:
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="out of item 0 is no longer the memory it "
+                                 "was planned with"):
+            plans[name].run()
+    assert not grown.any() and not shrunk.any() and not moved.any()
+    plans["kept"].run()
+    assert kept.sum() == sum(range(64))
+    fresh = client.plan_reads([("pm", (0, 0), (8, 8), moved)])
+    fresh.run()
+    assert torch.equal(moved, kept)
 
 
 def test_empty_boxes_read_nothing(client, rows4):
