@@ -136,6 +136,12 @@ def test_a_run_refuses_outs_whose_memory_moved(client, rows4):
     plans = {name: client.plan_reads([("pm", (0, 0), (8, 8), out)])
              for name, out in [("grown", grown), ("shrunk", shrunk),
                                ("moved", moved), ("kept", kept)]}
+    # Empty outs have no memory to move (torch's data_ptr() of one is 0,
+    # its numpy view's is not).
+    empties = client.plan_reads([("pm", (0, 0), (0, 8), torch.empty(0, 8)),
+                                 ("pm", (8, 0), (0, 8), np.empty((0, 8),
+                                                                 np.float32))])
+    empties.run()
     grown.resize((1 << 20,), refcheck=False)
     shrunk.resize((2,), refcheck=False)
     moved.set_(torch.zeros(8, 8))
