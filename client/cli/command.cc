@@ -96,6 +96,19 @@ int RunCommandLine(absl::Span<const AddCommandFn> commands, int argc,
   }
 }
 
+CLI::Validator Whole(uint64_t min, uint64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        uint64_t value = 0;
+        if (absl::SimpleAtoi(text, &value) && value >= min && value <= max) {
+          return std::string();
+        }
+        return absl::StrCat("must be a whole number from ", min, " to ", max,
+                            ", not ", text);
+      },
+      "");
+}
+
 CLI::Validator Seconds(double min, double max) {
   return CLI::Validator(
       [min, max](std::string& text) -> std::string {

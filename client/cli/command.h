@@ -98,6 +98,12 @@ void RunWhenParsed(CLI::App* sub, CommandContext& context,
 // 0 ("nan" and "inf" are refused with the flag's name; CLI11's ranges let
 // NaN through).
 CLI::Validator Seconds(double min, double max);
+// A flag's check for a whole number in [min, max], checked on its text: a
+// sign, a fraction or a number its type cannot hold ("99999999999999999999"
+// for an int64_t, which CLI11 would take as the type's largest) is refused
+// with the flag's name and the range. `max`: the option type's largest,
+// at most.
+CLI::Validator Whole(uint64_t min, uint64_t max);
 // The longest --timeout (and --idle-timeout) taken: about 115 days. Longer
 // ones would stand for no deadline at all.
 inline constexpr double kMaxTimeoutSeconds = 1e7;

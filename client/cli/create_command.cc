@@ -1,5 +1,6 @@
 #include "client/cli/create_command.h"
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -131,7 +132,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
   create
       ->add_option("--seed", options->seed,
                    "Seed of rand and randn: same seed, same values")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Whole(0, std::numeric_limits<uint64_t>::max()))
       ->capture_default_str()
       ->type_name("N");
   create

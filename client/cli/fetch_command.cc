@@ -1,5 +1,6 @@
 #include "client/cli/fetch_command.h"
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -126,7 +127,7 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
   fetch
       ->add_option("--shard", options->shard,
                    "Fetch only shard I (as numbered by 'tessera describe')")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Whole(0, std::numeric_limits<int64_t>::max()))
       ->type_name("I");
   fetch
       ->add_option("--cast", options->cast,
@@ -137,7 +138,7 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
       ->add_option("--version", options->version,
                    "A versioned tensor's published version to read (default: "
                    "the latest)")
-      ->check(CLI::PositiveNumber)
+      ->check(Whole(1, std::numeric_limits<int64_t>::max()))
       ->type_name("N");
   AddConnectionFlags(app, fetch, &options->connection, /*transfers=*/true);
   fetch->footer(

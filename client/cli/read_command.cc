@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <complex>
+#include <limits>
 #include <memory>
 #include <type_traits>
 
@@ -196,7 +197,7 @@ void AddReadCommand(CLI::App& app, CommandContext& context) {
   read->add_option("--version", options->version,
                    "A versioned tensor's published version to read (default: "
                    "the latest)")
-      ->check(CLI::PositiveNumber)
+      ->check(Whole(1, std::numeric_limits<int64_t>::max()))
       ->type_name("N");
   AddConnectionFlags(app, read, &options->connection, /*transfers=*/true);
   read->footer(

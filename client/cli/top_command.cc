@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -282,7 +283,7 @@ void AddTopCommand(CLI::App& app, CommandContext& context) {
   top->add_option("--iterations", options->iterations,
                   "Stop after this many frames (default: until interrupted)")
       ->type_name("N")
-      ->check(CLI::NonNegativeNumber);
+      ->check(Whole(0, std::numeric_limits<int>::max()));
   top->add_flag("--once", options->once,
                 "One frame after one interval, without clearing the screen");
   top->add_flag("--json", options->json,

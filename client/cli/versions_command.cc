@@ -1,5 +1,6 @@
 #include "client/cli/versions_command.h"
 
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -122,13 +123,13 @@ void AddWatchCommand(CLI::App& app, CommandContext& context) {
       ->required()
       ->type_name("NAME");
   watch->add_option("--count", options->count, "Stop after N versions")
-      ->check(CLI::PositiveNumber)
+      ->check(Whole(1, std::numeric_limits<int64_t>::max()))
       ->type_name("N");
   watch
       ->add_option("--after", options->after,
                    "Report the versions after N, those still kept first "
                    "(default: those published from now on)")
-      ->check(CLI::PositiveNumber)
+      ->check(Whole(1, std::numeric_limits<int64_t>::max()))
       ->type_name("N");
   watch
       ->add_option("--idle-timeout", options->timeout,

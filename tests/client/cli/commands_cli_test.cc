@@ -116,6 +116,48 @@ TEST(CommandsCliTest, LsAndDescribeUsageErrors) {
                    "--idle-timeout: must be a number of seconds");
 }
 
+// Whole-number flags are checked on their text: CLI11 took a number its
+// type cannot hold as the type's largest (a 20-digit --after watched for a
+// version that never comes) and answered a negative one with a range up
+// to 1.8e308.
+TEST(CommandsCliTest, WholeNumberFlagsSayTheirRange) {
+  const std::string kInt64Max = "9223372036854775807";
+  struct Case {
+    std::vector<std::string> args;
+    std::string command;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"read", "w", "--offsets", "0", "--sizes", "1", "--version",
+        "99999999999999999999"},
+       "read",
+       "--version: must be a whole number from 1 to " + kInt64Max +
+           ", not 99999999999999999999"},
+      {{"fetch", "w", "-o", "w.npy", "--version", "0"},
+       "fetch",
+       "--version: must be a whole number from 1 to " + kInt64Max + ", not 0"},
+      {{"fetch", "w", "-o", "w.npy", "--shard", "-1"},
+       "fetch",
+       "--shard: must be a whole number from 0 to " + kInt64Max + ", not -1"},
+      {{"watch", "w", "--after", "1.5"},
+       "watch",
+       "--after: must be a whole number from 1 to " + kInt64Max + ", not 1.5"},
+      {{"watch", "w", "--count", "99999999999999999999"},
+       "watch",
+       "--count: must be a whole number"},
+      {{"top", "--iterations", "3000000000"},
+       "top",
+       "--iterations: must be a whole number from 0 to 2147483647"},
+      {{"create", "w", "--size", "4", "--spec", kChunk2, "--seed", "-1"},
+       "create",
+       "--seed: must be a whole number from 0 to 18446744073709551615, not "
+       "-1"},
+  };
+  for (const Case& c : cases) {
+    ExpectUsageError(RunOffline(c.args), c.command, c.error);
+  }
+}
+
 TEST(CommandsCliTest, CreateUsageErrors) {
   ExpectUsageError(RunOffline({"create", "w", "--spec", kChunk2}), "create",
                    "--size is required");
