@@ -23,6 +23,8 @@
 #include "client/shard_client.h"
 #include "common/proto_convert.h"
 #include "common/region.h"
+#include "common/shard_layout.h"
+#include "common/shard_metadata.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
@@ -594,8 +596,51 @@ absl::StatusOr<ShardedTensorView> ShardedTensorView::Reopened() const {
                            std::move(now.metadata));
 }
 
+namespace {
+
+// INVALID_ARGUMENT when two boxes of `writes` share elements of one
+// tensor's data (its in-place bytes or one of its versions): WriteMany
+// writes them in no order, so those elements would end with either's
+// bytes. Boxes Write itself refuses (another rank, negative offsets) are
+// left to it. O(n log n): the sweep that checks shard layouts.
+absl::Status CheckWritesApart(absl::Span<const BoxWrite> writes) {
+  absl::flat_hash_map<std::pair<std::string, int64_t>, std::vector<size_t>>
+      by_data;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const BoxWrite& write = writes[i];
+    if (!write.data.defined() ||
+        write.offsets.size() != write.view.sizes().size() ||
+        write.data.sizes().size() != write.view.sizes().size()) {
+      continue;
+    }
+    by_data[{write.view.tensor_id(), write.view.at_version()}].push_back(i);
+  }
+  for (const auto& [data, which] : by_data) {
+    if (which.size() < 2) continue;
+    std::vector<ShardMetadata> boxes;
+    boxes.reserve(which.size());
+    for (const size_t i : which) {
+      absl::StatusOr<ShardMetadata> box =
+          ShardMetadata::Create(writes[i].offsets, writes[i].data.sizes());
+      if (box.ok()) boxes.push_back(*std::move(box));
+    }
+    const absl::Status apart = ValidateNonOverlappingShards(boxes);
+    if (!apart.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "writing ", writes.size(), " boxes at once: two boxes of tensor ",
+          writes[which[0]].view.name(), " overlap (", apart.message(),
+          "); they are written in no order, so the elements they share "
+          "would end with either's bytes: write one after the other"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteMany(absl::Span<const BoxWrite> writes,
                        const TransferOptions& options) {
+  RETURN_IF_ERROR(CheckWritesApart(writes));
   const absl::Time deadline = absl::Now() + options.timeout;
   return RunInParallel(
       writes.size(), options.parallelism, [&](size_t i) -> absl::Status {

@@ -336,8 +336,9 @@ struct BoxWrite {
 // Writes every box as ShardedTensorView::Write does, up to
 // options.parallelism at once and all within options.timeout: a state
 // dict's small tensors cost one call, not a round trip each in turn. The
-// boxes are written in no order, so boxes that overlap end with either's
-// bytes. Returns OK, or the error of the first box (in `writes`' order)
+// boxes are written in no order, so two that share elements of one
+// tensor's data are refused before anything is written (INVALID_ARGUMENT
+// naming them). Returns OK, or the error of the first box (in `writes`' order)
 // that failed; once one failed no other starts, and those started may
 // have been written, as after any failed write. options.progress and
 // options.version are not used. Thread-safe; `writes` must outlive the

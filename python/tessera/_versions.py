@@ -63,8 +63,9 @@ class VersionGroup:
         """Writes each ``(name, offsets, data)`` as ``group[name].write``
         would, all in one call (several at once): a state dict of many
         small tensors costs one call, not a round trip per tensor in turn.
-        The boxes are written in no order (boxes that overlap end with
-        either's bytes); ``timeout`` bounds the whole call. On an error
+        The boxes are written in no order, so boxes of one tensor that
+        overlap are refused (InvalidArgumentError) before anything is
+        written; ``timeout`` bounds the whole call. On an error
         (the first item's, in order, that failed) the items started may
         have been written, as after any failed write."""
         _write_many([(self[name], offsets, data)

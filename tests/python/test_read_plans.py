@@ -296,6 +296,19 @@ def test_write_many_writes_every_box_in_one_call(client, rows4):
     with pytest.raises(tessera.OutOfRangeError, match="wm.a"):
         g.write_many([("wm.c", (0,), np.array([8, 8, 8])),
                       ("wm.a", (6, 0), np.zeros((4, 4), np.float32))])
+    # Boxes of one tensor that share elements: written in no order, they
+    # would leave those elements with either's bytes; refused whole.
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="two boxes of tensor wm.a overlap"):
+        g.write_many([("wm.c", (0,), np.array([8, 8, 8])),
+                      ("wm.a", (0, 0), np.zeros((4, 4), np.float32)),
+                      ("wm.a", (4, 0), np.zeros((4, 2), np.float32)),
+                      ("wm.a", (3, 3), np.zeros((2, 1), np.float32))])
+    # Apart, or of different tensors, they are written.
+    g.write_many([("wm.a", (0, 0), np.zeros((4, 4), np.float32)),
+                  ("wm.a", (4, 0), np.zeros((4, 2), np.float32)),
+                  ("wm.a", (4, 2), np.zeros((4, 2), np.float32)),
+                  ("wm.c", (0,), np.array([1, 2, 3]))])
     g.abort()
     assert client.open("wm.c").read().tolist() == [5, 6, 7]
 
