@@ -10,7 +10,7 @@
 // (x-tessera-timeout-us), and a daemon takes the sooner of the two.
 //
 // Thread-safety: free functions, safe from any thread.
-// Failure modes: a missing, malformed or non-positive header is ignored
+// Failure modes: a missing, malformed or negative header is ignored
 // (gRPC's deadline stands); a header can only make a deadline sooner.
 #ifndef TESSERA_WIRE_CALL_DEADLINE_H_
 #define TESSERA_WIRE_CALL_DEADLINE_H_
