@@ -19,10 +19,21 @@
 // and exits 0. A step that fails prints {"bench":"gpu","op":...,"error":...}
 // and makes the exit code 1, after the other steps ran.
 //
-//   gpu_bench [--sizes-mib 64,256,1024] [--reps 5] [--quick]
+//   plan_run: a read plan (client/read_plan.h) as a weight-sync reader
+//        runs it: 4 real tessera-server daemons (--device cuda, sharing
+//        this host's GPUs) hold a published version of a group of float32
+//        tensors, row chunks over the 4; the plan reads the first column
+//        half of every tensor (a tensor-parallel reader's slice: strided
+//        boxes) into outs on cuda:0 and, like with like, into outs in host
+//        memory, over the data plane and over the client's default choice
+//        (the local path where it applies), median of R runs.
+//
+//   gpu_bench [--sizes-mib 64,256,1024] [--reps 5] [--plan-mib 512]
+//             [--quick]
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
@@ -39,9 +50,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "client/lanes.h"
+#include "client/read_plan.h"
 #include "client/remote_shard.h"
 #include "client/shard_client.h"
+#include "client/version_writer.h"
 #include "common/device.h"
 #include "common/sharding_spec.h"
 #include "common/status_macros.h"
@@ -53,6 +67,7 @@
 #include "server/sharded/sharded_tensor.h"
 #include "server/store/hash_store.h"
 #include "tests/bench/bench_util.h"
+#include "tests/testing/daemon_cluster.h"
 
 #if defined(TESSERA_WITH_CUDA) && TESSERA_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -77,6 +92,8 @@ struct Config {
   std::vector<int64_t> sizes_mib = {64, 256, 1024};
   int reps = 5;
   bool quick = false;
+  // plan_run: the group's bytes (the plan reads half of them); 0 skips it.
+  int64_t plan_mib = 512;
   // --serve: how long the server process may live at most.
   int serve_seconds = 900;
 };
@@ -402,6 +419,111 @@ bool FetchThroughput(const Served& served, int reps) {
   return ok;
 }
 
+// ---- A read plan into CUDA outs, from daemons that hold CUDA shards.
+
+constexpr int kPlanWorld = 4;
+// Each tensor of the plan's group: [kPlanRows, kPlanColumns] float32.
+constexpr int64_t kPlanRows = 2048;
+constexpr int64_t kPlanColumns = 1024;
+constexpr int64_t kPlanTensorBytes = kPlanRows * kPlanColumns * 4;
+
+// Rows chunked over the daemons, each shard on its daemon's GPU.
+ShardingSpec PlanSpec() {
+  std::vector<std::string> placements;
+  for (int r = 0; r < kPlanWorld; ++r) {
+    placements.push_back(
+        absl::StrCat("rank:", r, "/cuda:", r % CudaDeviceCount()));
+  }
+  return *ChunkShardingSpec::Create(0, placements);
+}
+
+bool PlanThroughput(const Config& config) {
+  const int64_t tensors =
+      std::max<int64_t>(1, (config.plan_mib << 20) / kPlanTensorBytes);
+  const int64_t bytes = tensors * kPlanTensorBytes / 2;  // What a run reads.
+  testing::DaemonClusterOptions cluster_options;
+  cluster_options.world_size = kPlanWorld;
+  cluster_options.server_path = TESSERA_SERVER_PATH;
+  cluster_options.device = "cuda";
+  absl::StatusOr<std::unique_ptr<testing::DaemonCluster>> cluster =
+      testing::DaemonCluster::Start(cluster_options);
+  if (!cluster.ok()) return ReportError("plan_run", bytes, cluster.status());
+  const std::string address = (*cluster)->address(0);
+  // The group: every tensor at 1.0, then a version of it published at 1.5
+  // (the published version is what a run reads).
+  absl::Status made = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Client> setup, Client::Connect(address));
+    std::vector<std::string> names;
+    CreateOptions create;
+    create.init = TensorInit::kOnes;
+    create.versions = 2;
+    for (int64_t i = 0; i < tensors; ++i) {
+      names.push_back(absl::StrCat("w", i));
+      RETURN_IF_ERROR(setup
+                          ->Create(names.back(), {kPlanRows, kPlanColumns},
+                                   PlanSpec(), create)
+                          .status());
+    }
+    ASSIGN_OR_RETURN(VersionWriter writer, setup->Begin(names));
+    ASSIGN_OR_RETURN(Tensor value,
+                     Tensor::Full({kPlanRows, kPlanColumns}, 1.5));
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(ShardedTensorView view, writer.view(name));
+      RETURN_IF_ERROR(view.Write({0, 0}, value));
+    }
+    return writer.Publish().status();
+  }();
+  if (!made.ok()) return ReportError("plan_run", bytes, made);
+
+  struct Transport {
+    const char* name;
+    ClientOptions options;
+  };
+  Transport transports[2];
+  transports[0].name = "data plane";
+  transports[0].options.use_local_path = false;
+  transports[1].name = "default (local path where it applies)";
+  bool ok = true;
+  for (const Transport& transport : transports) {
+    for (const Device& device : {Device::Cuda(kDevice), Device::Cpu()}) {
+      absl::StatusOr<std::vector<double>> samples =
+          [&]() -> absl::StatusOr<std::vector<double>> {
+        ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
+                         Client::Connect(address, transport.options));
+        std::vector<Tensor> outs;
+        std::vector<ReadItem> items;
+        for (int64_t i = 0; i < tensors; ++i) {
+          ASSIGN_OR_RETURN(Tensor out,
+                           Tensor::Zeros({kPlanRows, kPlanColumns / 2},
+                                         TensorOptions().WithDevice(device)));
+          outs.push_back(out);
+          items.push_back(ReadItem::Box(absl::StrCat("w", i), {0, 0}, out));
+        }
+        ASSIGN_OR_RETURN(std::shared_ptr<ReadPlan> plan,
+                         client->PlanReads(std::move(items)));
+        // One run untimed: connections, lanes and staging buffers.
+        RETURN_IF_ERROR(plan->Run().status());
+        ASSIGN_OR_RETURN(std::vector<double> runs, TimeWall(config.reps, [&] {
+                           return plan->Run().status();
+                         }));
+        for (const Tensor& out : outs) RETURN_IF_ERROR(CheckFilled(out, 1.5f));
+        return runs;
+      }();
+      if (!samples.ok()) {
+        ok = ReportError("plan_run", bytes, samples.status());
+        continue;
+      }
+      Report("plan_run", bytes, *samples,
+             JsonLine{{"transport", transport.name},
+                      {"dest", device.ToString()},
+                      {"src", "4 daemons, CUDA shards"},
+                      {"tensors", tensors},
+                      {"box", "first column half of each (strided)"}});
+    }
+  }
+  return ok;
+}
+
 // The server side: a one-rank world (Gloo over an in-process store) whose
 // shard server holds one CUDA shard per size, each full of 1.5. Prints
 // the ready line with its addresses, then serves until SIGTERM/SIGINT, its
@@ -553,6 +675,7 @@ int Run(const Config& config) {
     }
     std::remove(server->process.log_path().c_str());
   }
+  if (config.plan_mib > 0) ok &= PlanThroughput(config);
   return ok ? 0 : 1;
 }
 
@@ -567,6 +690,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--reps", config.reps, "Timed repetitions per measurement")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--plan-mib", config.plan_mib,
+                 "plan_run: the group's MiB (a run reads half); 0 skips it")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_flag("--quick", config.quick, "8 MiB, 2 reps: a smoke run");
   app.add_flag("--serve", serve, "Internal: serve CUDA shards for the fetches");
   app.add_option("--serve-seconds", config.serve_seconds,
@@ -575,6 +701,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (config.quick) {
     config.sizes_mib = {8};
+    config.plan_mib = std::min<int64_t>(config.plan_mib, 16);
     config.reps = 2;
   }
   if (serve) return tessera::Serve(config);
