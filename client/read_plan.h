@@ -16,8 +16,10 @@
 // from its shard's holder straight into its place in `out` (a piece whose
 // tensor has another dtype than `out`, or whose `out` is on a GPU, through
 // a host staging buffer, converted as torch converts: round to nearest
-// even), pieces of different daemons
-// at once: it makes no control call when nothing changed.
+// even; but a piece of a same-host CUDA shard into a dense run of a CUDA
+// `out` is copied device to device over the local path), pieces of
+// different daemons at once: it makes no control call when nothing
+// changed.
 //
 // Versions: Run() reads, for every versioned tensor, one published version,
 // and for the plan's tensors together one point of the operation log (as
@@ -96,7 +98,9 @@ struct ReadItem {
   // (float32, float64, float16, bfloat16); others must match
   // (INVALID_ARGUMENT). A CUDA out's pieces land in host staging and are
   // copied to the device after they arrive (in a build without CUDA the
-  // run fails with that copy's error).
+  // run fails with that copy's error), except those of a same-host CUDA
+  // shard of its dtype into a dense run of it: the local path copies
+  // them in from the owner's GPU memory (CUDA IPC).
   Tensor out;
 
   // The box [offsets, offsets + out.sizes()) of `name` into all of `out`.
@@ -247,6 +251,8 @@ class ReadPlan {
   // Whether each piece may be asked for in a pipelined batch (Fetch): a
   // piece of a small host shard.
   std::vector<bool> pipelined_ ABSL_GUARDED_BY(mu_);
+  // By piece: it lands in its out, a CUDA one, over the local path.
+  std::vector<bool> in_place_ ABSL_GUARDED_BY(mu_);
   // Whether the versioned tensors are numbered alike (same latest, same
   // next number when planned).
   bool aligned_ ABSL_GUARDED_BY(mu_) = true;

@@ -212,6 +212,10 @@ ShardClient::ShardClient(std::shared_ptr<grpc::Channel> channel,
 
 ShardClient::~ShardClient() = default;
 
+bool ShardClient::same_host() const {
+  return local_ != nullptr && local_->same_host();
+}
+
 namespace {
 
 v1::FetchShardRequest FetchRequest(absl::string_view tensor_id,

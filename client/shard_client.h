@@ -220,6 +220,8 @@ class ShardClient {
       absl::Span<const RegionFetch> boxes, const FetchOptions& options) const;
   // Whether fetches go over the data plane (else gRPC).
   bool has_data_plane() const { return !data_plane_address_.empty(); }
+  // Whether fetches may take the local path (the owner runs on this host).
+  bool same_host() const;
   absl::StatusOr<TensorDescription> DescribeTensor(
       absl::string_view tensor_id,
       absl::Duration timeout = absl::Seconds(10)) const;

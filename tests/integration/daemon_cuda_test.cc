@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/read_plan.h"
 #include "common/sharding_spec.h"
 #include "common/tensor/tensor.h"
 #include "gmock/gmock.h"
@@ -163,6 +164,67 @@ TEST_F(DaemonCudaTest, CreateWriteReadGatherOnCudaShards) {
   ASSERT_OK_AND_ASSIGN(Tensor columns, by_columns.ReadRegion({3, 4}, {5, 9}));
   ExpectIotaBox(columns, 3, 4, 20);
   EXPECT_THAT(client_->Delete("gpu"), IsOk());
+}
+
+// A read plan from CUDA shards into CUDA outs, over the local path (CUDA
+// IPC: a dense run of an out is copied into it device to device) and over
+// the data plane (through host staging), with a strided out and a cast
+// (through host staging on both).
+TEST_F(DaemonCudaTest, ReadPlansFillCudaOutsFromCudaShards) {
+  CreateOptions zeros;
+  zeros.init = TensorInit::kZeros;
+  ASSERT_OK_AND_ASSIGN(
+      ShardedTensorView view,
+      client_->Create("planned", {16, 20}, RowSpec(/*reversed=*/false), zeros));
+  ASSERT_THAT(view.Write({0, 0}, Iota(16, 20)), IsOk());
+  const auto on_gpu = [](std::vector<int64_t> sizes,
+                         DType dtype = DType::kFloat32) {
+    return *Tensor::Full(
+        std::move(sizes), -7.0,
+        TensorOptions().WithDType(dtype).WithDevice(Device::Cuda(0)));
+  };
+  for (const bool local : {true, false}) {
+    SCOPED_TRACE(local ? "local path" : "data plane");
+    ClientOptions options;
+    options.use_local_path = local;
+    options.local_min_bytes = 0;
+    ASSERT_OK_AND_ASSIGN(auto client,
+                         Client::Connect(cluster_->address(0), options));
+    const Tensor whole = on_gpu({16, 20});
+    const Tensor half = on_gpu({16, 10});  // Columns 10..19: dense rows.
+    const Tensor cast = on_gpu({16, 4}, DType::kFloat64);
+    ReadItem fused;               // Columns 0..2 and 5..7 side by
+    fused.out = on_gpu({16, 6});  // side: strided pieces.
+    fused.sources = {{"planned", {0, 0}, {16, 3}, {0, 0}},
+                     {"planned", {0, 5}, {16, 3}, {0, 3}}};
+    ASSERT_OK_AND_ASSIGN(
+        std::shared_ptr<ReadPlan> plan,
+        client->PlanReads({ReadItem::Box("planned", {0, 0}, whole),
+                           ReadItem::Box("planned", {0, 10}, half),
+                           ReadItem::Box("planned", {0, 16}, cast), fused}));
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_OK(plan->Run().status());
+      ASSERT_OK_AND_ASSIGN(const Tensor all, whole.To(Device::Cpu()));
+      ExpectIotaBox(all, 0, 0, 20);
+      ASSERT_OK_AND_ASSIGN(const Tensor right, half.To(Device::Cpu()));
+      ExpectIotaBox(right, 0, 10, 20);
+      ASSERT_OK_AND_ASSIGN(Tensor last, cast.To(Device::Cpu()));
+      ASSERT_OK_AND_ASSIGN(last, last.ToDType(DType::kFloat32));
+      ExpectIotaBox(last, 0, 16, 20);
+      ASSERT_OK_AND_ASSIGN(const Tensor both, fused.out.To(Device::Cpu()));
+      ASSERT_OK_AND_ASSIGN(Tensor left, both.Narrow(1, 0, 3));
+      ASSERT_OK_AND_ASSIGN(left, left.Contiguous());
+      ExpectIotaBox(left, 0, 0, 20);
+      ASSERT_OK_AND_ASSIGN(Tensor middle, both.Narrow(1, 3, 3));
+      ASSERT_OK_AND_ASSIGN(middle, middle.Contiguous());
+      ExpectIotaBox(middle, 0, 5, 20);
+      // The next run must write them again.
+      for (const Tensor& out : {whole, half, cast, fused.out}) {
+        ASSERT_OK(CopyInto(on_gpu(out.sizes(), out.dtype()), out));
+      }
+    }
+  }
+  EXPECT_THAT(client_->Delete("planned"), IsOk());
 }
 
 }  // namespace
