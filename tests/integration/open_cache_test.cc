@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -307,11 +308,12 @@ TEST_F(OpenCacheTest, AStalledDaemonCostsOneDeadlineNotTwo) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> impatient,
                        Client::Connect(cluster_->address(0), brief));
   ASSERT_OK(impatient->Open("s").status());  // Cached from now on.
-  cluster_->daemon(0).Signal(SIGSTOP);
+  absl::Cleanup resume = [&] { cluster_->Resume(0); };
+  ASSERT_OK(cluster_->Stop(0));
   const absl::Time start = absl::Now();
   const absl::Status stalled = impatient->Open("s").status();
   const absl::Duration took = absl::Now() - start;
-  cluster_->daemon(0).Signal(SIGCONT);
+  std::move(resume).Invoke();
   // The digest's wait spent the call's deadline: no gRPC call after it.
   EXPECT_THAT(stalled,
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));

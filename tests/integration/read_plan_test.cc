@@ -145,11 +145,14 @@ class ReadPlanTest : public ::testing::Test {
     }
     TransferOptions bounded;
     bounded.timeout = timeout;
-    cluster_->daemon(rank).Signal(SIGSTOP);
+    if (absl::Status stopped = cluster_->Stop(rank); !stopped.ok()) {
+      cluster_->Resume(rank);
+      return stopped;
+    }
     const absl::Time start = absl::Now();
     absl::StatusOr<ReadPlanRun> run = plan.Run(bounded);
     const absl::Duration took = absl::Now() - start;
-    cluster_->daemon(rank).Signal(SIGCONT);
+    cluster_->Resume(rank);
     EXPECT_LT(took, timeout);
     return run;
   }

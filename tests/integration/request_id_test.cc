@@ -313,9 +313,8 @@ TEST_F(RequestIdTest, ARestartedDaemonTellsARetryFromANewOperation) {
 // exactly one tensor.
 TEST_F(RequestIdTest, AnOpPastItsDeadlineEndsKnown) {
   ASSERT_OK(Create(0, "t-warm", CreateRequest("warm")).status());
-  const pid_t stalled = cluster_->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
-  absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
+  absl::Cleanup resume = [&] { cluster_->Resume(2); };
+  ASSERT_OK(cluster_->Stop(2));
   const absl::Status ended =
       Create(0, "t-stalled", CreateRequest("w"), absl::Seconds(2)).status();
   EXPECT_THAT(ended,

@@ -55,6 +55,7 @@ using ::tessera::testing::DaemonCluster;
 using ::tessera::testing::DaemonClusterOptions;
 using ::tessera::testing::IsOk;
 using ::tessera::testing::StatusIs;
+using ::tessera::testing::StopProcess;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -200,7 +201,7 @@ TEST(ResilienceTest, AStallLongerThanTheTimeoutHealsOnceTheDaemonResumes) {
   }
 
   const pid_t stalled = cluster->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  ASSERT_OK(StopProcess(stalled));
   const absl::Time stalled_since = absl::Now();
   bool resumed = false;
   absl::Cleanup resume = [&] {
@@ -332,7 +333,7 @@ TEST(ResilienceTest, ATornWriteNamesTheBoxesWrittenAndNot) {
   ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Full({6, 4}, 1.0));
 
   const pid_t stalled = cluster->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  ASSERT_OK(StopProcess(stalled));
   absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
   TransferOptions options;
   options.timeout = absl::Seconds(2);
@@ -526,8 +527,8 @@ TEST(ResilienceTest, ReplicasServeADeadOrStalledOwnersShardsAndRefillIt) {
 
   // A stalled owner: its shard comes from the replica within the deadline.
   {
-    cluster->daemon(1).Signal(SIGSTOP);
-    absl::Cleanup resume = [&] { cluster->daemon(1).Signal(SIGCONT); };
+    absl::Cleanup resume = [&] { cluster->Resume(1); };
+    ASSERT_OK(cluster->Stop(1));
     TransferOptions quick;
     quick.timeout = absl::Seconds(4);
     const absl::Time start = absl::Now();
@@ -665,7 +666,7 @@ TEST(ResilienceTest, AReplicatedWriteWaitsOutABriefStallOfAHolder) {
   // copy takes the write.
   for (const int stalled : {2, 1}) {
     const Tensor values = Rows6x4(100 * stalled);
-    ASSERT_EQ(kill(cluster->daemon(stalled).pid(), SIGSTOP), 0);
+    ASSERT_OK(StopProcess(cluster->daemon(stalled).pid()));
     absl::Cleanup resume = [&] {
       kill(cluster->daemon(stalled).pid(), SIGCONT);
     };
@@ -711,7 +712,7 @@ TEST(ResilienceTest, AWriteOutlivesAHolderStalledPastItsDeadline) {
   const int stalled = 2;
   ASSERT_OK(view.Write({0, 0}, filled(1)));
 
-  ASSERT_EQ(kill(cluster->daemon(stalled).pid(), SIGSTOP), 0);
+  ASSERT_OK(StopProcess(cluster->daemon(stalled).pid()));
   absl::Cleanup resume = [&] { kill(cluster->daemon(stalled).pid(), SIGCONT); };
   TransferOptions eight;
   eight.timeout = absl::Seconds(8);
@@ -804,9 +805,7 @@ absl::StatusOr<std::unique_ptr<StalledStore>> StallTheStoreOfCopies() {
   ASSIGN_OR_RETURN(stalled->view,
                    stalled->client->Create("r", {6, 4}, Rows(), TwoCopies()));
   RETURN_IF_ERROR(stalled->view->Write({0, 0}, stalled->values));
-  if (kill(stalled->cluster->daemon(0).pid(), SIGSTOP) != 0) {
-    return absl::InternalError("cannot stop rank 0");
-  }
+  RETURN_IF_ERROR(stalled->cluster->Stop(0));
   return stalled;
 }
 
@@ -902,7 +901,7 @@ TEST(ResilienceTest, AStalledOwnerCostsThePatienceNotTheDeadline) {
 
   // Rank 1 owns rows 2-4; rank 2 holds their copy.
   {
-    ASSERT_EQ(kill(cluster->daemon(1).pid(), SIGSTOP), 0);
+    ASSERT_OK(StopProcess(cluster->daemon(1).pid()));
     absl::Cleanup resume = [&] { kill(cluster->daemon(1).pid(), SIGCONT); };
     for (size_t t = 0; t < views.size(); ++t) {
       const absl::Time start = absl::Now();
@@ -934,7 +933,7 @@ TEST(ResilienceTest, AStalledOwnerCostsThePatienceNotTheDeadline) {
     }
 
     // Both holders of rows 2-4 stalled: the deadline ends the read.
-    ASSERT_EQ(kill(cluster->daemon(2).pid(), SIGSTOP), 0);
+    ASSERT_OK(StopProcess(cluster->daemon(2).pid()));
     absl::Cleanup resume2 = [&] { kill(cluster->daemon(2).pid(), SIGCONT); };
     TransferOptions quick;
     quick.timeout = absl::Seconds(5);
@@ -1060,7 +1059,7 @@ TEST(ResilienceTest, AnIdleClusterNoticesASilentDaemonWithinTheLease) {
   options.extra_args.push_back("json");
   ASSERT_OK_AND_ASSIGN(auto cluster, DaemonCluster::Start(options));
   const pid_t stalled = cluster->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  ASSERT_OK(StopProcess(stalled));
   absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
   const absl::Time start = absl::Now();
   ASSERT_TRUE(WaitForState(*cluster, 0, WaitsForRank2, absl::Seconds(10)))
@@ -1103,7 +1102,7 @@ TEST(ResilienceTest, AStallShorterThanTheDeadlineDelaysCallsAndFailsNone) {
                        Client::Connect(cluster->address(1), client_options));
   ASSERT_OK(client->Create("kept", {6, 4}, Rows(), Sevens()).status());
   const pid_t stalled = cluster->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  ASSERT_OK(StopProcess(stalled));
   absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
   const absl::Time start = absl::Now();
   absl::Status in_flight;
@@ -1162,7 +1161,7 @@ TEST(ResilienceTest, CancellingATransferThatWaitsOnAStalledDaemonEndsIt) {
     views.push_back(std::move(view));
   }
   const pid_t stalled = cluster->daemon(2).pid();
-  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  ASSERT_OK(StopProcess(stalled));
   absl::Cleanup resume = [&] { kill(stalled, SIGCONT); };
   // Runs `transfer` with a 60 s deadline, cancelled 300 ms in.
   const auto cancelled_after =

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -202,6 +204,43 @@ std::string DaemonCluster::Log(int rank, size_t max_bytes) const {
 }
 
 void DaemonCluster::Kill(int rank) { daemons_[rank].Kill(); }
+
+absl::Status DaemonCluster::Stop(int rank) {
+  return StopProcess(daemons_[rank].pid());
+}
+
+void DaemonCluster::Resume(int rank) { daemons_[rank].Signal(SIGCONT); }
+
+absl::Status StopProcess(pid_t pid, absl::Duration timeout) {
+  if (kill(pid, SIGSTOP) != 0) {
+    return absl::InternalError(
+        absl::StrCat("SIGSTOP to ", pid, ": ", std::strerror(errno)));
+  }
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  const absl::Time deadline = absl::Now() + timeout;
+  int stopped = 0, threads = 0;
+  while (absl::Now() < deadline) {
+    stopped = threads = 0;
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+      std::ifstream in(task.path() / "stat");
+      std::string line;
+      std::getline(in, line);
+      // "tid (comm) S ...": the state follows the last parenthesis.
+      const size_t paren = line.rfind(')');
+      ++threads;
+      if (paren != std::string::npos && paren + 2 < line.size() &&
+          (line[paren + 2] == 'T' || line[paren + 2] == 't')) {
+        ++stopped;
+      }
+    }
+    if (!error && threads > 0 && stopped == threads) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return absl::InternalError(absl::StrCat("process ", pid, ": ", stopped,
+                                          " of its ", threads,
+                                          " threads stopped after SIGSTOP"));
+}
 
 std::optional<int> DaemonCluster::Terminate(int rank, absl::Duration timeout) {
   daemons_[rank].Signal(SIGTERM);

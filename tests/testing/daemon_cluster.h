@@ -8,6 +8,8 @@
 #ifndef TESSERA_TESTS_TESTING_DAEMON_CLUSTER_H_
 #define TESSERA_TESTS_TESTING_DAEMON_CLUSTER_H_
 
+#include <sys/types.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +79,13 @@ class DaemonCluster {
   // SIGTERM and wait up to `timeout`: its wait status, or nullopt when it
   // did not exit in time.
   std::optional<int> Terminate(int rank, absl::Duration timeout);
+  // SIGSTOP, then waits until every thread of `rank` is stopped: kill(2)
+  // returns once the signal is queued, and under load a thread of the
+  // daemon could still answer (or take part in a publish) for a moment.
+  // INTERNAL when they were not all stopped within 10 s.
+  absl::Status Stop(int rank);
+  // SIGCONT.
+  void Resume(int rank);
   // Starts `rank` again with the same flags (after it died; a live one is
   // killed first), as systemd or Kubernetes would, and waits until it
   // serves (its new address in address(rank)).
@@ -109,6 +118,11 @@ inline DaemonClusterOptions QuietClusterOptions(int world_size,
   options.extra_args = {"--timeout", "10", "--log-level", "warn"};
   return options;
 }
+
+// SIGSTOP to `pid`, then waits until /proc says every one of its threads
+// is stopped (DaemonCluster::Stop). INTERNAL when the signal cannot be
+// sent or they were not all stopped within `timeout`.
+absl::Status StopProcess(pid_t pid, absl::Duration timeout = absl::Seconds(10));
 
 // A TCP port that was free on 127.0.0.1 a moment ago.
 absl::StatusOr<int> PickFreePort();
