@@ -85,6 +85,31 @@ class Daemons:
         self.procs[rank].kill()
         self.procs[rank].wait()
 
+    def pause(self, rank, timeout=10):
+        """SIGSTOP, then waits until every thread of the daemon is stopped:
+        the signal is only queued when send_signal returns, and under load a
+        thread could still answer for a moment (DaemonCluster::Stop)."""
+        pid = self.procs[rank].pid
+        self.procs[rank].send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        # "tid (comm) S ...": the state follows the last ")".
+                        states.append(f.read().rpartition(")")[2].split()[0])
+                except (FileNotFoundError, IndexError):
+                    pass  # A thread that ended meanwhile.
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"daemon {rank}: not every thread stopped after "
+                           f"SIGSTOP within {timeout} s")
+
+    def resume(self, rank):
+        self.procs[rank].send_signal(signal.SIGCONT)
+
     def stop(self):
         for p in self.procs:
             if p is not None and p.poll() is None:

@@ -3,7 +3,6 @@ numpy, slicing edge cases, every error class, a daemon killed mid-read,
 Ctrl-C while a daemon stalls, concurrent readers."""
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -547,13 +546,13 @@ def test_ctrl_c_stops_a_transfer_waiting_on_a_stalled_daemon():
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         assert child.stdout.readline().strip() == "ready"
-        cluster.procs[1].send_signal(signal.SIGSTOP)
         try:
+            cluster.pause(1)
             child.stdin.write("go\n")
             child.stdin.flush()
             out, _ = child.communicate(timeout=60)
         finally:
-            cluster.procs[1].send_signal(signal.SIGCONT)
+            cluster.resume(1)
         print(out)  # shown with -s: how long each took to stop
         lines = out.split("\n")
         assert "done" in lines, out
