@@ -26,10 +26,12 @@
 //        half of every tensor (a tensor-parallel reader's slice: strided
 //        boxes) into outs on cuda:0 and, like with like, into outs in host
 //        memory, over the data plane and over the client's default choice
-//        (the local path where it applies), median of R runs.
+//        (the local path where it applies), median of R runs; one group
+//        per piece size (--plan-piece-kib: the local path pays a CUDA IPC
+//        open per piece, the data plane a share of its streams).
 //
 //   gpu_bench [--sizes-mib 64,256,1024] [--reps 5] [--plan-mib 512]
-//             [--quick]
+//             [--plan-piece-kib 256,1024,4096,16384] [--quick]
 #include <signal.h>
 #include <unistd.h>
 
@@ -92,8 +94,10 @@ struct Config {
   std::vector<int64_t> sizes_mib = {64, 256, 1024};
   int reps = 5;
   bool quick = false;
-  // plan_run: the group's bytes (the plan reads half of them); 0 skips it.
+  // plan_run: each group's bytes (a run reads half of them); 0 skips it.
   int64_t plan_mib = 512;
+  // plan_run: one group per size of the pieces a run fetches (KiB).
+  std::vector<int64_t> plan_piece_kib = {256, 1024, 4096, 16384};
   // --serve: how long the server process may live at most.
   int serve_seconds = 900;
 };
@@ -422,10 +426,9 @@ bool FetchThroughput(const Served& served, int reps) {
 // ---- A read plan into CUDA outs, from daemons that hold CUDA shards.
 
 constexpr int kPlanWorld = 4;
-// Each tensor of the plan's group: [kPlanRows, kPlanColumns] float32.
-constexpr int64_t kPlanRows = 2048;
+// The plan's tensors are [rows, kPlanColumns] float32; a run reads the
+// first column half of each, in one piece per daemon.
 constexpr int64_t kPlanColumns = 1024;
-constexpr int64_t kPlanTensorBytes = kPlanRows * kPlanColumns * 4;
 
 // Rows chunked over the daemons, each shard on its daemon's GPU.
 ShardingSpec PlanSpec() {
@@ -437,43 +440,69 @@ ShardingSpec PlanSpec() {
   return *ChunkShardingSpec::Create(0, placements);
 }
 
+// Creates `tensors` tensors "<prefix><i>" of `rows` rows at 1.0, then
+// publishes a version of them at 1.5 (what a run reads).
+absl::Status MakePlanGroup(Client& client, const std::string& prefix,
+                           int64_t tensors, int64_t rows) {
+  std::vector<std::string> names;
+  CreateOptions create;
+  create.init = TensorInit::kOnes;
+  create.versions = 2;
+  for (int64_t i = 0; i < tensors; ++i) {
+    names.push_back(absl::StrCat(prefix, i));
+    RETURN_IF_ERROR(
+        client.Create(names.back(), {rows, kPlanColumns}, PlanSpec(), create)
+            .status());
+  }
+  ASSIGN_OR_RETURN(VersionWriter writer, client.Begin(names));
+  ASSIGN_OR_RETURN(Tensor value, Tensor::Full({rows, kPlanColumns}, 1.5));
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(ShardedTensorView view, writer.view(name));
+    RETURN_IF_ERROR(view.Write({0, 0}, value));
+  }
+  return writer.Publish().status();
+}
+
+// Median seconds of `reps` runs of a plan reading the first column half of
+// every tensor of the group into outs on `device`, after one untimed run
+// (connections, lanes, staging buffers); every out checked after.
+absl::StatusOr<std::vector<double>> PlanRuns(const std::string& address,
+                                             const ClientOptions& options,
+                                             const Device& device,
+                                             const std::string& prefix,
+                                             int64_t tensors, int64_t rows,
+                                             int reps) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
+                   Client::Connect(address, options));
+  std::vector<Tensor> outs;
+  std::vector<ReadItem> items;
+  for (int64_t i = 0; i < tensors; ++i) {
+    ASSIGN_OR_RETURN(Tensor out,
+                     Tensor::Zeros({rows, kPlanColumns / 2},
+                                   TensorOptions().WithDevice(device)));
+    outs.push_back(out);
+    items.push_back(ReadItem::Box(absl::StrCat(prefix, i), {0, 0}, out));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<ReadPlan> plan,
+                   client->PlanReads(std::move(items)));
+  RETURN_IF_ERROR(plan->Run().status());
+  ASSIGN_OR_RETURN(std::vector<double> runs,
+                   TimeWall(reps, [&] { return plan->Run().status(); }));
+  for (const Tensor& out : outs) RETURN_IF_ERROR(CheckFilled(out, 1.5f));
+  return runs;
+}
+
 bool PlanThroughput(const Config& config) {
-  const int64_t tensors =
-      std::max<int64_t>(1, (config.plan_mib << 20) / kPlanTensorBytes);
-  const int64_t bytes = tensors * kPlanTensorBytes / 2;  // What a run reads.
   testing::DaemonClusterOptions cluster_options;
   cluster_options.world_size = kPlanWorld;
   cluster_options.server_path = TESSERA_SERVER_PATH;
   cluster_options.device = "cuda";
   absl::StatusOr<std::unique_ptr<testing::DaemonCluster>> cluster =
       testing::DaemonCluster::Start(cluster_options);
-  if (!cluster.ok()) return ReportError("plan_run", bytes, cluster.status());
+  if (!cluster.ok()) return ReportError("plan_run", 0, cluster.status());
   const std::string address = (*cluster)->address(0);
-  // The group: every tensor at 1.0, then a version of it published at 1.5
-  // (the published version is what a run reads).
-  absl::Status made = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Client> setup, Client::Connect(address));
-    std::vector<std::string> names;
-    CreateOptions create;
-    create.init = TensorInit::kOnes;
-    create.versions = 2;
-    for (int64_t i = 0; i < tensors; ++i) {
-      names.push_back(absl::StrCat("w", i));
-      RETURN_IF_ERROR(setup
-                          ->Create(names.back(), {kPlanRows, kPlanColumns},
-                                   PlanSpec(), create)
-                          .status());
-    }
-    ASSIGN_OR_RETURN(VersionWriter writer, setup->Begin(names));
-    ASSIGN_OR_RETURN(Tensor value,
-                     Tensor::Full({kPlanRows, kPlanColumns}, 1.5));
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(ShardedTensorView view, writer.view(name));
-      RETURN_IF_ERROR(view.Write({0, 0}, value));
-    }
-    return writer.Publish().status();
-  }();
-  if (!made.ok()) return ReportError("plan_run", bytes, made);
+  absl::StatusOr<std::shared_ptr<Client>> setup = Client::Connect(address);
+  if (!setup.ok()) return ReportError("plan_run", 0, setup.status());
 
   struct Transport {
     const char* name;
@@ -484,41 +513,40 @@ bool PlanThroughput(const Config& config) {
   transports[0].options.use_local_path = false;
   transports[1].name = "default (local path where it applies)";
   bool ok = true;
-  for (const Transport& transport : transports) {
-    for (const Device& device : {Device::Cuda(kDevice), Device::Cpu()}) {
-      absl::StatusOr<std::vector<double>> samples =
-          [&]() -> absl::StatusOr<std::vector<double>> {
-        ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
-                         Client::Connect(address, transport.options));
-        std::vector<Tensor> outs;
-        std::vector<ReadItem> items;
-        for (int64_t i = 0; i < tensors; ++i) {
-          ASSIGN_OR_RETURN(Tensor out,
-                           Tensor::Zeros({kPlanRows, kPlanColumns / 2},
-                                         TensorOptions().WithDevice(device)));
-          outs.push_back(out);
-          items.push_back(ReadItem::Box(absl::StrCat("w", i), {0, 0}, out));
+  for (const int64_t piece_kib : config.plan_piece_kib) {
+    // A piece: rows / 4 rows of kPlanColumns / 2 float32.
+    const int64_t rows = std::max<int64_t>(
+        kPlanWorld, piece_kib * 1024 * kPlanWorld / (kPlanColumns / 2 * 4));
+    const int64_t tensor_bytes = rows * kPlanColumns * 4;
+    const int64_t tensors =
+        std::max<int64_t>(1, (config.plan_mib << 20) / tensor_bytes);
+    const int64_t bytes = tensors * tensor_bytes / 2;  // What a run reads.
+    const std::string prefix = absl::StrCat("w", piece_kib, "_");
+    if (absl::Status made = MakePlanGroup(**setup, prefix, tensors, rows);
+        !made.ok()) {
+      ok = ReportError("plan_run", bytes, made);
+      continue;
+    }
+    for (const Transport& transport : transports) {
+      for (const Device& device : {Device::Cuda(kDevice), Device::Cpu()}) {
+        absl::StatusOr<std::vector<double>> samples =
+            PlanRuns(address, transport.options, device, prefix, tensors, rows,
+                     config.reps);
+        if (!samples.ok()) {
+          ok = ReportError("plan_run", bytes, samples.status());
+          continue;
         }
-        ASSIGN_OR_RETURN(std::shared_ptr<ReadPlan> plan,
-                         client->PlanReads(std::move(items)));
-        // One run untimed: connections, lanes and staging buffers.
-        RETURN_IF_ERROR(plan->Run().status());
-        ASSIGN_OR_RETURN(std::vector<double> runs, TimeWall(config.reps, [&] {
-                           return plan->Run().status();
-                         }));
-        for (const Tensor& out : outs) RETURN_IF_ERROR(CheckFilled(out, 1.5f));
-        return runs;
-      }();
-      if (!samples.ok()) {
-        ok = ReportError("plan_run", bytes, samples.status());
-        continue;
+        Report("plan_run", bytes, *samples,
+               JsonLine{{"transport", transport.name},
+                        {"dest", device.ToString()},
+                        {"src", "4 daemons, CUDA shards"},
+                        {"tensors", tensors},
+                        {"piece_bytes", bytes / tensors / kPlanWorld},
+                        {"box", "first column half of each (strided)"}});
       }
-      Report("plan_run", bytes, *samples,
-             JsonLine{{"transport", transport.name},
-                      {"dest", device.ToString()},
-                      {"src", "4 daemons, CUDA shards"},
-                      {"tensors", tensors},
-                      {"box", "first column half of each (strided)"}});
+    }
+    for (int64_t i = 0; i < tensors; ++i) {
+      (*setup)->Delete(absl::StrCat(prefix, i)).IgnoreError();
     }
   }
   return ok;
@@ -693,6 +721,10 @@ int main(int argc, char** argv) {
   app.add_option("--plan-mib", config.plan_mib,
                  "plan_run: the group's MiB (a run reads half); 0 skips it")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--plan-piece-kib", config.plan_piece_kib,
+                 "plan_run: KiB of each piece, one group per size")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_flag("--quick", config.quick, "8 MiB, 2 reps: a smoke run");
   app.add_flag("--serve", serve, "Internal: serve CUDA shards for the fetches");
   app.add_option("--serve-seconds", config.serve_seconds,
@@ -702,6 +734,7 @@ int main(int argc, char** argv) {
   if (config.quick) {
     config.sizes_mib = {8};
     config.plan_mib = std::min<int64_t>(config.plan_mib, 16);
+    config.plan_piece_kib = {256};
     config.reps = 2;
   }
   if (serve) return tessera::Serve(config);
