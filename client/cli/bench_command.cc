@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -328,8 +329,10 @@ void AddBenchCommand(CLI::App& app, CommandContext& context) {
       "GB/s)");
   auto options = std::make_shared<BenchOptions>();
   AddConnectionFlags(app, bench, &options->connection, /*transfers=*/false);
-  bench->add_option("--rank", options->ranks,
-                    "daemons to measure (repeatable); default: every one");
+  bench
+      ->add_option("--rank", options->ranks,
+                   "daemons to measure (repeatable); default: every one")
+      ->check(Whole(0, std::numeric_limits<int>::max()));
   bench
       ->add_option("--sizes", options->sizes,
                    "box sizes, rounded up to 4 KiB rows")
@@ -339,6 +342,7 @@ void AddBenchCommand(CLI::App& app, CommandContext& context) {
       ->add_option("--lanes", options->lanes,
                    "data-plane lane counts to measure")
       ->delimiter(',')
+      ->check(Whole(1, kMaxDataLanes))
       ->capture_default_str();
   bench
       ->add_option("--reps", options->reps,

@@ -152,6 +152,12 @@ TEST(CommandsCliTest, WholeNumberFlagsSayTheirRange) {
        "create",
        "--seed: must be a whole number from 0 to 18446744073709551615, not "
        "-1"},
+      {{"bench", "--lanes", "1,4294967297"},
+       "bench",
+       "--lanes: must be a whole number from 1 to 16, not 4294967297"},
+      {{"bench", "--rank", "-3"},
+       "bench",
+       "--rank: must be a whole number from 0 to 2147483647, not -3"},
   };
   for (const Case& c : cases) {
     ExpectUsageError(RunOffline(c.args), c.command, c.error);
