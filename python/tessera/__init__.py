@@ -21,7 +21,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Union)
 
 from . import _tessera
-from ._tensor import (Shard, Tensor, RemoteShard, _integer, _integers,
+from ._tensor import (INT32_MAX, INT32_MIN, Shard, Tensor, RemoteShard,
+                      _integer, _integers,
                       _name, _seconds, _source)
 from ._versions import Snapshot, Version, VersionGroup
 from ._plans import ReadPlan
@@ -57,7 +58,8 @@ ShardingSpec = _tessera.ShardingSpec
 def chunk(dim: int, placements: Iterable[object]) -> ShardingSpec:
     """ChunkShardingSpec: the tensor cut along ``dim`` into one chunk per
     placement ("rank:0/cpu", "worker1/cuda:0", ...), as torch's."""
-    return _tessera.chunk(_integer(dim, "dim"), [str(p) for p in placements])
+    return _tessera.chunk(_integer(dim, "dim", INT32_MIN, INT32_MAX),
+                          [str(p) for p in placements])
 
 
 def parse_spec(text: str) -> ShardingSpec:
@@ -89,7 +91,7 @@ def _copies(copies: int, replicas: Optional[int]) -> int:
         _warnings.warn("'replicas' is now 'copies' (the owner's copy "
                       "included)", DeprecationWarning, stacklevel=3)
         copies = replicas
-    copies = _integer(copies, "copies")
+    copies = _integer(copies, "copies", None, None)
     # Above int32 the native call could not even take it.
     if copies < 1 or copies > 2**31 - 1:
         raise errors.InvalidArgumentError(
@@ -149,7 +151,8 @@ class Client:
         published version at a time (docs/versions.md); None or 1 writes it
         in place."""
         copies = _copies(copies, replicas)
-        kept = 0 if versions is None else _integer(versions, "versions")
+        kept = (0 if versions is None else
+                _integer(versions, "versions", None, None))
         if kept < 0 or kept > 64:
             raise errors.InvalidArgumentError(
                 3, f"versions must be between 1 and 64, not {kept}")
@@ -159,7 +162,7 @@ class Client:
             init = "full"
         return Tensor(self, self._native.create(
             name, _integers(shape, "shape"), spec, _dtype_name(dtype), init,
-            float(fill_value), _integer(seed, "seed"), copies, kept))
+            float(fill_value), _integer(seed, "seed", 0, 2**64 - 1), copies, kept))
 
     def create_many(self, tensors: Sequence[Mapping[str, Any]]
                     ) -> List[Tensor]:
@@ -178,7 +181,8 @@ class Client:
                     3, f"tensor {i}: a dict with name, shape and spec, not "
                        f"{t!r:.80}") from None
             kept = t.get("versions")
-            kept = 0 if kept is None else _integer(kept, "versions")
+            kept = 0 if kept is None else _integer(kept, "versions", None,
+                                                   None)
             if kept < 0 or kept > 64:
                 raise errors.InvalidArgumentError(
                     3, f"tensor {name}: versions must be between 1 and 64, "
@@ -193,7 +197,7 @@ class Client:
                            _integers(shape, "shape"), spec,
                            _dtype_name(t.get("dtype", "float32")), init,
                            float(fill_value),
-                           _integer(t.get("seed", 0), "seed"),
+                           _integer(t.get("seed", 0), "seed", 0, 2**64 - 1),
                            _copies(t.get("copies", 1), None), kept))
         return [Tensor(self, v) for v in self._native.create_many(native)]
 
@@ -378,7 +382,7 @@ class Client:
         the checkpoint's values being their version 1; 1, in place."""
         views = self._native.load(path, list(names or []),
                                   list(as_names or []), spec, bool(replace),
-                                  _integer(versions or 0, "versions"))
+                                  _integer(versions or 0, "versions", 0, 64))
         return [Tensor(self, v) for v in views]
 
     def __repr__(self) -> str:
@@ -423,5 +427,6 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
         _tessera.set_token(token)
     return Client(_tessera.Client.connect(address, _seconds(timeout),
                                           request_id or "",
-                                          _integer(data_lanes, "data_lanes"),
+                                          _integer(data_lanes, "data_lanes",
+                                                   INT32_MIN, INT32_MAX),
                                           bool(local_path)))

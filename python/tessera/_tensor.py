@@ -233,15 +233,30 @@ def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
 
 
-def _integer(value: Any, what: str) -> int:
+# The range of the native layer's integers (int64_t), and of its int.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+def _integer(value: Any, what: str, low: Optional[int] = INT64_MIN,
+             high: Optional[int] = INT64_MAX) -> int:
     """``value`` as an int: an int, a numpy integer, anything with
     ``__index__``; a TypeError naming ``what`` for anything else (a float
     is refused, not truncated: 2.5 elements or version 1.9 is a mistake,
-    as torch and numpy say)."""
+    as torch and numpy say). InvalidArgumentError outside [low, high],
+    by default the range the native calls hold (int64), so that 2**64 is
+    refused in words, not by pybind11's list of signatures; the calls
+    check their own ranges within it (None: no bound, for a caller that
+    checks a narrower range itself)."""
     try:
-        return operator.index(value)
+        number = operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an int, not {value!r:.40}") from None
+    if (low is not None and number < low) or (high is not None and
+                                              number > high):
+        raise _invalid(f"{what} must be an integer from {low} to {high}, "
+                       f"not {number}")
+    return number
 
 
 def _name(value: Any, what: str) -> str:
@@ -253,14 +268,15 @@ def _name(value: Any, what: str) -> str:
     return value
 
 
-def _integers(values: Any, what: str) -> list[int]:
+def _integers(values: Any, what: str, low: int = INT64_MIN,
+              high: int = INT64_MAX) -> list[int]:
     """Each of ``values`` as an int (_integer), in a list."""
     try:
         items = list(values)
     except TypeError:
         raise TypeError(f"{what} must be a sequence of ints, not "
                         f"{values!r:.40}") from None
-    return [_integer(v, what) for v in items]
+    return [_integer(v, what, low, high) for v in items]
 
 
 class Tensor:

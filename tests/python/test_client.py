@@ -445,6 +445,48 @@ def test_counts_and_indices_must_be_ints_not_truncated(client, rows4):
     assert plan.run(version=np.int64(1)) == 1
 
 
+def test_ints_beyond_what_the_native_calls_hold_are_refused_in_words(
+        daemons, client, rows4):
+    # 2**64 reached pybind11, whose TypeError listed the native signatures.
+    client.create("wide_v", (4, 4), rows4, init="zeros", versions=2)
+    client.begin("wide_v").publish()
+    out = np.empty((2, 2), np.float32)
+    v = client.open("wide_v")
+    calls = [
+        ("shape", lambda big: client.create("wide_bad", (big, 4), rows4)),
+        ("seed", lambda big: client.create("wide_bad", (4, 4), rows4,
+                                           init="randn", seed=big)),
+        ("dim", lambda big: tessera.chunk(big, ["rank:0/cpu"])),
+        ("data_lanes", lambda big: tessera.connect(daemons.addresses[0],
+                                                   data_lanes=big)),
+        ("after", lambda big: client.watch("wide_v", after=big)),
+        ("versions", lambda big: client.snapshot("wide_v", versions=[big])),
+        ("version", lambda big: v.at(big)),
+        ("offsets", lambda big: v.read_region((big, 0), (2, 2))),
+        ("sizes", lambda big: v.read_region((0, 0), (2, big))),
+        ("version", lambda big: client.plan_reads(
+            [("wide_v", (0, 0), (2, 2), out)]).run(version=big)),
+        ("versions", lambda big: client.load("no-such-checkpoint",
+                                             versions=big)),
+    ]
+    for what, call in calls:
+        for big in [2**64, -2**64] + ([] if what == "seed" else [2**63]):
+            with pytest.raises(tessera.InvalidArgumentError,
+                               match=f"{what} must be an integer from"):
+                call(big)
+    # Those with ranges of their own keep their words.
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="versions must be between 1 and 64"):
+        client.create("wide_bad", (4, 4), rows4, versions=2**64)
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="copies must be between 1"):
+        client.create("wide_bad", (4, 4), rows4, copies=2**64)
+    assert "wide_bad" not in [t.name for t in client.list()]
+    # The widest a native int holds still goes through to its own check.
+    with pytest.raises(tessera.OutOfRangeError, match="leaves the tensor"):
+        v.read_region((2**63 - 1, 0), (1, 1))
+
+
 def test_concurrent_readers(client, rows4):
     values = np.arange(64 * 256, dtype=np.float64).reshape(64, 256)
     w = client.put("w", values, rows4)
