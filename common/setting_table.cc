@@ -26,13 +26,15 @@ absl::StatusOr<double> SettingValue::ToNumber() const {
 }
 
 absl::StatusOr<int> SettingValue::ToIntIn(int min, int max) const {
-  absl::StatusOr<int> value = ToInt();
-  if (!value.ok()) return value.status();
-  if (absl::Status in_range = SettingInRange(source, *value, min, max);
-      !in_range.ok()) {
-    return in_range;
+  // Parsed as 64 bits, so that a whole number beyond int ("--nproc
+  // 2147483648") is told its range, not that it is no integer.
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) return ToInt().status();
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " must be in [", min, ", ", max, "], got ", value));
   }
-  return value;
+  return static_cast<int>(value);
 }
 
 absl::StatusOr<bool> SettingValue::ToBool() const {

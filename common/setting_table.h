@@ -194,7 +194,14 @@ class SettingTable {
       });
     }
     Setting& Int(int Options::*field, int min, int max) {
-      Int(field);
+      // Parsed within [min, max], so that a whole number beyond int is
+      // told the range; the check covers a default or computed value.
+      Apply([field, min, max](const SettingValue& value, Options& options) {
+        absl::StatusOr<int> parsed = value.ToIntIn(min, max);
+        if (!parsed.ok()) return parsed.status();
+        options.*field = *parsed;
+        return absl::OkStatus();
+      });
       return Check(
           [field, min, max](absl::string_view source, const Options& options) {
             return SettingInRange(source, options.*field, min, max);

@@ -145,6 +145,11 @@ TEST_F(SettingTableTest, ErrorsNameTheirSource) {
   vars_ = {{"SLURM_NTASKS", "99"}};
   EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
                                     "SLURM_NTASKS must be in [1, 64], got 99"));
+  // A whole number beyond int is told the range, not that it is none.
+  vars_ = {{"SLURM_NTASKS", "99999999999"}};
+  EXPECT_THAT(Resolve({}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "SLURM_NTASKS must be in [1, 64], got 99999999999"));
   vars_ = {{"WORKERS", "2"}, {"APP_PORT", "0"}};
   EXPECT_THAT(Resolve({}), StatusIs(absl::StatusCode::kInvalidArgument,
                                     "APP_PORT must be in [1, 65535], got 0"));

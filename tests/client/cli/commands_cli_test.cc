@@ -264,6 +264,8 @@ TEST(CommandsCliTest, LaunchUsageErrors) {
   ExpectUsageError(RunOffline({"launch"}), "launch", "--nproc is required");
   ExpectUsageError(RunOffline({"launch", "--nproc", "0"}), "launch",
                    "--nproc must be in [1, 4096], got 0");
+  ExpectUsageError(RunOffline({"launch", "--nproc", "2147483648"}), "launch",
+                   "--nproc must be in [1, 4096], got 2147483648");
   ExpectUsageError(
       RunOffline({"launch", "--nproc", "2", "--base-port", "70000"}), "launch",
       "--base-port must be in [1, 65535]");
