@@ -618,20 +618,33 @@ absl::Status CheckWritesApart(absl::Span<const BoxWrite> writes) {
   for (const auto& [data, which] : by_data) {
     if (which.size() < 2) continue;
     std::vector<ShardMetadata> boxes;
+    std::vector<size_t> index;  // Of each box's write.
     boxes.reserve(which.size());
+    index.reserve(which.size());
     for (const size_t i : which) {
       absl::StatusOr<ShardMetadata> box =
           ShardMetadata::Create(writes[i].offsets, writes[i].data.sizes());
-      if (box.ok()) boxes.push_back(*std::move(box));
+      if (!box.ok()) continue;
+      boxes.push_back(*std::move(box));
+      index.push_back(i);
     }
-    const absl::Status apart = ValidateNonOverlappingShards(boxes);
-    if (!apart.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "writing ", writes.size(), " boxes at once: two boxes of tensor ",
-          writes[which[0]].view.name(), " overlap (", apart.message(),
-          "); they are written in no order, so the elements they share "
-          "would end with either's bytes: write one after the other"));
-    }
+    absl::StatusOr<std::optional<std::pair<size_t, size_t>>> pair =
+        FindOverlappingShards(boxes);
+    if (!pair.ok() || !pair->has_value()) continue;  // Ranks: Write's say.
+    const size_t first = index[(*pair)->first];
+    const size_t second = index[(*pair)->second];
+    const auto box = [&](size_t i) {
+      return absl::StrCat("box ", i, " (offsets [",
+                          absl::StrJoin(writes[i].offsets, ", "), "], sizes [",
+                          absl::StrJoin(writes[i].data.sizes(), ", "), "])");
+    };
+    std::string version;
+    if (data.second > 0) version = absl::StrCat(" version ", data.second);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "writing ", writes.size(), " boxes at once: ", box(first), " and ",
+        box(second), " of tensor ", writes[first].view.name(), version,
+        " overlap; they are written in no order, so the elements they share "
+        "would end with either's bytes: write one after the other"));
   }
   return absl::OkStatus();
 }

@@ -46,12 +46,12 @@ bool BoxesOverlap(const Box& a, const Box& b, size_t rank) {
   return true;
 }
 
-absl::Status OverlapError(const Box& a, const Box& b) {
-  const Box& first = a.index < b.index ? a : b;
-  const Box& second = a.index < b.index ? b : a;
-  return absl::InvalidArgumentError(
-      absl::StrCat("Shards ", first.shard->ToString(), " and ",
-                   second.shard->ToString(), " overlap"));
+// Two overlapping boxes as the positions of their shards, in order.
+using ShardPair = std::pair<size_t, size_t>;
+
+std::optional<ShardPair> Overlapping(const Box& a, const Box& b) {
+  return a.index < b.index ? ShardPair{a.index, b.index}
+                           : ShardPair{b.index, a.index};
 }
 
 // The dimensions along which the boxes do not all share one interval, most
@@ -132,23 +132,25 @@ class ActiveEnds {
 };
 
 // Exact overlap check for boxes varying along one dimension `a`.
-absl::Status CheckOverlap1D(const std::vector<Box>& boxes, size_t a) {
+std::optional<ShardPair> FindOverlap1D(const std::vector<Box>& boxes,
+                                       size_t a) {
   const std::vector<Slab> slabs = SortedSlabs(boxes, a, a);
   size_t reach = 0;  // Slab reaching furthest along a so far.
   for (size_t i = 1; i < slabs.size(); ++i) {
     if (slabs[reach].a_hi > slabs[i].a_lo) {
-      return OverlapError(boxes[slabs[reach].box], boxes[slabs[i].box]);
+      return Overlapping(boxes[slabs[reach].box], boxes[slabs[i].box]);
     }
     if (slabs[i].a_hi > slabs[reach].a_hi) reach = i;
   }
-  return absl::OkStatus();
+  return std::nullopt;
 }
 
 // Exact overlap check for boxes varying along two dimensions: boxes active
 // at a sweep position along `a` must have disjoint extents along `b`, so
 // they are kept ordered by start along b and only the neighbours of a new
 // box are compared with it.
-absl::Status CheckOverlap2D(const std::vector<Box>& boxes, size_t a, size_t b) {
+std::optional<ShardPair> FindOverlap2D(const std::vector<Box>& boxes, size_t a,
+                                       size_t b) {
   const std::vector<Slab> slabs = SortedSlabs(boxes, a, b);
   absl::btree_map<int64_t, uint32_t> active;  // Start along b -> slab.
   ActiveEnds ends;
@@ -157,18 +159,18 @@ absl::Status CheckOverlap2D(const std::vector<Box>& boxes, size_t a, size_t b) {
     ends.RetireUntil(slab.a_lo, [&](size_t j) { active.erase(slabs[j].b_lo); });
     auto next = active.lower_bound(slab.b_lo);
     if (next != active.end() && next->first < slab.b_hi) {
-      return OverlapError(boxes[slabs[next->second].box], boxes[slab.box]);
+      return Overlapping(boxes[slabs[next->second].box], boxes[slab.box]);
     }
     if (next != active.begin()) {
       auto prev = std::prev(next);
       if (slabs[prev->second].b_hi > slab.b_lo) {
-        return OverlapError(boxes[slabs[prev->second].box], boxes[slab.box]);
+        return Overlapping(boxes[slabs[prev->second].box], boxes[slab.box]);
       }
     }
     active.emplace_hint(next, slab.b_lo, static_cast<uint32_t>(i));
     ends.Add(slab.a_hi, i);
   }
-  return absl::OkStatus();
+  return std::nullopt;
 }
 
 // Boxes varying along three or more dimensions: sweep along `a`; active
@@ -176,8 +178,9 @@ absl::Status CheckOverlap2D(const std::vector<Box>& boxes, size_t a, size_t b) {
 // its boxes ordered by start along `c`. A new box is compared only with
 // groups and entries whose start lies within the longest active extent of
 // its own, which for grid-like layouts is a constant number.
-absl::Status CheckOverlapND(const std::vector<Box>& boxes,
-                            const std::vector<size_t>& dims, size_t rank) {
+std::optional<ShardPair> FindOverlapND(const std::vector<Box>& boxes,
+                                       const std::vector<size_t>& dims,
+                                       size_t rank) {
   const size_t a = dims[0], b = dims[1], c = dims[2];
   struct Group {
     absl::btree_multimap<int64_t, uint32_t> by_c;  // Start along c -> slab.
@@ -210,7 +213,7 @@ absl::Status CheckOverlapND(const std::vector<Box>& boxes,
       auto e = group.by_c.lower_bound(box.lo(c) - group.longest_c + 1);
       for (; e != group.by_c.end() && e->first < box.hi(c); ++e) {
         const Box& other = boxes[slabs[e->second].box];
-        if (BoxesOverlap(other, box, rank)) return OverlapError(other, box);
+        if (BoxesOverlap(other, box, rank)) return Overlapping(other, box);
       }
     }
     Group& group = groups[{slab.b_lo, slab.b_hi}];
@@ -219,7 +222,7 @@ absl::Status CheckOverlapND(const std::vector<Box>& boxes,
     longest_b = std::max(longest_b, slab.b_hi - slab.b_lo);
     ends.Add(slab.a_hi, i);
   }
-  return absl::OkStatus();
+  return std::nullopt;
 }
 
 std::string BoxText(const std::vector<int64_t>& offsets,
@@ -330,10 +333,10 @@ std::optional<std::string> FindUncovered(const std::vector<Box>& boxes,
   return std::nullopt;
 }
 
-// ValidateNonOverlappingShards on the non-empty `boxes` of `shards`.
-absl::Status CheckOverlaps(absl::Span<const ShardMetadata> shards,
-                           const std::vector<Box>& boxes) {
-  if (shards.empty()) return absl::OkStatus();
+// FindOverlappingShards on the non-empty `boxes` of `shards`.
+absl::StatusOr<std::optional<ShardPair>> FindOverlap(
+    absl::Span<const ShardMetadata> shards, const std::vector<Box>& boxes) {
+  if (shards.empty()) return std::nullopt;
   const int64_t rank = shards[0].dim();
   for (const ShardMetadata& shard : shards) {
     if (shard.dim() != rank) {
@@ -341,18 +344,30 @@ absl::Status CheckOverlaps(absl::Span<const ShardMetadata> shards,
           "Found inconsistent ranks for shards: ", rank, " and ", shard.dim()));
     }
   }
-  if (boxes.size() < 2) return absl::OkStatus();
+  if (boxes.size() < 2) return std::nullopt;
   const std::vector<size_t> dims = VaryingDims(boxes, rank);
   switch (dims.size()) {
     case 0:  // Every box is the same box.
-      return OverlapError(boxes[0], boxes[1]);
+      return Overlapping(boxes[0], boxes[1]);
     case 1:
-      return CheckOverlap1D(boxes, dims[0]);
+      return FindOverlap1D(boxes, dims[0]);
     case 2:
-      return CheckOverlap2D(boxes, dims[0], dims[1]);
+      return FindOverlap2D(boxes, dims[0], dims[1]);
     default:
-      return CheckOverlapND(boxes, dims, rank);
+      return FindOverlapND(boxes, dims, rank);
   }
+}
+
+// ValidateNonOverlappingShards on the non-empty `boxes` of `shards`.
+absl::Status CheckOverlaps(absl::Span<const ShardMetadata> shards,
+                           const std::vector<Box>& boxes) {
+  absl::StatusOr<std::optional<ShardPair>> pair = FindOverlap(shards, boxes);
+  if (!pair.ok()) return pair.status();
+  if (!pair->has_value()) return absl::OkStatus();
+  const auto [first, second] = **pair;
+  return absl::InvalidArgumentError(
+      absl::StrCat("Shards ", shards[first].ToString(), " and ",
+                   shards[second].ToString(), " overlap"));
 }
 
 // CheckTensor on the non-empty `boxes` of `shards`.
@@ -416,6 +431,11 @@ absl::Status CheckBounds(absl::Span<const ShardMetadata> shards,
 absl::Status ValidateNonOverlappingShards(
     absl::Span<const ShardMetadata> shards) {
   return CheckOverlaps(shards, NonEmptyBoxes(shards));
+}
+
+absl::StatusOr<std::optional<std::pair<size_t, size_t>>> FindOverlappingShards(
+    absl::Span<const ShardMetadata> shards) {
+  return FindOverlap(shards, NonEmptyBoxes(shards));
 }
 
 absl::Status CheckTensor(absl::Span<const ShardMetadata> shards,

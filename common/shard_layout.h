@@ -17,9 +17,13 @@
 #ifndef TESSERA_COMMON_SHARD_LAYOUT_H_
 #define TESSERA_COMMON_SHARD_LAYOUT_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/shard_metadata.h"
 
@@ -29,6 +33,14 @@ namespace tessera {
 // "Shards ShardMetadata(...) and ShardMetadata(...) overlap" naming one
 // overlapping pair otherwise. Shards must all have the same rank.
 absl::Status ValidateNonOverlappingShards(
+    absl::Span<const ShardMetadata> shards);
+
+// The same sweep, answering with the positions in `shards` (first <
+// second) of one pair of non-empty shards that share an element, or
+// nullopt when none do; for a caller that names the pair its own way
+// (WriteMany names the boxes of its list). INVALID_ARGUMENT when the
+// shards' ranks differ.
+absl::StatusOr<std::optional<std::pair<size_t, size_t>>> FindOverlappingShards(
     absl::Span<const ShardMetadata> shards);
 
 // PyTorch's check_tensor: every non-empty shard lies inside a tensor of

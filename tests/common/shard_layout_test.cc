@@ -1,7 +1,9 @@
 #include "common/shard_layout.h"
 
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -13,6 +15,7 @@ namespace tessera {
 namespace {
 
 using ::tessera::testing::IsOk;
+using ::tessera::testing::IsOkAndHolds;
 using ::tessera::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -50,6 +53,34 @@ TEST(ShardLayoutTest, OverlapNamesBothShardsInInputOrder) {
   EXPECT_THAT(
       ValidateNonOverlappingShards({ShardBox({}, {}), ShardBox({}, {})}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
+}
+
+TEST(ShardLayoutTest, FindOverlappingShardsGivesThePairsPositions) {
+  // One pair per kind of sweep: along 1, 2 and 3 varying dimensions, and
+  // every box the same box; empty shards between them are skipped.
+  using Pair = std::optional<std::pair<size_t, size_t>>;
+  EXPECT_THAT(FindOverlappingShards({ShardBox({0}, {4}), ShardBox({2}, {0}),
+                                     ShardBox({4}, {4}), ShardBox({7}, {2})}),
+              IsOkAndHolds(Pair({2, 3})));
+  EXPECT_THAT(FindOverlappingShards(
+                  {ShardBox({0, 5}, {5, 5}), ShardBox({5, 0}, {5, 5}),
+                   ShardBox({0, 0}, {5, 5}), ShardBox({4, 4}, {1, 1})}),
+              IsOkAndHolds(Pair({2, 3})));
+  EXPECT_THAT(FindOverlappingShards({ShardBox({0, 0, 0}, {2, 2, 2}),
+                                     ShardBox({2, 2, 2}, {2, 2, 2}),
+                                     ShardBox({1, 1, 1}, {1, 1, 1})}),
+              IsOkAndHolds(Pair({0, 2})));
+  EXPECT_THAT(FindOverlappingShards(
+                  {ShardBox({1, 1}, {2, 2}), ShardBox({1, 1}, {2, 2})}),
+              IsOkAndHolds(Pair({0, 1})));
+  EXPECT_THAT(FindOverlappingShards(
+                  {ShardBox({0, 0}, {5, 5}), ShardBox({5, 5}, {5, 5})}),
+              IsOkAndHolds(Pair()));
+  EXPECT_THAT(FindOverlappingShards({}), IsOkAndHolds(Pair()));
+  EXPECT_THAT(
+      FindOverlappingShards({ShardBox({0}, {4}), ShardBox({0, 0}, {1, 1})}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("inconsistent ranks")));
 }
 
 TEST(ShardLayoutTest, TouchingShardsDoNotOverlap) {

@@ -298,8 +298,12 @@ def test_write_many_writes_every_box_in_one_call(client, rows4):
                       ("wm.a", (6, 0), np.zeros((4, 4), np.float32))])
     # Boxes of one tensor that share elements: written in no order, they
     # would leave those elements with either's bytes; refused whole.
+    # The message names the two boxes by their place in the list.
     with pytest.raises(tessera.InvalidArgumentError,
-                       match="two boxes of tensor wm.a overlap"):
+                       match=r"box 1 \(offsets \[0, 0\], sizes \[4, 4\]\) "
+                             r"and box 3 \(offsets \[3, 3\], sizes "
+                             r"\[2, 1\]\) of tensor wm.a version \d+ "
+                             r"overlap"):
         g.write_many([("wm.c", (0,), np.array([8, 8, 8])),
                       ("wm.a", (0, 0), np.zeros((4, 4), np.float32)),
                       ("wm.a", (4, 0), np.zeros((4, 2), np.float32)),
