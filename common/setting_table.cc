@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 
@@ -30,10 +31,7 @@ absl::StatusOr<int> SettingValue::ToIntIn(int min, int max) const {
   // 2147483648") is told its range, not that it is no integer.
   int64_t value = 0;
   if (!absl::SimpleAtoi(text, &value)) return ToInt().status();
-  if (value < min || value > max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, " must be in [", min, ", ", max, "], got ", value));
-  }
+  RETURN_IF_ERROR(SettingInRange(source, value, min, max));
   return static_cast<int>(value);
 }
 
@@ -46,7 +44,7 @@ absl::StatusOr<bool> SettingValue::ToBool() const {
   return lower == "true";
 }
 
-absl::Status SettingInRange(absl::string_view source, int value, int min,
+absl::Status SettingInRange(absl::string_view source, int64_t value, int min,
                             int max) {
   if (value < min || value > max) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -44,6 +44,7 @@
 #ifndef TESSERA_COMMON_SETTING_TABLE_H_
 #define TESSERA_COMMON_SETTING_TABLE_H_
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -76,7 +77,7 @@ struct SettingValue {
 };
 
 // "<source> must be in [min, max], got <value>" outside it, else OK.
-absl::Status SettingInRange(absl::string_view source, int value, int min,
+absl::Status SettingInRange(absl::string_view source, int64_t value, int min,
                             int max);
 
 // The value of an environment variable; nullopt when unset.

@@ -21,9 +21,9 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Union)
 
 from . import _tessera
-from ._tensor import (INT32_MAX, INT32_MIN, Shard, Tensor, RemoteShard,
-                      _integer, _integers,
-                      _name, _seconds, _source)
+from ._tensor import (INT32_MAX, INT32_MIN, UINT64_MAX, Shard, Tensor,
+                      RemoteShard, _integer, _integers, _name, _seconds,
+                      _source)
 from ._versions import Snapshot, Version, VersionGroup
 from ._plans import ReadPlan
 from . import _plans
@@ -162,7 +162,8 @@ class Client:
             init = "full"
         return Tensor(self, self._native.create(
             name, _integers(shape, "shape"), spec, _dtype_name(dtype), init,
-            float(fill_value), _integer(seed, "seed", 0, 2**64 - 1), copies, kept))
+            float(fill_value), _integer(seed, "seed", 0, UINT64_MAX), copies,
+            kept))
 
     def create_many(self, tensors: Sequence[Mapping[str, Any]]
                     ) -> List[Tensor]:
@@ -197,7 +198,7 @@ class Client:
                            _integers(shape, "shape"), spec,
                            _dtype_name(t.get("dtype", "float32")), init,
                            float(fill_value),
-                           _integer(t.get("seed", 0), "seed", 0, 2**64 - 1),
+                           _integer(t.get("seed", 0), "seed", 0, UINT64_MAX),
                            _copies(t.get("copies", 1), None), kept))
         return [Tensor(self, v) for v in self._native.create_many(native)]
 

@@ -233,9 +233,11 @@ def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
 
 
-# The range of the native layer's integers (int64_t), and of its int.
+# The range of the native layer's integers (int64_t), of its int, and
+# of its uint64_t (seeds).
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+UINT64_MAX = 2**64 - 1
 
 
 def _integer(value: Any, what: str, low: Optional[int] = INT64_MIN,
@@ -268,8 +270,8 @@ def _name(value: Any, what: str) -> str:
     return value
 
 
-def _integers(values: Any, what: str, low: int = INT64_MIN,
-              high: int = INT64_MAX) -> list[int]:
+def _integers(values: Any, what: str, low: Optional[int] = INT64_MIN,
+              high: Optional[int] = INT64_MAX) -> list[int]:
     """Each of ``values`` as an int (_integer), in a list."""
     try:
         items = list(values)
