@@ -58,9 +58,11 @@ Box ParseIndex(const py::handle& key, const std::vector<int64_t>& tensor,
       }
       const Py_ssize_t size = PySlice_AdjustIndices(n, &start, &stop, step);
       if (step != 1) {
+        // The step as written: PySlice_Unpack clamps one beyond ssize_t.
+        const std::string written = py::str(k.attr("step"));
         Raise(absl::InvalidArgumentError(absl::StrCat(
             "slices with a step other than 1 are not supported (axis ", axis,
-            " has step ", step, "): read the range and step it in numpy")));
+            " has step ", written, "): read the range and step it in numpy")));
       }
       box.offsets.push_back(size > 0 ? start : 0);
       box.sizes.push_back(size);

@@ -256,8 +256,13 @@ def _integer(value: Any, what: str, low: Optional[int] = INT64_MIN,
         raise TypeError(f"{what} must be an int, not {value!r:.40}") from None
     if (low is not None and number < low) or (high is not None and
                                               number > high):
-        raise _invalid(f"{what} must be an integer from {low} to {high}, "
-                       f"not {number}")
+        if high is None:
+            wanted = f"an integer of at least {low}"
+        elif low is None:
+            wanted = f"an integer of at most {high}"
+        else:
+            wanted = f"an integer from {low} to {high}"
+        raise _invalid(f"{what} must be {wanted}, not {number}")
     return number
 
 

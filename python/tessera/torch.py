@@ -15,7 +15,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional,
 import torch
 
 from . import _tessera, errors
-from ._tensor import _integers, _source, _write_many
+from ._tensor import _integer, _integers, _source, _write_many
 
 if TYPE_CHECKING:
     from . import Client, ShardingSpec, Tensor
@@ -131,7 +131,10 @@ def default_layout(client: Client, chunk_bytes: int = CHUNK_BYTES) -> Layout:
     tensor (round-robin from rank 0, in the order the layout is asked), so
     that small tensors spread over the cluster instead of piling up on rank
     0. Every placement names its daemon's own device ("rank:1/cpu",
-    "rank:1/cuda:1"). A fresh layout starts again at rank 0."""
+    "rank:1/cuda:1"). A fresh layout starts again at rank 0.
+    ``chunk_bytes`` is a byte count (0: chunk every tensor that has the
+    rows); anything else is refused here."""
+    chunk_bytes = _integer(chunk_bytes, "chunk_bytes", 0, None)
     placements = [f"rank:{rank}/{device or 'cpu'}"
                   for rank, device in enumerate(client.devices)]
     turn = itertools.count()

@@ -150,8 +150,12 @@ def test_slicing_reads_only_the_box(client, rows4):
         w[-41]
     with pytest.raises(tessera.OutOfRangeError):
         w[1, 2, 3]
-    with pytest.raises(tessera.InvalidArgumentError, match="step"):
+    with pytest.raises(tessera.InvalidArgumentError, match="has step 2\\)"):
         w[::2]
+    # The step as written, not as clamped to ssize_t.
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match=f"has step {2**64}\\)"):
+        w[:, ::2**64]
     with pytest.raises(tessera.OutOfRangeError):  # checked before allocating
         w.read_region((0, 0), (10**9, 10**9))
     with pytest.raises(tessera.InvalidArgumentError):

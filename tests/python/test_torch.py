@@ -182,6 +182,14 @@ def test_state_dict_default_layout(client):
     assert layout("b", torch.zeros(3, 100)) == tessera.chunk(0, ["rank:0/cpu"])
     assert layout("c", np.zeros(4, np.float32)) == tessera.chunk(
         0, ["rank:1/cpu"])
+    # A threshold that is no byte count is refused when the layout is made,
+    # not when it is first asked.
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match="chunk_bytes must be an integer of at least 0, "
+                       "not -5"):
+        tt.default_layout(client, chunk_bytes=-5)
+    with pytest.raises(TypeError, match="chunk_bytes must be an int"):
+        tt.default_layout(client, chunk_bytes="1MiB")
 
 
 @pytest.mark.skipif(SHARD_ERROR is None,
