@@ -348,7 +348,7 @@ void AddBenchCommand(CLI::App& app, CommandContext& context) {
       ->add_option("--reps", options->reps,
                    "transfers per size (large sizes: about 1 GiB's worth, at "
                    "least 3)")
-      ->check(CLI::Range(1, 100000))
+      ->check(Whole(1, 100000))
       ->capture_default_str();
   bench->add_flag("--json", options->json, "one JSON document");
   bench->footer(

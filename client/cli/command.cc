@@ -130,7 +130,9 @@ CLI::Validator Seconds(double min, double max) {
         return absl::StrCat("must be a number of seconds above 0 and at most ",
                             number(max), ", not ", text);
       },
-      "SECONDS");
+      // No description: help shows the option's own type name alone
+      // ("--timeout SECONDS", not "SECONDS:SECONDS").
+      "");
 }
 
 }  // namespace tessera::cli

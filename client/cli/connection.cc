@@ -97,7 +97,7 @@ void AddConnectionFlags(CLI::App& app, CLI::App* command,
             }
             return "";
           },
-          "ID");
+          "");
   command->add_option("--tls-ca", flags->tls_ca, kTlsCaHelp)->type_name("FILE");
   command->add_option("--tls-cert", flags->tls_cert, kTlsCertHelp)
       ->type_name("FILE");

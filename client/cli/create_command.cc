@@ -143,7 +143,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
                    "them, reads fall back to them when the owner is dead or "
                    "stalled, and a restarted owner refills from them "
                    "(--replicas: the same, an older name)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(Whole(1, 1 << 20))
       ->capture_default_str()
       ->type_name("C");
   create
@@ -152,7 +152,7 @@ void AddCreateCommand(CLI::App& app, CommandContext& context) {
                    "written in place; K from 2 to 64, a versioned tensor, "
                    "written by versions that are published atomically and "
                    "read one published version at a time")
-      ->check(CLI::Range(1, 64))
+      ->check(Whole(1, 64))
       ->type_name("K");
   AddConnectionFlags(app, create, &options->connection, /*transfers=*/false);
   create->add_flag("--json", options->json,

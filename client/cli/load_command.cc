@@ -103,7 +103,7 @@ void AddLoadCommand(CLI::App& app, CommandContext& context) {
                    "versions (2 to 64; docs/versions.md): the checkpoint's "
                    "values are their version 1; 1 loads them in place "
                    "(default: each as it was saved)")
-      ->check(CLI::Range(1, 64))
+      ->check(Whole(1, 64))
       ->type_name("K");
   load->add_flag("--json", options->json,
                  "Print the loaded tensors as JSON (as 'tessera ls --json')");

@@ -85,6 +85,14 @@ TEST(CommandsCliTest, EveryCommandHasHelp) {
     EXPECT_EQ(result.exit_code, 0) << command << ": " << result.err;
     EXPECT_THAT(result.out, HasSubstr("Exit status")) << command;
     EXPECT_THAT(result.err, IsEmpty()) << command;
+    // A checked flag shows its own type name alone, not CLI11's
+    // "TYPE:CHECK" (which read "--timeout SECONDS:SECONDS").
+    if (std::string(command) != "launch" && std::string(command) != "plan") {
+      EXPECT_THAT(result.out, HasSubstr("--timeout SECONDS ")) << command;
+      EXPECT_THAT(result.out, HasSubstr("--request-id ID ")) << command;
+    }
+    EXPECT_THAT(result.out, Not(HasSubstr("SECONDS:"))) << command;
+    EXPECT_THAT(result.out, Not(HasSubstr(":INT in"))) << command;
   }
   const RunResult top = RunOffline({"--help"});
   EXPECT_EQ(top.exit_code, 0);
@@ -158,6 +166,18 @@ TEST(CommandsCliTest, WholeNumberFlagsSayTheirRange) {
       {{"bench", "--rank", "-3"},
        "bench",
        "--rank: must be a whole number from 0 to 2147483647, not -3"},
+      {{"bench", "--reps", "0"},
+       "bench",
+       "--reps: must be a whole number from 1 to 100000, not 0"},
+      {{"create", "w", "--size", "4", "--spec", kChunk2, "--versions", "2.5"},
+       "create",
+       "--versions: must be a whole number from 1 to 64, not 2.5"},
+      {{"create", "w", "--size", "4", "--spec", kChunk2, "--copies", "0"},
+       "create",
+       "--copies: must be a whole number from 1 to 1048576, not 0"},
+      {{"load", "ckpt", "--versions", "65"},
+       "load",
+       "--versions: must be a whole number from 1 to 64, not 65"},
   };
   for (const Case& c : cases) {
     ExpectUsageError(RunOffline(c.args), c.command, c.error);
