@@ -3,13 +3,24 @@
 #include <chrono>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/log_context.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/details/log_msg.h"
+#include "spdlog/pattern_formatter.h"
 
 namespace tessera {
 namespace {
+
+// The message of `msg`, cut to kMaxLogMessageBytes and saying so.
+std::string Message(const spdlog::details::log_msg& msg) {
+  const absl::string_view payload(msg.payload.data(), msg.payload.size());
+  if (payload.size() <= kMaxLogMessageBytes) return std::string(payload);
+  return absl::StrCat(payload.substr(0, kMaxLogMessageBytes), "...(",
+                      payload.size(), " bytes)");
+}
 
 class JsonLogFormatter final : public spdlog::formatter {
  public:
@@ -31,7 +42,7 @@ class JsonLogFormatter final : public spdlog::formatter {
     if (!context.tensor.empty()) line["tensor"] = context.tensor;
     if (!context.request.empty()) line["request"] = context.request;
     if (context.peer >= 0) line["peer"] = context.peer;
-    line["message"] = std::string(msg.payload.data(), msg.payload.size());
+    line["message"] = Message(msg);
     const std::string text = line.dump(
         -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     dest.append(text.data(), text.data() + text.size());
@@ -43,10 +54,37 @@ class JsonLogFormatter final : public spdlog::formatter {
   }
 };
 
+// spdlog's own pattern formatter, given the message cut short.
+class TextLogFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg,
+              spdlog::memory_buf_t& dest) override {
+    if (msg.payload.size() <= kMaxLogMessageBytes) {
+      pattern_.format(msg, dest);
+      return;
+    }
+    const std::string cut = Message(msg);
+    spdlog::details::log_msg shorter = msg;
+    shorter.payload = spdlog::string_view_t(cut.data(), cut.size());
+    pattern_.format(shorter, dest);
+  }
+
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<TextLogFormatter>();
+  }
+
+ private:
+  spdlog::pattern_formatter pattern_{"[%Y-%m-%d %H:%M:%S.%e] [%l] %v"};
+};
+
 }  // namespace
 
 std::unique_ptr<spdlog::formatter> NewJsonLogFormatter() {
   return std::make_unique<JsonLogFormatter>();
+}
+
+std::unique_ptr<spdlog::formatter> NewTextLogFormatter() {
+  return std::make_unique<TextLogFormatter>();
 }
 
 }  // namespace tessera

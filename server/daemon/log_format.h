@@ -11,18 +11,27 @@
 // unset. Messages are escaped as JSON strings (bytes that are not UTF-8
 // are replaced), so every line parses.
 //
+// In both formats a message longer than kMaxLogMessageBytes is cut there
+// and ends "...(N bytes)": an error that quotes what a caller sent (a path
+// or a name of megabytes) must not grow the log by megabytes a request.
+//
 // Thread-safety: as spdlog's formatters (one per sink, used under the
 // sink's lock).
 #ifndef TESSERA_SERVER_DAEMON_LOG_FORMAT_H_
 #define TESSERA_SERVER_DAEMON_LOG_FORMAT_H_
 
+#include <cstddef>
 #include <memory>
 
 #include "spdlog/formatter.h"
 
 namespace tessera {
 
+inline constexpr size_t kMaxLogMessageBytes = size_t{8} << 10;
+
 std::unique_ptr<spdlog::formatter> NewJsonLogFormatter();
+// "[2026-11-26 18:20:01.123] [info] message".
+std::unique_ptr<spdlog::formatter> NewTextLogFormatter();
 
 }  // namespace tessera
 

@@ -72,7 +72,7 @@ void SetUpLogging(const DaemonOptions& options) {
   if (options.log_format == "json") {
     logger->set_formatter(NewJsonLogFormatter());
   } else {
-    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+    logger->set_formatter(NewTextLogFormatter());
   }
   logger->set_level(spdlog::level::from_str(level));
   logger->flush_on(spdlog::level::trace);

@@ -79,5 +79,38 @@ TEST(JsonLogFormatTest, EveryLineIsOneObjectWithItsContext) {
   EXPECT_FALSE(lines[4].contains("op"));
 }
 
+// A message of a megabyte (an error quoting a caller's path or name) takes
+// kMaxLogMessageBytes of a line and its length, in either format; shorter
+// ones are whole, and the text format is the daemon's pattern.
+TEST(LogFormatTest, ALongMessageIsCutAndSaysHowLongItWas) {
+  const std::string huge = "start " + std::string(1 << 20, 'p') + " end";
+  for (const bool json : {true, false}) {
+    std::ostringstream out;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+    spdlog::logger logger("cut", sink);
+    logger.set_formatter(json ? NewJsonLogFormatter() : NewTextLogFormatter());
+    logger.info("short {}", 1);
+    logger.warn("{}", huge);
+    const std::vector<std::string> lines =
+        absl::StrSplit(out.str(), '\n', absl::SkipEmpty());
+    ASSERT_EQ(lines.size(), 2u) << json;
+    EXPECT_LT(lines[1].size(), kMaxLogMessageBytes + 256) << json;
+    EXPECT_THAT(lines[1], ::testing::HasSubstr("start ppp")) << json;
+    EXPECT_THAT(lines[1], ::testing::HasSubstr(
+                              absl::StrCat("...(", huge.size(), " bytes)")))
+        << json;
+    EXPECT_THAT(lines[1], ::testing::Not(::testing::HasSubstr(" end")));
+    if (json) {
+      EXPECT_EQ(Lines(out.str())[0]["message"], "short 1");
+    } else {
+      EXPECT_THAT(lines[0],
+                  ::testing::MatchesRegex(
+                      "\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8}\\.[0-9]{3}"
+                      "\\] \\[info\\] short 1"));
+      EXPECT_THAT(lines[1], ::testing::HasSubstr("] [warning] start "));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera
