@@ -5,6 +5,8 @@
 #include "client/version_watcher.h"
 #include "client/version_writer.h"
 
+#include <limits.h>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -26,6 +28,7 @@
 #include "common/shard_layout.h"
 #include "common/shard_metadata.h"
 #include "common/status_macros.h"
+#include "common/tensor_name.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/control.grpc.pb.h"
@@ -43,23 +46,11 @@ namespace {
 using internal_client::Cluster;
 using internal_client::Worker;
 
-// For messages: the first few of `names` and how many more (a group may
-// hold tens of thousands).
-std::string SomeNames(absl::Span<const std::string> names) {
-  constexpr size_t kShown = 3;
-  std::string text =
-      absl::StrJoin(names.subspan(0, std::min(names.size(), kShown)), ", ");
-  if (names.size() > kShown) {
-    absl::StrAppend(&text, " and ", names.size() - kShown, " more");
-  }
-  return text;
-}
-
 // For messages: a group id ("name@number,...", wire/version_id.h) cut to
 // its first few versions.
 std::string SomeOfGroup(const std::string& id) {
   const std::vector<std::string> parts = absl::StrSplit(id, ',');
-  return SomeNames(parts);
+  return ShownNames(parts);
 }
 
 // The first pause between attempts of a logged call; it doubles.
@@ -202,7 +193,7 @@ absl::StatusOr<Described> DescribeNamed(const Cluster& cluster,
   v1::DescribeNamedTensorRequest request;
   request.set_name(name);
   return Describe(cluster, &v1::ControlService::Stub::DescribeTensor, request,
-                  absl::StrCat("opening tensor ", name));
+                  absl::StrCat("opening tensor ", ShownName(name)));
 }
 
 // What became of a view's tensor (of id `view_id`) that is `now`
@@ -799,9 +790,9 @@ absl::StatusOr<v1::CreateTensorRequest> CreateRequestOf(
     const CreateOptions& options) {
   if (options.copies < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "creating tensor ", name, ": copies must be between 1 and the ",
-        cluster.info().world_size(), " daemons of the cluster, not ",
-        options.copies));
+        "creating tensor ", ShownName(name),
+        ": copies must be between 1 and the ", cluster.info().world_size(),
+        " daemons of the cluster, not ", options.copies));
   }
   v1::CreateTensorRequest request;
   request.set_name(name);
@@ -829,7 +820,7 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::CreateMany(
     names.push_back(tensor.name);
   }
   std::string what = absl::StrCat("creating ", tensors.size(), " tensors (",
-                                  SomeNames(names), ")");
+                                  ShownNames(names), ")");
   v1::ListTensorsResponse response;
   RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::CreateTensors,
                           request, &response, what, /*logged=*/true));
@@ -853,10 +844,11 @@ absl::StatusOr<ShardedTensorView> Client::Create(const std::string& name,
                                                  const CreateOptions& options) {
   ASSIGN_OR_RETURN(const v1::CreateTensorRequest request,
                    CreateRequestOf(*cluster_, name, sizes, spec, options));
-  ASSIGN_OR_RETURN(Described created,
-                   Describe(*cluster_, &v1::ControlService::Stub::CreateTensor,
-                            request, absl::StrCat("creating tensor ", name),
-                            /*logged=*/true));
+  ASSIGN_OR_RETURN(
+      Described created,
+      Describe(*cluster_, &v1::ControlService::Stub::CreateTensor, request,
+               absl::StrCat("creating tensor ", ShownName(name)),
+               /*logged=*/true));
   return ShardedTensorView(cluster_, std::move(created.info),
                            std::move(created.metadata));
 }
@@ -935,7 +927,8 @@ absl::StatusOr<ShardedTensorView> Client::Open(const std::string& name) const {
     // A daemon that did not answer within the call's deadline (stalled)
     // has spent it: asking again through gRPC would wait a second one.
     if (absl::IsDeadlineExceeded(digest.status())) {
-      return Annotate(digest.status(), absl::StrCat("opening tensor ", name));
+      return Annotate(digest.status(),
+                      absl::StrCat("opening tensor ", ShownName(name)));
     }
   }
   absl::StatusOr<Described> opened = DescribeNamed(*cluster_, name);
@@ -991,7 +984,8 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::OpenNamed(
     auto it = index.find(name);
     if (it == index.end()) {
       return absl::NotFoundError(
-          absl::StrCat("opening tensor ", name, ": no tensor named ", name));
+          absl::StrCat("opening tensor ", ShownName(name), ": no tensor named ",
+                       ShownName(name)));
     }
     ASSIGN_OR_RETURN(ShardedTensorMetadata metadata, MetadataOf(*it->second));
     views.push_back(
@@ -1121,10 +1115,11 @@ absl::StatusOr<VersionWriter> Client::Begin(
       std::max<int64_t>(1, absl::ToInt64Milliseconds(options.lease)));
   VersionWriter writer;
   writer.cluster_ = cluster_;
-  RETURN_IF_ERROR(Control(
-      *cluster_, &v1::ControlService::Stub::BeginVersion, request,
-      &writer.group_, absl::StrCat("beginning a version of ", SomeNames(names)),
-      /*logged=*/true));
+  RETURN_IF_ERROR(
+      Control(*cluster_, &v1::ControlService::Stub::BeginVersion, request,
+              &writer.group_,
+              absl::StrCat("beginning a version of ", ShownNames(names)),
+              /*logged=*/true));
   ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
   writer.index_ = IndexViews(writer.views_);
   return writer;
@@ -1141,7 +1136,7 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
     const int64_t number = VersionNumber(part);
     if (number < 1 || VersionBase(part).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "joining versions ", SomeOfGroup(id), ": \"", part,
+          "joining versions ", SomeOfGroup(id), ": \"", ShownName(part),
           "\" is not a version id (a group id is \"name@number,...\")"));
     }
     names.emplace_back(VersionBase(part));
@@ -1157,7 +1152,7 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
         open_versions.end()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "joining versions ", SomeOfGroup(id), ": version ", numbers[i],
-          " of tensor ", names[i],
+          " of tensor ", ShownName(names[i]),
           " is not open (it was published or aborted, or its lease ended; "
           "latest published: ",
           view.version(), ")"));
@@ -1184,7 +1179,7 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
   snapshot.cluster_ = cluster_;
   RETURN_IF_ERROR(Control(*cluster_, &v1::ControlService::Stub::PinVersions,
                           request, &snapshot.group_,
-                          absl::StrCat("pinning ", SomeNames(names)),
+                          absl::StrCat("pinning ", ShownNames(names)),
                           /*logged=*/true));
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
   snapshot.index_ = IndexViews(snapshot.views_);
@@ -1208,7 +1203,7 @@ absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     v1::VersionGroup group;
     RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::PinVersions,
                             request, &group,
-                            absl::StrCat("pinning ", SomeNames(names)),
+                            absl::StrCat("pinning ", ShownNames(names)),
                             /*logged=*/true));
     return group;
   };
@@ -1229,12 +1224,12 @@ absl::StatusOr<std::unique_ptr<VersionWatcher>> Client::Watch(
   ASSIGN_OR_RETURN(const ShardedTensorView view, Open(name));
   if (!view.versioned()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "watching tensor ", name,
+        "watching tensor ", ShownName(name),
         ": it has no versions (it was created without versions >= 2)"));
   }
   if (after < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("watching tensor ", name, ": negative after ", after));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "watching tensor ", ShownName(name), ": negative after ", after));
   }
   std::shared_ptr<v1::ControlService::Stub> stub =
       v1::ControlService::NewStub(cluster_->coordinator().channel);
@@ -1252,7 +1247,7 @@ absl::Status Client::Delete(const std::string& name) {
   request.set_name(name);
   v1::DeleteTensorResponse response;
   return Control(*cluster_, &v1::ControlService::Stub::DeleteTensor, request,
-                 &response, absl::StrCat("deleting tensor ", name),
+                 &response, absl::StrCat("deleting tensor ", ShownName(name)),
                  /*logged=*/true);
 }
 
@@ -1265,7 +1260,7 @@ absl::Status Client::DeleteMany(const std::vector<std::string>& names) {
       if (!seen.insert(name).second) {
         return absl::InvalidArgumentError(absl::StrCat(
             "deleting ", names.size(), " tensors: tensor \"",
-            absl::CHexEscape(name.substr(0, 200)), "\" is named twice"));
+            absl::CHexEscape(ShownName(name)), "\" is named twice"));
       }
     }
   }
@@ -1305,7 +1300,7 @@ absl::StatusOr<ShardedTensorView> Client::Reshard(const std::string& name,
   while (true) {
     absl::StatusOr<Described> resharded =
         Describe(*cluster_, &v1::ControlService::Stub::Reshard, request,
-                 absl::StrCat("resharding tensor ", name),
+                 absl::StrCat("resharding tensor ", ShownName(name)),
                  /*logged=*/true, deadline);
     if (resharded.ok()) {
       return ShardedTensorView(cluster_, std::move(resharded->info),
@@ -1332,17 +1327,18 @@ absl::StatusOr<Tensor> Client::Gather(const std::string& name,
   request.set_name(name);
   request.set_chunk_bytes(options.chunk_bytes);
   ShardAssembler assembler(name, -1, Device::Cpu(), /*pin_memory=*/false);
-  assembler.set_name(absl::StrCat("gather of tensor ", name));
+  assembler.set_name(absl::StrCat("gather of tensor ", ShownName(name)));
   // The size is known once the header arrived.
   ProgressCounter progress(0, options.progress);
   assembler.set_on_chunk([&progress, &assembler](int64_t bytes) {
     progress.SetTotal(assembler.total_bytes());
     progress.Add(bytes);
   });
-  RETURN_IF_ERROR(ReceiveChunkStream(cluster_->coordinator().channel, *method,
-                                     request, absl::Now() + options.timeout,
-                                     absl::StrCat("gathering tensor ", name),
-                                     &assembler, cluster_->CallId()));
+  RETURN_IF_ERROR(
+      ReceiveChunkStream(cluster_->coordinator().channel, *method, request,
+                         absl::Now() + options.timeout,
+                         absl::StrCat("gathering tensor ", ShownName(name)),
+                         &assembler, cluster_->CallId()));
   progress.SetTotal(assembler.total_bytes());
   progress.Finish();
   return assembler.destination();
@@ -1360,10 +1356,10 @@ absl::StatusOr<std::vector<std::string>> SaveCheckpoint(
   for (const std::string& name : names) request.add_names(name);
   request.mutable_versions()->insert(versions.begin(), versions.end());
   v1::SaveCheckpointResponse response;
-  RETURN_IF_ERROR(Control(cluster, &v1::ControlService::Stub::SaveCheckpoint,
-                          request, &response,
-                          absl::StrCat("saving a checkpoint to ", path),
-                          /*logged=*/true));
+  RETURN_IF_ERROR(Control(
+      cluster, &v1::ControlService::Stub::SaveCheckpoint, request, &response,
+      absl::StrCat("saving a checkpoint to ", ShownText(path, PATH_MAX, 256)),
+      /*logged=*/true));
   return std::vector<std::string>(response.names().begin(),
                                   response.names().end());
 }
@@ -1392,7 +1388,8 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
   v1::LoadCheckpointResponse response;
   RETURN_IF_ERROR(Control(
       *cluster_, &v1::ControlService::Stub::LoadCheckpoint, request, &response,
-      absl::StrCat("loading the checkpoint ", request.path()),
+      absl::StrCat("loading the checkpoint ",
+                   ShownText(request.path(), PATH_MAX, 256)),
       /*logged=*/true));
   std::vector<ShardedTensorView> views;
   for (v1::TensorInfo& info : *response.mutable_tensors()) {

@@ -20,6 +20,7 @@
 #include "client/region_transfer.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "common/tensor_name.h"
 #include "io/file.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/daemon/agreement.h"
@@ -33,20 +34,6 @@
 
 namespace tessera::control_internal {
 namespace {
-
-constexpr size_t kMaxNameLength = 128;
-
-absl::Status ValidateName(absl::string_view name) {
-  bool ok = !name.empty() && name.size() <= kMaxNameLength;
-  for (char c : name) {
-    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
-                c == '.' || c == '-');
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "invalid tensor name \"", absl::CHexEscape(name.substr(0, 200)),
-      "\": a name is 1 to 128 characters of [A-Za-z0-9_.-]"));
-}
 
 absl::Status NameTaken(absl::string_view name) {
   return absl::AlreadyExistsError(
@@ -184,33 +171,33 @@ const char* OpName(const v1::ControlOp& op) {
 std::string OpTensor(const v1::ControlOp& op) {
   switch (op.request_case()) {
     case v1::ControlOp::kCreateTensor:
-      return op.create_tensor().name();
+      return ShownName(op.create_tensor().name());
     case v1::ControlOp::kCreateTensors: {
       std::vector<std::string> names;
       for (const v1::CreateTensorRequest& request :
            op.create_tensors().tensors()) {
         names.push_back(request.name());
       }
-      return absl::StrJoin(names, ",");
+      return ShownNames(names, ",");
     }
     case v1::ControlOp::kDeleteTensor:
-      return absl::StrJoin(DeletedNames(op.delete_tensor()), ",");
+      return ShownNames(DeletedNames(op.delete_tensor()), ",");
     case v1::ControlOp::kReshard:
-      return op.reshard().name();
+      return ShownName(op.reshard().name());
     case v1::ControlOp::kGather:
-      return op.gather().name();
+      return ShownName(op.gather().name());
     case v1::ControlOp::kSaveCheckpoint:
-      return absl::StrJoin(op.save_checkpoint().names(), ",");
+      return ShownNames(op.save_checkpoint().names(), ",");
     case v1::ControlOp::kLoadCheckpoint:
-      return absl::StrJoin(op.load_checkpoint().names(), ",");
+      return ShownNames(op.load_checkpoint().names(), ",");
     case v1::ControlOp::kBeginVersion:
-      return absl::StrJoin(op.begin_version().names(), ",");
+      return ShownNames(op.begin_version().names(), ",");
     case v1::ControlOp::kPublishVersion:
       return VersionHandleNames(op.publish_version().versions());
     case v1::ControlOp::kAbortVersion:
       return VersionHandleNames(op.abort_version().versions());
     case v1::ControlOp::kPinVersions:
-      return absl::StrJoin(op.pin_versions().names(), ",");
+      return ShownNames(op.pin_versions().names(), ",");
     case v1::ControlOp::kUnpinVersions:
       return "";
     case v1::ControlOp::REQUEST_NOT_SET:
@@ -396,7 +383,7 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
   const std::vector<int64_t> sizes(request.sizes().begin(),
                                    request.sizes().end());
   // Deterministic checks: they pass or fail alike on every daemon.
-  RETURN_IF_ERROR(ValidateName(request.name()));
+  RETURN_IF_ERROR(ValidateTensorName(request.name()));
   if (table_->Holds(request.name())) return NameTaken(request.name());
   ASSIGN_OR_RETURN(DType dtype, DTypeOf(request.dtype()));
   RETURN_IF_ERROR(ValidateSizes(sizes, dtype));
@@ -496,8 +483,9 @@ OpOutcome ControlOps::RunCreateMany(const v1::ControlOp& op) {
     std::set<std::string> seen;
     for (const v1::CreateTensorRequest& request : requests) {
       if (!seen.insert(request.name()).second) {
-        local = absl::InvalidArgumentError(absl::StrCat(
-            "CreateTensors: tensor ", request.name(), " is named twice"));
+        local = absl::InvalidArgumentError(
+            absl::StrCat("CreateTensors: tensor ", ShownName(request.name()),
+                         " is named twice"));
         break;
       }
     }
@@ -588,8 +576,8 @@ OpOutcome ControlOps::RunDelete(const v1::ControlOp& op) {
     std::set<std::string> seen;
     for (const std::string& name : names) {
       if (!seen.insert(name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("DeleteTensor: tensor ", name, " is named twice"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DeleteTensor: tensor ", ShownName(name), " is named twice"));
       }
       absl::StatusOr<v1::TensorInfo> held = table_->Info(name);
       if (!held.ok()) return UnknownTensor(name);
@@ -972,8 +960,8 @@ OpOutcome ControlOps::RunSave(const v1::ControlOp& op) {
     for (const std::string& name : request.names()) {
       if (!table_->Holds(name)) return UnknownTensor(name);
       if (!seen.insert(name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("SaveCheckpoint: \"", name, "\" is named twice"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SaveCheckpoint: \"", ShownName(name), "\" is named twice"));
       }
       // Degraded or refilling: refused as Lookup says.
       ASSIGN_OR_RETURN(ShardedTensor tensor, table_->Lookup(name));
@@ -1095,7 +1083,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
               "checkpoint entry \"", entry_name,
               "\" is a dense tensor; the cluster holds sharded tensors only"));
         }
-        RETURN_IF_ERROR(ValidateName(name));
+        RETURN_IF_ERROR(ValidateTensorName(name));
         if (!targets.insert(name).second) {
           return absl::InvalidArgumentError(absl::StrCat(
               "LoadCheckpoint: two entries would be named \"", name, "\""));
@@ -1276,7 +1264,7 @@ absl::Status CheckVersionNames(const std::vector<std::string>& names,
   for (const std::string& name : names) {
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": tensor ", name, " is named twice"));
+          absl::StrCat(what, ": tensor ", ShownName(name), " is named twice"));
     }
   }
   return absl::OkStatus();
@@ -1314,7 +1302,7 @@ void AddHandle(v1::VersionGroup* group, const std::string& name, int64_t number,
 
 std::string VersionHandleNames(
     const google::protobuf::RepeatedPtrField<v1::VersionHandle>& handles) {
-  return absl::StrJoin(HandleNamesOf(handles), ",");
+  return ShownNames(HandleNamesOf(handles), ",");
 }
 
 absl::StatusOr<std::shared_ptr<VersionSet>> ControlOps::VersionsOf(

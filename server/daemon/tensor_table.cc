@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/proto_convert.h"
 #include "common/status_macros.h"
+#include "common/tensor_name.h"
 #include "wire/version_id.h"
 
 namespace tessera::control_internal {
@@ -26,7 +27,8 @@ int64_t VersionMetadataBytes(size_t shards) {
 }
 
 absl::Status UnknownTensor(absl::string_view name) {
-  return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
+  return absl::NotFoundError(
+      absl::StrCat("no tensor named \"", ShownName(name), "\""));
 }
 
 absl::Status DegradedError(const v1::TensorInfo& info) {

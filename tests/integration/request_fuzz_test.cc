@@ -28,6 +28,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "client/snapshot.h"
+#include "client/version_watcher.h"
+#include "client/version_writer.h"
 #include "common/proto_convert.h"
 #include "common/sharding_spec.h"
 #include "gmock/gmock.h"
@@ -403,6 +406,61 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodLeaveTheClusterWhole) {
   for (const absl::Status& health : client_->Health()) EXPECT_OK(health);
   ASSERT_OK(client_->Create("after", {4, 4}, rows).status());
   ASSERT_OK(client_->Delete("after"));
+}
+
+// A name of a megabyte (or ten thousand of them), or a checkpoint path of
+// one, is refused or not found in a message of its first bytes, and each
+// daemon's one line per op names only the first few, cut short: no request
+// writes megabytes into a daemon's log or an error (common/tensor_name.h).
+TEST(HugeNamesTest, CostTheErrorsAndTheDaemonsLogsLittle) {
+  tt::DaemonClusterOptions options;
+  options.world_size = 2;
+  options.server_path = TESSERA_SERVER_PATH;
+  options.extra_args = {"--timeout", "20", "--log-level", "info"};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
+                       tt::DaemonCluster::Start(options));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Client> client,
+                       Client::Connect(cluster->address(0)));
+  constexpr size_t kLogCap = size_t{64} << 20;
+  std::vector<size_t> before;
+  for (int r = 0; r < 2; ++r) before.push_back(cluster->Log(r, kLogCap).size());
+
+  const std::string huge(1 << 20, 'n');
+  std::vector<std::string> many;
+  for (int i = 0; i < 10000; ++i) {
+    many.push_back(absl::StrCat(std::string(120, 'm'), i));
+  }
+  ShardingSpec rows = *ChunkShardingSpec::Create(
+      0, std::vector<std::string>{"rank:0/cpu", "rank:1/cpu"});
+  v1::LoadCheckpointRequest load;
+  load.set_path("ckpt/" + huge);
+  const std::vector<absl::Status> errors = {
+      client->Create(huge, {4}, rows).status(),
+      client->Open(huge).status(),
+      client->Delete(huge),
+      client->DeleteMany(many),
+      client->Pin({huge}).status(),
+      client->Pin(many).status(),
+      client->Begin({huge}).status(),
+      client->Join(huge + "@2").status(),
+      client->Watch(huge).status(),
+      client->Save("ckpt/" + huge, {"absent"}).status(),
+      client->Load(load).status(),
+  };
+  for (size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_FALSE(errors[i].ok()) << i;
+    EXPECT_LT(errors[i].message().size(), 4096u)
+        << i << ": " << errors[i].message().substr(0, 300);
+  }
+  EXPECT_THAT(errors[0],
+              tt::StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::HasSubstr("...(1048576 bytes)")));
+  for (int r = 0; r < 2; ++r) {
+    const size_t grown = cluster->Log(r, kLogCap).size() - before[r];
+    EXPECT_GT(grown, 0u) << "rank " << r << " logged no op line";
+    EXPECT_LT(grown, size_t{64} << 10)
+        << "rank " << r << " logged " << grown << " bytes";
+  }
 }
 
 }  // namespace
