@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "wire/grpc_status.h"
 
 namespace tessera::cli {
 
@@ -29,8 +30,10 @@ int CommandContext::RunAction() {
 
 void CommandContext::PrintError(absl::string_view command,
                                 absl::string_view message) const {
-  const std::string one_line =
-      absl::StrReplaceAll(message, {{"\r\n", " "}, {"\n", " "}, {"\r", " "}});
+  // At most 2 KiB, as a daemon's error reaches a client: a flag or file of
+  // megabytes quoted by a parser must not print an error of megabytes.
+  const std::string one_line = absl::StrReplaceAll(
+      CapGrpcMessage(message), {{"\r\n", " "}, {"\n", " "}, {"\r", " "}});
   err_ << "tessera" << (command.empty() ? "" : " ") << command
        << ": error: " << one_line << std::endl;
 }

@@ -491,6 +491,24 @@ def test_ints_beyond_what_the_native_calls_hold_are_refused_in_words(
         v.read_region((2**63 - 1, 0), (1, 1))
 
 
+def test_errors_quoting_megabytes_of_input_stay_short(client):
+    """A parser quoting what it was given (a spec, a dtype, an address, a
+    name of a megabyte) raises an error of at most 2 KiB, cut in its
+    middle, as a daemon's errors reach a client."""
+    huge = "q" * (1 << 20)
+    calls = [lambda: tessera.parse_spec(huge),
+             lambda: client.create("ok", (4,), tessera.chunk(0, ["rank:0/cpu"]),
+                                   dtype=huge),
+             lambda: tessera.connect(huge, timeout=5),
+             lambda: client.open(huge)]
+    for call in calls:
+        with pytest.raises(tessera.Error) as e:
+            call()
+        assert len(str(e.value)) <= 2100, str(e.value)[:200]
+    with pytest.raises(tessera.InvalidArgumentError, match="bytes cut"):
+        tessera.parse_spec(huge)
+
+
 def test_concurrent_readers(client, rows4):
     values = np.arange(64 * 256, dtype=np.float64).reshape(64, 256)
     w = client.put("w", values, rows4)

@@ -187,6 +187,18 @@ TEST(CommandsCliTest, WholeNumberFlagsSayTheirRange) {
 TEST(CommandsCliTest, CreateUsageErrors) {
   ExpectUsageError(RunOffline({"create", "w", "--spec", kChunk2}), "create",
                    "--size is required");
+  // A flag of 100,000 bytes that a parser quotes: one line of at most
+  // 2 KiB, cut in its middle.
+  const std::string huge(100000, 'q');
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"create", "w", "--size", "4", "--spec", huge},
+           {"create", "w", "--size", "4", "--spec", kChunk2, "--dtype",
+            huge}}) {
+    const RunResult result = RunOffline(args);
+    ExpectUsageError(result, "create", "bytes cut ...]");
+    EXPECT_LT(result.err.size(), 2200u);
+  }
   ExpectUsageError(RunOffline({"create", "w", "--size", "4,4"}), "create",
                    "--spec is required");
   ExpectUsageError(
