@@ -785,6 +785,14 @@ size_t ReadPlan::pieces() const {
 
 std::vector<std::string> ReadPlan::names() const { return names_; }
 
+std::vector<std::vector<int64_t>> ReadPlan::shapes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::vector<int64_t>> shapes;
+  shapes.reserve(views_.size());
+  for (const ShardedTensorView& view : views_) shapes.push_back(view.sizes());
+  return shapes;
+}
+
 std::vector<std::tuple<int, size_t, int64_t>> ReadPlan::sources() const {
   absl::MutexLock lock(&mu_);
   std::map<int, std::pair<size_t, int64_t>> by_rank;

@@ -189,6 +189,9 @@ class ReadPlan {
   size_t pieces() const;
   // The plan's tensors, in the order first named.
   std::vector<std::string> names() const;
+  // Their sizes, parallel to names(), as the plan was last made (a caller
+  // that means whole tensors checks its outs against them).
+  std::vector<std::vector<int64_t>> shapes() const;
   // Per daemon (rank order, ranks with no piece left out): (rank, pieces,
   // bytes) of one run, as planned (replicas are read only when the owner
   // fails).

@@ -119,6 +119,7 @@ void BindReadPlan(py::module_& m) {
       .def_property_readonly("pieces", &PyReadPlan::pieces)
       .def_property_readonly("plans", &PyReadPlan::plans)
       .def_property_readonly("names", &PyReadPlan::names)
+      .def_property_readonly("shapes", &PyReadPlan::shapes)
       .def("sources", &PyReadPlan::sources);
 }
 

@@ -51,6 +51,7 @@ class PyReadPlan {
   size_t pieces() const { return plan_->pieces(); }
   int plans() const { return plan_->plans(); }
   std::vector<std::string> names() const { return plan_->names(); }
+  std::vector<std::vector<int64_t>> shapes() const { return plan_->shapes(); }
   std::vector<std::tuple<int, size_t, int64_t>> sources() const {
     return plan_->sources();
   }

@@ -130,6 +130,11 @@ class ReadPlan:
         """The plan's tensors."""
         return list(self._native.names)
 
+    @property
+    def shapes(self) -> List[Tuple[int, ...]]:
+        """The sizes of each of ``names``, as the plan was last made."""
+        return [tuple(int(n) for n in shape) for shape in self._native.shapes]
+
     def sources(self) -> List[Dict[str, int]]:
         """Per daemon: its rank, the pieces and bytes a run reads from it."""
         return [{"rank": r, "pieces": p, "bytes": b}

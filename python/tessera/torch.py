@@ -7,6 +7,7 @@ Imported on demand (``import tessera.torch``); needs torch.
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import json
 from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional,
@@ -38,6 +39,21 @@ CREATE_BATCH = 4096
 
 def _invalid(message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(3, message)
+
+
+def _keys(prefix: Any, state_dict: Any, what: str) -> None:
+    """TypeError unless ``prefix`` is a str and ``state_dict`` a mapping of
+    str keys (a key 3 made "can only concatenate str (not "int") to str")."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"{what}: prefix must be a str, not "
+                        f"{type(prefix).__name__} {prefix!r:.40}")
+    if not isinstance(state_dict, collections.abc.Mapping):
+        raise TypeError(f"{what}: the state dict must be a mapping of names "
+                        f"to tensors, not {type(state_dict).__name__}")
+    for key in state_dict:
+        if not isinstance(key, str):
+            raise TypeError(f"{what}: state dict keys must be str, not "
+                            f"{type(key).__name__} {key!r:.40}")
 
 
 def _placement_text(placement: Any) -> str:
@@ -173,6 +189,7 @@ def put_state_dict(client: Client, prefix: str,
     replaced were deleted together (``Client.delete_many``); without ``replace``,
     a name already taken is AlreadyExistsError before anything is made. A
     failed write deletes the tensors this call created."""
+    _keys(prefix, state_dict, "put_state_dict")
     if spec_fn is None:
         spec_fn = default_layout(client)
     if replace:
@@ -227,7 +244,10 @@ def get_state_dict(
     converts them: float32 into bfloat16, rounded as torch rounds).
     Versioned tensors (publish_state_dict's) are read at one point, as
     a read plan reads them: a publish that lands meanwhile is seen whole
-    or not at all. Returns ``like``."""
+    or not at all. A tensor given alone must have the stored tensor's
+    shape (InvalidArgumentError "size mismatch for NAME", as torch's
+    load_state_dict says). Returns ``like``."""
+    _keys(prefix, like, "get_state_dict")
     if not like:
         return like
     dense, staged = {}, []
@@ -331,6 +351,7 @@ def publish_state_dict(client: Client, prefix: str,
     The tensors of one call are begun and
     published together, so their version numbers stay alike and a read
     plan reads them with no metadata call."""
+    _keys(prefix, state_dict, "publish_state_dict")
     if not state_dict:
         raise _invalid("publish_state_dict: the state dict is empty: there "
                        "is nothing to publish")
@@ -410,7 +431,9 @@ def plan_state_dict(client: Client, prefix: str,
     place from ``prefix + name`` on every ``run()``: a value is a tensor
     (the whole tensor is read into it) or a pair (tensor, offsets): only
     the box of its shape at ``offsets``. Its dtype may be another floating
-    one (converted as torch rounds)."""
+    one (converted as torch rounds). A tensor given alone of another shape
+    than the stored one is refused ("size mismatch for NAME")."""
+    _keys(prefix, like, "plan_state_dict")
     items = []
     for name, value in like.items():
         tensor, at = value if isinstance(value, tuple) else (value, None)
@@ -421,4 +444,18 @@ def plan_state_dict(client: Client, prefix: str,
                            f"strides)")
         origin = (0,) * tensor.dim() if at is None else tuple(at)
         items.append((prefix + name, origin, tuple(tensor.shape), tensor))
-    return client.plan_reads(items)
+    plan = client.plan_reads(items)
+    # A tensor given alone means the whole tensor: one of another shape is
+    # a mistake (a model of another size), refused as torch's
+    # load_state_dict refuses it, not filled from a corner of the tensor.
+    shapes = dict(zip(plan.names, plan.shapes))
+    for name, value in like.items():
+        if isinstance(value, tuple):
+            continue
+        stored = shapes[prefix + name]
+        if tuple(value.shape) != stored:
+            raise _invalid(
+                f"size mismatch for {name}: {prefix + name} has shape "
+                f"{list(stored)}, like[{name!r}] has {list(value.shape)} "
+                f"(give (tensor, offsets) to read a box of it)")
+    return plan

@@ -245,6 +245,11 @@ TEST_F(ReadPlanTest, CastsRoundAsTorchAndFusedDestinationsTakeEveryBox) {
                        client_->PlanReads(std::move(items)));
   // Bytes moved are the tensors' (float32, bfloat16), not the outs'.
   EXPECT_EQ(plan->bytes(), 3 * 16 * 6 * 4 + 16 * 12 * 4 + 8 * 8 * 2);
+  // The tensors in the order first named, with their (not the outs')
+  // sizes.
+  EXPECT_EQ(plan->names(), (std::vector<std::string>{"q", "k", "v", "b"}));
+  EXPECT_EQ(plan->shapes(), (std::vector<std::vector<int64_t>>{
+                                {16, 12}, {16, 12}, {16, 12}, {8, 8}}));
   ASSERT_OK(plan->Run().status());
   const Tensor half = *q.ToDType(DType::kFloat16);
   for (int part = 0; part < 3; ++part) {

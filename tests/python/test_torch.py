@@ -150,6 +150,56 @@ def test_state_dict_weight_sync(client, rows4):
                           {"bias": torch.zeros(16, dtype=torch.int32)})
 
 
+def test_a_whole_tensor_of_another_shape_is_a_size_mismatch(client):
+    """A tensor given alone to get_state_dict (or plan_state_dict) means
+    the whole stored tensor: one of another shape is refused, as torch's
+    load_state_dict refuses it, and nothing is read into it; a box is
+    asked for with (tensor, offsets)."""
+    tt.put_state_dict(client, "sm.", {"t": torch.arange(64.0).reshape(8, 8),
+                                      "b": torch.ones(8)})
+    for shape in [(4, 4), (8, 4), (1, 8)]:
+        out = torch.full(shape, -1.0)
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match=r"size mismatch for t: sm.t has shape "
+                                 r"\[8, 8\]"):
+            tt.get_state_dict(client, "sm.", {"b": torch.zeros(8), "t": out})
+        assert bool((out == -1).all()), shape
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="size mismatch for t"):
+            tt.plan_state_dict(client, "sm.", {"t": out})
+    # Larger than the tensor, or of another rank: refused by the plan.
+    for shape, error in [((8, 9), tessera.OutOfRangeError),
+                         ((64,), tessera.InvalidArgumentError),
+                         ((), tessera.InvalidArgumentError)]:
+        out = torch.full(shape, -1.0)
+        with pytest.raises(error):
+            tt.get_state_dict(client, "sm.", {"t": out})
+        assert bool((out == -1).all()), shape
+    box = torch.zeros(4, 4)
+    tt.get_state_dict(client, "sm.", {"t": (box, (4, 4))})
+    assert torch.equal(box, torch.arange(64.0).reshape(8, 8)[4:, 4:])
+    whole = torch.zeros(8, 8)
+    plan = tt.plan_state_dict(client, "sm.", {"t": whole})
+    assert plan.shapes == [(8, 8)]
+    plan.run()
+    assert torch.equal(whole, torch.arange(64.0).reshape(8, 8))
+
+
+def test_state_dict_keys_and_prefix_must_be_str(client):
+    for call in [lambda sd: tt.put_state_dict(client, "k.", sd),
+                 lambda sd: tt.publish_state_dict(client, "k.", sd),
+                 lambda sd: tt.get_state_dict(client, "k.", sd),
+                 lambda sd: tt.plan_state_dict(client, "k.", sd)]:
+        with pytest.raises(TypeError, match="state dict keys must be str, "
+                                            "not int 3"):
+            call({3: torch.zeros(4)})
+        with pytest.raises(TypeError, match="must be a mapping"):
+            call([torch.zeros(4)])
+    with pytest.raises(TypeError, match="prefix must be a str, not NoneType"):
+        tt.put_state_dict(client, None, {"a": torch.zeros(4)})
+    assert not [t for t in client.list() if t.name.startswith("k.")]
+
+
 def test_state_dict_default_layout(client):
     """Without a layout: big tensors in dim-0 chunks over every daemon,
     small ones (and 0-d ones) whole, one daemon after another."""
