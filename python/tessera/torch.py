@@ -124,6 +124,11 @@ def read(tensor: Tensor, out: Optional[torch.Tensor] = None,
         if tensor.dtype_name != "bfloat16":
             return torch.from_numpy(tensor.read(timeout=timeout))
         out = torch.empty(tensor.shape, dtype=torch.bfloat16)
+    elif offsets is None and tuple(out.shape) != tuple(tensor.shape):
+        # Without offsets, out is the whole tensor: not a corner of it.
+        raise _invalid(f"out has shape {tuple(out.shape)} but tensor "
+                       f"{tensor.name} is {tuple(tensor.shape)}; give "
+                       f"offsets= to read the box of out's shape there")
     return _read_box(tensor, out, offsets, timeout)
 
 

@@ -91,6 +91,14 @@ def test_tensors_in_and_out_in_place(client, rows4):
     tt.read(w, out=box, offsets=(0, 2))
     assert torch.equal(box, torch.cat([torch.zeros(2, 3), source[2:4, 2:5]]))
     assert torch.equal(tt.read(w)[2:], source[2:])
+    # Without offsets, out is the whole tensor: a smaller one is refused,
+    # not filled from the corner.
+    small = torch.full((4, 3), -1.0)
+    with pytest.raises(tessera.InvalidArgumentError,
+                       match=r"out has shape \(4, 3\) but tensor w is "
+                             r"\(32, 8\); give offsets="):
+        tt.read(w, out=small)
+    assert bool((small == -1).all())
 
 
 def test_bfloat16_tensors_in_and_out(client, rows4):
