@@ -3,10 +3,10 @@
 #include <chrono>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/log_context.h"
+#include "common/tensor_name.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/details/log_msg.h"
 #include "spdlog/pattern_formatter.h"
@@ -16,10 +16,8 @@ namespace {
 
 // The message of `msg`, cut to kMaxLogMessageBytes and saying so.
 std::string Message(const spdlog::details::log_msg& msg) {
-  const absl::string_view payload(msg.payload.data(), msg.payload.size());
-  if (payload.size() <= kMaxLogMessageBytes) return std::string(payload);
-  return absl::StrCat(payload.substr(0, kMaxLogMessageBytes), "...(",
-                      payload.size(), " bytes)");
+  return ShownText(absl::string_view(msg.payload.data(), msg.payload.size()),
+                   kMaxLogMessageBytes, kMaxLogMessageBytes);
 }
 
 class JsonLogFormatter final : public spdlog::formatter {
