@@ -46,6 +46,12 @@ namespace {
 using internal_client::Cluster;
 using internal_client::Worker;
 
+// For messages: a checkpoint path as given, or its first 256 bytes and its
+// length when it is longer than any path can be.
+std::string ShownPath(absl::string_view path) {
+  return ShownText(path, PATH_MAX, 256);
+}
+
 // For messages: a group id ("name@number,...", wire/version_id.h) cut to
 // its first few versions.
 std::string SomeOfGroup(const std::string& id) {
@@ -1358,7 +1364,7 @@ absl::StatusOr<std::vector<std::string>> SaveCheckpoint(
   v1::SaveCheckpointResponse response;
   RETURN_IF_ERROR(Control(
       cluster, &v1::ControlService::Stub::SaveCheckpoint, request, &response,
-      absl::StrCat("saving a checkpoint to ", ShownText(path, PATH_MAX, 256)),
+      absl::StrCat("saving a checkpoint to ", ShownPath(path)),
       /*logged=*/true));
   return std::vector<std::string>(response.names().begin(),
                                   response.names().end());
@@ -1388,8 +1394,7 @@ absl::StatusOr<std::vector<ShardedTensorView>> Client::Load(
   v1::LoadCheckpointResponse response;
   RETURN_IF_ERROR(Control(
       *cluster_, &v1::ControlService::Stub::LoadCheckpoint, request, &response,
-      absl::StrCat("loading the checkpoint ",
-                   ShownText(request.path(), PATH_MAX, 256)),
+      absl::StrCat("loading the checkpoint ", ShownPath(request.path())),
       /*logged=*/true));
   std::vector<ShardedTensorView> views;
   for (v1::TensorInfo& info : *response.mutable_tensors()) {
