@@ -37,6 +37,7 @@
 #include "wire/message_digest.h"
 #include "wire/replicas.h"
 #include "wire/request_id.h"
+#include "wire/request_limit.h"
 #include "wire/version_id.h"
 
 namespace tessera {
@@ -78,6 +79,9 @@ absl::Status Control(const Cluster& cluster,
                      const Request& request, Response* response,
                      absl::string_view what, bool logged = false,
                      absl::Time by = absl::InfiniteFuture()) {
+  // Refused here, not sent: a daemon would refuse it, and one beyond 2 GiB
+  // would abort this process in gRPC's serializer.
+  RETURN_IF_ERROR(Annotate(CheckRequestSize(request), what));
   const std::string id = logged ? cluster.LoggedCallId() : cluster.CallId();
   const absl::Time deadline =
       std::min(by, absl::Now() + cluster.options().timeout);
@@ -1058,7 +1062,7 @@ absl::StatusOr<ShardedTensorView> ViewNamed(
     if (it != index->end()) return views[it->second];
   }
   return absl::NotFoundError(
-      absl::StrCat("tensor ", name, " is not in this ", what));
+      absl::StrCat("tensor ", ShownName(name), " is not in this ", what));
 }
 
 }  // namespace
@@ -1277,8 +1281,9 @@ absl::Status Client::DeleteMany(const std::vector<std::string>& names) {
     v1::DeleteTensorResponse response;
     const absl::Status status = Control(
         *cluster_, &v1::ControlService::Stub::DeleteTensor, request, &response,
-        absl::StrCat("deleting ", end - first, " tensors (", names[first],
-                     end - first > 1 ? ", ..." : "", ")"),
+        absl::StrCat("deleting ", end - first, " tensors (",
+                     ShownName(names[first]), end - first > 1 ? ", ..." : "",
+                     ")"),
         /*logged=*/true);
     // The calls before this one were applied: the error says so.
     if (!status.ok() && first > 0) {

@@ -39,7 +39,7 @@ namespace {
 // channels: well above ShardServiceOptions::max_chunk_bytes plus the
 // header, so any server configuration the service accepts can be read, and
 // four times the largest request a daemon takes (kMaxRequestBytes,
-// server/serve/shard_service.h). An answer is at most about 1.3 times its
+// wire/request_limit.h). An answer is at most about 1.3 times its
 // request (a create's shard metadata, with each shard's rank, against its
 // spec's placements), so an op the daemon took and applied is never
 // answered with a message the client must refuse, which would leave it

@@ -63,18 +63,17 @@
 #include "server/serve/shard_registry.h"
 #include "tessera/v1/shard.grpc.pb.h"
 #include "tessera/v1/shard.pb.h"
+#include "wire/request_limit.h"
 
 namespace tessera {
 
 // Sets the server-wide arguments a shard server needs: no limit on the size
 // of sent messages (gRPC's server default, made explicit because a chunk
 // of max_chunk_bytes plus its header must fit; do not lower it afterwards),
-// and received messages of up to kMaxRequestBytes (gRPC's default, 4 MiB,
-// refused a version group of more than about 60,000 names, in one
-// BeginVersion, PublishVersion or PinVersions). Loopback measurements showed no
-// gain from flow-control or frame-size arguments, so none are set. Call before
+// and received messages of up to kMaxRequestBytes (wire/request_limit.h,
+// which says why). Loopback measurements showed no gain from flow-control
+// or frame-size arguments, so none are set. Call before
 // builder->BuildAndStart(); it does not register the service.
-inline constexpr int kMaxRequestBytes = 64 << 20;
 void ConfigureShardServer(grpc::ServerBuilder* builder);
 
 // The callback service with FetchShard taking and writing raw ByteBuffers.
