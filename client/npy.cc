@@ -525,19 +525,26 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   return tensor;
 }
 
-absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
-  ASSIGN_OR_RETURN(Tensor host, HostContiguous(tensor));
+absl::Status WriteNpy(OutputFile& file, const Tensor& tensor) {
+  const std::string what = absl::StrCat("cannot write '", file.path(), "'");
+  absl::StatusOr<Tensor> host = HostContiguous(tensor);
+  if (!host.ok()) return Annotate(host.status(), what);
   ASSIGN_OR_RETURN(std::string header,
-                   EncodeNpyHeader(host.dtype(), host.sizes()));
-  const std::string what = absl::StrCat("cannot write '", path, "'");
-  absl::StatusOr<AtomicFile> file = AtomicFile::Create(path, 0666);
-  if (!file.ok()) return Annotate(file.status(), what);
-  absl::Status status = file->Append(header.data(), header.size());
-  if (status.ok() && host.nbytes() > 0) {
-    status = file->Append(host.data_ptr(), host.nbytes());
+                   EncodeNpyHeader(host->dtype(), host->sizes()));
+  absl::Status status = file.Append(header.data(), header.size());
+  if (status.ok() && host->nbytes() > 0) {
+    status = file.Append(host->data_ptr(), host->nbytes());
   }
-  if (status.ok()) status = file->Commit();
+  if (status.ok()) status = file.Commit();
   return Annotate(status, what);
+}
+
+absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
+  absl::StatusOr<OutputFile> file = OutputFile::Open(path, 0666);
+  if (!file.ok()) {
+    return Annotate(file.status(), absl::StrCat("cannot write '", path, "'"));
+  }
+  return WriteNpy(*file, tensor);
 }
 
 }  // namespace tessera

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/tensor/tensor.h"
+#include "io/output_file.h"
 
 namespace tessera {
 
@@ -70,8 +71,11 @@ absl::StatusOr<std::string> EncodeNpy(const Tensor& tensor);
 // the data straight into the tensor (no second copy of the file).
 absl::StatusOr<Tensor> ReadNpy(const std::string& path);
 
-// Writes `tensor` to `path` atomically: into a temporary file next to it,
-// then renamed over `path`, so a failed write leaves no partial file.
+// Writes `tensor` as .npy into `file` and commits it: a file is replaced
+// atomically (a failed write leaves no partial file), a device, a FIFO or
+// "-" (standard output) is written in place (io/output_file.h).
+absl::Status WriteNpy(OutputFile& file, const Tensor& tensor);
+// The same into OutputFile::Open(path, 0666).
 absl::Status WriteNpy(const std::string& path, const Tensor& tensor);
 
 }  // namespace tessera

@@ -375,13 +375,4 @@ absl::string_view AtomicFileTarget(absl::string_view name) {
   return name.substr(0, marker);
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents, mode_t mode) {
-  absl::StatusOr<AtomicFile> file = AtomicFile::Create(path, mode);
-  if (!file.ok()) return file.status();
-  absl::Status status = file->Append(contents.data(), contents.size());
-  if (!status.ok()) return status;
-  return file->Commit();
-}
-
 }  // namespace tessera

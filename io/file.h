@@ -164,11 +164,6 @@ class AtomicFile {
 // not such a temporary file.
 absl::string_view AtomicFileTarget(absl::string_view name);
 
-// Replaces `path` with `contents` through an AtomicFile.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents,
-                                 mode_t mode = 0644);
-
 }  // namespace tessera
 
 #endif  // TESSERA_IO_FILE_H_

@@ -32,11 +32,24 @@ absl::StatusOr<DType> NpyOutputDType(DType dtype, const std::string& cast) {
   return output;
 }
 
-absl::Status SaveAsNpy(const Tensor& tensor, DType dtype,
-                       const std::string& path) {
-  if (tensor.dtype() == dtype) return WriteNpy(path, tensor);
+absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path) {
+  absl::StatusOr<OutputFile> file = OutputFile::Open(path, 0666);
+  if (!file.ok()) {
+    return Annotate(file.status(), absl::StrCat("cannot write '", path, "'"));
+  }
+  return file;
+}
+
+absl::Status SaveAsNpy(const Tensor& tensor, DType dtype, OutputFile& file) {
+  if (tensor.dtype() == dtype) return WriteNpy(file, tensor);
   ASSIGN_OR_RETURN(Tensor converted, tensor.ToDType(dtype));
-  return WriteNpy(path, converted);
+  return WriteNpy(file, converted);
+}
+
+std::ostream& ReportStream(const OutputFile& file,
+                           const CommandContext& context) {
+  return file.kind() == OutputFile::Kind::kReplaced ? context.out()
+                                                    : context.err();
 }
 
 absl::Status CheckCastFlag(const std::string& cast) {
@@ -64,6 +77,10 @@ int RunFetch(const FetchCommandOptions& options,
         kFetchCommand,
         Annotate(dtype.status(), absl::StrCat("tensor '", options.name, "'")));
   }
+
+  absl::StatusOr<OutputFile> output = OpenNpyOutput(options.output);
+  if (!output.ok())
+    return context.ReportUserError(kFetchCommand, output.status());
 
   Tensor tensor;
   std::string source;
@@ -100,15 +117,16 @@ int RunFetch(const FetchCommandOptions& options,
     source = absl::StrCat(options.name, " (", count,
                           count == 1 ? " shard)" : " shards)");
   }
-  absl::Status saved = SaveAsNpy(tensor, *dtype, options.output);
+  absl::Status saved = SaveAsNpy(tensor, *dtype, *output);
   if (!saved.ok()) {
     context.PrintError(kFetchCommand, saved.message());
     return kExitFailure;
   }
-  context.out() << "wrote " << options.output << ": " << source << ", "
-                << DescribeArray(*dtype, tensor.sizes()) << "\n";
-  context.out().flush();
-  return context.out().good() ? kExitOk : kExitFailure;
+  std::ostream& report = ReportStream(*output, context);
+  report << "wrote " << options.output << ": " << source << ", "
+         << DescribeArray(*dtype, tensor.sizes()) << "\n";
+  report.flush();
+  return report.good() ? kExitOk : kExitFailure;
 }
 
 void AddFetchCommand(CLI::App& app, CommandContext& context) {
@@ -121,7 +139,7 @@ void AddFetchCommand(CLI::App& app, CommandContext& context) {
       ->type_name("NAME");
   fetch
       ->add_option("-o,--output", options->output,
-                   "The .npy file to write (replaced atomically)")
+                   "The .npy file to write (replaced atomically; - for stdout)")
       ->required()
       ->type_name("FILE");
   fetch

@@ -14,6 +14,7 @@
 #define TESSERA_CLIENT_CLI_FETCH_COMMAND_H_
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -23,6 +24,7 @@
 #include "client/cli/connection.h"
 #include "common/dtype.h"
 #include "common/tensor/tensor.h"
+#include "io/output_file.h"
 
 namespace tessera::cli {
 
@@ -48,9 +50,19 @@ int RunFetch(const FetchCommandOptions& options, const CommandContext& context);
 // the result (bfloat16), suggesting --cast. Shared with `tessera read`.
 absl::StatusOr<DType> NpyOutputDType(DType dtype, const std::string& cast);
 
-// Converts `tensor` to `dtype` when it differs, and writes it to `path`.
-absl::Status SaveAsNpy(const Tensor& tensor, DType dtype,
-                       const std::string& path);
+// Opens -o's output before the transfer (io/output_file.h: "-" is standard
+// output, a device or FIFO is written in place, a file replaced), so that
+// a directory, a missing parent or a FIFO nobody reads fails before any
+// byte moves. The error names the path.
+absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path);
+
+// Converts `tensor` to `dtype` when it differs, and writes it into `file`.
+absl::Status SaveAsNpy(const Tensor& tensor, DType dtype, OutputFile& file);
+
+// Where "wrote ..." goes: stdout after a file, stderr after a device, a
+// FIFO or standard output ("-", /dev/stdout), which may be stdout itself.
+std::ostream& ReportStream(const OutputFile& file,
+                           const CommandContext& context);
 
 }  // namespace tessera::cli
 

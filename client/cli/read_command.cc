@@ -4,7 +4,9 @@
 #include <complex>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/fetch_command.h"
@@ -142,6 +144,14 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
     dtype = ParseDType(options.cast).value();
   }
 
+  std::optional<OutputFile> output;
+  if (!options.output.empty()) {
+    absl::StatusOr<OutputFile> opened = OpenNpyOutput(options.output);
+    if (!opened.ok())
+      return context.ReportUserError(kReadCommand, opened.status());
+    output.emplace(*std::move(opened));
+  }
+
   ProgressBar bar(context.err(), absl::StrCat("read ", options.name),
                   ProgressWanted(options.connection, context.err()));
   absl::StatusOr<Tensor> box = view->ReadRegion(
@@ -156,14 +166,17 @@ int RunRead(const ReadCommandOptions& options, const CommandContext& context) {
       return context.ReportUserError(kReadCommand, values.status());
     context.out() << FormatTensorValues(*values);
   } else {
-    absl::Status saved = SaveAsNpy(*box, dtype, options.output);
+    absl::Status saved = SaveAsNpy(*box, dtype, *output);
     if (!saved.ok()) {
       context.PrintError(kReadCommand, saved.message());
       return kExitFailure;
     }
-    context.out() << "wrote " << options.output << ": " << options.name
-                  << " at " << FormatDims(*offsets) << ", "
-                  << DescribeArray(dtype, box->sizes()) << "\n";
+    std::ostream& report = ReportStream(*output, context);
+    report << "wrote " << options.output << ": " << options.name << " at "
+           << FormatDims(*offsets) << ", " << DescribeArray(dtype, box->sizes())
+           << "\n";
+    report.flush();
+    if (!report.good()) return kExitFailure;
   }
   context.out().flush();
   return context.out().good() ? kExitOk : kExitFailure;

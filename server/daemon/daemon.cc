@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "io/file.h"
+#include "io/output_file.h"
 #include "io/socket.h"
 #include "server/metrics/metrics.h"
 #include "server/store/etcd_store.h"
@@ -277,7 +278,7 @@ void Daemon::Shutdown(absl::Duration grace) {
 
 absl::Status WriteAddressFile(const std::string& path,
                               const std::string& address) {
-  return Annotate(WriteFileAtomically(path, absl::StrCat(address, "\n")),
+  return Annotate(WriteOutputFile(path, absl::StrCat(address, "\n")),
                   absl::StrCat("cannot write address file ", path));
 }
 

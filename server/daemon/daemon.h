@@ -89,8 +89,9 @@ class Daemon {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Writes "address\n" to `path` atomically (a temporary file renamed over
-// it), so that a reader never sees a partial line.
+// Writes "address\n" to `path` (io/output_file.h): a file atomically (a
+// temporary file renamed over it), so that a reader never sees a partial
+// line; a device or FIFO (/dev/stdout) in place, never replaced.
 absl::Status WriteAddressFile(const std::string& path,
                               const std::string& address);
 

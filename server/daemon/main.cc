@@ -28,6 +28,7 @@
 #include "common/log_context.h"
 #include "common/mutex_checks.h"
 #include "io/heap.h"
+#include "io/output_file.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/daemon_options.h"
 #include "server/daemon/log_format.h"
@@ -121,7 +122,8 @@ int Run(int argc, char** argv) {
   const auto remove_files = [&options] {
     for (const std::string* file :
          {&options.metrics_address_file, &options.address_file}) {
-      if (!file->empty()) std::remove(file->c_str());
+      // Not a device: --address-file /dev/stdout is written in place.
+      if (!file->empty()) RemoveOutputFile(*file).IgnoreError();
     }
   };
   remove_files();

@@ -34,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file.h"
+#include "io/output_file.h"
 #include "io/subprocess.h"
 #include "tests/testing/daemon_cluster.h"
 #include "tests/testing/iota.h"
@@ -189,7 +190,7 @@ class SlurmTest : public ::testing::Test {
       random.read(key.data(), static_cast<std::streamsize>(key.size()));
     }
     const std::string key_file = Path("munge/munge.key");
-    ASSERT_OK(WriteFileAtomically(key_file, key, 0400));
+    ASSERT_OK(WriteOutputFile(key_file, key, 0400));
     munged_ =
         Daemon("munged", {"--foreground", "--force",
                           absl::StrCat("--socket=", Path("munge/socket")),
@@ -260,7 +261,7 @@ class SlurmTest : public ::testing::Test {
     ASSERT_TRUE(pki.MakeCa("ca"));
     ASSERT_TRUE(pki.MakeCert("daemon", "ca", 1, {hostname_}));
     ASSERT_TRUE(pki.MakeCert("client", "ca", 1, {hostname_}));
-    ASSERT_OK(WriteFileAtomically(
+    ASSERT_OK(WriteOutputFile(
         Path("secrets/tokens"),
         absl::StrCat("0123456789abcdef0123456789abcdef cluster daemons\n",
                      kAdminToken, " admin test\n"),

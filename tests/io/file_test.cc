@@ -1,4 +1,5 @@
-// Files (io/file.h): whole reads and writes, sizes, fsyncs, AtomicFile.
+// Files (io/file.h): whole reads and writes, sizes, fsyncs, AtomicFile;
+// OutputFile (io/output_file.h).
 #include "io/file.h"
 
 #include <dirent.h>
@@ -13,11 +14,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/output_file.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tessera {
@@ -324,21 +327,21 @@ TEST_F(FileTest, AtomicFileTempNameLiesBesideItsTarget) {
 }
 
 TEST_F(FileTest, AtomicFileKeepsItsMode) {
-  ASSERT_OK(WriteFileAtomically(Path("secret"), "s", 0600));
+  ASSERT_OK(WriteOutputFile(Path("secret"), "s", 0600));
   struct stat st;
   ASSERT_EQ(stat(Path("secret").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST_F(FileTest, AtomicFileInAMissingDirectoryIsNotFound) {
-  EXPECT_THAT(WriteFileAtomically(Path("no/such/file"), "x"),
+  EXPECT_THAT(WriteOutputFile(Path("no/such/file"), "x"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such")));
 }
 
-TEST_F(FileTest, WriteFileAtomically) {
-  ASSERT_OK(WriteFileAtomically(Path("address"), "127.0.0.1:1\n"));
+TEST_F(FileTest, WriteOutputFileReplacesAFile) {
+  ASSERT_OK(WriteOutputFile(Path("address"), "127.0.0.1:1\n"));
   EXPECT_EQ(Contents(Path("address")), "127.0.0.1:1\n");
-  ASSERT_OK(WriteFileAtomically(Path("address"), "127.0.0.1:2\n"));
+  ASSERT_OK(WriteOutputFile(Path("address"), "127.0.0.1:2\n"));
   EXPECT_EQ(Contents(Path("address")), "127.0.0.1:2\n");
   EXPECT_THAT(Entries(), UnorderedElementsAre("address"));
 }
@@ -353,6 +356,113 @@ TEST(AtomicFileTargetTest, NamesTheReplacedFile) {
   EXPECT_EQ(AtomicFileTarget("a.tmp.1."), "a.tmp.1.");
   EXPECT_EQ(AtomicFileTarget(".tmp.1.2"), ".tmp.1.2");
   EXPECT_EQ(AtomicFileTarget("a.tmp.1.2.3"), "a.tmp.1.2.3");
+}
+
+// OutputFile (io/output_file.h): outputs a user names, written as a
+// shell's `>` treats the path, atomically where it is a file, and never
+// replacing a device.
+
+bool IsCharacterDevice(const std::string& path) {
+  struct stat entry;
+  return ::lstat(path.c_str(), &entry) == 0 && S_ISCHR(entry.st_mode);
+}
+
+TEST_F(FileTest, OutputAFileIsReplacedAtomicallyAndThroughALink) {
+  std::ofstream(Path("real")) << "old";
+  std::filesystem::create_symlink(Path("real"), Path("link"));
+  ASSERT_OK_AND_ASSIGN(OutputFile file, OutputFile::Open(Path("link")));
+  EXPECT_EQ(file.kind(), OutputFile::Kind::kReplaced);
+  ASSERT_THAT(file.Append("new", 3), IsOk());
+  EXPECT_EQ(Contents(Path("real")), "old");  // Not yet: atomically.
+  ASSERT_THAT(file.Commit(), IsOk());
+  EXPECT_EQ(Contents(Path("real")), "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(Path("link")));
+  EXPECT_EQ(Entries().size(), 2u);  // No temporary file left.
+
+  // A link to nothing yet: the file it names is made.
+  std::filesystem::create_symlink("made", Path("dangling"));
+  ASSERT_THAT(WriteOutputFile(Path("dangling"), "m"), IsOk());
+  EXPECT_EQ(Contents(Path("made")), "m");
+  EXPECT_TRUE(std::filesystem::is_symlink(Path("dangling")));
+
+  ASSERT_THAT(WriteOutputFile(Path("fresh"), "x"), IsOk());
+  EXPECT_EQ(Contents(Path("fresh")), "x");
+  {  // Dropped uncommitted: the old file stays, no temporary one.
+    ASSERT_OK_AND_ASSIGN(OutputFile dropped, OutputFile::Open(Path("fresh")));
+    ASSERT_THAT(dropped.Append("yy", 2), IsOk());
+  }
+  EXPECT_EQ(Contents(Path("fresh")), "x");
+  EXPECT_EQ(Entries().size(), 5u);
+}
+
+TEST_F(FileTest, OutputADeviceIsWrittenInPlaceNeverReplaced) {
+  // Before, a temporary file was renamed over the path: run as root,
+  // `tessera fetch w -o /dev/null` replaced /dev/null with a regular file.
+  ASSERT_TRUE(IsCharacterDevice("/dev/null"));
+  ASSERT_THAT(WriteOutputFile("/dev/null", "bytes"), IsOk());
+  EXPECT_TRUE(IsCharacterDevice("/dev/null"));
+  if (IsCharacterDevice("/dev/full")) {
+    EXPECT_THAT(WriteOutputFile("/dev/full", "bytes"),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("write /dev/full")));
+    EXPECT_TRUE(IsCharacterDevice("/dev/full"));
+  }
+  // And a daemon's address file there is never removed.
+  EXPECT_THAT(RemoveOutputFile("/dev/null"), IsOk());
+  EXPECT_TRUE(IsCharacterDevice("/dev/null"));
+}
+
+TEST_F(FileTest, OutputAFifoIsWrittenWhileReadAndRefusedWithoutAReader) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  EXPECT_THAT(OutputFile::Open(Path("fifo")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no process has " + Path("fifo"))));
+  std::string read;
+  std::thread reader([&] { read = Contents(Path("fifo")); });
+  // Open fails until the reader has the FIFO open.
+  auto open = [&] {
+    for (int i = 0; i < 2000; ++i) {
+      absl::StatusOr<OutputFile> opened = OutputFile::Open(Path("fifo"));
+      if (opened.ok()) return opened;
+      ::usleep(1000);
+    }
+    return OutputFile::Open(Path("fifo"));
+  };
+  absl::StatusOr<OutputFile> file = open();
+  ASSERT_THAT(file.status(), IsOk());
+  EXPECT_EQ(file->kind(), OutputFile::Kind::kInPlace);
+  ASSERT_THAT(file->Append("through", 7), IsOk());
+  ASSERT_THAT(file->Commit(), IsOk());
+  reader.join();
+  EXPECT_EQ(read, "through");
+  struct stat entry;
+  ASSERT_EQ(::lstat(Path("fifo").c_str(), &entry), 0);
+  EXPECT_TRUE(S_ISFIFO(entry.st_mode));
+}
+
+TEST_F(FileTest, OutputADirectoryOrAMissingParentIsRefusedBeforeAnyWrite) {
+  EXPECT_THAT(OutputFile::Open(dir_).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(dir_ + " is a directory")));
+  EXPECT_THAT(OutputFile::Open(Path("no/such/file")).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such")));
+  EXPECT_THAT(OutputFile::Open("").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_EQ(Entries().size(), 0u);
+  ASSERT_OK_AND_ASSIGN(OutputFile out, OutputFile::Open("-"));
+  EXPECT_EQ(out.kind(), OutputFile::Kind::kStandardOutput);
+}
+
+TEST_F(FileTest, OutputRemoveTakesOnlyARegularFile) {
+  std::ofstream(Path("a")) << "x";
+  std::filesystem::create_symlink(Path("a"), Path("link"));
+  std::filesystem::create_directory(Path("d"));
+  EXPECT_THAT(RemoveOutputFile(Path("link")), IsOk());
+  EXPECT_THAT(RemoveOutputFile(Path("d")), IsOk());
+  EXPECT_THAT(RemoveOutputFile(Path("missing")), IsOk());
+  EXPECT_EQ(Entries().size(), 3u);
+  EXPECT_THAT(RemoveOutputFile(Path("a")), IsOk());
+  EXPECT_FALSE(std::filesystem::exists(Path("a")));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // (tests/testing/daemon_cluster.h), and `tessera launch` starting and
 // stopping daemons itself.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -176,6 +177,50 @@ TEST_F(CliDaemonTest, CreateDescribeWriteReadFetchRemove) {
   ASSERT_OK_AND_ASSIGN(Tensor reloaded, ReadNpy(Path("again.npy")));
   EXPECT_TRUE(Equal(reloaded, iota));
   EXPECT_EQ(Run({"rm", "cli_t"}).exit_code, 0);
+}
+
+// -o is a path a user names: a device is written in place, never replaced
+// (run as root, `fetch -o /dev/null` once renamed a regular file over
+// /dev/null), a directory is refused before the transfer, a link is
+// written through.
+TEST_F(CliDaemonTest, OutputsAreWrittenAsAShellWouldTreatThePath) {
+  ASSERT_NE(cluster_, nullptr);
+  ASSERT_EQ(Run({"create", "cli_o", "--size", "4,4", "--spec", kRows, "--init",
+                 "ones"})
+                .exit_code,
+            0);
+  const auto is_device = [](const char* path) {
+    struct stat entry;
+    return ::lstat(path, &entry) == 0 && S_ISCHR(entry.st_mode);
+  };
+  ASSERT_TRUE(is_device("/dev/null"));
+  CliResult to_null = Run({"fetch", "cli_o", "-o", "/dev/null"});
+  EXPECT_EQ(to_null.exit_code, 0) << to_null.output;
+  CliResult box_to_null = Run({"read", "cli_o", "--offsets", "0,0", "--sizes",
+                               "2,2", "-o", "/dev/null"});
+  EXPECT_EQ(box_to_null.exit_code, 0) << box_to_null.output;
+  EXPECT_TRUE(is_device("/dev/null"));
+  if (is_device("/dev/full")) {
+    CliResult full = Run({"fetch", "cli_o", "-o", "/dev/full"});
+    EXPECT_EQ(full.exit_code, 1);
+    EXPECT_THAT(full.output, HasSubstr("No space left on device"));
+    EXPECT_TRUE(is_device("/dev/full"));
+  }
+
+  const std::string dir = Path("outputs");
+  std::filesystem::create_directory(dir);
+  CliResult into_dir = Run({"fetch", "cli_o", "-o", dir});
+  EXPECT_EQ(into_dir.exit_code, 2) << into_dir.output;
+  EXPECT_THAT(into_dir.output, HasSubstr(dir + " is a directory"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+
+  std::filesystem::create_symlink("real.npy", dir + "/link.npy");
+  CliResult through = Run({"fetch", "cli_o", "-o", dir + "/link.npy"});
+  ASSERT_EQ(through.exit_code, 0) << through.output;
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/link.npy"));
+  ASSERT_OK_AND_ASSIGN(Tensor fetched, ReadNpy(dir + "/real.npy"));
+  EXPECT_EQ(fetched.sizes(), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(Run({"rm", "cli_o"}).exit_code, 0);
 }
 
 TEST_F(CliDaemonTest, VersionsReadAndWatch) {
