@@ -368,7 +368,7 @@ class Client:
         ``Snapshot.save`` saves a snapshot's pinned versions."""
         return self._native.save(path, list(names or []), bool(overwrite),
                                  {_name(k, "versions: each name"):
-                                  _integer(v, "version")
+                                  _integer(v, "version", 1)
                                   for k, v in (versions or {}).items()})
 
     def load(self, path: str, names: Optional[Iterable[str]] = None,

@@ -345,6 +345,10 @@ def test_save_a_kept_or_pinned_version_and_load_it_versioned(client, rows4):
         assert s.save("vsave_pinned") == ["vsave"]
     with pytest.raises(tessera.NotFoundError, match="not kept"):
         client.save("vsave_gone", ["vsave"], versions={"vsave": 1})
+    for number in (0, -1):  # Numbers start at 1; not "version -1 not kept".
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="version must be an integer from 1 to"):
+            client.save("vsave_gone", ["vsave"], versions={"vsave": number})
     # Loaded as it was saved: versioned, keeping 3; or in place when told.
     (two,) = client.load("vsave_two", as_names=["vsave_2"], names=["vsave"])
     assert (two.read() == 1).all() and two.versioned and two.version == 1
