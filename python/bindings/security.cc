@@ -1,7 +1,8 @@
 // TLS and tokens for the whole process (docs/security.md): set_tls takes
 // the CLI's CA, certificate and key files (checked now, INVALID_ARGUMENT
 // naming the connect() argument), set_token the bearer token every later
-// call carries. Both apply to channels made afterwards.
+// call carries. Both apply to channels made afterwards. read_token_file
+// reads connect(token_file=) as the CLI reads --token-file.
 #include <string>
 #include <utility>
 
@@ -24,6 +25,13 @@ void BindSecurity(py::module_& m) {
     SetProcessTls(std::move(config));
   });
   m.def("set_token", [](const std::string& token) { SetProcessToken(token); });
+  // connect(token_file=): the token as the CLI's --token-file reads it
+  // (ReadClientTokenFile: the first word of the first line neither blank
+  // nor a comment; a device such as /dev/zero or a file beyond 16 MiB is
+  // refused before it is read whole).
+  m.def("read_token_file", [](const std::string& path) {
+    return Check(ReadClientTokenFile(path, "token_file"));
+  });
 }
 
 }  // namespace tessera::python

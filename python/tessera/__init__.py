@@ -419,11 +419,7 @@ def connect(address: Optional[str] = None, timeout: float = 60.0,
     if tls_ca or tls_cert or tls_key:
         _tessera.set_tls(tls_ca or "", tls_cert or "", tls_key or "")
     if token_file is not None:
-        with open(token_file) as f:
-            words = f.read().split()
-        if not words:
-            raise InvalidArgumentError(3, f"token file {token_file} is empty")
-        token = words[0]
+        token = _tessera.read_token_file(_os.fspath(token_file))
     if token is not None:
         _tessera.set_token(token)
     return Client(_tessera.Client.connect(address, _seconds(timeout),

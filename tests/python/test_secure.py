@@ -40,8 +40,19 @@ if mode == "arguments":
     out["wrong token"] = outcome(
         lambda: tessera.connect(address, timeout=5, token="not-the-token",
                                 **tls).list())
-    c = tessera.connect(address, timeout=30,
-                        token_file=creds["TESSERA_TOKEN_FILE"], **tls)
+    # A device is refused before it is read (it never ends), not read
+    # until memory runs out.
+    out["token file /dev/zero"] = outcome(
+        lambda: tessera.connect(address, timeout=5, token_file="/dev/zero",
+                                **tls))
+    # Read as the CLI's --token-file is: comments and blank lines skipped.
+    import tempfile
+    with open(creds["TESSERA_TOKEN_FILE"]) as f:
+        token = f.read().split()[0]
+    commented = tempfile.NamedTemporaryFile("w", suffix=".token")
+    commented.write("# the token of this cluster\n\n" + token + "\n")
+    commented.flush()
+    c = tessera.connect(address, timeout=30, token_file=commented.name, **tls)
 else:  # everything from the environment, as the ready line exports it
     c = tessera.connect(timeout=30)
 values = np.arange(2048 * 256, dtype=np.float32).reshape(2048, 256)
@@ -108,6 +119,7 @@ def test_tls_and_token_as_arguments(secure):
     # Without TLS or with a wrong token: an exception, at once.
     assert out["plaintext"] == "UnavailableError"
     assert out["wrong token"] == "UnauthenticatedError"
+    assert out["token file /dev/zero"] == "InvalidArgumentError"
     assert out["read"] and out["box"] and out["gather"]
     assert out["health"] == [True, True]
 
