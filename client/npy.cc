@@ -366,6 +366,14 @@ absl::StatusOr<Tensor> HostContiguous(const Tensor& tensor) {
   return tensor.To(Device::Cpu());
 }
 
+// A descriptor of this process's standard input of its own (ReadNpy's
+// "-"), so that closing it leaves fd 0 open.
+absl::StatusOr<UniqueFd> DuplicateStandardInput() {
+  const int fd = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, "standard input");
+  return UniqueFd(fd);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> NpyDescr(DType dtype) {
@@ -469,13 +477,20 @@ absl::StatusOr<std::string> EncodeNpy(const Tensor& tensor) {
 
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   const std::string what = absl::StrCat("cannot read '", path, "'");
-  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDONLY);
+  absl::StatusOr<UniqueFd> fd =
+      path == "-" ? DuplicateStandardInput() : OpenFile(path, O_RDONLY);
   if (!fd.ok()) return Annotate(fd.status(), what);
   struct stat info;
-  if (::fstat(fd->get(), &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (::fstat(fd->get(), &info) != 0) {
+    return Annotate(ErrnoError(errno, absl::StrCat("stat ", path)), what);
+  }
+  if (S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", path, "' is a directory, not a .npy file"));
   }
+  // A pipe (standard input, a FIFO) is read as it comes: no seeking back,
+  // no size to check the header against before the data arrives.
+  const bool seekable = S_ISREG(info.st_mode) || S_ISBLK(info.st_mode);
   // The preamble, then the header it announces.
   std::string prefix(kMagicSize + 2 + 4, '\0');
   absl::StatusOr<size_t> got =
@@ -496,27 +511,39 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   }
   absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
   if (!header.ok()) return Annotate(header.status(), path);
-  // Data right after the header: rewind the bytes of a short header that
-  // the fixed-size first read took past it.
-  if (::lseek(fd->get(), header->data_offset, SEEK_SET) < 0) {
-    return ErrnoError(errno, absl::StrCat("cannot seek in '", path, "'"));
+  // Data right after the header. A file: rewind the bytes of a short
+  // header that the fixed-size first read took past it, and check the file
+  // holds the data before allocating it. A pipe: those bytes are the
+  // data's first.
+  size_t ahead = 0;
+  if (seekable) {
+    if (::lseek(fd->get(), header->data_offset, SEEK_SET) < 0) {
+      return ErrnoError(errno, absl::StrCat("cannot seek in '", path, "'"));
+    }
+    absl::StatusOr<int64_t> file_size = FileSize(fd->get(), path);
+    if (!file_size.ok()) return Annotate(file_size.status(), what);
+    absl::Status backed =
+        CheckDataBytes(*header, *file_size - header->data_offset);
+    if (!backed.ok()) return Annotate(backed, path);
+  } else {
+    ahead = prefix.size() - static_cast<size_t>(header->data_offset);
   }
-  absl::StatusOr<int64_t> file_size = FileSize(fd->get(), path);
-  if (!file_size.ok()) return Annotate(file_size.status(), what);
-  absl::Status backed =
-      CheckDataBytes(*header, *file_size - header->data_offset);
-  if (!backed.ok()) return Annotate(backed, path);
   ASSIGN_OR_RETURN(
       Tensor tensor,
       Tensor::Empty(header->shape, TensorOptions().WithDType(header->dtype)));
   const size_t nbytes = tensor.nbytes();
-  if (nbytes > 0) {
-    got = ReadAll(fd->get(), tensor.data_ptr(), nbytes, path);
+  ahead = std::min(ahead, nbytes);
+  if (ahead > 0) {
+    std::memcpy(tensor.data_ptr(), prefix.data() + header->data_offset, ahead);
+  }
+  if (nbytes > ahead) {
+    got = ReadAll(fd->get(), static_cast<char*>(tensor.data_ptr()) + ahead,
+                  nbytes - ahead, path);
     if (!got.ok()) return Annotate(got.status(), what);
-    if (*got < nbytes) {
+    if (ahead + *got < nbytes) {
       return Annotate(
           Malformed(absl::StrCat("truncated: the header promises ", nbytes,
-                                 " data bytes, the file holds ", *got)),
+                                 " data bytes, the file holds ", ahead + *got)),
           path);
     }
   }

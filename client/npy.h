@@ -68,7 +68,9 @@ absl::StatusOr<Tensor> ParseNpy(absl::string_view contents);
 absl::StatusOr<std::string> EncodeNpy(const Tensor& tensor);
 
 // Reads the .npy file at `path` into a new contiguous CPU tensor, reading
-// the data straight into the tensor (no second copy of the file).
+// the data straight into the tensor (no second copy of the file). "-" is
+// standard input; a pipe or FIFO is read as it comes (its header is not
+// checked against a size first: a stream that ends early is "truncated").
 absl::StatusOr<Tensor> ReadNpy(const std::string& path);
 
 // Writes `tensor` as .npy into `file` and commits it: a file is replaced

@@ -63,14 +63,14 @@ size_t SpliceWhatItCan(int fd, const char* data, size_t size, int64_t offset) {
   return done;
 }
 
+}  // namespace
+
 std::string DirectoryOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
-
-}  // namespace
 
 absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
                                   mode_t mode) {

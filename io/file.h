@@ -24,6 +24,9 @@
 
 namespace tessera {
 
+// The directory part of `path` ("a/b" -> "a", "/b" -> "/", "b" -> ".").
+std::string DirectoryOf(const std::string& path);
+
 // open(2) with O_CLOEXEC added, retrying EINTR. Error context: "open <path>".
 absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
                                   mode_t mode = 0644);

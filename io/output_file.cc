@@ -99,7 +99,7 @@ absl::StatusOr<std::string> LinkTarget(std::string path) {
 absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
                                             mode_t mode) {
   if (path == "-") {
-    return OutputFile(path, Kind::kStandardOutput, std::nullopt, UniqueFd());
+    return OutputFile(path, Kind::kStandardOutput, "", 0, UniqueFd());
   }
   if (path.empty()) {
     return absl::InvalidArgumentError("the output path is empty");
@@ -110,9 +110,7 @@ absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
     // Nothing there, or links to nothing: the file they name is made.
     absl::StatusOr<std::string> named = LinkTarget(path);
     if (!named.ok()) return named.status();
-    absl::StatusOr<AtomicFile> file = AtomicFile::Create(*named, mode);
-    if (!file.ok()) return file.status();
-    return OutputFile(path, Kind::kReplaced, *std::move(file), UniqueFd());
+    return Replacing(path, *std::move(named), mode);
   }
   if (S_ISDIR(target.st_mode)) {
     return absl::InvalidArgumentError(
@@ -125,7 +123,7 @@ absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
   if (!S_ISREG(target.st_mode) || ThroughDescriptorLink(path)) {
     absl::StatusOr<UniqueFd> fd = OpenInPlace(path);
     if (!fd.ok()) return fd.status();
-    return OutputFile(path, Kind::kInPlace, std::nullopt, *std::move(fd));
+    return OutputFile(path, Kind::kInPlace, "", 0, *std::move(fd));
   }
   // A regular file, perhaps through links: replace the file they name.
   std::string replaced = path;
@@ -138,9 +136,30 @@ absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
     }
     replaced = resolved.get();
   }
-  absl::StatusOr<AtomicFile> file = AtomicFile::Create(replaced, mode);
+  return Replacing(path, std::move(replaced), mode);
+}
+
+absl::StatusOr<OutputFile> OutputFile::Replacing(const std::string& path,
+                                                 std::string replaced,
+                                                 mode_t mode) {
+  const std::string dir = DirectoryOf(replaced);
+  struct stat entry;
+  if (::stat(dir.c_str(), &entry) != 0) {
+    return ErrnoError(errno, absl::StrCat("open directory ", dir));
+  }
+  if (!S_ISDIR(entry.st_mode)) {
+    return ErrnoError(ENOTDIR, absl::StrCat("open directory ", dir));
+  }
+  return OutputFile(path, Kind::kReplaced, std::move(replaced), mode,
+                    UniqueFd());
+}
+
+absl::Status OutputFile::MakeTemporary() {
+  if (atomic_.has_value()) return absl::OkStatus();
+  absl::StatusOr<AtomicFile> file = AtomicFile::Create(replaced_, mode_);
   if (!file.ok()) return file.status();
-  return OutputFile(path, Kind::kReplaced, *std::move(file), UniqueFd());
+  atomic_.emplace(*std::move(file));
+  return absl::OkStatus();
 }
 
 absl::Status OutputFile::Append(const void* data, size_t size) {
@@ -149,8 +168,11 @@ absl::Status OutputFile::Append(const void* data, size_t size) {
         absl::StrCat("output ", path_, ": committed already"));
   }
   switch (kind_) {
-    case Kind::kReplaced:
+    case Kind::kReplaced: {
+      absl::Status made = MakeTemporary();
+      if (!made.ok()) return made;
       return atomic_->Append(data, size);
+    }
     case Kind::kInPlace:
       return WriteAll(fd_.get(), data, size, path_);
     case Kind::kStandardOutput:
@@ -166,8 +188,11 @@ absl::Status OutputFile::Commit() {
   }
   committed_ = true;
   switch (kind_) {
-    case Kind::kReplaced:
+    case Kind::kReplaced: {
+      absl::Status made = MakeTemporary();  // Nothing appended: empty.
+      if (!made.ok()) return made;
       return atomic_->Commit();
+    }
     case Kind::kInPlace:
       return fd_.Close(absl::StrCat("close ", path_));
     case Kind::kStandardOutput:

@@ -16,7 +16,9 @@
 // replaced /dev/null or /dev/full with a regular file when run as root
 // (`tessera fetch w -o /dev/null`), for every process of the host. Open
 // classifies the path once, so a caller can open before the work that
-// produces the bytes and fail fast.
+// produces the bytes and fail fast: a file's directory must exist then,
+// but its temporary file is made only at the first Append, so that a
+// process killed during that work (Ctrl-C of a long fetch) leaves none.
 //
 // Errors are ErrnoError values naming the path ("write /dev/full: No space
 // left on device"). A replaced file that is not committed is removed when
@@ -45,8 +47,9 @@ class OutputFile {
   // How `path` is written.
   enum class Kind { kReplaced, kInPlace, kStandardOutput };
 
-  // Classifies `path` (above) and opens it: a replaced file's temporary
-  // file beside it (created with `mode`), or the device or FIFO itself.
+  // Classifies `path` (above) and opens it: the device or FIFO itself; for
+  // a replaced file, checks its directory exists (the temporary file,
+  // created with `mode`, comes at the first Append).
   static absl::StatusOr<OutputFile> Open(const std::string& path,
                                          mode_t mode = 0644);
   OutputFile(OutputFile&& other) noexcept = default;
@@ -63,16 +66,25 @@ class OutputFile {
   absl::Status Commit();
 
  private:
-  OutputFile(std::string path, Kind kind, std::optional<AtomicFile> atomic,
+  OutputFile(std::string path, Kind kind, std::string replaced, mode_t mode,
              UniqueFd fd)
       : path_(std::move(path)),
         kind_(kind),
-        atomic_(std::move(atomic)),
+        replaced_(std::move(replaced)),
+        mode_(mode),
         fd_(std::move(fd)) {}
+  // A kReplaced output of `replaced` once its directory is checked.
+  static absl::StatusOr<OutputFile> Replacing(const std::string& path,
+                                              std::string replaced,
+                                              mode_t mode);
+  // kReplaced: the temporary file, made at the first Append.
+  absl::Status MakeTemporary();
 
   std::string path_;
   Kind kind_;
-  std::optional<AtomicFile> atomic_;  // kReplaced
+  std::string replaced_;  // kReplaced: the file replaced (links followed)
+  mode_t mode_;
+  std::optional<AtomicFile> atomic_;  // kReplaced, once made
   UniqueFd fd_;                       // kInPlace
   bool committed_ = false;
 };

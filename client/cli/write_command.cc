@@ -89,7 +89,7 @@ void AddWriteCommand(CLI::App& app, CommandContext& context) {
       ->type_name("NAME");
   write
       ->add_option("-i,--input", options->input,
-                   "The .npy file to write (numpy.save's format)")
+                   "The .npy file to write (numpy.save's format; - for stdin)")
       ->required()
       ->type_name("FILE");
   CLI::Option* offsets =

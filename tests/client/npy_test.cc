@@ -3,6 +3,7 @@
 // 2 longs), and malformed or unsupported files.
 #include "client/npy.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <complex>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -332,6 +334,38 @@ TEST(NpyTest, FileErrors) {
       WriteNpy(TempPath("bf16.npy"), Sample(DType::kBFloat16, {2})),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16")));
   EXPECT_NE(::access(TempPath("bf16.npy").c_str(), F_OK), 0);
+}
+
+// `tessera write -i -`: a pipe is read as it comes, with no seek back over
+// the bytes a short header's first read took past it and no size to check
+// first; one that ends early is truncated.
+TEST(NpyTest, ReadsAPipeAsItComes) {
+  const std::string fifo = TempPath("pipe.npy");
+  for (const std::vector<int64_t>& sizes :
+       std::vector<std::vector<int64_t>>{{}, {3}, {300, 7}, {0, 2}}) {
+    for (const bool whole : {true, false}) {
+      const Tensor tensor = Sample(DType::kFloat32, sizes);
+      std::string bytes = EncodeNpy(tensor).value();
+      if (!whole && tensor.nbytes() == 0) continue;
+      if (!whole) bytes.resize(bytes.size() - 3);
+      ::unlink(fifo.c_str());
+      ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+      std::thread writer([&] {
+        std::ofstream out(fifo, std::ios::binary);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      });
+      absl::StatusOr<Tensor> read = ReadNpy(fifo);
+      writer.join();
+      if (whole) {
+        ASSERT_THAT(read, IsOk()) << sizes.size();
+        EXPECT_TRUE(Equal(*read, tensor));
+      } else {
+        EXPECT_THAT(read, StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("truncated")));
+      }
+    }
+  }
+  ::unlink(fifo.c_str());
 }
 
 TEST(NpyTest, WritesNonContiguousTensorsInCOrder) {
