@@ -430,8 +430,8 @@ absl::StatusOr<TableEntry> ControlOps::PrepareCreate(
   TableEntry made;
   if (request.versions() >= 2) {
     // Version 1 is the tensor as created (version_set.h).
-    made.versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
-                                                 request.versions());
+    made.versions = std::make_shared<VersionSet>(
+        rank_, info.name(), info.tensor_id(), request.versions());
     made.versions->AddFirst(tensor, std::move(held));
   } else {
     made.held = std::move(held);
@@ -806,8 +806,8 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
                                   std::move(copies.held)));
     }
     if (versions != nullptr) {
-      new_versions =
-          std::make_shared<VersionSet>(rank_, id, info.versions_kept());
+      new_versions = std::make_shared<VersionSet>(rank_, info.name(), id,
+                                                  info.versions_kept());
       new_versions->AddPublished(version, *made, std::move(registered),
                                  std::move(held), next_version);
       // A snapshot of the latest keeps it, under the new layout; the older
@@ -1178,7 +1178,7 @@ OpOutcome ControlOps::RunLoad(const v1::ControlOp& op) {
       if (keeping[i].first >= 2) {
         // Version 1 is the checkpoint's values (version_set.h).
         entry.versions = std::make_shared<VersionSet>(
-            rank_, infos[i].tensor_id(), keeping[i].first);
+            rank_, infos[i].name(), infos[i].tensor_id(), keeping[i].first);
         entry.versions->AddFirst(loaded[i].second, std::move(held[i]));
       } else {
         entry.held = std::move(held[i]);

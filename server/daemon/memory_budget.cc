@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/daemon/cgroup_memory.h"
 #include "server/metrics/metrics.h"
 
@@ -86,10 +87,47 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
   const int64_t left =
       std::max<int64_t>(limit_ - used_.load(std::memory_order_relaxed), 0);
   CountBudgetRefusal();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, " needs ", bytes, " bytes of host memory", InGiB(bytes),
-      ", but this daemon has ", left, " bytes left", InGiB(left), " of its ",
-      limit_, " bytes budget", InGiB(limit_), " (", source_, ")"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, " needs ", bytes, " bytes of host memory",
+                   InGiB(bytes), ", but this daemon has ", left, " bytes left",
+                   InGiB(left), " of its ", limit_, " bytes budget",
+                   InGiB(limit_), " (", source_, ")", LeasedNote()));
+}
+
+std::string MemoryBudget::LeasedNote() const {
+  std::vector<Reclaimable::Leased> leased;
+  for (const auto& r : LiveReclaimables()) {
+    for (Reclaimable::Leased& one : r->LeasedNow()) {
+      if (one.bytes > 0) leased.push_back(std::move(one));
+    }
+  }
+  if (leased.empty()) return "";
+  std::sort(leased.begin(), leased.end(),
+            [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  int64_t total = 0;
+  for (const auto& one : leased) total += one.bytes;
+  constexpr size_t kShown = 3;
+  const absl::Time now = absl::Now();
+  std::string shown;
+  for (size_t i = 0; i < std::min(leased.size(), kShown); ++i) {
+    absl::StrAppend(
+        &shown, i > 0 ? ", " : "", leased[i].label, " (", leased[i].bytes,
+        " bytes, its lease ends in ",
+        absl::FormatDuration(absl::Trunc(
+            std::max(leased[i].lease_end - now, absl::ZeroDuration()),
+            absl::Seconds(1))),
+        ")");
+  }
+  if (leased.size() > kShown) {
+    absl::StrAppend(&shown, " and ", leased.size() - kShown, " more");
+  }
+  return absl::StrCat(
+      "; versions opened and not yet published hold ", total, " bytes of it",
+      InGiB(total), ": ", shown,
+      ". A writer that died holds its version until the lease ends; joining "
+      "it by that id and aborting it frees it now (Python: "
+      "c.join(\"",
+      leased.front().label, "\").abort())");
 }
 
 MemoryBudget::Reservation MemoryBudget::Charge(int64_t bytes) {

@@ -22,7 +22,9 @@
 // Memory a daemon keeps only to reuse it (a versioned tensor's spare
 // version, version_set.h) stays reserved, and is given back on demand: a
 // reservation that does not fit first asks every live Reclaimable to let
-// go of its memory, then tries once more.
+// go of its memory, then tries once more. A refusal then names the open
+// versions that hold memory until their lease ends, and how to free one
+// that a writer which died left behind.
 //
 // Thread-safety: every method may be called from any thread. A Reservation
 // is movable, owned by one holder, and gives its bytes back when destroyed
@@ -40,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tessera {
 
@@ -106,6 +109,16 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
     virtual int64_t Reclaim() = 0;
     // The reserved bytes Reclaim would give back now.
     virtual int64_t KeptBytes() const = 0;
+    // What it also holds reserved, not for reuse, until a lease ends
+    // (versions a writer opened and has not published, version_set.h): a
+    // refusal names them, as a writer that died holds its version until
+    // then. Asked as Reclaim is; none by default.
+    struct Leased {
+      std::string label;  // How a client names it ("w@5": join's id)
+      int64_t bytes = 0;
+      absl::Time lease_end;
+    };
+    virtual std::vector<Leased> LeasedNow() const { return {}; }
   };
   // Asks `reclaimable` from now on, for as long as it lives (held weakly).
   void AddReclaimable(std::weak_ptr<Reclaimable> reclaimable);
@@ -119,6 +132,9 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
       : limit_(limit), source_(std::move(source)) {}
   // Reserve without reclaiming: false when `bytes` do not fit.
   bool TryReserve(int64_t bytes);
+  // For a refusal: "; open versions not yet published hold ..." naming the
+  // largest that every live Reclaimable leases, or "" when none does.
+  std::string LeasedNote() const;
   // The Reclaimables still alive, held strongly, for asking each outside
   // reclaimables_mu_ (giving memory back releases reservations).
   std::vector<std::shared_ptr<Reclaimable>> LiveReclaimables() const;

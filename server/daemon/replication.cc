@@ -414,8 +414,8 @@ absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
   const bool versioned = Versioned(info);
   std::shared_ptr<VersionSet> versions;
   if (versioned) {
-    versions = std::make_shared<VersionSet>(rank_, info.tensor_id(),
-                                            info.versions_kept());
+    versions = std::make_shared<VersionSet>(
+        rank_, info.name(), info.tensor_id(), info.versions_kept());
   }
   // The newest first: the registry maps the tensor's id to the highest
   // version published, so from the first AddPublished on, reads of the

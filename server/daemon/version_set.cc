@@ -15,9 +15,10 @@
 
 namespace tessera::control_internal {
 
-VersionSet::VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id,
-                       int kept)
+VersionSet::VersionSet(std::shared_ptr<Rank> rank, std::string name,
+                       std::string tensor_id, int kept)
     : rank_(std::move(rank)),
+      name_(std::move(name)),
       tensor_id_(std::move(tensor_id)),
       kept_(std::max(kept, 1)) {}
 
@@ -100,9 +101,16 @@ int64_t VersionSet::Open(ShardedTensor tensor,
                          MemoryBudget::Reservation held, absl::Time lease_end) {
   absl::MutexLock lock(&mu_);
   const int64_t number = next_++;
+  AddToBudgetLocked(held);
   open_.insert_or_assign(number, Version{std::move(tensor), std::move(copies),
                                          std::move(held), lease_end});
   return number;
+}
+
+void VersionSet::AddToBudgetLocked(const MemoryBudget::Reservation& held) {
+  if (reclaimable_added_ || !held.budget()) return;
+  held.budget()->AddReclaimable(weak_from_this());
+  reclaimable_added_ = true;
 }
 
 absl::Status VersionSet::CheckOpen(const std::string& name,
@@ -256,10 +264,7 @@ void VersionSet::KeepSpareLocked(Freed* freed) {
     // version when `freed` is destroyed, its shards stay here.
     freed->spare = std::move(spare_);
     spare_ = Spare{shards, std::move(version.held)};
-    if (!reclaimable_added_) {
-      spare_->held.budget()->AddReclaimable(weak_from_this());
-      reclaimable_added_ = true;
-    }
+    AddToBudgetLocked(spare_->held);
     return;
   }
 }
@@ -294,6 +299,16 @@ int64_t VersionSet::Reclaim() {
 int64_t VersionSet::KeptBytes() const {
   absl::MutexLock lock(&mu_);
   return spare_.has_value() ? spare_->held.bytes() : 0;
+}
+
+std::vector<MemoryBudget::Reclaimable::Leased> VersionSet::LeasedNow() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Leased> leased;
+  for (const auto& [number, version] : open_) {
+    leased.push_back({absl::StrCat(name_, "@", number), version.held.bytes(),
+                      version.lease_end});
+  }
+  return leased;
 }
 
 std::string VersionSet::KeptListLocked() const {

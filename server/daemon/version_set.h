@@ -69,9 +69,10 @@ inline constexpr int kMaxKeptVersions = 64;
 class VersionSet : public MemoryBudget::Reclaimable,
                    public std::enable_shared_from_this<VersionSet> {
  public:
-  // The versions of the tensor registered as `tensor_id`, keeping the
+  // The versions of tensor `name`, registered as `tensor_id`, keeping the
   // `kept` newest published ones (at least 1).
-  VersionSet(std::shared_ptr<Rank> rank, std::string tensor_id, int kept);
+  VersionSet(std::shared_ptr<Rank> rank, std::string name,
+             std::string tensor_id, int kept);
   ~VersionSet() override;
   VersionSet(const VersionSet&) = delete;
   VersionSet& operator=(const VersionSet&) = delete;
@@ -148,6 +149,9 @@ class VersionSet : public MemoryBudget::Reclaimable,
   int64_t Reclaim() override;
   // The spare's reserved bytes; 0 without one (MemoryBudget::Reclaimable).
   int64_t KeptBytes() const override;
+  // The open versions, as "name@number" (a group id Client.join takes),
+  // their reserved bytes and lease ends (MemoryBudget::Reclaimable).
+  std::vector<Leased> LeasedNow() const override;
 
   // Writes the version fields of `info` (versions_kept, version,
   // kept_versions, pinned_versions, open_versions, next_version).
@@ -191,7 +195,12 @@ class VersionSet : public MemoryBudget::Reclaimable,
   absl::Status CheckOpenLocked(const std::string& name, int64_t number) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Asks the budget of `held` to ask this set from now on, once.
+  void AddToBudgetLocked(const MemoryBudget::Reservation& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::shared_ptr<Rank> rank_;
+  const std::string name_;
   const std::string tensor_id_;
   const int kept_;
   mutable absl::Mutex mu_;
@@ -201,7 +210,8 @@ class VersionSet : public MemoryBudget::Reclaimable,
   int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   std::optional<Spare> spare_ ABSL_GUARDED_BY(mu_);
-  // Whether the budget of a spare knows this set (AddReclaimable).
+  // Whether the budget of a spare or an open version knows this set
+  // (AddReclaimable).
   bool reclaimable_added_ ABSL_GUARDED_BY(mu_) = false;
   // Versions were added (AddPublished) since the last trim.
   bool untrimmed_ ABSL_GUARDED_BY(mu_) = false;

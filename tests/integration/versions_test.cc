@@ -605,6 +605,43 @@ TEST_F(VersionsTest, AFreedVersionsMemoryIsReusedAsNewAndGivenBackOnDemand) {
   }
 }
 
+// A version opened and never published (its writer died: the writer here
+// is dropped without Publish or Abort) holds its memory until its lease
+// ends (10 minutes by default). A request the budget then refuses names
+// it by the id Client::Join takes, with its lease, and joining it and
+// aborting it frees the memory at once.
+TEST_F(VersionsTest,
+       ARefusalNamesTheOpenVersionsHoldingMemoryAndAbortFreesOne) {
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  // 8 MiB per daemon per version.
+  ASSERT_OK(
+      client->Create("held", {2048, 4096}, Rows(), ZerosKeeping(2)).status());
+  BeginOptions empty;
+  empty.empty = true;
+  std::string id;
+  {
+    ASSERT_OK_AND_ASSIGN(VersionWriter dead, client->Begin({"held"}, empty));
+    id = dead.id();
+  }
+  EXPECT_EQ(id, "held@2");
+  // 36 MiB per daemon: rank 0 (48 MiB of its 64 beside the store's share)
+  // fits it only without the open version.
+  CreateOptions zeros;
+  zeros.init = TensorInit::kZeros;
+  EXPECT_THAT(
+      client->Create("other", {9216, 4096}, Rows(), zeros).status(),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("; versions opened and not yet published "
+                               "hold "),
+                     HasSubstr(": held@2 ("),
+                     HasSubstr(" bytes, its lease ends in 9m"),
+                     HasSubstr("c.join(\"held@2\").abort()"))));
+  ASSERT_OK_AND_ASSIGN(VersionWriter joined, client->Join(id));
+  ASSERT_OK(joined.Abort());
+  EXPECT_OK(client->Create("other", {9216, 4096}, Rows(), zeros).status());
+}
+
 // Writers that write every element skip the zeroing of a reused version
 // (BeginOptions::skip_zeroing): what they write reads back, and what they
 // miss holds the freed version's values, not zeros, which shows that the

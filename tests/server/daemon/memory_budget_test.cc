@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon/cgroup_memory.h"
@@ -21,6 +22,7 @@ namespace {
 using ::tessera::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(MemoryBudgetTest, ReservesUpToTheLimitAndGivesBack) {
   auto budget = MemoryBudget::Create(100, "--memory-limit");
@@ -112,6 +114,43 @@ TEST(MemoryBudgetTest, ReclaimsWhatIsKeptForReuseOnlyWhenARequestDoesNotFit) {
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("30 bytes left")));
   EXPECT_EQ(budget->used(), 70);
+}
+
+// Open versions (version_set.h): held until their lease ends.
+class Leasing : public MemoryBudget::Reclaimable {
+ public:
+  explicit Leasing(std::vector<Leased> leased) : leased_(std::move(leased)) {}
+  int64_t Reclaim() override { return 0; }
+  int64_t KeptBytes() const override { return 0; }
+  std::vector<Leased> LeasedNow() const override { return leased_; }
+
+ private:
+  std::vector<Leased> leased_;
+};
+
+TEST(MemoryBudgetTest, ARefusalNamesTheLargestLeasesAndHowToEndOne) {
+  auto budget = MemoryBudget::Create(100, "test");
+  ASSERT_OK_AND_ASSIGN(MemoryBudget::Reservation used,
+                       budget->Reserve(90, "u"));
+  EXPECT_THAT(budget->Reserve(20, "r").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       Not(HasSubstr("versions opened"))));
+  const absl::Time end = absl::Now() + absl::Minutes(5);
+  auto a = std::make_shared<Leasing>(std::vector<Leasing::Leased>{
+      {"w@2", 10, end}, {"w@3", 40, end}, {"w@4", 0, end}});
+  auto b = std::make_shared<Leasing>(
+      std::vector<Leasing::Leased>{{"x@7", 20, end}, {"y@9", 5, end}});
+  budget->AddReclaimable(a);
+  budget->AddReclaimable(b);
+  EXPECT_THAT(
+      budget->Reserve(20, "r").status(),
+      StatusIs(
+          absl::StatusCode::kResourceExhausted,
+          AllOf(HasSubstr("versions opened and not yet published hold 75 "
+                          "bytes of it: w@3 (40 bytes, its lease ends in 4m"),
+                HasSubstr("x@7 (20 bytes"), HasSubstr("w@2 (10 bytes"),
+                HasSubstr(" and 1 more."), Not(HasSubstr("w@4")),
+                HasSubstr("c.join(\"w@3\").abort()"))));
 }
 
 TEST(MemoryBudgetTest, AReservationOutlivesItsBudgetHandle) {
