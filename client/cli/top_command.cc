@@ -1,6 +1,9 @@
 #include "client/cli/top_command.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <iostream>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -234,6 +237,8 @@ int RunTop(const TopOptions& options, const CommandContext& context) {
     return context.ReportUserError(kTopCommand, client.status());
   const absl::Duration interval = absl::Seconds(options.interval_seconds);
   const int frames = options.once ? 1 : options.iterations;
+  const bool clear_screen =
+      &context.out() == &std::cout && ::isatty(STDOUT_FILENO);
   std::vector<DaemonLook> before = LookAtEveryDaemon(**client);
   absl::Time looked = absl::Now();
   bool all_answered = true;
@@ -252,7 +257,13 @@ int RunTop(const TopOptions& options, const CommandContext& context) {
     if (options.json) {
       context.out() << FormatTopJson(views, seconds);
     } else {
-      if (!options.once) context.out() << "\x1b[H\x1b[2J";  // Home, clear.
+      // Home and clear on a terminal; into a pipe or file, the frames
+      // follow each other, a blank line apart, without escape codes.
+      if (!options.once && clear_screen) {
+        context.out() << "\x1b[H\x1b[2J";
+      } else if (frame > 0) {
+        context.out() << "\n";
+      }
       context.out() << "tessera top: " << views.size() << " daemons at "
                     << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
                     << ", rates over " << absl::StrFormat("%.1f", seconds)

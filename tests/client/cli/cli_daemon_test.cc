@@ -785,6 +785,18 @@ TEST(CliLaunchTest, TopAndJsonLogsFollowTrafficOnFourDaemons) {
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_THAT(table.output, AllOf(HasSubstr("RANK"), HasSubstr("FETCH p50"),
                                   HasSubstr("serving")));
+  // Frames into a file (not a terminal) follow each other without the
+  // escape codes that clear a screen.
+  CliResult frames =
+      RunCli(address, {"top", "--iterations", "2", "--interval", "0.1"},
+             dir + "/frames.log");
+  ASSERT_EQ(frames.exit_code, 0) << frames.output;
+  EXPECT_THAT(frames.output, Not(HasSubstr("\x1b[")));
+  EXPECT_EQ(
+      std::vector<std::string>(absl::StrSplit(frames.output, "tessera top:"))
+          .size(),
+      3u)
+      << frames.output;
 
   // Every daemon logged the create as one op with the client's id.
   std::set<int64_t> ops;
