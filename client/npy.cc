@@ -566,12 +566,17 @@ absl::Status WriteNpy(OutputFile& file, const Tensor& tensor) {
   return Annotate(status, what);
 }
 
-absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
+absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path) {
   absl::StatusOr<OutputFile> file = OutputFile::Open(path, 0666);
   if (!file.ok()) {
     return Annotate(file.status(), absl::StrCat("cannot write '", path, "'"));
   }
-  return WriteNpy(*file, tensor);
+  return file;
+}
+
+absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
+  ASSIGN_OR_RETURN(OutputFile file, OpenNpyOutput(path));
+  return WriteNpy(file, tensor);
 }
 
 }  // namespace tessera

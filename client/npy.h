@@ -77,7 +77,11 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path);
 // atomically (a failed write leaves no partial file), a device, a FIFO or
 // "-" (standard output) is written in place (io/output_file.h).
 absl::Status WriteNpy(OutputFile& file, const Tensor& tensor);
-// The same into OutputFile::Open(path, 0666).
+// OutputFile::Open(path, 0666), its error prefixed "cannot write '<path>'":
+// opened before the work that makes the tensor, so that a directory, a
+// missing parent or a FIFO nobody reads fails before it (`tessera fetch`).
+absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path);
+// WriteNpy into OpenNpyOutput(path).
 absl::Status WriteNpy(const std::string& path, const Tensor& tensor);
 
 }  // namespace tessera

@@ -2,12 +2,10 @@
 
 #include <fcntl.h>
 #include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -81,9 +79,8 @@ bool ThroughDescriptorLink(std::string path) {
   return false;
 }
 
-// The path that `path` names once its symbolic links are followed, for a
-// path whose final target does not exist (stat said ENOENT): `path` itself
-// when it is no link.
+// The path that `path` names once its symbolic links are followed (its
+// final target may not exist yet): `path` itself when it is no link.
 absl::StatusOr<std::string> LinkTarget(std::string path) {
   for (int hops = 0; hops <= kMaxLinkHops; ++hops) {
     absl::StatusOr<std::optional<std::string>> next = NextHop(path);
@@ -108,9 +105,7 @@ absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
   if (::stat(path.c_str(), &target) != 0) {
     if (errno != ENOENT) return ErrnoError(errno, absl::StrCat("stat ", path));
     // Nothing there, or links to nothing: the file they name is made.
-    absl::StatusOr<std::string> named = LinkTarget(path);
-    if (!named.ok()) return named.status();
-    return Replacing(path, *std::move(named), mode);
+    return Replacing(path, mode);
   }
   if (S_ISDIR(target.st_mode)) {
     return absl::InvalidArgumentError(
@@ -125,24 +120,16 @@ absl::StatusOr<OutputFile> OutputFile::Open(const std::string& path,
     if (!fd.ok()) return fd.status();
     return OutputFile(path, Kind::kInPlace, "", 0, *std::move(fd));
   }
-  // A regular file, perhaps through links: replace the file they name.
-  std::string replaced = path;
-  struct stat entry;
-  if (::lstat(path.c_str(), &entry) == 0 && S_ISLNK(entry.st_mode)) {
-    std::unique_ptr<char, decltype(&::free)> resolved(
-        ::realpath(path.c_str(), nullptr), &::free);
-    if (resolved == nullptr) {
-      return ErrnoError(errno, absl::StrCat("realpath ", path));
-    }
-    replaced = resolved.get();
-  }
-  return Replacing(path, std::move(replaced), mode);
+  // A regular file, perhaps through links.
+  return Replacing(path, mode);
 }
 
 absl::StatusOr<OutputFile> OutputFile::Replacing(const std::string& path,
-                                                 std::string replaced,
                                                  mode_t mode) {
-  const std::string dir = DirectoryOf(replaced);
+  // Through links, the file they name is replaced, not the link.
+  absl::StatusOr<std::string> replaced = LinkTarget(path);
+  if (!replaced.ok()) return replaced.status();
+  const std::string dir = DirectoryOf(*replaced);
   struct stat entry;
   if (::stat(dir.c_str(), &entry) != 0) {
     return ErrnoError(errno, absl::StrCat("open directory ", dir));
@@ -150,7 +137,7 @@ absl::StatusOr<OutputFile> OutputFile::Replacing(const std::string& path,
   if (!S_ISDIR(entry.st_mode)) {
     return ErrnoError(ENOTDIR, absl::StrCat("open directory ", dir));
   }
-  return OutputFile(path, Kind::kReplaced, std::move(replaced), mode,
+  return OutputFile(path, Kind::kReplaced, *std::move(replaced), mode,
                     UniqueFd());
 }
 

@@ -73,9 +73,9 @@ class OutputFile {
         replaced_(std::move(replaced)),
         mode_(mode),
         fd_(std::move(fd)) {}
-  // A kReplaced output of `replaced` once its directory is checked.
+  // A kReplaced output of the file `path` names (links followed), once
+  // its directory is checked.
   static absl::StatusOr<OutputFile> Replacing(const std::string& path,
-                                              std::string replaced,
                                               mode_t mode);
   // kReplaced: the temporary file, made at the first Append.
   absl::Status MakeTemporary();

@@ -32,14 +32,6 @@ absl::StatusOr<DType> NpyOutputDType(DType dtype, const std::string& cast) {
   return output;
 }
 
-absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path) {
-  absl::StatusOr<OutputFile> file = OutputFile::Open(path, 0666);
-  if (!file.ok()) {
-    return Annotate(file.status(), absl::StrCat("cannot write '", path, "'"));
-  }
-  return file;
-}
-
 absl::Status SaveAsNpy(const Tensor& tensor, DType dtype, OutputFile& file) {
   if (tensor.dtype() == dtype) return WriteNpy(file, tensor);
   ASSIGN_OR_RETURN(Tensor converted, tensor.ToDType(dtype));

@@ -50,13 +50,8 @@ int RunFetch(const FetchCommandOptions& options, const CommandContext& context);
 // the result (bfloat16), suggesting --cast. Shared with `tessera read`.
 absl::StatusOr<DType> NpyOutputDType(DType dtype, const std::string& cast);
 
-// Opens -o's output before the transfer (io/output_file.h: "-" is standard
-// output, a device or FIFO is written in place, a file replaced), so that
-// a directory, a missing parent or a FIFO nobody reads fails before any
-// byte moves. The error names the path.
-absl::StatusOr<OutputFile> OpenNpyOutput(const std::string& path);
-
-// Converts `tensor` to `dtype` when it differs, and writes it into `file`.
+// Converts `tensor` to `dtype` when it differs, and writes it into `file`
+// (client/npy.h: OpenNpyOutput, opened before the transfer).
 absl::Status SaveAsNpy(const Tensor& tensor, DType dtype, OutputFile& file);
 
 // Where "wrote ..." goes: stdout after a file, stderr after a device, a

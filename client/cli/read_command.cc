@@ -13,6 +13,7 @@
 #include "client/cli/progress_bar.h"
 #include "client/cli/table.h"
 #include "client/client.h"
+#include "client/npy.h"
 #include "common/sharding_spec_text.h"
 #include "common/status_macros.h"
 

@@ -132,8 +132,8 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
       : limit_(limit), source_(std::move(source)) {}
   // Reserve without reclaiming: false when `bytes` do not fit.
   bool TryReserve(int64_t bytes);
-  // For a refusal: "; open versions not yet published hold ..." naming the
-  // largest that every live Reclaimable leases, or "" when none does.
+  // For a refusal: "; versions opened and not yet published hold ..." naming
+  // the largest that every live Reclaimable leases, or "" when none does.
   std::string LeasedNote() const;
   // The Reclaimables still alive, held strongly, for asking each outside
   // reclaimables_mu_ (giving memory back releases reservations).
