@@ -60,6 +60,12 @@ std::string SomeOfGroup(const std::string& id) {
   return ShownNames(parts);
 }
 
+// A renewed lease (BeginOptions::lease, Client::Pin) ends this long after
+// its last renewal unless the caller says otherwise; a joiner renews every
+// kJoinedRenewal.
+constexpr absl::Duration kRenewedLease = absl::Seconds(30);
+constexpr absl::Duration kJoinedRenewal = absl::Seconds(2);
+
 // The first pause between attempts of a logged call; it doubles.
 constexpr absl::Duration kFirstRetryPause = absl::Milliseconds(200);
 // A retry needs this much time left after its pause: one that cannot get
@@ -1072,14 +1078,34 @@ absl::StatusOr<ShardedTensorView> VersionWriter::view(
   return ViewNamed(views_, index_, name, "version group");
 }
 
+namespace {
+
+// Ends `lease` (when renewed) after a call that settled its versions or
+// pin: published, aborted or released, or refused since they are not there
+// to settle. A call whose outcome is unknown (the daemons unreachable,
+// the deadline passed) leaves it renewed, for the caller to try again.
+void EndLeaseAfter(const absl::Status& status,
+                   internal_client::LeaseKeeper::Lease* lease) {
+  if (lease == nullptr) return;
+  if (status.ok() || absl::IsFailedPrecondition(status) ||
+      absl::IsNotFound(status) || absl::IsInvalidArgument(status) ||
+      absl::IsPermissionDenied(status) || absl::IsUnauthenticated(status)) {
+    lease->End();
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<v1::VersionGroup> VersionWriter::Publish() const {
   v1::PublishVersionRequest request;
   *request.mutable_versions() = group_.versions();
   v1::VersionGroup published;
-  RETURN_IF_ERROR(Control(
+  const absl::Status status = Control(
       *cluster_, &v1::ControlService::Stub::PublishVersion, request, &published,
       absl::StrCat("publishing versions ", SomeOfGroup(group_.id())),
-      /*logged=*/true));
+      /*logged=*/true);
+  EndLeaseAfter(status, lease_.get());
+  RETURN_IF_ERROR(status);
   return published;
 }
 
@@ -1087,10 +1113,12 @@ absl::Status VersionWriter::Abort() const {
   v1::AbortVersionRequest request;
   *request.mutable_versions() = group_.versions();
   v1::AbortVersionResponse response;
-  return Control(*cluster_, &v1::ControlService::Stub::AbortVersion, request,
-                 &response,
-                 absl::StrCat("aborting versions ", SomeOfGroup(group_.id())),
-                 /*logged=*/true);
+  const absl::Status status = Control(
+      *cluster_, &v1::ControlService::Stub::AbortVersion, request, &response,
+      absl::StrCat("aborting versions ", SomeOfGroup(group_.id())),
+      /*logged=*/true);
+  EndLeaseAfter(status, lease_.get());
+  return status;
 }
 
 int64_t Snapshot::version(const std::string& name) const {
@@ -1109,10 +1137,12 @@ absl::Status Snapshot::Release() const {
   v1::UnpinVersionsRequest request;
   request.set_id(group_.id());
   v1::UnpinVersionsResponse response;
-  return Control(*cluster_, &v1::ControlService::Stub::UnpinVersions, request,
-                 &response,
-                 absl::StrCat("releasing snapshot ", SomeOfGroup(group_.id())),
-                 /*logged=*/true);
+  const absl::Status status = Control(
+      *cluster_, &v1::ControlService::Stub::UnpinVersions, request, &response,
+      absl::StrCat("releasing snapshot ", SomeOfGroup(group_.id())),
+      /*logged=*/true);
+  EndLeaseAfter(status, lease_.get());
+  return status;
 }
 
 absl::StatusOr<VersionWriter> Client::Begin(
@@ -1121,8 +1151,11 @@ absl::StatusOr<VersionWriter> Client::Begin(
   for (const std::string& name : names) request.add_names(name);
   request.set_empty(options.empty);
   request.set_skip_zeroing(options.skip_zeroing);
-  request.set_lease_ms(
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.lease)));
+  const bool renewed = options.lease <= absl::ZeroDuration() || options.renew;
+  const absl::Duration lease =
+      options.lease > absl::ZeroDuration() ? options.lease : kRenewedLease;
+  request.set_renewed(renewed);
+  request.set_lease_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(lease)));
   VersionWriter writer;
   writer.cluster_ = cluster_;
   RETURN_IF_ERROR(
@@ -1130,6 +1163,11 @@ absl::StatusOr<VersionWriter> Client::Begin(
               &writer.group_,
               absl::StrCat("beginning a version of ", ShownNames(names)),
               /*logged=*/true));
+  if (renewed) {
+    writer.lease_ = cluster_->leases().Keep(
+        {writer.group_.versions().begin(), writer.group_.versions().end()}, "",
+        lease / 6);
+  }
   ASSIGN_OR_RETURN(writer.views_, GroupViews(*this, writer.group_, true));
   writer.index_ = IndexViews(writer.views_);
   return writer;
@@ -1172,6 +1210,11 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
     handle->set_number(numbers[i]);
     handle->set_tensor_id(VersionId(view.tensor_id(), numbers[i]));
   }
+  // The daemons renew only a lease begun as renewed; this process does not
+  // know how long it is, so it renews often.
+  writer.lease_ = cluster_->leases().Keep(
+      {writer.group_.versions().begin(), writer.group_.versions().end()}, "",
+      kJoinedRenewal);
   ASSIGN_OR_RETURN(writer.views_,
                    ViewsAtVersions(writer.group_, std::move(opened), true));
   writer.index_ = IndexViews(writer.views_);
@@ -1180,10 +1223,14 @@ absl::StatusOr<VersionWriter> Client::Join(const std::string& id) {
 
 absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
                                      absl::Duration lease,
-                                     const std::vector<int64_t>& numbers) {
+                                     const std::vector<int64_t>& numbers,
+                                     bool renew) {
   v1::PinVersionsRequest request;
   for (const std::string& name : names) request.add_names(name);
   for (int64_t number : numbers) request.add_numbers(number);
+  const bool renewed = lease <= absl::ZeroDuration() || renew;
+  if (lease <= absl::ZeroDuration()) lease = kRenewedLease;
+  request.set_renewed(renewed);
   request.set_lease_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(lease)));
   Snapshot snapshot;
   snapshot.cluster_ = cluster_;
@@ -1191,6 +1238,10 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
                           request, &snapshot.group_,
                           absl::StrCat("pinning ", ShownNames(names)),
                           /*logged=*/true));
+  if (renewed) {
+    snapshot.lease_ =
+        cluster_->leases().Keep({}, snapshot.group_.id(), lease / 6);
+  }
   ASSIGN_OR_RETURN(snapshot.views_, GroupViews(*this, snapshot.group_, false));
   snapshot.index_ = IndexViews(snapshot.views_);
   return snapshot;
@@ -1198,33 +1249,51 @@ absl::StatusOr<Snapshot> Client::Pin(const std::vector<std::string>& names,
 
 absl::StatusOr<std::shared_ptr<ReadPlan>> Client::PlanReads(
     std::vector<ReadItem> items) const {
-  // The lease of a run's pin (ReadPlan releases it when the run ends).
-  constexpr int64_t kPinLeaseMs = 60'000;
+  // A run's pin is renewed while the run lasts (ReadPlan releases it when
+  // the run ends): a run may take as long as its bytes need, and a reader
+  // that dies mid-run leaves it for kRenewedLease.
+  struct RunLeases {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string,
+                        std::shared_ptr<internal_client::LeaseKeeper::Lease>>
+        by_pin ABSL_GUARDED_BY(mu);
+  };
+  auto leases = std::make_shared<RunLeases>();
   std::shared_ptr<Cluster> cluster = cluster_;
   ReadPlan::Control control;
   control.open = [cluster](const std::vector<std::string>& names) {
     return OpenNamed(cluster, names);
   };
-  control.pin = [cluster](const std::vector<std::string>& names)
+  control.pin = [cluster, leases](const std::vector<std::string>& names)
       -> absl::StatusOr<v1::VersionGroup> {
     v1::PinVersionsRequest request;
     for (const std::string& name : names) request.add_names(name);
-    request.set_lease_ms(kPinLeaseMs);
+    request.set_lease_ms(absl::ToInt64Milliseconds(kRenewedLease));
+    request.set_renewed(true);
     v1::VersionGroup group;
     RETURN_IF_ERROR(Control(*cluster, &v1::ControlService::Stub::PinVersions,
                             request, &group,
                             absl::StrCat("pinning ", ShownNames(names)),
                             /*logged=*/true));
+    std::shared_ptr<internal_client::LeaseKeeper::Lease> lease =
+        cluster->leases().Keep({}, group.id(), kRenewedLease / 6);
+    absl::MutexLock lock(&leases->mu);
+    leases->by_pin[group.id()] = std::move(lease);
     return group;
   };
-  control.unpin = [cluster](const v1::VersionGroup& group) {
+  control.unpin = [cluster, leases](const v1::VersionGroup& group) {
     v1::UnpinVersionsRequest request;
     request.set_id(group.id());
     v1::UnpinVersionsResponse response;
-    return Control(*cluster, &v1::ControlService::Stub::UnpinVersions, request,
-                   &response,
-                   absl::StrCat("releasing pin ", SomeOfGroup(group.id())),
-                   /*logged=*/true);
+    const absl::Status status = Control(
+        *cluster, &v1::ControlService::Stub::UnpinVersions, request, &response,
+        absl::StrCat("releasing pin ", SomeOfGroup(group.id())),
+        /*logged=*/true);
+    // Renewed no more, however the release ended: a pin left behind by a
+    // failed one ends with its lease.
+    absl::MutexLock lock(&leases->mu);
+    leases->by_pin.erase(group.id());
+    return status;
   };
   return ReadPlan::Make(cluster_, std::move(control), std::move(items));
 }

@@ -184,8 +184,17 @@ struct BeginOptions {
   // version's value of the same tensor. Saves the daemons a pass over the
   // memory at every begin. INVALID_ARGUMENT without `empty`.
   bool skip_zeroing = false;
-  // The versions are dropped unless published within this.
-  absl::Duration lease = absl::Minutes(10);
+  // How the versions end when nobody publishes or aborts them
+  // (docs/versions.md, "Leases"). Zero (the default): they live while
+  // this process does: it renews their lease on every daemon, a sixth of
+  // it apart, from a thread of the client, while a VersionWriter of the
+  // group lives (and until it is published or aborted), and they are
+  // dropped 30 s after the last renewal. A write may then take as long as
+  // it needs, and a writer that dies or stops frees them within 30 s.
+  // Positive: dropped unless published within `lease` of the begin, or,
+  // with `renew`, within `lease` of their last renewal.
+  absl::Duration lease = absl::ZeroDuration();
+  bool renew = false;
 };
 
 class ProgressCounter;
@@ -458,13 +467,20 @@ class Client {
                                       const BeginOptions& options = {});
   // The open versions another process began (VersionWriter::id()), to
   // write into them too. FAILED_PRECONDITION when one is no longer open.
+  // While the VersionWriter lives, this process renews their lease too
+  // (every 2 s; a renewed lease only: one begun with a deadline keeps it).
   absl::StatusOr<VersionWriter> Join(const std::string& id);
   // Pins one version of each named tensor (`numbers`, parallel to `names`;
   // empty or 0: the latest, all read at one point of the log: one
-  // snapshot) until Snapshot::Release or `lease` ends.
+  // snapshot) until Snapshot::Release or the lease ends. A zero `lease`
+  // (the default): renewed by this process while a copy of the Snapshot
+  // lives, and ended 30 s after the last renewal (a dead reader's pin
+  // ends within 30 s, a live one's never). Positive: ended `lease` after
+  // the pin, or, with `renew`, after its last renewal.
   absl::StatusOr<Snapshot> Pin(const std::vector<std::string>& names,
-                               absl::Duration lease = absl::Minutes(5),
-                               const std::vector<int64_t>& numbers = {});
+                               absl::Duration lease = absl::ZeroDuration(),
+                               const std::vector<int64_t>& numbers = {},
+                               bool renew = false);
 
   // Plans reads of boxes of named tensors into destinations
   // (client/read_plan.h): opens the tensors (one control call for any

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
+#include "client/lease_keeper.h"
 #include "client/passed_over.h"
 #include "client/shard_client.h"
 #include "common/status_macros.h"
@@ -186,8 +187,19 @@ class Cluster {
                   : absl::StrCat(options_.request_id, ".", n);
   }
 
+  // Renews the leases this client holds (open versions, pins) on every
+  // daemon while their holders live.
+  LeaseKeeper& leases() const { return *leases_; }
+
+  ~Cluster() { leases_->Stop(); }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
  private:
-  explicit Cluster(ClientOptions options) : options_(std::move(options)) {}
+  explicit Cluster(ClientOptions options)
+      : options_(std::move(options)),
+        leases_(std::make_shared<LeaseKeeper>([this] { return workers(); },
+                                              options_.timeout)) {}
 
   static absl::Status Check(const v1::ClusterInfo& info,
                             const std::string& address) {
@@ -236,6 +248,9 @@ class Cluster {
   mutable absl::Mutex versions_mu_;
   mutable absl::flat_hash_map<std::string, int64_t> seen_versions_
       ABSL_GUARDED_BY(versions_mu_);
+  // Its thread asks workers(): stopped by the destructor, before the
+  // members above go.
+  const std::shared_ptr<LeaseKeeper> leases_;
 };
 
 // Reads the part of shard `shard` of the tensor `info` describes that

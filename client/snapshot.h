@@ -3,7 +3,8 @@
 //
 // Thread-safety: safe to use from many threads at once. A snapshot not
 // released ends with its lease (pins are leases: a dead reader's pin
-// expires).
+// expires); a renewed one (Client::Pin's default) is renewed until the
+// last copy of it goes.
 #ifndef TESSERA_CLIENT_SNAPSHOT_H_
 #define TESSERA_CLIENT_SNAPSHOT_H_
 
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "client/lease_keeper.h"
 #include "tessera/v1/control.pb.h"
 
 namespace tessera {
@@ -34,7 +36,7 @@ class Snapshot {
   // whatever was published since.
   absl::StatusOr<std::vector<std::string>> Save(const std::string& path,
                                                 bool overwrite = false) const;
-  // Ends the pin (the versions it alone kept are freed).
+  // Ends the pin (the versions it alone kept are freed) and its renewal.
   absl::Status Release() const;
 
  private:
@@ -44,6 +46,9 @@ class Snapshot {
   std::vector<ShardedTensorView> views_;
   // Position in views_ (and in group_) by name.
   std::shared_ptr<const absl::flat_hash_map<std::string, size_t>> index_;
+  // The renewal of the group's leases (null: not renewed), shared by the
+  // copies: renewed until the last one goes or it is ended.
+  std::shared_ptr<internal_client::LeaseKeeper::Lease> lease_;
 };
 
 }  // namespace tessera

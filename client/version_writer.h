@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "client/lease_keeper.h"
 #include "tessera/v1/control.pb.h"
 
 namespace tessera {
@@ -32,8 +33,10 @@ class VersionWriter {
   // The view of `name`'s open version (NOT_FOUND for a name not in it).
   absl::StatusOr<ShardedTensorView> view(const std::string& name) const;
   // Makes every version of the group the latest, at once on every daemon.
+  // Ends this process's renewal of their lease (BeginOptions::lease) when
+  // it is over, however it ended.
   absl::StatusOr<v1::VersionGroup> Publish() const;
-  // Drops the versions (their memory is freed).
+  // Drops the versions (their memory is freed), and ends the renewal.
   absl::Status Abort() const;
 
  private:
@@ -43,6 +46,9 @@ class VersionWriter {
   std::vector<ShardedTensorView> views_;
   // Position in views_ (and in group_) by name.
   std::shared_ptr<const absl::flat_hash_map<std::string, size_t>> index_;
+  // The renewal of the group's leases (null: not renewed), shared by the
+  // copies: renewed until the last one goes or it is ended.
+  std::shared_ptr<internal_client::LeaseKeeper::Lease> lease_;
 };
 
 }  // namespace tessera

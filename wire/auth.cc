@@ -49,6 +49,9 @@ constexpr MethodRole kMethodRoles[] = {
     {"tessera.v1.ControlService/Gather", Role::kRead},
     {"tessera.v1.ControlService/PinVersions", Role::kRead},
     {"tessera.v1.ControlService/UnpinVersions", Role::kRead},
+    // Renewing versions also takes BeginVersion's role (the service
+    // checks).
+    {"tessera.v1.ControlService/RenewLeases", Role::kRead},
     {"tessera.v1.ControlService/WatchVersions", Role::kRead},
     {"tessera.v1.ControlService/CreateTensor", Role::kWrite},
     {"tessera.v1.ControlService/CreateTensors", Role::kWrite},

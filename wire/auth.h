@@ -12,10 +12,11 @@
 // Roles are ordered, each holding the rights of those before it:
 //   read     GetCluster, GetStats, GetOperation, ListTensors,
 //            DescribeTensor, ReadRegion, Gather, PinVersions,
-//            UnpinVersions, WatchVersions, ShardService (FetchShard,
-//            DescribeTensor)
+//            UnpinVersions, WatchVersions, RenewLeases of pins,
+//            ShardService (FetchShard, DescribeTensor)
 //   write    + CreateTensor, WriteRegion, Reshard, DeleteTensor,
-//            BeginVersion, PublishVersion, AbortVersion, MarkStale
+//            BeginVersion, PublishVersion, AbortVersion, MarkStale,
+//            RenewLeases of open versions
 //   admin    + SaveCheckpoint, LoadCheckpoint, reading the store (Get,
 //            Wait, Check)
 //   cluster  + writing the store (Set, Add, CompareSet, Delete): the

@@ -190,12 +190,14 @@ class PyClient {
   }
 
   // Versions (docs/versions.md).
+  // A zero lease: renewed while the group lives (BeginOptions::lease).
   PyVersionGroup Begin(const std::vector<std::string>& names, bool empty,
-                       double lease, bool skip_zeroing) {
+                       double lease, bool skip_zeroing, bool renew) {
     BeginOptions options;
     options.empty = empty;
     options.skip_zeroing = skip_zeroing;
     if (lease > 0) options.lease = absl::Seconds(lease);
+    options.renew = renew;
     return PyVersionGroup(
         Check(WithoutGil([&] { return client_->Begin(names, options); })));
   }
@@ -209,11 +211,11 @@ class PyClient {
   }
 
   PySnapshot Pin(const std::vector<std::string>& names, double lease,
-                 const std::vector<int64_t>& numbers) {
+                 const std::vector<int64_t>& numbers, bool renew) {
     const absl::Duration duration =
-        lease > 0 ? absl::Seconds(lease) : absl::Minutes(5);
-    return PySnapshot(Check(
-        WithoutGil([&] { return client_->Pin(names, duration, numbers); })));
+        lease > 0 ? absl::Seconds(lease) : absl::ZeroDuration();
+    return PySnapshot(Check(WithoutGil(
+        [&] { return client_->Pin(names, duration, numbers, renew); })));
   }
 
   PyWatcher Watch(const std::string& name, int64_t after) const {
@@ -283,13 +285,14 @@ void BindClient(py::module_& m) {
       .def("delete_many", &PyClient::DeleteMany)
       .def("begin", &PyClient::Begin, py::arg("names"),
            py::arg("empty") = false, py::arg("lease") = 0.0,
-           py::arg("skip_zeroing") = false)
+           py::arg("skip_zeroing") = false, py::arg("renew") = false)
       .def("join", &PyClient::Join, py::arg("id"))
       .def("watch", &PyClient::Watch, py::arg("name"), py::arg("after") = 0)
       .def("plan_reads", &PyClient::PlanReads, py::arg("items"))
       .def("create_many", &PyClient::CreateMany, py::arg("tensors"))
       .def("pin", &PyClient::Pin, py::arg("names"), py::arg("lease") = 0.0,
-           py::arg("numbers") = std::vector<int64_t>())
+           py::arg("numbers") = std::vector<int64_t>(),
+           py::arg("renew") = false)
       .def("operation", &PyClient::Operation)
       .def("reshard", &PyClient::Reshard)
       .def("gather", &PyClient::Gather, py::arg("name"),

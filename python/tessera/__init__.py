@@ -247,21 +247,29 @@ class Client:
     # ---- Versions (docs/versions.md).
     def begin(self, names: Union[str, Sequence[str]], empty: bool = False,
               lease: Optional[float] = None,
-              skip_zeroing: bool = False) -> Any:
+              skip_zeroing: bool = False,
+              renew: Optional[bool] = None) -> Any:
         """Opens one new version of each named tensor (versioned ones):
         a tessera.Version for one name, a tessera.VersionGroup for a list
         (``group["a"][...] = x``, then ``group.publish()`` makes all of
         them the latest together). The new versions start from the latest
-        values unless ``empty`` (then as zeros); they are dropped unless
-        published within ``lease`` seconds (10 minutes). ``skip_zeroing``
-        (with ``empty``), for writers that write every element before
-        publishing: a version begun in a freed one's memory is not zeroed
-        first, and an element they miss holds an older version's value."""
+        values unless ``empty`` (then as zeros). Unless published or
+        aborted, they live while this process holds them: it renews
+        their lease on every daemon (from a thread of its own) until the
+        group is published, aborted or garbage-collected, and they are
+        dropped 30 s after the last renewal (a writer that dies or stops
+        frees them within 30 s; a long write keeps them). With ``lease``
+        (seconds), they are dropped unless published within ``lease`` of
+        the begin instead, or, with ``renew=True``, within ``lease`` of
+        their last renewal. ``skip_zeroing`` (with ``empty``), for writers
+        that write every element before publishing: a version begun in a
+        freed one's memory is not zeroed first, and an element they miss
+        holds an older version's value."""
         single = isinstance(names, str)
         listed = [names] if single else list(names)
         native = self._native.begin(listed, bool(empty),
                                     _seconds(lease, "lease"),
-                                    bool(skip_zeroing))
+                                    bool(skip_zeroing), bool(renew))
         return (Version if single else VersionGroup)(self, native)
 
     def join(self, id: str) -> Any:
@@ -294,14 +302,19 @@ class Client:
 
     def snapshot(self, names: Union[str, Sequence[str]],
                  lease: Optional[float] = None,
-                 versions: Optional[Sequence[int]] = None) -> Snapshot:
+                 versions: Optional[Sequence[int]] = None,
+                 renew: Optional[bool] = None) -> Snapshot:
         """Pins the latest version of each named tensor, all taken at one
-        point (or ``versions``, by position), until released (``with``)
-        or ``lease`` seconds (5 minutes): ``snapshot["a"]`` reads it."""
+        point (or ``versions``, by position), until released (``with``):
+        ``snapshot["a"]`` reads it. This process renews the pin while it
+        holds the snapshot; a reader that dies or stops loses it 30 s
+        after its last renewal. With ``lease`` (seconds): the pin ends
+        ``lease`` after it was taken, or, with ``renew=True``, after its
+        last renewal."""
         listed = [names] if isinstance(names, str) else list(names)
         return Snapshot(self, self._native.pin(
             listed, _seconds(lease, "lease"),
-            _integers(versions or [], "versions")))
+            _integers(versions or [], "versions"), bool(renew)))
 
     def watch(self, name: str, timeout: Optional[float] = None,
               after: int = 0) -> Iterator[int]:

@@ -386,18 +386,21 @@ class Tensor:
 
     def begin(self, empty: bool = False,
               lease: Optional[float] = None,
-              skip_zeroing: bool = False) -> Any:
+              skip_zeroing: bool = False,
+              renew: Optional[bool] = None) -> Any:
         """Opens a new version (a tessera.Version), starting from the
-        latest version's values unless ``empty``; it is dropped unless
-        published within ``lease`` seconds (10 minutes by default).
-        ``skip_zeroing``: as Client.begin."""
+        latest version's values unless ``empty``. ``lease``, ``renew``
+        and ``skip_zeroing``: as Client.begin (by default the version
+        lives while this process holds it, and 30 s after it dies)."""
         return self._client.begin(self.name, empty=empty, lease=lease,
-                                  skip_zeroing=skip_zeroing)
+                                  skip_zeroing=skip_zeroing, renew=renew)
 
-    def snapshot(self, lease: Optional[float] = None) -> Any:
-        """Pins the latest version (a tessera.Snapshot) until released or
-        ``lease`` seconds (5 minutes by default)."""
-        return self._client.snapshot([self.name], lease=lease)
+    def snapshot(self, lease: Optional[float] = None,
+                 renew: Optional[bool] = None) -> Any:
+        """Pins the latest version (a tessera.Snapshot) until released:
+        ``lease`` and ``renew`` as Client.snapshot (by default the pin
+        lives while this process holds it, and 30 s after it dies)."""
+        return self._client.snapshot([self.name], lease=lease, renew=renew)
 
     def watch(self, timeout: Optional[float] = None, after: int = 0) -> Any:
         """Yields each newly published version number, or each after

@@ -10,8 +10,10 @@
 #include "absl/time/time.h"
 #include "common/nonce.h"
 #include "common/status_macros.h"
+#include "server/daemon/version_set.h"
 #include "server/store/prefix_store.h"
 #include "wire/request_id.h"
+#include "wire/version_id.h"
 
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "0.1.0"
@@ -336,6 +338,49 @@ absl::Status Core::MarkStale(const v1::MarkStaleRequest& request,
   }
   return stale_.Mark(ranks, request.tensor_id(),
                      std::min(deadline, absl::Now() + options_.op_timeout));
+}
+
+absl::Status Core::RenewLeases(const v1::RenewLeasesRequest& request,
+                               v1::RenewLeasesResponse* response) {
+  // Each pin is looked for in every versioned tensor.
+  constexpr int kMaxVersions = 100000;
+  constexpr int kMaxPins = 1024;
+  RETURN_IF_ERROR(Accepting());
+  if (request.versions_size() > kMaxVersions ||
+      request.pins_size() > kMaxPins) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RenewLeases: ", request.versions_size(), " versions and ",
+                     request.pins_size(), " pins (at most ", kMaxVersions,
+                     " and ", kMaxPins, " in one call)"));
+  }
+  const absl::Time now = absl::Now();
+  for (const v1::VersionHandle& handle : request.versions()) {
+    std::shared_ptr<VersionSet> versions;
+    // A handle of another tensor of that name (deleted and created again)
+    // is gone too.
+    const bool held =
+        table_
+            .Update(handle.name(),
+                    [&](TableEntry& entry) { versions = entry.versions; })
+            .ok() &&
+        versions != nullptr &&
+        (handle.tensor_id().empty() ||
+         handle.tensor_id() ==
+             VersionId(versions->tensor_id(), handle.number())) &&
+        versions->Renew(handle.number(), now);
+    if (!held) *response->add_gone() = handle;
+  }
+  if (request.pins_size() > 0) {
+    const std::vector<std::shared_ptr<VersionSet>> sets = table_.VersionSets();
+    for (const std::string& pin : request.pins()) {
+      bool held = false;
+      for (const std::shared_ptr<VersionSet>& versions : sets) {
+        held = versions->RenewPin(pin, now) || held;
+      }
+      if (!held) response->add_gone_pins(pin);
+    }
+  }
+  return absl::OkStatus();
 }
 
 RegionEnv Core::Env() {

@@ -108,6 +108,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // unversioned tensor with copies here.
   absl::Status MarkStale(const v1::MarkStaleRequest& request,
                          absl::Time deadline);
+  // A holder's RenewLeases (VersionSet::Renew, RenewPin): renews on this
+  // daemon the open versions and pins `request` names and lists in
+  // `response` those it does not hold. INVALID_ARGUMENT beyond 100,000
+  // versions or 1,024 pins.
+  absl::Status RenewLeases(const v1::RenewLeasesRequest& request,
+                           v1::RenewLeasesResponse* response);
   // What ReadRegion and WriteRegion need of this daemon (region_io.h).
   RegionEnv Env();
   // How ReadRegion and Gather streams are cut.

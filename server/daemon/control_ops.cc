@@ -648,7 +648,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
     if (versions != nullptr) {
       // A versioned tensor is resharded as its latest published version
       // (docs/versions.md, "Resharding"): no writer may be filling one.
-      versions->Expire(absl::Now());
+      versions->Expire(absl::Now(), /*renewed=*/false);
     }
     ASSIGN_OR_RETURN(old_info, table_->Info(name));
     if (versions != nullptr && old_info.open_versions_size() > 0) {
@@ -814,7 +814,7 @@ OpOutcome ControlOps::RunReshard(const v1::ControlOp& op) {
       // versions (and their pins) end with the old layout.
       for (const VersionSet::PinState& pin : versions->Pins()) {
         if (pin.number == version) {
-          new_versions->Pin(pin.id, pin.number, pin.until);
+          new_versions->Pin(pin.id, pin.number, pin.until, pin.renewal);
         }
       }
     }
@@ -1223,6 +1223,9 @@ namespace {
 // default lease), and pins end after kDefaultPinLease.
 constexpr absl::Duration kDefaultVersionLease = absl::Minutes(10);
 constexpr absl::Duration kDefaultPinLease = absl::Minutes(5);
+// A renewed lease (BeginVersion's or PinVersions' `renewed`) ends this long
+// after its last renewal, unless the request says otherwise.
+constexpr absl::Duration kDefaultRenewedLease = absl::Seconds(30);
 // The most tensors one version op may name.
 constexpr int kMaxVersionGroup = 100000;
 
@@ -1390,7 +1393,7 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     RETURN_IF_ERROR(CheckDeadline(op));
     // This daemon's part: each new version's shards, in the budget first.
     for (Begun& one : *begun) {
-      one.versions->Expire(absl::Now());
+      one.versions->Expire(absl::Now(), /*renewed=*/false);
       const ShardedTensor latest = one.versions->Latest();
       const int64_t number = one.versions->next();
       ASSIGN_OR_RETURN(const v1::TensorInfo info, table_->Info(one.name));
@@ -1460,14 +1463,17 @@ OpOutcome ControlOps::RunBeginVersion(const v1::ControlOp& op) {
     return absl::OkStatus();
   }();
   const absl::Duration lease =
-      LeaseOf(request.lease_ms(), kDefaultVersionLease);
-  return AgreeThenCommit(local, [begun, lease]() {
+      LeaseOf(request.lease_ms(),
+              request.renewed() ? kDefaultRenewedLease : kDefaultVersionLease);
+  const absl::Duration renewal =
+      request.renewed() ? lease : absl::ZeroDuration();
+  return AgreeThenCommit(local, [begun, lease, renewal]() {
     const absl::Time lease_end = absl::Now() + lease;
     OpResult result;
     for (Begun& one : *begun) {
       const int64_t number =
           one.versions->Open(*std::move(one.tensor), std::move(one.copies),
-                             std::move(one.held), lease_end);
+                             std::move(one.held), lease_end, renewal);
       AddHandle(&result.group, one.name, number, one.versions->tensor_id());
     }
     result.group.set_id(GroupIdOf(result.group));
@@ -1492,7 +1498,7 @@ OpOutcome ControlOps::RunPublishVersion(const v1::ControlOp& op) {
             handle.name(), " (", versions->tensor_id(),
             "): was it deleted and created again?"));
       }
-      versions->Expire(absl::Now());
+      versions->Expire(absl::Now(), /*renewed=*/false);
       // Claimed: the lease thread leaves it until this op ends.
       RETURN_IF_ERROR(Annotate(versions->Claim(handle.name(), handle.number()),
                                "PublishVersion"));
@@ -1569,7 +1575,7 @@ OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
     for (int i = 0; i < request.names_size(); ++i) {
       ASSIGN_OR_RETURN(std::shared_ptr<VersionSet> versions,
                        VersionsOf(names[i], "PinVersions"));
-      versions->Expire(absl::Now());
+      versions->Expire(absl::Now(), /*renewed=*/false);
       int64_t number =
           request.numbers_size() > 0 ? request.numbers(i) : int64_t{0};
       if (number == 0) number = versions->latest();
@@ -1583,12 +1589,16 @@ OpOutcome ControlOps::RunPinVersions(const v1::ControlOp& op) {
   // The same id on every daemon: the log entry's coordinator and number.
   const std::string pin =
       absl::StrCat("pin.", op.coordinator(), ".", op.request_id());
-  const absl::Duration lease = LeaseOf(request.lease_ms(), kDefaultPinLease);
-  return AgreeThenCommit(local, [pin, lease, names, numbers, sets]() {
+  const absl::Duration lease =
+      LeaseOf(request.lease_ms(),
+              request.renewed() ? kDefaultRenewedLease : kDefaultPinLease);
+  const absl::Duration renewal =
+      request.renewed() ? lease : absl::ZeroDuration();
+  return AgreeThenCommit(local, [pin, lease, renewal, names, numbers, sets]() {
     const absl::Time until = absl::Now() + lease;
     OpResult result;
     for (size_t i = 0; i < sets.size(); ++i) {
-      sets[i]->Pin(pin, numbers[i], until);
+      sets[i]->Pin(pin, numbers[i], until, renewal);
       AddHandle(&result.group, names[i], numbers[i], sets[i]->tensor_id());
     }
     result.group.set_id(pin);
@@ -1606,7 +1616,7 @@ OpOutcome ControlOps::RunUnpinVersions(const v1::ControlOp& op) {
     const std::vector<std::shared_ptr<VersionSet>> sets = table_->VersionSets();
     for (const auto& versions : sets) {
       versions->Unpin(pin);
-      versions->Expire(absl::Now());
+      versions->Expire(absl::Now(), /*renewed=*/false);
     }
     return OpResult();
   });

@@ -180,6 +180,19 @@ grpc::ServerUnaryReactor* ControlServiceImpl::GetOperation(
   return control_internal::Done(context, status.status());
 }
 
+grpc::ServerUnaryReactor* ControlServiceImpl::RenewLeases(
+    grpc::CallbackServerContext* context, const v1::RenewLeasesRequest* request,
+    v1::RenewLeasesResponse* response) {
+  absl::Status allowed = control_internal::Authorize(*context, "RenewLeases");
+  // Keeping an open version takes the role that opens one.
+  if (allowed.ok() && request->versions_size() > 0) {
+    allowed = control_internal::Authorize(*context, "BeginVersion");
+  }
+  if (!allowed.ok()) return control_internal::Done(context, allowed);
+  return control_internal::Done(context,
+                                core_->RenewLeases(*request, response));
+}
+
 grpc::ServerUnaryReactor* ControlServiceImpl::MarkStale(
     grpc::CallbackServerContext* context, const v1::MarkStaleRequest* request,
     v1::MarkStaleResponse* response) {

@@ -9,7 +9,8 @@
 // on every daemon's outcome: docs/control_log.md is the protocol.
 // ListTensors, DescribeTensor and GetCluster are answered from the local
 // table, GetStats from the process's metrics, GetOperation from what the
-// daemon knows of a request id (op_outcomes.h, op_log.h); ReadRegion and
+// daemon knows of a request id (op_outcomes.h, op_log.h), RenewLeases by
+// this daemon alone (its own lease clock); ReadRegion and
 // WriteRegion move bytes without the log (server/daemon/region_io.h).
 // A logged call whose request id committed already is answered with its
 // first outcome and not applied again.
@@ -51,31 +52,28 @@ class Core;
 
 // The callback service, with ReadRegion and Gather writing raw ShardChunk
 // messages (serialized by the chunk streams of server/serve/shard_service.h).
-using ControlServiceBase = v1::ControlService::WithCallbackMethod_MarkStale<
-    v1::ControlService::WithCallbackMethod_WatchVersions<
-        v1::ControlService::WithCallbackMethod_BeginVersion<
-            v1::ControlService::WithCallbackMethod_PublishVersion<
-                v1::ControlService::WithCallbackMethod_AbortVersion<
-                    v1::ControlService::WithCallbackMethod_PinVersions<
-                        v1::ControlService::WithCallbackMethod_UnpinVersions<
-                            v1::ControlService::WithCallbackMethod_GetOperation<
-                                v1::ControlService::WithCallbackMethod_GetStats<
-                                    v1::ControlService::WithCallbackMethod_GetCluster<
+using ControlServiceBase = v1::ControlService::WithCallbackMethod_RenewLeases<
+    v1::ControlService::WithCallbackMethod_MarkStale<v1::ControlService::WithCallbackMethod_WatchVersions<
+        v1::ControlService::
+            WithCallbackMethod_BeginVersion<v1::ControlService::WithCallbackMethod_PublishVersion<v1::ControlService::WithCallbackMethod_AbortVersion<
+                v1::ControlService::
+                    WithCallbackMethod_PinVersions<v1::ControlService::WithCallbackMethod_UnpinVersions<v1::ControlService::WithCallbackMethod_GetOperation<
+                        v1::ControlService::
+                            WithCallbackMethod_GetStats<v1::ControlService::WithCallbackMethod_GetCluster<
+                                v1::ControlService::
+                                    WithCallbackMethod_CreateTensor<v1::ControlService::WithCallbackMethod_CreateTensors<
                                         v1::ControlService::
-                                            WithCallbackMethod_CreateTensor<
-                                                v1::ControlService::WithCallbackMethod_CreateTensors<
-                                                    v1::ControlService::WithCallbackMethod_ListTensors<
+                                            WithCallbackMethod_ListTensors<v1::ControlService::WithCallbackMethod_DescribeTensor<
+                                                v1::ControlService::
+                                                    WithCallbackMethod_DeleteTensor<v1::ControlService::WithCallbackMethod_WriteRegion<
                                                         v1::ControlService::
-                                                            WithCallbackMethod_DescribeTensor<
-                                                                v1::ControlService::WithCallbackMethod_DeleteTensor<
-                                                                    v1::ControlService::WithCallbackMethod_WriteRegion<
-                                                                        v1::ControlService::WithRawCallbackMethod_ReadRegion<
-                                                                            v1::ControlService::WithRawCallbackMethod_Gather<
-                                                                                v1::ControlService::WithCallbackMethod_Reshard<
-                                                                                    v1::ControlService::WithCallbackMethod_SaveCheckpoint<
-                                                                                        v1::ControlService::WithCallbackMethod_LoadCheckpoint<
-                                                                                            v1::ControlService::
-                                                                                                Service>>>>>>>>>>>>>>>>>>>>>;
+                                                            WithRawCallbackMethod_ReadRegion<v1::ControlService::WithRawCallbackMethod_Gather<
+                                                                v1::ControlService::
+                                                                    WithCallbackMethod_Reshard<v1::ControlService::WithCallbackMethod_SaveCheckpoint<
+                                                                        v1::ControlService::
+                                                                            WithCallbackMethod_LoadCheckpoint<
+                                                                                v1::ControlService::
+                                                                                    Service>>>>>>>>>>>>>>>>>>>>>>;
 
 class ControlServiceImpl final : public ControlServiceBase {
  public:
@@ -120,6 +118,13 @@ class ControlServiceImpl final : public ControlServiceBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::DaemonStats* response) override;
+  // Renews this daemon's leases of a holder's versions and pins
+  // (Core::RenewLeases); answered on the calling thread (no store, no
+  // log).
+  grpc::ServerUnaryReactor* RenewLeases(
+      grpc::CallbackServerContext* context,
+      const v1::RenewLeasesRequest* request,
+      v1::RenewLeasesResponse* response) override;
   // What became of a logged call by its request id (Core::Operation).
   grpc::ServerUnaryReactor* GetOperation(
       grpc::CallbackServerContext* context,

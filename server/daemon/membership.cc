@@ -459,6 +459,7 @@ absl::StatusOr<Membership::Resumed> Membership::JoinInStep(bool starting,
             held->set_number(pin.number);
             held->set_lease_left_ms(absl::ToInt64Milliseconds(
                 std::max(pin.until - now, absl::ZeroDuration())));
+            held->set_renewal_ms(absl::ToInt64Milliseconds(pin.renewal));
           }
         }
         // Degraded entries of a daemon that restarted have no tensor; their

@@ -456,7 +456,8 @@ absl::StatusOr<std::shared_ptr<VersionSet>> Replication::CompleteParts(
     const absl::Time now = absl::Now();
     for (const v1::VersionPin& pin : pins) {
       versions->Pin(pin.id(), pin.number(),
-                    now + absl::Milliseconds(pin.lease_left_ms()));
+                    now + absl::Milliseconds(pin.lease_left_ms()),
+                    absl::Milliseconds(pin.renewal_ms()));
     }
   }
   return versions;

@@ -36,6 +36,11 @@ void VersionLeases::ExpireNow() const {
 }
 
 void VersionLeases::Loop() {
+  // A sweep later than this past its period means this daemon did not run
+  // (stopped, or starved of CPU): renewals sent meanwhile wait unread in
+  // its sockets.
+  constexpr absl::Duration kStallSlack = absl::Seconds(1);
+  absl::Time last = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -44,6 +49,15 @@ void VersionLeases::Loop() {
       };
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping), period_)) return;
     }
+    const absl::Time now = absl::Now();
+    if (const absl::Duration stalled = now - last - period_;
+        stalled > kStallSlack) {
+      for (const std::shared_ptr<VersionSet>& versions :
+           table_->VersionSets()) {
+        versions->Postpone(stalled);
+      }
+    }
+    last = now;
     ExpireNow();
   }
 }

@@ -3,7 +3,10 @@
 // every versioned tensor in the table whose lease ended (VersionSet::
 // Expire), so that a reader that died holding a pin, or a writer that died
 // before it published, gives its memory back without waiting for the next
-// version op on that tensor.
+// version op on that tensor. A sweep that comes more than a second late
+// (the daemon was stopped or starved) first moves the renewed leases
+// (VersionSet::Postpone) by the delay: their holders' renewals could not
+// be read meanwhile, so a stall of the daemon does not end them.
 //
 // An open version that a PublishVersion op has claimed (VersionSet::Claim)
 // is not expired until the op ends: every daemon that agreed to publish it

@@ -98,12 +98,14 @@ void VersionSet::SetCopies(int64_t number,
 
 int64_t VersionSet::Open(ShardedTensor tensor,
                          std::shared_ptr<ReplicaCopies> copies,
-                         MemoryBudget::Reservation held, absl::Time lease_end) {
+                         MemoryBudget::Reservation held, absl::Time lease_end,
+                         absl::Duration renewal) {
   absl::MutexLock lock(&mu_);
   const int64_t number = next_++;
   AddToBudgetLocked(held);
-  open_.insert_or_assign(number, Version{std::move(tensor), std::move(copies),
-                                         std::move(held), lease_end});
+  open_.insert_or_assign(
+      number, Version{std::move(tensor), std::move(copies), std::move(held),
+                      lease_end, std::max(renewal, absl::ZeroDuration())});
   return number;
 }
 
@@ -172,16 +174,57 @@ void VersionSet::Abort(int64_t number) {
   KeepSpareLocked(&freed);
 }
 
-void VersionSet::Pin(const std::string& pin, int64_t number, absl::Time until) {
+void VersionSet::Pin(const std::string& pin, int64_t number, absl::Time until,
+                     absl::Duration renewal) {
   absl::MutexLock lock(&mu_);
-  pins_[pin] = PinEntry{number, until};
+  pins_[pin] = PinEntry{number, until, std::max(renewal, absl::ZeroDuration())};
+}
+
+namespace {
+
+// Renews the lease of `map`'s entry `key` (its end: `end`), when its holder
+// renews it; false when there is no such entry.
+template <typename Map, typename Key, typename End>
+bool RenewIn(Map& map, const Key& key, absl::Time now, End end) {
+  auto it = map.find(key);
+  if (it == map.end()) return false;
+  if (it->second.renewal > absl::ZeroDuration()) {
+    absl::Time& ends = end(it->second);
+    ends = std::max(ends, now + it->second.renewal);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool VersionSet::Renew(int64_t number, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  return RenewIn(open_, number, now, [](Version& version) -> absl::Time& {
+    return version.lease_end;
+  });
+}
+
+bool VersionSet::RenewPin(const std::string& pin, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  return RenewIn(pins_, pin, now,
+                 [](PinEntry& entry) -> absl::Time& { return entry.until; });
+}
+
+void VersionSet::Postpone(absl::Duration stalled) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [number, version] : open_) {
+    if (version.renewal > absl::ZeroDuration()) version.lease_end += stalled;
+  }
+  for (auto& [pin, entry] : pins_) {
+    if (entry.renewal > absl::ZeroDuration()) entry.until += stalled;
+  }
 }
 
 std::vector<VersionSet::PinState> VersionSet::Pins() const {
   absl::MutexLock lock(&mu_);
   std::vector<PinState> pins;
   for (const auto& [id, entry] : pins_) {
-    pins.push_back(PinState{id, entry.number, entry.until});
+    pins.push_back(PinState{id, entry.number, entry.until, entry.renewal});
   }
   return pins;
 }
@@ -194,7 +237,7 @@ bool VersionSet::Unpin(const std::string& pin) {
   return true;
 }
 
-void VersionSet::Expire(absl::Time now) {
+void VersionSet::Expire(absl::Time now, bool renewed) {
   Freed freed;
   absl::MutexLock lock(&mu_);
   // Called for every versioned tensor every lease tick: nothing more is
@@ -202,7 +245,8 @@ void VersionSet::Expire(absl::Time now) {
   // it was trimmed.
   bool ended = false;
   for (auto it = pins_.begin(); it != pins_.end();) {
-    if (it->second.until <= now) {
+    if (it->second.until <= now &&
+        (renewed || it->second.renewal == absl::ZeroDuration())) {
       it = pins_.erase(it);
       ended = true;
     } else {
@@ -210,7 +254,8 @@ void VersionSet::Expire(absl::Time now) {
     }
   }
   for (auto it = open_.begin(); it != open_.end();) {
-    if (it->second.lease_end <= now && !it->second.claimed) {
+    if (it->second.lease_end <= now && !it->second.claimed &&
+        (renewed || it->second.renewal == absl::ZeroDuration())) {
       freed.versions.push_back(std::move(it->second));
       it = open_.erase(it);
       ended = true;

@@ -104,9 +104,12 @@ class VersionSet : public MemoryBudget::Reclaimable,
   void SetCopies(int64_t number, std::shared_ptr<ReplicaCopies> copies);
   // Opens version next() with `tensor` (registered under its version id)
   // and this daemon's `copies` of others' shards of it (null when it holds
-  // none), until `lease_end`; returns its number.
+  // none), until `lease_end`; returns its number. A positive `renewal`:
+  // its writer renews the lease (Renew), each renewal ending it `renewal`
+  // later.
   int64_t Open(ShardedTensor tensor, std::shared_ptr<ReplicaCopies> copies,
-               MemoryBudget::Reservation held, absl::Time lease_end);
+               MemoryBudget::Reservation held, absl::Time lease_end,
+               absl::Duration renewal = absl::ZeroDuration());
   // OK when version `number` is open: FAILED_PRECONDITION otherwise,
   // saying whether it was published, dropped or never begun.
   absl::Status CheckOpen(const std::string& name, int64_t number) const;
@@ -120,8 +123,21 @@ class VersionSet : public MemoryBudget::Reclaimable,
   void Publish(int64_t number);
   // Drops open version `number`, if open.
   void Abort(int64_t number);
-  // Keeps published version `number` readable until `until` or Unpin.
-  void Pin(const std::string& pin, int64_t number, absl::Time until);
+  // Keeps published version `number` readable until `until` or Unpin;
+  // with a positive `renewal`, RenewPin moves `until` to `renewal` from
+  // the renewal.
+  void Pin(const std::string& pin, int64_t number, absl::Time until,
+           absl::Duration renewal = absl::ZeroDuration());
+  // Renews open version `number`'s lease, when it was opened with a
+  // renewal: it ends no sooner than `now` + that renewal (a renewal never
+  // shortens a lease). False when `number` is not open.
+  bool Renew(int64_t number, absl::Time now);
+  // The same for `pin`; false when this set holds no such pin.
+  bool RenewPin(const std::string& pin, absl::Time now);
+  // Moves the ends of the renewed leases `stalled` later: this daemon did
+  // not run for that long (VersionLeases), so their holders could not
+  // renew them here.
+  void Postpone(absl::Duration stalled);
   // Releases `pin`; false when this set holds no such pin.
   bool Unpin(const std::string& pin);
   // The pins held, by id: the version each keeps and until when.
@@ -129,11 +145,15 @@ class VersionSet : public MemoryBudget::Reclaimable,
     std::string id;
     int64_t number = 0;
     absl::Time until;
+    // Positive: renewed by its holder (RenewPin).
+    absl::Duration renewal = absl::ZeroDuration();
   };
   std::vector<PinState> Pins() const;
   // Drops the pins and open versions whose lease ended by `now`, and
-  // frees the published versions that only they kept.
-  void Expire(absl::Time now);
+  // frees the published versions that only they kept. With `renewed`
+  // false, leases their holders renew are left to the lease thread
+  // (VersionLeases), which first accounts for a stall of this daemon.
+  void Expire(absl::Time now, bool renewed = true);
 
   // A freed version's shards and their reservation, for Open to reuse
   // (see Reuse above).
@@ -164,12 +184,15 @@ class VersionSet : public MemoryBudget::Reclaimable,
     std::shared_ptr<ReplicaCopies> copies;
     MemoryBudget::Reservation held;
     absl::Time lease_end = absl::InfiniteFuture();
+    // Positive: renewed by its writer (Renew), each renewal this long.
+    absl::Duration renewal = absl::ZeroDuration();
     // Claimed by a publish in progress: not expired.
     bool claimed = false;
   };
   struct PinEntry {
     int64_t number = 0;
     absl::Time until;
+    absl::Duration renewal = absl::ZeroDuration();
   };
 
   // What a change frees, destroyed once the lock is released: versions,

@@ -166,7 +166,7 @@ TEST_F(AuthTest, EveryMethodRefusesMissingUnknownAndLowerTokens) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<tt::DaemonCluster> cluster,
                        tt::DaemonCluster::Start(options));
   const std::vector<std::pair<std::string, Role>> methods = MethodRoles();
-  ASSERT_EQ(methods.size(), 30u);
+  ASSERT_EQ(methods.size(), 31u);
   for (const auto& [method, role] : methods) {
     SCOPED_TRACE(method);
     const bool store = absl::StartsWith(method, "tessera.v1.StoreService/");
@@ -281,6 +281,35 @@ TEST_F(AuthTest, EachRoleWorksEndToEndWithinItsRights) {
                            HasSubstr("CreateTensor: permission denied")));
   EXPECT_THAT(reader->Delete("weights"),
               tt::StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  // Renewing leases: a pin with read (one this daemon does not hold comes
+  // back as gone), an open version only with write.
+  auto control = v1::ControlService::NewStub(Channel(cluster->address(0)));
+  for (const char* token : {kReadToken, kWriteToken}) {
+    SCOPED_TRACE(token);
+    grpc::ClientContext pins_context;
+    pins_context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::RenewLeasesRequest pins;
+    pins.add_pins("pin.0.nobody");
+    v1::RenewLeasesResponse renewed;
+    ASSERT_TRUE(control->RenewLeases(&pins_context, pins, &renewed).ok());
+    EXPECT_THAT(renewed.gone_pins(), ::testing::ElementsAre("pin.0.nobody"));
+    grpc::ClientContext versions_context;
+    versions_context.AddMetadata("authorization",
+                                 absl::StrCat("Bearer ", token));
+    v1::RenewLeasesRequest versions;
+    v1::VersionHandle* handle = versions.add_versions();
+    handle->set_name("weights");
+    handle->set_number(2);
+    const grpc::Status status =
+        control->RenewLeases(&versions_context, versions, &renewed);
+    if (absl::string_view(token) == kReadToken) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+      EXPECT_THAT(status.error_message(), HasSubstr("BeginVersion"));
+    } else {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(renewed.gone_size(), 1);
+    }
+  }
 
   // No token at all: the client cannot even connect, and says why.
   EXPECT_THAT(Connect(*cluster, "").status(),

@@ -244,6 +244,39 @@ def test_an_abandoned_version_is_dropped_when_its_lease_ends(daemons, client,
     assert (w.read() == 0).all() or w.version == 1
 
 
+def test_a_renewed_version_lives_with_its_writer_and_ends_after_it(
+        daemons, client, rows4):
+    # The default lease is renewed by the writer's process (a short one
+    # here, as renew=True makes it): a version outlives its lease while its
+    # writer lives, and ends within it once the writer is killed; a live
+    # writer's version is published after several leases.
+    w = client.create("vrenew", (8, 4), rows4, versions=2)
+    with w.begin(lease=1, renew=True) as v:
+        v[...] = 3
+        time.sleep(3)
+    assert w.version == 2 and (w.read() == 3).all()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time, tessera\n"
+            "c = tessera.connect(sys.argv[1])\n"
+            "v = c.open('vrenew').begin(lease=1, renew=True)\n"
+            "v[0:2] = 7\n"
+            "print(v.number, flush=True)\n"
+            "time.sleep(60)\n"), daemons.addresses[1]],
+        stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    number = int(writer.stdout.readline())
+    time.sleep(3)
+    assert client.open("vrenew")._native.open_versions() == [number]
+    writer.kill()
+    writer.wait()
+    _until(lambda: not client.open("vrenew")._native.open_versions(),
+           seconds=5)
+    with pytest.raises(tessera.FailedPreconditionError, match="not open"):
+        client.join(f"vrenew@{number}")
+    assert w.version == 2 and (w.read() == 3).all()
+
+
 def _held(client):
     """Each daemon's reserved memory budget and bytes of shards held."""
     held = []
